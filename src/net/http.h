@@ -1,0 +1,52 @@
+/* The HTTP/1.1 request in front of the WebSocket upgrade (spec 1.1, 1.2).
+ *
+ * Parsing uses Debian's http-parser (nodejs/http-parser) with hard ceilings
+ * on total request bytes and header count. No I/O: bytes are fed in any
+ * chunking; the caller owns the socket. */
+#pragma once
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/buf.h"
+
+struct http_req; /* opaque */
+
+struct http_req *http_req_new(void);
+void http_req_free(struct http_req *r);
+
+/* Feed bytes. Returns 1 when the request (line + headers, through the blank
+ * line) is complete and *consumed says how much of p was used (the rest
+ * belongs to the WebSocket stream); 0 if more bytes are needed; or
+ *   -E2BIG   more than HTTP_MAX_REQUEST_BYTES, or more than HTTP_MAX_HEADERS
+ *   -EBADMSG not HTTP/1.x, or malformed
+ * Requests with a body (Content-Length > 0 or chunked) are -EBADMSG. */
+int http_req_feed(struct http_req *r, const uint8_t *p, size_t n, size_t *consumed);
+
+/* Accessors, valid once feed returned 1. Strings are NUL-terminated,
+ * borrowed, header names matched case-insensitively; a repeated header keeps
+ * the last value, except Connection, whose values are joined with ",". */
+const char *http_req_method(const struct http_req *r);
+const char *http_req_target(const struct http_req *r); /* raw, with query */
+const char *http_req_header(const struct http_req *r, const char *name); /* NULL if absent */
+
+/* The upgrade checks of RFC 6455 4.2.1: GET, HTTP/1.1, Upgrade: websocket,
+ * Connection has the token "upgrade", Sec-WebSocket-Version: 13, and a
+ * Sec-WebSocket-Key that is base64 of 16 bytes. */
+bool http_req_is_websocket_upgrade(const struct http_req *r);
+
+/* Spec 1.2: value ("" if NULL) stripped of surrounding whitespace, compared in
+ * constant time to "Bearer " + token. */
+bool http_auth_ok(const char *authorization, const char *token, size_t token_len);
+
+/* Sec-WebSocket-Accept for a key: base64(SHA-1(key + GUID)), via libcrypto.
+ * out gets 28 characters and a NUL. 0 or -EINVAL. */
+int http_ws_accept(const char *key, char out[29]);
+
+/* Append a complete non-101 response: status line, Content-Type: text/plain;
+ * charset=utf-8, Content-Length, Date, Server: forkbox, Connection: close,
+ * blank line, body (byte exact). */
+int http_write_response(struct buf *out, int status, const char *reason, const char *body);
+
+/* Append the 101 Switching Protocols response for the given client key. */
+int http_write_upgrade(struct buf *out, const char *ws_key);

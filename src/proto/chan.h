@@ -1,0 +1,30 @@
+/* The supervisor <-> sandbox channel: a SOCK_STREAM socketpair carrying
+ * length-prefixed messages. Text frames travel as the same JSON frames as on
+ * the WebSocket; archives need an envelope because they are binary.
+ *
+ *   +------+-----+-----+-----+------------------------+
+ *   | type |  0  |  0  |  0  | length (u32, little e.) | payload (length bytes)
+ *   +------+-----+-----+-----+------------------------+
+ *
+ * Both ends run on the same host, so the byte order is fixed as little endian
+ * only to keep the format explicit. */
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+#define CHAN_HDR_LEN 8
+
+enum chan_type {
+    CHAN_FRAME = 'F',     /* both ways: one JSON frame */
+    CHAN_TOOLS = 'T',     /* to child: the tools archive (state T) */
+    CHAN_WORKSPACE = 'W', /* to child: a workspace archive (state B) */
+    CHAN_SNAPSHOT = 'S',  /* from child: the workspace snapshot after output */
+};
+
+void chan_hdr_encode(uint8_t out[CHAN_HDR_LEN], enum chan_type type, uint32_t len);
+
+/* Parse a header from p[0..n). Returns 1 and sets *type/*len when a whole,
+ * valid header is present; 0 if n < CHAN_HDR_LEN; -EPROTO for an unknown type
+ * or non-zero padding; -EMSGSIZE if len > max_len. */
+int chan_hdr_decode(const uint8_t *p, size_t n, uint32_t max_len,
+                    enum chan_type *type, uint32_t *len);

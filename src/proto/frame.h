@@ -1,0 +1,89 @@
+/* The JSON frame codec (spec 3), shared by every frame in both directions.
+ *
+ * Design: the supervisor relays frames, it does not interpret values. cJSON
+ * validates each message and gives its structure; the value of every field is
+ * then kept as its own *compact JSON text*, cut from the message (whitespace
+ * outside strings removed). Re-encoding concatenates those texts, so values
+ * travel byte-exact: large integers, NaN/Infinity (spec 3.1 "Numbers"),
+ * strings holding U+0000 and escapes all survive, and nothing is re-escaped.
+ * cJSON does not accept NaN/Infinity, so validation runs on a copy in which
+ * those tokens (outside strings) are replaced by a number of the same length.
+ *
+ * No I/O here: frame_decode() takes (bytes, len) and returns a result. */
+#pragma once
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/buf.h"
+
+enum frame_kind {
+    FRAME_READY,
+    FRAME_RUN,
+    FRAME_TOOL_CALL,
+    FRAME_TOOL_RESULT,
+    FRAME_LOG,
+    FRAME_DONE,
+    FRAME_OUTPUT,
+    FRAME_SHUTDOWN,
+    FRAME_KIND_COUNT
+};
+
+/* Who sent the bytes: decides which kinds are accepted and how strict the
+ * type checks are. */
+enum frame_peer {
+    FRAME_FROM_CLIENT, /* spec 3.2: the eight kinds; tool_result.error must be an
+                          object or null; run.code must be a string; other
+                          fields are not type checked */
+    FRAME_FROM_CHILD,  /* only ready, tool_call, log, done, output; every field
+                          present must have its spec type (3.3); exit codes must
+                          be integers that fit int64; ready.protocol_version == 2 */
+};
+
+#define FRAME_MAX_FIELDS 4 /* fields besides "kind" */
+
+struct frame_field {
+    char *json; /* owned, NUL-terminated compact JSON text of the value */
+    size_t len;
+};
+
+struct frame {
+    enum frame_kind kind;
+    /* One entry per field of the kind, in the order of frame_field_names();
+     * a field missing from the input holds its default's JSON text. */
+    struct frame_field field[FRAME_MAX_FIELDS];
+    /* Decoded conveniences, valid only for the kinds named: */
+    int64_t exit_code; /* done, output (from a child; 0 otherwise) */
+};
+
+/* Field names of a kind, without "kind", in spec table order; *n is set. */
+const char *const *frame_field_names(enum frame_kind kind, size_t *n);
+const char *frame_kind_name(enum frame_kind kind);
+
+/* Decode one text message (spec 3.2: trailing \r and \n stripped, one JSON
+ * value, an object, a known kind, last duplicate key wins, unknown keys
+ * dropped, missing keys defaulted). Input must already be valid UTF-8.
+ * Returns 0 and fills *out (release with frame_free), or a negative errno
+ * with a static reason in *why:
+ *   -EBADMSG  not JSON, not an object, trailing data, or empty
+ *   -EPROTO   unknown or missing kind, kind not accepted from this peer,
+ *             or a field of the wrong type
+ *   -ENOMEM
+ * *out is untouched on failure. */
+int frame_decode(const uint8_t *text, size_t len, enum frame_peer peer,
+                 struct frame *out, const char **why);
+
+/* Append the compact encoding (every field, "kind" last, trailing \n). 0 or
+ * -ENOBUFS/-ENOMEM from the buffer. */
+int frame_encode(const struct frame *f, struct buf *out);
+
+/* Build a frame from scratch with every field at its default. */
+void frame_init(struct frame *f, enum frame_kind kind);
+/* Set a field from a C string (escaped with cJSON) or integer. The name must be
+ * a field of the kind. 0, -EINVAL (no such field) or -ENOMEM. */
+int frame_set_string(struct frame *f, const char *name, const char *value);
+int frame_set_int(struct frame *f, const char *name, int64_t value);
+/* Borrowed JSON text of a field, or NULL if the kind has no such field. */
+const struct frame_field *frame_get(const struct frame *f, const char *name);
+
+void frame_free(struct frame *f); /* safe on a zeroed or freed frame */

@@ -1,0 +1,62 @@
+/* The fork server: the clean process sandboxes are cloned from.
+ *
+ * forkboxd starts it first, before it reads the token or accepts anything,
+ * by fork + execve of its own binary with a minimal environment, so the fork
+ * server's address space never held a secret or a connection buffer. It
+ * initialises the embedded interpreter once, compiles the seccomp policy, and
+ * then clones one sandbox per request. Sandboxes are its children: it reaps
+ * them. The supervisor receives, per sandbox, the supervisor end of the
+ * channel socketpair and a pidfd, and kills with pidfd_send_signal().
+ *
+ * Control protocol (SOCK_SEQPACKET, one record per message):
+ *   supervisor -> fork server   struct fs_request
+ *   fork server -> supervisor   struct fs_reply, with SCM_RIGHTS
+ *                               {chan_fd, pidfd} when status == 0
+ * Replies come in request order. */
+#pragma once
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "config/config.h"
+
+enum fs_op { FS_OP_SPAWN = 1 };
+
+struct fs_request {
+    uint32_t op;      /* enum fs_op */
+    uint32_t reserved;
+    uint64_t turn_id; /* echoed in the reply */
+};
+
+struct fs_reply {
+    int32_t status;   /* 0 or -errno */
+    int32_t pid;      /* host pid of the sandbox (pid 1 of its namespace) */
+    uint64_t turn_id;
+    uint64_t spawn_ns; /* time the fork server spent (clone + parent-side setup) */
+};
+
+/* --- supervisor side --- */
+
+struct fs_client {
+    int ctl_fd;  /* owned; non-blocking SEQPACKET to the fork server */
+    pid_t pid;   /* the fork server */
+};
+
+/* Start the fork server (exe is an fd or path of our own binary, reopened from
+ * /proc/self/exe at start) and wait until it reports that it is ready
+ * (interpreter initialised, policy compiled) or failed. 0, or -errno with a
+ * message in err (the fork server's own reason when it sent one). */
+int fs_client_start(const struct config *cfg, char *const argv[], struct fs_client *fs,
+                    char *err, size_t errlen);
+/* Queue one spawn request; 0, -EAGAIN if the socket is full, or -errno. */
+int fs_client_request(struct fs_client *fs, uint64_t turn_id);
+/* Read one reply. 1 with *rep filled (and *chan_fd, *pidfd owned by the
+ * caller when rep->status == 0), 0 if none is ready, or -errno if the fork
+ * server is gone (fatal for the daemon). */
+int fs_client_reply(struct fs_client *fs, struct fs_reply *rep, int *chan_fd, int *pidfd);
+void fs_client_stop(struct fs_client *fs);
+
+/* --- fork server side --- */
+
+/* Entry point when forkboxd is exec'd as the fork server: ctl_fd is the
+ * control socket; cfg was parsed from argv. Never returns. */
+_Noreturn void forkserver_main(const struct config *cfg, int ctl_fd);

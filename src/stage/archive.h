@@ -1,0 +1,62 @@
+/* Archives in and out of a sandbox (spec 4), with libarchive.
+ *
+ * Runs inside the sandbox child, after isolation: a libarchive bug then lands
+ * in the sandbox, not in the supervisor. */
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/buf.h"
+
+struct archive_limits {
+    uint64_t max_unpacked; /* total bytes of file data written */
+    uint64_t max_members;  /* entries read, kept or not */
+};
+
+struct extract_stats {
+    uint64_t files;   /* regular files written */
+    uint64_t dirs;    /* directories created */
+    uint64_t skipped; /* members dropped by the filter */
+    uint64_t bytes;   /* file data written */
+};
+
+/* Extract a gzip-compressed tar held in memory into the directory dest_fd
+ * (borrowed), applying the spec 4.2 filter:
+ *   - only regular files (tar 0, NUL, 7, GNU sparse) and directories (5, or a
+ *     NUL-type name ending in '/'); anything else, or a non-empty link name,
+ *     is skipped;
+ *   - the path is normalised lexically; absolute paths, a leading "..", or
+ *     any ".." segment are skipped;
+ *   - every component is opened with openat2(RESOLVE_BENEATH |
+ *     RESOLVE_NO_MAGICLINKS) from dest_fd, so symlinks already on disk that
+ *     lead outside dest make the member skipped, with no TOCTOU window;
+ *   - files get mode (header mode & 0777 & ~022) | 0600,
+ *     directories 0755; no setuid/setgid/sticky, no ownership, mtime applied.
+ * len == 0 means "nothing to extract" and succeeds.
+ * Returns 0, or:
+ *   -EBADMSG  not gzip, or a corrupt gzip/tar stream (msg says where)
+ *   -EFBIG    more than max_unpacked bytes of file data
+ *   -E2BIG    more than max_members members
+ *   -errno    an I/O error writing a member that was not skipped
+ * msg (may be NULL) gets a human-readable reason of at most msg_len bytes. */
+int archive_extract(const uint8_t *data, size_t len, int dest_fd,
+                    const struct archive_limits *lim, struct extract_stats *st,
+                    char *msg, size_t msg_len);
+
+struct snapshot_stats {
+    uint64_t files;       /* members written */
+    uint64_t bytes;       /* file data written */
+    uint64_t skipped;     /* vanished, unreadable, or non-regular */
+    uint64_t over_cap;    /* regular files left out because of max_bytes */
+};
+
+/* Write a gzip-compressed tar (pax) of every regular file under the directory
+ * root_fd (borrowed), recursively, hidden files included, into out. Names are
+ * relative, '/'-separated, without "./"; no directory entries; symlinks are
+ * neither included nor followed; a second link to an inode is written as a
+ * regular file; a file that vanishes or cannot be read is skipped. Files that
+ * would take the data total past max_bytes are left out (counted in
+ * over_cap). Always produces a valid archive, possibly with zero members.
+ * 0, or -ENOMEM / -errno if root itself cannot be read. */
+int archive_snapshot(int root_fd, uint64_t max_bytes, struct buf *out,
+                     struct snapshot_stats *st);
