@@ -1,0 +1,25 @@
+/* Per-turn resource limits: cgroups (v2 where the host has controllers, else
+ * the v1 memory and pids controllers) placed from the fork server, and
+ * rlimits set in the child. */
+#pragma once
+#include <sys/types.h>
+
+#include "config/config.h"
+
+struct sbx_cgroups; /* opaque: what this host offers, probed once at start */
+
+/* Probe and prepare a parent cgroup for forkbox under each usable hierarchy.
+ * Never fatal: on a host without usable cgroups *out describes "none" and a
+ * warning is logged. 0 or -errno. */
+int limits_cgroups_init(const struct config *cfg, struct sbx_cgroups **out);
+/* Create the turn's cgroup(s) with the configured limits and move pid into
+ * them (called by the fork server right after clone, before the child is
+ * released). 0 or -errno. */
+int limits_cgroups_attach(struct sbx_cgroups *cg, pid_t pid, const struct config *cfg);
+/* Remove the turn's cgroup(s) once pid has been reaped. */
+void limits_cgroups_release(struct sbx_cgroups *cg, pid_t pid);
+void limits_cgroups_free(struct sbx_cgroups *cg);
+
+/* In the child: RLIMIT_CORE 0, RLIMIT_FSIZE, RLIMIT_NOFILE, RLIMIT_NPROC
+ * backstop. 0 or -errno. */
+int limits_apply_rlimits(const struct config *cfg);
