@@ -7,6 +7,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "core/buf.h"
 
@@ -20,7 +21,8 @@ void http_req_free(struct http_req *r);
  * belongs to the WebSocket stream); 0 if more bytes are needed; or
  *   -E2BIG   more than HTTP_MAX_REQUEST_BYTES, or more than HTTP_MAX_HEADERS
  *   -EBADMSG not HTTP/1.x, or malformed
- * Requests with a body (Content-Length > 0 or chunked) are -EBADMSG. */
+ * Requests with a body (Content-Length > 0 or chunked) are -EBADMSG.
+ * Once it has returned 1 or an error it keeps returning that (consumed 0). */
 int http_req_feed(struct http_req *r, const uint8_t *p, size_t n, size_t *consumed);
 
 /* Accessors, valid once feed returned 1. Strings are NUL-terminated,
@@ -47,6 +49,12 @@ int http_ws_accept(const char *key, char out[29]);
  * charset=utf-8, Content-Length, Date, Server: forkbox, Connection: close,
  * blank line, body (byte exact). */
 int http_write_response(struct buf *out, int status, const char *reason, const char *body);
+/* The same with a given clock (tests need byte-exact output). */
+int http_write_response_at(struct buf *out, int status, const char *reason, const char *body,
+                           time_t now);
+/* RFC 7231 IMF-fixdate ("Sun, 06 Nov 1994 08:49:37 GMT"), always English.
+ * out gets 29 characters and a NUL. 0 or -EINVAL (year outside 0..9999). */
+int http_format_date(time_t t, char out[30]);
 
 /* Append the 101 Switching Protocols response for the given client key. */
 int http_write_upgrade(struct buf *out, const char *ws_key);
