@@ -16,6 +16,10 @@ struct buf {
 void buf_init(struct buf *b, size_t max);
 /* 0, or -ENOBUFS if len + n would pass max (nothing appended), -ENOMEM. */
 int buf_append(struct buf *b, const void *p, size_t n);
+/* Make room for n more bytes without appending (one allocation before a
+ * series of appends of known total size). 0, -ENOBUFS or -ENOMEM. */
+int buf_reserve(struct buf *b, size_t n);
+/* Same errors as buf_append; the text is not NUL-terminated in len. */
 int buf_printf(struct buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Drop the first n bytes (n <= len). */
 void buf_consume(struct buf *b, size_t n);

@@ -1,1 +1,41 @@
-/* placeholder: being written */
+/* The 8-byte channel envelope (see chan.h). */
+#include "proto/chan.h"
+
+#include <errno.h>
+
+void chan_hdr_encode(uint8_t out[CHAN_HDR_LEN], enum chan_type type, uint32_t len)
+{
+    out[0] = (uint8_t)type;
+    out[1] = out[2] = out[3] = 0;
+    out[4] = (uint8_t)len;
+    out[5] = (uint8_t)(len >> 8);
+    out[6] = (uint8_t)(len >> 16);
+    out[7] = (uint8_t)(len >> 24);
+}
+
+int chan_hdr_decode(const uint8_t *p, size_t n, uint32_t max_len,
+                    enum chan_type *type, uint32_t *len)
+{
+    if (n < CHAN_HDR_LEN)
+        return 0;
+    switch (p[0]) {
+    case CHAN_FRAME:
+    case CHAN_TOOLS:
+    case CHAN_WORKSPACE:
+    case CHAN_SNAPSHOT:
+        break;
+    default:
+        return -EPROTO;
+    }
+    /* Padding must be zero so a desynchronised stream (reading from the
+     * middle of a payload) is caught early rather than trusted. */
+    if (p[1] | p[2] | p[3])
+        return -EPROTO;
+    uint32_t l = (uint32_t)p[4] | (uint32_t)p[5] << 8 | (uint32_t)p[6] << 16 |
+                 (uint32_t)p[7] << 24;
+    if (l > max_len)
+        return -EMSGSIZE;
+    *type = (enum chan_type)p[0];
+    *len = l;
+    return 1;
+}

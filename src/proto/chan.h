@@ -23,7 +23,7 @@ enum chan_type {
 
 void chan_hdr_encode(uint8_t out[CHAN_HDR_LEN], enum chan_type type, uint32_t len);
 
-/* Parse a header from p[0..n). Returns 1 and sets *type/*len when a whole,
+/* Parse a header from p[0..n). Returns 1 and sets *type and *len when a whole,
  * valid header is present; 0 if n < CHAN_HDR_LEN; -EPROTO for an unknown type
  * or non-zero padding; -EMSGSIZE if len > max_len. */
 int chan_hdr_decode(const uint8_t *p, size_t n, uint32_t max_len,

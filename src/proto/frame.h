@@ -42,6 +42,12 @@ enum frame_peer {
 
 #define FRAME_MAX_FIELDS 4 /* fields besides "kind" */
 
+/* Most JSON items (strings including keys, numbers, literals, objects,
+ * arrays) one message may hold. cJSON spends about 64 bytes per item, so
+ * without a ceiling a 256 MiB message of "[0,0,0,..." (2 bytes per item)
+ * would cost the supervisor ~8 GiB; with it, at most ~256 MiB. */
+#define FRAME_MAX_ITEMS (1u << 22)
+
 struct frame_field {
     char *json; /* owned, NUL-terminated compact JSON text of the value */
     size_t len;
@@ -62,10 +68,16 @@ const char *frame_kind_name(enum frame_kind kind);
 
 /* Decode one text message (spec 3.2: trailing \r and \n stripped, one JSON
  * value, an object, a known kind, last duplicate key wins, unknown keys
- * dropped, missing keys defaulted). Input must already be valid UTF-8.
+ * dropped, missing keys defaulted). Input from FRAME_FROM_CLIENT must already
+ * be valid UTF-8 (the WebSocket layer checks text messages); input from
+ * FRAME_FROM_CHILD is checked here, since it is relayed to the client.
+ * JSON is read strictly (RFC 8259 plus NaN, Infinity, -Infinity; numbers of
+ * any length; lone \udXXX escapes as Python's json allows; no raw control
+ * characters in strings; nesting up to cJSON's limit of 1000).
  * Returns 0 and fills *out (release with frame_free), or a negative errno
- * with a static reason in *why:
- *   -EBADMSG  not JSON, not an object, trailing data, or empty
+ * with a static reason in *why (why may be NULL):
+ *   -EBADMSG  not JSON, not an object, trailing data, empty, invalid UTF-8
+ *             from a child, or more than FRAME_MAX_ITEMS items
  *   -EPROTO   unknown or missing kind, kind not accepted from this peer,
  *             or a field of the wrong type
  *   -ENOMEM
@@ -77,12 +89,17 @@ int frame_decode(const uint8_t *text, size_t len, enum frame_peer peer,
  * -ENOBUFS/-ENOMEM from the buffer. */
 int frame_encode(const struct frame *f, struct buf *out);
 
-/* Build a frame from scratch with every field at its default. */
+/* Build a frame from scratch with every field at its default. If memory runs
+ * out a field's json is left NULL and frame_encode() returns -ENOMEM. */
 void frame_init(struct frame *f, enum frame_kind kind);
 /* Set a field from a C string (escaped with cJSON) or integer. The name must be
  * a field of the kind. 0, -EINVAL (no such field) or -ENOMEM. */
 int frame_set_string(struct frame *f, const char *name, const char *value);
+/* frame_set_int on "exit_code" of done/output also sets f->exit_code. */
 int frame_set_int(struct frame *f, const char *name, int64_t value);
+/* Like frame_set_string for a counted string that may hold NUL bytes (written
+ * as \u0000); same escaping as cJSON (spec 3.1). value must be UTF-8. */
+int frame_set_stringn(struct frame *f, const char *name, const char *value, size_t len);
 /* Borrowed JSON text of a field, or NULL if the kind has no such field. */
 const struct frame_field *frame_get(const struct frame *f, const char *name);
 

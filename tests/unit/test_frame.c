@@ -1,1 +1,673 @@
-int main(void) { return 77; }
+/* Unit tests for proto/: the frame codec (frame.h) and the channel envelope
+ * (chan.h). TAP output. */
+#include <errno.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cjson/cJSON.h>
+
+#include "core/buf.h"
+#include "core/limits.h"
+#include "proto/chan.h"
+#include "proto/frame.h"
+#include "tap.h"
+
+/* ---- helpers ------------------------------------------------------------ */
+
+static int dec(const char *text, enum frame_peer peer, struct frame *f)
+{
+    const char *why = NULL;
+    return frame_decode((const uint8_t *)text, strlen(text), peer, f, &why);
+}
+
+/* Decode then encode; returns the encoding (caller frees) or NULL. */
+static char *relay_n(const char *text, size_t len, enum frame_peer peer)
+{
+    struct frame f;
+    const char *why = NULL;
+    if (frame_decode((const uint8_t *)text, len, peer, &f, &why) < 0)
+        return NULL;
+    struct buf b;
+    buf_init(&b, WS_MAX_MESSAGE_BYTES);
+    int r = frame_encode(&f, &b);
+    frame_free(&f);
+    if (r < 0 || buf_append(&b, "", 1) < 0) {
+        buf_free(&b);
+        return NULL;
+    }
+    return (char *)buf_steal(&b, NULL);
+}
+
+static char *relay(const char *text, enum frame_peer peer)
+{
+    return relay_n(text, strlen(text), peer);
+}
+
+static void is_relay(const char *in, enum frame_peer peer, const char *want, const char *name)
+{
+    char *got = relay(in, peer);
+    is_str(got, want, "%s", name);
+    free(got);
+}
+
+static void is_err(const char *in, enum frame_peer peer, int want, const char *name)
+{
+    struct frame f;
+    const char *why = NULL;
+    int r = frame_decode((const uint8_t *)in, strlen(in), peer, &f, &why);
+    is_int(r, want, "%s (%s)", name, why ? why : "accepted");
+    if (r == 0)
+        frame_free(&f);
+}
+
+static char *encode(const struct frame *f)
+{
+    struct buf b;
+    buf_init(&b, WS_MAX_MESSAGE_BYTES);
+    if (frame_encode(f, &b) < 0 || buf_append(&b, "", 1) < 0) {
+        buf_free(&b);
+        return NULL;
+    }
+    return (char *)buf_steal(&b, NULL);
+}
+
+static bool frames_equal(const struct frame *a, const struct frame *b)
+{
+    if (a->kind != b->kind || a->exit_code != b->exit_code)
+        return false;
+    size_t n;
+    frame_field_names(a->kind, &n);
+    for (size_t i = 0; i < n; i++)
+        if (a->field[i].len != b->field[i].len ||
+            memcmp(a->field[i].json, b->field[i].json, a->field[i].len) != 0)
+            return false;
+    return true;
+}
+
+/* The JSON text of one field of a decoded message. */
+static char *field_of(const char *in, enum frame_peer peer, const char *name)
+{
+    struct frame f;
+    if (dec(in, peer, &f) < 0)
+        return NULL;
+    const struct frame_field *fld = frame_get(&f, name);
+    char *s = fld ? strdup(fld->json) : NULL;
+    frame_free(&f);
+    return s;
+}
+
+static void is_field(const char *in, enum frame_peer peer, const char *name,
+                     const char *want, const char *what)
+{
+    char *got = field_of(in, peer, name);
+    is_str(got, want, "%s", what);
+    free(got);
+}
+
+/* ---- tests -------------------------------------------------------------- */
+
+static void test_tables(void)
+{
+    size_t n;
+    const char *const *names = frame_field_names(FRAME_OUTPUT, &n);
+    ok(n == 3 && !strcmp(names[0], "stdout") && !strcmp(names[1], "stderr") &&
+           !strcmp(names[2], "exit_code"),
+       "output field order is the spec's");
+    names = frame_field_names(FRAME_TOOL_RESULT, &n);
+    ok(n == 4 && !strcmp(names[0], "id") && !strcmp(names[3], "error"), "tool_result fields");
+    frame_field_names(FRAME_SHUTDOWN, &n);
+    is_int(n, 0, "shutdown has no fields");
+    is_str(frame_kind_name(FRAME_TOOL_CALL), "tool_call", "kind name");
+    ok(frame_kind_name(FRAME_KIND_COUNT) == NULL, "kind name out of range is NULL");
+}
+
+/* Every kind, built with the setters, survives encode -> decode unchanged. */
+static void test_round_trip(void)
+{
+    struct frame f[FRAME_KIND_COUNT];
+    for (int k = 0; k < FRAME_KIND_COUNT; k++)
+        frame_init(&f[k], (enum frame_kind)k);
+    frame_set_string(&f[FRAME_READY], "python_version", "3.13.5");
+    frame_set_string(&f[FRAME_RUN], "code", "print('h\xc3\xa9')\n\tx = \"q\\\"\"\n");
+    frame_set_string(&f[FRAME_TOOL_CALL], "id", "9b2f");
+    frame_set_string(&f[FRAME_TOOL_CALL], "name", "slack.send");
+    frame_set_string(&f[FRAME_TOOL_RESULT], "id", "9b2f");
+    frame_set_string(&f[FRAME_LOG], "level", "warning");
+    frame_set_string(&f[FRAME_LOG], "msg", "low\x01disk");
+    frame_set_int(&f[FRAME_DONE], "exit_code", -7);
+    frame_set_string(&f[FRAME_OUTPUT], "stdout", "a\nb");
+    frame_set_string(&f[FRAME_OUTPUT], "stderr", "\xe2\x80\xa8");
+    frame_set_int(&f[FRAME_OUTPUT], "exit_code", INT64_MAX);
+    is_int(f[FRAME_DONE].exit_code, -7, "frame_set_int sets exit_code");
+
+    for (int k = 0; k < FRAME_KIND_COUNT; k++) {
+        char *e = encode(&f[k]);
+        struct frame d;
+        int r = e ? dec(e, FRAME_FROM_CLIENT, &d) : -1;
+        /* the client path does not decode exit_code; compare it separately */
+        if (r == 0)
+            d.exit_code = f[k].exit_code;
+        ok(r == 0 && frames_equal(&f[k], &d), "round trip (client) %s",
+           frame_kind_name(k));
+        if (r == 0) {
+            char *e2 = encode(&d);
+            is_str(e2, e, "re-encoding %s is byte-identical", frame_kind_name(k));
+            free(e2);
+            frame_free(&d);
+        }
+        bool child_kind = k != FRAME_RUN && k != FRAME_TOOL_RESULT && k != FRAME_SHUTDOWN;
+        if (child_kind) {
+            r = e ? dec(e, FRAME_FROM_CHILD, &d) : -1;
+            ok(r == 0 && frames_equal(&f[k], &d), "round trip (child) %s", frame_kind_name(k));
+            if (r == 0)
+                frame_free(&d);
+        }
+        free(e);
+    }
+    for (int k = 0; k < FRAME_KIND_COUNT; k++)
+        frame_free(&f[k]);
+}
+
+static void test_defaults(void)
+{
+    static const struct {
+        const char *in, *want;
+    } t[] = {
+        {"{\"kind\":\"ready\"}",
+         "{\"protocol_version\":2,\"python_version\":\"\",\"packages\":{},\"kind\":\"ready\"}\n"},
+        {"{\"kind\":\"run\"}", "{\"code\":\"\",\"kind\":\"run\"}\n"},
+        {"{\"kind\":\"tool_call\"}",
+         "{\"id\":\"\",\"name\":\"\",\"args\":{},\"timeout\":null,\"kind\":\"tool_call\"}\n"},
+        {"{\"kind\":\"tool_result\"}",
+         "{\"id\":\"\",\"ok\":true,\"value\":null,\"error\":null,\"kind\":\"tool_result\"}\n"},
+        {"{\"kind\":\"log\"}", "{\"level\":\"info\",\"msg\":\"\",\"kind\":\"log\"}\n"},
+        {"{\"kind\":\"done\"}", "{\"exit_code\":0,\"kind\":\"done\"}\n"},
+        {"{\"kind\":\"output\"}",
+         "{\"stdout\":\"\",\"stderr\":\"\",\"exit_code\":0,\"kind\":\"output\"}\n"},
+        {"{\"kind\":\"shutdown\"}", "{\"kind\":\"shutdown\"}\n"},
+    };
+    for (size_t i = 0; i < sizeof t / sizeof *t; i++)
+        is_relay(t[i].in, FRAME_FROM_CLIENT, t[i].want, t[i].in);
+    /* frame_init gives the same defaults */
+    struct frame f;
+    frame_init(&f, FRAME_TOOL_RESULT);
+    char *e = encode(&f);
+    is_str(e, t[3].want, "frame_init defaults");
+    free(e);
+    frame_free(&f);
+    frame_free(&f); /* safe twice */
+    struct frame z = {0};
+    frame_free(&z); /* safe on zeroed */
+    ok(1, "frame_free twice and on a zeroed frame");
+    is_relay("{\"kind\":\"tool_result\",\"id\":\"x\"}", FRAME_FROM_CLIENT,
+             "{\"id\":\"x\",\"ok\":true,\"value\":null,\"error\":null,\"kind\":\"tool_result\"}\n",
+             "spec 3.3: {kind:tool_result,id:x} fills the rest");
+}
+
+static void test_byte_exact(void)
+{
+    const char *in =
+        "{\"id\":\"a\",\"ok\":true,\"value\":{\"n\":1180591620717411303424,\"x\":NaN,"
+        "\"y\":-Infinity,\"s\":\"a\\u0000b\"},\"error\":null,\"kind\":\"tool_result\"}";
+    char *want = malloc(strlen(in) + 2);
+    strcpy(want, in);
+    strcat(want, "\n");
+    is_relay(in, FRAME_FROM_CLIENT, want, "tool_result with 2**70, NaN, -Infinity, \\u0000 is byte-exact");
+    free(want);
+    is_field(in, FRAME_FROM_CLIENT, "value",
+             "{\"n\":1180591620717411303424,\"x\":NaN,\"y\":-Infinity,\"s\":\"a\\u0000b\"}",
+             "value text kept verbatim");
+
+    /* the spec 3.3 examples, all in reference order */
+    static const char *const ex[] = {
+        "{\"id\":\"a1\",\"name\":\"slack.send_message\",\"args\":{\"channel\":\"C1\",\"text\":\"hi\"},\"timeout\":null,\"kind\":\"tool_call\"}\n",
+        "{\"id\":\"a1\",\"ok\":true,\"value\":{\"ts\":\"171.2\"},\"error\":null,\"kind\":\"tool_result\"}\n",
+        "{\"id\":\"a2\",\"ok\":false,\"value\":null,\"error\":{\"type\":\"ToolNotFound\",\"message\":\"\\\"no tool registered for 'nope'\\\"\",\"trace\":null},\"kind\":\"tool_result\"}\n",
+        "{\"level\":\"warning\",\"msg\":\"low disk\",\"kind\":\"log\"}\n",
+        "{\"stdout\":\"\",\"stderr\":\"Traceback (most recent call last):\\n ...\\nValueError: bad\\n\",\"exit_code\":1,\"kind\":\"output\"}\n",
+        "{\"kind\":\"ready\",\"protocol_version\":2,\"python_version\":\"3.13.5\",\"packages\":{\"yaml\":{\"PyYAML\":\"6.0.2\"}}}\n",
+    };
+    for (size_t i = 0; i < 5; i++)
+        is_relay(ex[i], FRAME_FROM_CLIENT, ex[i], "spec 3.3 example relays unchanged");
+    is_relay(ex[5], FRAME_FROM_CHILD,
+             "{\"protocol_version\":2,\"python_version\":\"3.13.5\",\"packages\":{\"yaml\":{\"PyYAML\":\"6.0.2\"}},\"kind\":\"ready\"}\n",
+             "spec 2.2 ready (kind first) is re-encoded in table order");
+
+    /* numbers cJSON cannot read itself: long integers, huge exponents */
+    char big[300] = "{\"kind\":\"tool_result\",\"value\":[";
+    for (int i = 0; i < 120; i++)
+        strcat(big, i == 0 ? "9" : "0");
+    strcat(big, ",-1e400,1.5E+10,-0,0.000001,Infinity]}");
+    char *v = field_of(big, FRAME_FROM_CLIENT, "value");
+    char want_v[300];
+    strcpy(want_v, strstr(big, "["));
+    want_v[strlen(want_v) - 1] = '\0'; /* drop the closing '}' */
+    is_str(v, want_v, "120-digit integer and friends relayed exactly");
+    free(v);
+
+    /* unicode: raw non-ASCII, escapes and surrogate pairs untouched */
+    is_field("{\"kind\":\"run\",\"code\":\"h\xc3\xa9 \\u00e9 \\ud83d\\ude00 \\/ \\\\\"}",
+             FRAME_FROM_CLIENT, "code", "\"h\xc3\xa9 \\u00e9 \\ud83d\\ude00 \\/ \\\\\"",
+             "string escapes kept as sent");
+}
+
+static void test_whitespace(void)
+{
+    is_relay(" \t{ \"kind\" : \"tool_result\" ,\n \"value\" : { \"a\" : [ 1 , 2 , { } ] ,"
+             " \"s\" : \"x  y \\\" z\" } , \"id\" :\r\"i\" }  \r\n",
+             FRAME_FROM_CLIENT,
+             "{\"id\":\"i\",\"ok\":true,\"value\":{\"a\":[1,2,{}],\"s\":\"x  y \\\" z\"},\"error\":null,\"kind\":\"tool_result\"}\n",
+             "whitespace outside strings removed, inside kept");
+    is_relay("{\"kind\":\"run\",\"code\":\"x\"}", FRAME_FROM_CLIENT,
+             "{\"code\":\"x\",\"kind\":\"run\"}\n", "no trailing newline accepted");
+    is_relay("{\"kind\":\"run\",\"code\":\"x\"}\n", FRAME_FROM_CLIENT,
+             "{\"code\":\"x\",\"kind\":\"run\"}\n", "trailing \\n");
+    is_relay("{\"kind\":\"run\",\"code\":\"x\"}\r\n\n\r\r", FRAME_FROM_CLIENT,
+             "{\"code\":\"x\",\"kind\":\"run\"}\n", "all trailing \\r and \\n stripped");
+}
+
+static void test_keys(void)
+{
+    is_field("{\"kind\":\"run\",\"code\":\"a\",\"code\":\"b\"}", FRAME_FROM_CLIENT, "code",
+             "\"b\"", "duplicate key: last wins");
+    is_err("{\"kind\":\"nope\",\"code\":1,\"kind\":\"run\"}", FRAME_FROM_CLIENT, -EPROTO,
+           "duplicate kind: last wins, then run.code type checked");
+    is_relay("{\"kind\":\"nope\",\"kind\":\"run\"}", FRAME_FROM_CLIENT,
+             "{\"code\":\"\",\"kind\":\"run\"}\n", "duplicate kind: last wins");
+    is_err("{\"kind\":\"run\",\"kind\":\"nope\"}", FRAME_FROM_CLIENT, -EPROTO,
+           "duplicate kind: last (unknown) wins");
+    is_relay("{\"extra\":[1,{\"kind\":\"x\"}],\"kind\":\"run\",\"code\":\"x\",\"stdout\":\"y\"}",
+             FRAME_FROM_CLIENT, "{\"code\":\"x\",\"kind\":\"run\"}\n",
+             "unknown keys dropped (incl. other kinds' fields)");
+    is_field("{\"\\u006bind\":\"run\",\"\\u0063ode\":\"y\"}", FRAME_FROM_CLIENT, "code", "\"y\"",
+             "escaped keys are decoded like Python does");
+    is_field("{\"kind\":\"run\",\"code\\u0000\":\"x\"}", FRAME_FROM_CLIENT, "code", "\"\"",
+             "key with \\u0000 is not the field");
+    is_err("{\"kind\\u0000\":\"run\"}", FRAME_FROM_CLIENT, -EPROTO, "kind\\u0000 key is not kind");
+    is_err("{\"kind\":\"run\\u0000\"}", FRAME_FROM_CLIENT, -EPROTO, "run\\u0000 is not run");
+    is_field("{\"kind\":\"run\",\"code\\\\u0000\":\"x\",\"code\":\"z\"}", FRAME_FROM_CLIENT,
+             "code", "\"z\"", "escaped backslash before u0000 is not a NUL escape");
+}
+
+static void test_errors(void)
+{
+    struct { const char *in; int err; const char *name; } t[] = {
+        {"", -EBADMSG, "empty"},
+        {"\r\n\n", -EBADMSG, "only newlines"},
+        {"   ", -EBADMSG, "only spaces"},
+        {"[]", -EBADMSG, "array"},
+        {"\"run\"", -EBADMSG, "string"},
+        {"null", -EBADMSG, "null"},
+        {"{}", -EPROTO, "no kind"},
+        {"{\"kind\":\"nope\"}", -EPROTO, "unknown kind"},
+        {"{\"kind\":\"Run\"}", -EPROTO, "kind is case sensitive"},
+        {"{\"kind\":1}", -EPROTO, "kind not a string"},
+        {"{\"kind\":null}", -EPROTO, "kind null"},
+        {"{} {}", -EBADMSG, "two values"},
+        {"{\"kind\":\"run\"}{\"kind\":\"run\"}", -EBADMSG, "two values, no space"},
+        {"{\"kind\":\"run\"} x", -EBADMSG, "trailing junk"},
+        {"{\"kind\":\"run\"", -EBADMSG, "unterminated object"},
+        {"{\"kind\":\"run", -EBADMSG, "unterminated string"},
+        {"{\"kind\":\"run\",}", -EBADMSG, "trailing comma"},
+        {"{\"kind\":\"run\",\"code\":[1,]}", -EBADMSG, "trailing comma in array"},
+        {"{'kind':'run'}", -EBADMSG, "single quotes"},
+        {"{kind:\"run\"}", -EBADMSG, "bare key"},
+        {"{\"kind\" \"run\"}", -EBADMSG, "missing colon"},
+        {"{\"kind\":\"run\",\"code\":01}", -EBADMSG, "leading zero"},
+        {"{\"kind\":\"run\",\"code\":1.}", -EBADMSG, "1."},
+        {"{\"kind\":\"run\",\"code\":.5}", -EBADMSG, ".5"},
+        {"{\"kind\":\"run\",\"code\":-}", -EBADMSG, "lone minus"},
+        {"{\"kind\":\"run\",\"code\":+1}", -EBADMSG, "plus sign"},
+        {"{\"kind\":\"run\",\"code\":1e}", -EBADMSG, "1e"},
+        {"{\"kind\":\"run\",\"code\":0x10}", -EBADMSG, "hex"},
+        {"{\"kind\":\"run\",\"code\":nan}", -EBADMSG, "nan lowercase"},
+        {"{\"kind\":\"run\",\"code\":NaNa}", -EBADMSG, "NaNa"},
+        {"{\"kind\":\"run\",\"code\":1NaN}", -EBADMSG, "1NaN"},
+        {"{\"kind\":\"run\",\"code\":[1-Infinity]}", -EBADMSG, "1-Infinity"},
+        {"{\"kind\":\"run\",\"code\":[Infinity1]}", -EBADMSG, "Infinity1"},
+        {"{\"kind\":\"run\",\"code\":[NaN NaN]}", -EBADMSG, "NaN NaN"},
+        {"{\"kind\":\"run\",\"code\":+Infinity}", -EBADMSG, "+Infinity"},
+        {"{\"kind\":\"run\",\"code\":truex}", -EBADMSG, "truex"},
+        {"{\"kind\":\"run\",\"code\":\"a\\qb\"}", -EBADMSG, "bad escape"},
+        {"{\"kind\":\"run\",\"code\":\"\\u12G4\"}", -EBADMSG, "bad \\u hex"},
+        {"{\"kind\":\"run\",\"code\":\"\\u12\"}", -EBADMSG, "short \\u"},
+        {"{\"kind\":\"run\",\"code\":\"a\tb\"}", -EBADMSG, "raw tab in string"},
+        {"{\"kind\":\"run\",\"code\":\"a\x01\"}", -EBADMSG, "raw control char in string"},
+        {"\xef\xbb\xbf{\"kind\":\"run\"}", -EBADMSG, "UTF-8 BOM"},
+        {"{\"kind\":\"run\"}\v", -EBADMSG, "vertical tab is not JSON whitespace"},
+        {"{\"kind\":\"run\",\"code\":\"x\"}\\", -EBADMSG, "stray backslash"},
+    };
+    for (size_t i = 0; i < sizeof t / sizeof *t; i++)
+        is_err(t[i].in, FRAME_FROM_CLIENT, t[i].err, t[i].name);
+
+    static const char nul_in[] = "{\"kind\":\"run\"}\0{}";
+    struct frame f;
+    is_int(frame_decode((const uint8_t *)nul_in, sizeof nul_in - 1, FRAME_FROM_CLIENT, &f, NULL),
+           -EBADMSG, "NUL after the value is trailing data (why may be NULL)");
+    static const char nul_str[] = "{\"kind\":\"run\",\"code\":\"a\0b\"}";
+    is_int(frame_decode((const uint8_t *)nul_str, sizeof nul_str - 1, FRAME_FROM_CLIENT, &f, NULL),
+           -EBADMSG, "raw NUL inside a string");
+
+    /* *out untouched on failure */
+    memset(&f, 0xA5, sizeof f);
+    struct frame copy = f;
+    dec("{\"kind\":\"run\",\"code\":5}", FRAME_FROM_CLIENT, &f);
+    ok(memcmp(&f, &copy, sizeof f) == 0, "*out untouched on failure");
+}
+
+static void test_nan_strings(void)
+{
+    is_field("{\"kind\":\"run\",\"code\":\"NaN Infinity -Infinity\"}", FRAME_FROM_CLIENT,
+             "code", "\"NaN Infinity -Infinity\"", "NaN inside a string untouched");
+    is_field("{\"kind\":\"run\",\"code\":\"a\\\"NaN\\\\\"}", FRAME_FROM_CLIENT, "code",
+             "\"a\\\"NaN\\\\\"", "NaN after an escaped quote is still inside the string");
+    is_field("{\"kind\":\"tool_result\",\"value\":{\"NaN\":[NaN,\"NaN\",Infinity,-Infinity]}}",
+             FRAME_FROM_CLIENT, "value", "{\"NaN\":[NaN,\"NaN\",Infinity,-Infinity]}",
+             "NaN as key and value");
+    is_field("{\"kind\":\"tool_call\",\"timeout\":NaN}", FRAME_FROM_CHILD, "timeout", "NaN",
+             "NaN is a number for tool_call.timeout");
+}
+
+static void test_surrogates(void)
+{
+    is_field("{\"kind\":\"output\",\"stdout\":\"a\\udc80b\\ud800\"}", FRAME_FROM_CHILD, "stdout",
+             "\"a\\udc80b\\ud800\"", "lone surrogate escapes accepted and kept (spec 9.2)");
+    is_field("{\"kind\":\"run\",\"code\":\"\\uD800\\u0041\"}", FRAME_FROM_CLIENT, "code",
+             "\"\\uD800\\u0041\"", "high surrogate followed by a non-low escape");
+    is_field("{\"kind\":\"run\",\"code\":\"\\ud83d\\ude00\"}", FRAME_FROM_CLIENT, "code",
+             "\"\\ud83d\\ude00\"", "surrogate pair");
+    is_err("{\"kind\":\"run\",\"code\":\"\\ud800\\uzzzz\"}", FRAME_FROM_CLIENT, -EBADMSG,
+           "bad hex after a high surrogate");
+}
+
+static void test_child_types(void)
+{
+    struct { const char *in; int err; const char *name; } t[] = {
+        {"{\"kind\":\"run\",\"code\":\"x\"}", -EPROTO, "run not from child"},
+        {"{\"kind\":\"tool_result\"}", -EPROTO, "tool_result not from child"},
+        {"{\"kind\":\"shutdown\"}", -EPROTO, "shutdown not from child"},
+        {"{\"kind\":\"ready\",\"protocol_version\":2,\"python_version\":\"3.13\",\"packages\":{}}", 0, "ready ok"},
+        {"{\"kind\":\"ready\",\"protocol_version\":3}", -EPROTO, "protocol_version 3"},
+        {"{\"kind\":\"ready\",\"protocol_version\":\"2\"}", -EPROTO, "protocol_version string"},
+        {"{\"kind\":\"ready\",\"protocol_version\":2.0}", -EPROTO, "protocol_version 2.0 (child must send an int)"},
+        {"{\"kind\":\"ready\",\"protocol_version\":true}", -EPROTO, "protocol_version bool"},
+        {"{\"kind\":\"ready\",\"python_version\":3}", -EPROTO, "python_version number"},
+        {"{\"kind\":\"ready\",\"packages\":[]}", -EPROTO, "packages array"},
+        {"{\"kind\":\"ready\",\"packages\":null}", -EPROTO, "packages null"},
+        {"{\"kind\":\"tool_call\",\"id\":\"1\",\"name\":\"n\",\"args\":{\"a\":[1]},\"timeout\":1.5}", 0, "tool_call ok"},
+        {"{\"kind\":\"tool_call\",\"id\":1}", -EPROTO, "tool_call id number"},
+        {"{\"kind\":\"tool_call\",\"name\":null}", -EPROTO, "tool_call name null"},
+        {"{\"kind\":\"tool_call\",\"args\":[]}", -EPROTO, "tool_call args array"},
+        {"{\"kind\":\"tool_call\",\"timeout\":\"1\"}", -EPROTO, "tool_call timeout string"},
+        {"{\"kind\":\"tool_call\",\"timeout\":false}", -EPROTO, "tool_call timeout bool"},
+        {"{\"kind\":\"tool_call\",\"timeout\":null}", 0, "tool_call timeout null"},
+        {"{\"kind\":\"log\",\"level\":1}", -EPROTO, "log level number"},
+        {"{\"kind\":\"log\",\"msg\":{}}", -EPROTO, "log msg object"},
+        {"{\"kind\":\"done\",\"exit_code\":true}", -EPROTO, "exit_code bool"},
+        {"{\"kind\":\"done\",\"exit_code\":1.0}", -EPROTO, "exit_code 1.0"},
+        {"{\"kind\":\"done\",\"exit_code\":1e2}", -EPROTO, "exit_code 1e2"},
+        {"{\"kind\":\"done\",\"exit_code\":\"1\"}", -EPROTO, "exit_code string"},
+        {"{\"kind\":\"done\",\"exit_code\":NaN}", -EPROTO, "exit_code NaN"},
+        {"{\"kind\":\"done\",\"exit_code\":9223372036854775807}", 0, "exit_code INT64_MAX"},
+        {"{\"kind\":\"done\",\"exit_code\":9223372036854775808}", -EPROTO, "exit_code INT64_MAX+1"},
+        {"{\"kind\":\"done\",\"exit_code\":-9223372036854775808}", 0, "exit_code INT64_MIN"},
+        {"{\"kind\":\"done\",\"exit_code\":-9223372036854775809}", -EPROTO, "exit_code INT64_MIN-1"},
+        {"{\"kind\":\"output\",\"stdout\":null}", -EPROTO, "stdout null"},
+        {"{\"kind\":\"output\",\"stderr\":[]}", -EPROTO, "stderr array"},
+        {"{\"kind\":\"output\",\"exit_code\":\"0\"}", -EPROTO, "output exit_code string"},
+        {"{\"kind\":\"log\",\"junk\":[1,2],\"level\":\"debug\"}", 0, "unknown keys not type checked"},
+    };
+    for (size_t i = 0; i < sizeof t / sizeof *t; i++)
+        is_err(t[i].in, FRAME_FROM_CHILD, t[i].err, t[i].name);
+
+    struct frame f;
+    ok(dec("{\"kind\":\"done\",\"exit_code\":-9223372036854775808}", FRAME_FROM_CHILD, &f) == 0 &&
+           f.exit_code == INT64_MIN, "done.exit_code INT64_MIN decoded");
+    frame_free(&f);
+    ok(dec("{\"exit_code\":3,\"stdout\":\"\",\"kind\":\"output\",\"exit_code\":-2}", FRAME_FROM_CHILD, &f) == 0 &&
+           f.exit_code == -2, "output.exit_code decoded (last duplicate)");
+    frame_free(&f);
+    ok(dec("{\"kind\":\"done\"}", FRAME_FROM_CHILD, &f) == 0 && f.exit_code == 0,
+       "missing exit_code is 0");
+    frame_free(&f);
+    ok(dec("{\"kind\":\"done\",\"exit_code\":5}", FRAME_FROM_CLIENT, &f) == 0 && f.exit_code == 0,
+       "exit_code is only decoded from a child");
+    frame_free(&f);
+
+    is_err("{\"kind\":\"log\",\"msg\":\"\xc3\x28\"}", FRAME_FROM_CHILD, -EBADMSG,
+           "invalid UTF-8 from a child");
+    is_err("{\"kind\":\"log\",\"msg\":\"\xed\xa0\x80\"}", FRAME_FROM_CHILD, -EBADMSG,
+           "raw UTF-8 surrogate from a child");
+    is_err("{\"kind\":\"log\",\"msg\":\"\xc3\xa9\"}", FRAME_FROM_CHILD, 0, "valid UTF-8 from a child");
+}
+
+static void test_client_types(void)
+{
+    struct { const char *in; int err; const char *name; } t[] = {
+        {"{\"kind\":\"tool_result\",\"error\":\"x\"}", -EPROTO, "error string"},
+        {"{\"kind\":\"tool_result\",\"error\":[]}", -EPROTO, "error array"},
+        {"{\"kind\":\"tool_result\",\"error\":0}", -EPROTO, "error number"},
+        {"{\"kind\":\"tool_result\",\"error\":null}", 0, "error null"},
+        {"{\"kind\":\"tool_result\",\"ok\":false,\"error\":{\"type\":1}}", 0, "error object (inner unchecked)"},
+        {"{\"kind\":\"tool_result\",\"id\":5}", -EPROTO, "id number"},
+        {"{\"kind\":\"tool_result\",\"id\":null}", -EPROTO, "id null"},
+        {"{\"kind\":\"tool_result\",\"ok\":\"yes\",\"value\":[NaN]}", 0, "ok and value unchecked"},
+        {"{\"kind\":\"run\",\"code\":5}", -EPROTO, "run.code number"},
+        {"{\"kind\":\"run\",\"code\":null}", -EPROTO, "run.code null"},
+        {"{\"kind\":\"tool_call\",\"args\":[],\"timeout\":\"x\"}", 0, "tool_call from client unchecked"},
+        {"{\"kind\":\"ready\",\"protocol_version\":\"2\"}", 0, "ready from client unchecked"},
+        {"{\"kind\":\"done\",\"exit_code\":1.5}", 0, "done from client unchecked"},
+        {"{\"kind\":\"shutdown\",\"extra\":1}", 0, "shutdown"},
+    };
+    for (size_t i = 0; i < sizeof t / sizeof *t; i++)
+        is_err(t[i].in, FRAME_FROM_CLIENT, t[i].err, t[i].name);
+}
+
+/* Spec 3.1: escape only ", \ and < U+0020; named escapes where they apply,
+ * \u00xx lowercase otherwise; everything else raw (U+007F, U+2028 too). */
+static void test_escapes(void)
+{
+    struct frame f;
+    frame_init(&f, FRAME_LOG);
+    ok(frame_set_string(&f, "msg", "q\" b\\ \b\f\n\r\t \x01\x1f\x1b \x7f / \xc3\xa9 \xe2\x80\xa8 \xf0\x9f\x98\x80") == 0,
+       "set_string");
+    is_str(frame_get(&f, "msg")->json,
+           "\"q\\\" b\\\\ \\b\\f\\n\\r\\t \\u0001\\u001f\\u001b \x7f / \xc3\xa9 \xe2\x80\xa8 \xf0\x9f\x98\x80\"",
+           "cJSON escapes per spec 3.1");
+    is_int(frame_get(&f, "msg")->len, strlen(frame_get(&f, "msg")->json), "len matches");
+
+    /* frame_set_stringn is byte-identical to cJSON for every byte value */
+    bool same = true;
+    for (int c = 1; c < 256 && same; c++) {
+        char s[4] = {'a', (char)c, 'z', 0};
+        frame_set_string(&f, "msg", s);
+        char *a = strdup(frame_get(&f, "msg")->json);
+        frame_set_stringn(&f, "msg", s, 3);
+        same = !strcmp(a, frame_get(&f, "msg")->json) && frame_get(&f, "msg")->len == strlen(a);
+        if (!same)
+            printf("# byte 0x%02x: cJSON %s, stringn %s\n", c, a, frame_get(&f, "msg")->json);
+        free(a);
+    }
+    ok(same, "frame_set_stringn matches cJSON for bytes 1..255");
+    ok(frame_set_stringn(&f, "msg", "a\0b", 3) == 0, "set_stringn with NUL");
+    is_str(frame_get(&f, "msg")->json, "\"a\\u0000b\"", "NUL written as \\u0000");
+    ok(frame_set_stringn(&f, "msg", NULL, 0) == 0, "set_stringn empty");
+    is_str(frame_get(&f, "msg")->json, "\"\"", "empty string");
+
+    is_int(frame_set_string(&f, "stdout", "x"), -EINVAL, "set_string: field of another kind");
+    is_int(frame_set_int(&f, "nope", 1), -EINVAL, "set_int: no such field");
+    ok(frame_get(&f, "kind") == NULL, "frame_get(kind) is NULL");
+    frame_free(&f);
+
+    /* decode(escaped) gives back the same text */
+    frame_init(&f, FRAME_OUTPUT);
+    frame_set_string(&f, "stdout", "\x01\"\\\n");
+    char *e = encode(&f);
+    is_str(e, "{\"stdout\":\"\\u0001\\\"\\\\\\n\",\"stderr\":\"\",\"exit_code\":0,\"kind\":\"output\"}\n",
+           "encoded output frame");
+    char *r = relay(e, FRAME_FROM_CHILD);
+    is_str(r, e, "escaped output relays unchanged");
+    free(e);
+    free(r);
+    frame_free(&f);
+}
+
+static void test_nesting(void)
+{
+    char deep[4200] = "{\"kind\":\"tool_result\",\"value\":";
+    size_t n = strlen(deep);
+    for (int i = 0; i < 2000; i++)
+        deep[n++] = '[';
+    for (int i = 0; i < 2000; i++)
+        deep[n++] = ']';
+    deep[n++] = '}';
+    deep[n] = 0;
+    is_err(deep, FRAME_FROM_CLIENT, -EBADMSG, "2000-deep nesting rejected (cJSON limit)");
+
+    char mid[400] = "{\"kind\":\"tool_result\",\"value\":";
+    n = strlen(mid);
+    for (int i = 0; i < 100; i++)
+        mid[n++] = '[';
+    for (int i = 0; i < 100; i++)
+        mid[n++] = ']';
+    mid[n] = 0;
+    char *want = strdup(mid + strlen("{\"kind\":\"tool_result\",\"value\":"));
+    mid[n++] = '}';
+    mid[n] = 0;
+    is_field(mid, FRAME_FROM_CLIENT, "value", want, "100-deep nesting relayed");
+    free(want);
+}
+
+static void test_large(void)
+{
+    /* Two 16 MiB strings in one output frame, through set/encode/decode. */
+    const size_t big = 16 * MiB;
+    char *s = malloc(big + 1);
+    for (size_t i = 0; i < big; i++)
+        s[i] = "abc\xc3\xa9\n\"\\xyz     "[i % 16]; /* 16 bytes, 3 to escape */
+    s[big] = 0;
+    struct frame f;
+    frame_init(&f, FRAME_OUTPUT);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int r1 = frame_set_string(&f, "stdout", s);
+    int r2 = frame_set_stringn(&f, "stderr", s, big);
+    char *e = encode(&f);
+    struct frame d;
+    int r3 = e ? dec(e, FRAME_FROM_CHILD, &d) : -1;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+    ok(r1 == 0 && r2 == 0 && e && r3 == 0, "2 x 16 MiB output frame set, encoded, decoded");
+    if (r3 == 0) {
+        ok(frames_equal(&f, &d), "large frame round trip");
+        ok(d.field[0].len == big + big / 16 * 3 + 2, "escaped length");
+        frame_free(&d);
+    }
+    printf("# 2 x 16 MiB set+encode+decode: %.3f s\n", secs);
+    ok(secs < 10, "large frame in reasonable time");
+    free(e);
+    free(s);
+    frame_free(&f);
+
+    /* too many items: "[0,0,...]" */
+    size_t items = FRAME_MAX_ITEMS + 1;
+    size_t len = strlen("{\"kind\":\"tool_result\",\"value\":[]}") + 2 * items;
+    char *m = malloc(len + 1);
+    size_t o = (size_t)sprintf(m, "{\"kind\":\"tool_result\",\"value\":[");
+    for (size_t i = 0; i < items - 4; i++) { /* -4: kind, its value, the object, value key... */
+        m[o++] = '0';
+        m[o++] = ',';
+    }
+    m[o - 1] = ']';
+    m[o++] = '}';
+    m[o] = 0;
+    const char *why = NULL;
+    struct frame g;
+    int r = frame_decode((const uint8_t *)m, o, FRAME_FROM_CLIENT, &g, &why);
+    is_int(r, -EBADMSG, "more than FRAME_MAX_ITEMS items rejected (%s)", why ? why : "");
+    /* just under the limit is fine */
+    size_t cut = o - 20; /* drop a few zeros */
+    while (m[cut] != ',')
+        cut--;
+    m[cut] = ']';
+    m[cut + 1] = '}';
+    r = frame_decode((const uint8_t *)m, cut + 2, FRAME_FROM_CLIENT, &g, &why);
+    is_int(r, 0, "just under FRAME_MAX_ITEMS accepted");
+    if (r == 0)
+        frame_free(&g);
+    free(m);
+}
+
+static void test_encode_limits(void)
+{
+    struct frame f;
+    frame_init(&f, FRAME_RUN);
+    frame_set_string(&f, "code", "print(1)");
+    struct buf b;
+    buf_init(&b, 10);
+    buf_append(&b, "xy", 2);
+    is_int(frame_encode(&f, &b), -ENOBUFS, "encode into a too-small buffer");
+    is_int(b.len, 2, "buffer unchanged on -ENOBUFS");
+    buf_free(&b);
+    buf_init(&b, 1024);
+    buf_append(&b, "xy", 2);
+    ok(frame_encode(&f, &b) == 0 && b.len == 2 + strlen("{\"code\":\"print(1)\",\"kind\":\"run\"}\n") &&
+           memcmp(b.data + 2, "{\"code\":\"print(1)\",\"kind\":\"run\"}\n", b.len - 2) == 0,
+       "encode appends");
+    buf_free(&b);
+    frame_free(&f);
+}
+
+static void test_chan(void)
+{
+    uint8_t h[CHAN_HDR_LEN];
+    chan_hdr_encode(h, CHAN_WORKSPACE, 0x01020304);
+    static const uint8_t want[] = {'W', 0, 0, 0, 4, 3, 2, 1};
+    ok(memcmp(h, want, 8) == 0, "header layout: type, 3 zero bytes, LE length");
+    enum chan_type t = 0;
+    uint32_t len = 0;
+    ok(chan_hdr_decode(h, 8, UINT32_MAX, &t, &len) == 1 && t == CHAN_WORKSPACE && len == 0x01020304,
+       "decode round trip");
+    is_int(chan_hdr_decode(h, 7, UINT32_MAX, &t, &len), 0, "short header: need more");
+    is_int(chan_hdr_decode(h, 0, UINT32_MAX, &t, &len), 0, "no bytes: need more");
+    is_int(chan_hdr_decode(h, 8, 0x01020303, &t, &len), -EMSGSIZE, "over max");
+    ok(chan_hdr_decode(h, 8, 0x01020304, &t, &len) == 1, "exactly max");
+    uint8_t bad[8];
+    memcpy(bad, h, 8);
+    bad[0] = 'X';
+    is_int(chan_hdr_decode(bad, 8, UINT32_MAX, &t, &len), -EPROTO, "unknown type");
+    memcpy(bad, h, 8);
+    bad[2] = 1;
+    is_int(chan_hdr_decode(bad, 8, UINT32_MAX, &t, &len), -EPROTO, "non-zero padding");
+    const enum chan_type all[] = {CHAN_FRAME, CHAN_TOOLS, CHAN_WORKSPACE, CHAN_SNAPSHOT};
+    bool good = true;
+    for (size_t i = 0; i < 4; i++) {
+        chan_hdr_encode(h, all[i], UINT32_MAX);
+        good = good && chan_hdr_decode(h, 8, UINT32_MAX, &t, &len) == 1 && t == all[i] &&
+               len == UINT32_MAX;
+    }
+    ok(good, "every type round trips with length UINT32_MAX");
+}
+
+int main(void)
+{
+    test_tables();
+    test_round_trip();
+    test_defaults();
+    test_byte_exact();
+    test_whitespace();
+    test_keys();
+    test_errors();
+    test_nan_strings();
+    test_surrogates();
+    test_child_types();
+    test_client_types();
+    test_escapes();
+    test_nesting();
+    test_large();
+    test_encode_limits();
+    test_chan();
+    return tap_done();
+}
