@@ -1,1 +1,679 @@
-int main(void) { return 77; }
+/* WebSocket glue over a socketpair: the test plays the client and writes
+ * hand-built masked frames; the server side is a ws_conn. */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "net/ws.h"
+#include "tap.h"
+
+struct ws_conn;
+
+struct rec {
+    int ntext, nbin, npong;
+    int null_msgs;                 /* messages handed over as NULL */
+    struct ws_conn *close_on_text; /* if set, on_text closes it with 1011 */
+    uint8_t *last;   /* owned copy of the last message */
+    size_t last_len;
+    int last_kind;   /* 't' or 'b' */
+};
+
+static void rec_store(struct rec *r, int kind, const uint8_t *m, size_t n)
+{
+    free(r->last);
+    r->last = malloc(n ? n : 1);
+    if (n)
+        memcpy(r->last, m, n);
+    r->last_len = n;
+    r->last_kind = kind;
+}
+
+static void on_text(void *ud, const uint8_t *m, size_t n)
+{
+    struct rec *r = ud;
+    if (!m)
+        r->null_msgs++;
+    r->ntext++;
+    rec_store(r, 't', m, n);
+    if (r->close_on_text)
+        ws_conn_close(r->close_on_text, 1011, "bad frame");
+}
+
+static void on_binary(void *ud, const uint8_t *m, size_t n)
+{
+    struct rec *r = ud;
+    if (!m)
+        r->null_msgs++;
+    r->nbin++;
+    rec_store(r, 'b', m, n);
+}
+
+static void on_pong(void *ud)
+{
+    struct rec *r = ud;
+    r->npong++;
+}
+
+static const struct ws_handlers handlers = {on_text, on_binary, on_pong};
+
+struct pair {
+    int client;        /* blocking, the test writes frames here */
+    int server;        /* non-blocking, owned by the test, borrowed by c */
+    struct ws_conn *c;
+    struct rec rec;
+};
+
+static void pair_open(struct pair *p, size_t max_msg, const uint8_t *initial, size_t initial_len)
+{
+    int sv[2];
+    memset(p, 0, sizeof(*p));
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0) {
+        perror("socketpair");
+        exit(1);
+    }
+    p->client = sv[0];
+    p->server = sv[1];
+    fcntl(p->server, F_SETFL, fcntl(p->server, F_GETFL) | O_NONBLOCK);
+    p->c = ws_conn_new(p->server, max_msg, initial, initial_len, &handlers, &p->rec);
+    if (!p->c) {
+        fprintf(stderr, "ws_conn_new failed\n");
+        exit(1);
+    }
+}
+
+static void pair_close(struct pair *p)
+{
+    ws_conn_free(p->c);
+    if (p->client >= 0)
+        close(p->client);
+    close(p->server);
+    free(p->rec.last);
+}
+
+/* Build one client frame (masked unless mask == false) into out; returns its
+ * length. out must hold n + 14 bytes. */
+static size_t frame(uint8_t *out, bool fin, uint8_t opcode, const void *payload, size_t n, bool mask)
+{
+    static const uint8_t key[4] = {0x37, 0xfa, 0x21, 0x3d};
+    size_t h = 0;
+    out[h++] = (uint8_t)((fin ? 0x80 : 0) | opcode);
+    uint8_t m = mask ? 0x80 : 0;
+    if (n < 126) {
+        out[h++] = m | (uint8_t)n;
+    } else if (n < 65536) {
+        out[h++] = m | 126;
+        out[h++] = (uint8_t)(n >> 8);
+        out[h++] = (uint8_t)n;
+    } else {
+        out[h++] = m | 127;
+        for (int i = 7; i >= 0; i--)
+            out[h++] = (uint8_t)((uint64_t)n >> (8 * i));
+    }
+    if (mask) {
+        memcpy(out + h, key, 4);
+        h += 4;
+    }
+    const uint8_t *src = payload;
+    for (size_t i = 0; i < n; i++)
+        out[h + i] = mask ? src[i] ^ key[i % 4] : src[i];
+    return h + n;
+}
+
+static void client_write(struct pair *p, const void *b, size_t n)
+{
+    const uint8_t *s = b;
+    while (n > 0) {
+        ssize_t w = write(p->client, s, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0) {
+            perror("client write");
+            exit(1);
+        }
+        s += w;
+        n -= (size_t)w;
+    }
+}
+
+static void send_frame(struct pair *p, bool fin, uint8_t opcode, const void *payload, size_t n)
+{
+    uint8_t *buf = malloc(n + 14);
+    size_t len = frame(buf, fin, opcode, payload, n, true);
+    client_write(p, buf, len);
+    free(buf);
+}
+
+/* Run the server side until it has nothing more to do; returns the last
+ * negative status (finished) or 0. */
+static int pump(struct pair *p)
+{
+    int ret = 0;
+    for (int i = 0; i < 1000; i++) {
+        bool progressed = false;
+        if (ws_conn_want_read(p->c)) {
+            ret = ws_conn_read(p->c);
+            if (ret < 0)
+                return ret;
+        }
+        if (ws_conn_want_write(p->c)) {
+            progressed = true;
+            ret = ws_conn_write(p->c);
+            if (ret < 0)
+                return ret;
+        }
+        if (!progressed && !ws_conn_read_more(p->c))
+            break;
+    }
+    return ret;
+}
+
+/* Read exactly n bytes from the client side, waiting at most 2 s. */
+static bool client_read(struct pair *p, uint8_t *b, size_t n)
+{
+    while (n > 0) {
+        struct pollfd pfd = {.fd = p->client, .events = POLLIN};
+        if (poll(&pfd, 1, 2000) <= 0)
+            return false;
+        ssize_t r = read(p->client, b, n);
+        if (r <= 0)
+            return false;
+        b += r;
+        n -= (size_t)r;
+    }
+    return true;
+}
+
+struct sframe {
+    uint8_t fin, opcode, masked;
+    uint8_t *payload; /* owned */
+    size_t len;
+};
+
+/* Read one server frame. Servers never mask (RFC 6455 5.1). */
+static bool read_frame(struct pair *p, struct sframe *f)
+{
+    uint8_t h[8];
+    memset(f, 0, sizeof(*f));
+    if (!client_read(p, h, 2))
+        return false;
+    f->fin = h[0] >> 7;
+    f->opcode = h[0] & 0x0f;
+    f->masked = h[1] >> 7;
+    uint64_t len = h[1] & 0x7f;
+    if (len == 126) {
+        if (!client_read(p, h, 2))
+            return false;
+        len = (uint64_t)h[0] << 8 | h[1];
+    } else if (len == 127) {
+        if (!client_read(p, h, 8))
+            return false;
+        len = 0;
+        for (int i = 0; i < 8; i++)
+            len = len << 8 | h[i];
+    }
+    f->len = (size_t)len;
+    f->payload = malloc(f->len ? f->len : 1);
+    return client_read(p, f->payload, f->len);
+}
+
+static uint16_t close_code(const struct sframe *f)
+{
+    return f->len >= 2 ? (uint16_t)(f->payload[0] << 8 | f->payload[1]) : 0;
+}
+
+static bool client_sees_eof_or_nothing(struct pair *p)
+{
+    struct pollfd pfd = {.fd = p->client, .events = POLLIN};
+    if (poll(&pfd, 1, 50) == 0)
+        return true;
+    uint8_t b;
+    return read(p->client, &b, 1) == 0;
+}
+
+static void test_text(void)
+{
+    struct pair p;
+    pair_open(&p, 1 << 20, NULL, 0);
+    send_frame(&p, true, 0x1, "hello\n", 6);
+    is_int(pump(&p), 0, "text: connection continues");
+    is_int(p.rec.ntext, 1, "text: one message delivered");
+    ok(p.rec.last_len == 6 && memcmp(p.rec.last, "hello\n", 6) == 0, "text: payload intact");
+    ok(ws_conn_want_read(p.c) && !ws_conn_finished(p.c), "text: still open");
+
+    /* Empty text and a multi-byte UTF-8 message. */
+    send_frame(&p, true, 0x1, "", 0);
+    send_frame(&p, true, 0x2, "", 0);
+    const char *u = "h\xc3\xa9llo \xe2\x82\xac \xf0\x9f\x98\x80";
+    send_frame(&p, true, 0x1, u, strlen(u));
+    pump(&p);
+    is_int(p.rec.ntext, 3, "text: empty and multi-byte messages delivered");
+    is_int(p.rec.nbin, 1, "empty binary delivered");
+    is_int(p.rec.null_msgs, 0, "empty messages come with a non-NULL pointer");
+    ok(p.rec.last_len == strlen(u) && memcmp(p.rec.last, u, strlen(u)) == 0, "text: UTF-8 intact");
+    pair_close(&p);
+}
+
+static void test_fragmented(void)
+{
+    struct pair p;
+    pair_open(&p, 1 << 20, NULL, 0);
+    send_frame(&p, false, 0x1, "hel", 3);
+    send_frame(&p, false, 0x0, "lo ", 3);
+    send_frame(&p, false, 0x0, "", 0);
+    /* A ping between fragments is legal (RFC 6455 5.4) and answered. */
+    send_frame(&p, true, 0x9, "mid", 3);
+    /* A euro sign split across fragments is still valid UTF-8. */
+    send_frame(&p, false, 0x0, "\xe2\x82", 2);
+    send_frame(&p, true, 0x0, "\xac!", 2);
+    pump(&p);
+    is_int(p.rec.ntext, 1, "fragments: one message");
+    const char *want = "hello \xe2\x82\xac!";
+    ok(p.rec.last_len == strlen(want) && memcmp(p.rec.last, want, strlen(want)) == 0,
+       "fragments: reassembled in order");
+    struct sframe f;
+    ok(read_frame(&p, &f) && f.opcode == 0xA && f.len == 3 && memcmp(f.payload, "mid", 3) == 0,
+       "fragments: interleaved ping answered with its payload");
+    free(f.payload);
+
+    /* Fragmented binary too. */
+    send_frame(&p, false, 0x2, "\x00\x01", 2);
+    send_frame(&p, true, 0x0, "\xff", 1);
+    pump(&p);
+    ok(p.rec.nbin == 1 && p.rec.last_len == 3 && memcmp(p.rec.last, "\x00\x01\xff", 3) == 0,
+       "fragments: binary reassembled");
+    pair_close(&p);
+}
+
+static void test_binary(void)
+{
+    struct pair p;
+    pair_open(&p, 1 << 20, NULL, 0);
+    size_t n = 70000; /* needs the 64-bit length form */
+    uint8_t *b = malloc(n);
+    for (size_t i = 0; i < n; i++)
+        b[i] = (uint8_t)(i * 7 + 3);
+    /* The frame is bigger than what a socketpair buffers without a reader,
+     * so write and pump alternately. */
+    uint8_t *fb = malloc(n + 14);
+    size_t fl = frame(fb, true, 0x2, b, n, true);
+    fcntl(p.client, F_SETFL, fcntl(p.client, F_GETFL) | O_NONBLOCK);
+    size_t off = 0;
+    while (off < fl) {
+        ssize_t w = write(p.client, fb + off, fl - off);
+        if (w > 0)
+            off += (size_t)w;
+        pump(&p);
+    }
+    fcntl(p.client, F_SETFL, fcntl(p.client, F_GETFL) & ~O_NONBLOCK);
+    pump(&p);
+    is_int(p.rec.nbin, 1, "binary: delivered once");
+    ok(p.rec.last_kind == 'b' && p.rec.last_len == n && memcmp(p.rec.last, b, n) == 0,
+       "binary: %zu bytes intact", n);
+    is_int(p.rec.ntext, 0, "binary: no text callback");
+
+    /* Bytes that are not UTF-8 are fine in a binary message. */
+    send_frame(&p, true, 0x2, "\xff\xfe", 2);
+    pump(&p);
+    ok(p.rec.nbin == 2 && !ws_conn_finished(p.c), "binary: non-UTF-8 payload accepted");
+    free(b);
+    free(fb);
+    pair_close(&p);
+}
+
+static void test_ping_pong(void)
+{
+    struct pair p;
+    pair_open(&p, 1 << 20, NULL, 0);
+    send_frame(&p, true, 0x9, "are you there", 13);
+    pump(&p);
+    struct sframe f;
+    ok(read_frame(&p, &f), "ping: a frame came back");
+    ok(f.opcode == 0xA && f.fin && !f.masked, "ping: it is an unmasked final pong");
+    ok(f.len == 13 && memcmp(f.payload, "are you there", 13) == 0, "ping: pong echoes the payload");
+    free(f.payload);
+
+    send_frame(&p, true, 0xA, "", 0);
+    pump(&p);
+    is_int(p.rec.npong, 1, "pong from the client reaches on_pong");
+
+    is_int(ws_conn_send_ping(p.c), 0, "server ping queued");
+    pump(&p);
+    ok(read_frame(&p, &f) && f.opcode == 0x9 && f.len == 0, "server ping on the wire");
+    free(f.payload);
+    is_int(p.rec.ntext + p.rec.nbin, 0, "control frames are not messages");
+    pair_close(&p);
+}
+
+static void expect_close(struct pair *p, uint16_t code, const char *what)
+{
+    struct sframe f;
+    bool got = read_frame(p, &f);
+    ok(got && f.opcode == 0x8, "%s: close frame sent", what);
+    is_int(got ? close_code(&f) : 0, code, "%s: close code %u", what, code);
+    free(f.payload);
+}
+
+static void test_invalid_utf8(void)
+{
+    static const struct {
+        const char *s;
+        size_t n;
+        const char *what;
+    } bad[] = {
+        {"\xff\xfe", 2, "bytes ff fe"},
+        {"\xc0\xaf", 2, "overlong"},
+        {"\xed\xa0\x80", 3, "surrogate"},
+        {"ok\xe2\x82", 4, "truncated sequence"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        struct pair p;
+        pair_open(&p, 1 << 20, NULL, 0);
+        send_frame(&p, true, 0x1, bad[i].s, bad[i].n);
+        /* A message queued after the bad one must never be delivered. */
+        send_frame(&p, true, 0x1, "after", 5);
+        int ret = pump(&p);
+        ok(ret < 0 && ws_conn_finished(p.c), "invalid UTF-8 (%s): finished", bad[i].what);
+        is_int(p.rec.ntext, 0, "invalid UTF-8 (%s): nothing delivered", bad[i].what);
+        expect_close(&p, 1007, bad[i].what);
+        pair_close(&p);
+    }
+
+    /* Invalid across fragments: the first fragment is fine on its own. */
+    struct pair p;
+    pair_open(&p, 1 << 20, NULL, 0);
+    send_frame(&p, false, 0x1, "ab\xe2", 3);
+    send_frame(&p, true, 0x0, "x", 1);
+    pump(&p);
+    is_int(p.rec.ntext, 0, "invalid UTF-8 across fragments: nothing delivered");
+    expect_close(&p, 1007, "across fragments");
+    pair_close(&p);
+}
+
+static void test_too_large(void)
+{
+    struct pair p;
+    pair_open(&p, 1000, NULL, 0);
+    uint8_t big[1001];
+    memset(big, 'a', sizeof(big));
+    send_frame(&p, true, 0x1, big, 1000);
+    pump(&p);
+    is_int(p.rec.ntext, 1, "exactly max_msg is accepted");
+    send_frame(&p, true, 0x1, big, 1001);
+    int ret = pump(&p);
+    ok(ret < 0 && ws_conn_finished(p.c), "max_msg + 1: finished");
+    is_int(p.rec.ntext, 1, "max_msg + 1: not delivered");
+    expect_close(&p, 1009, "one frame over the limit");
+    pair_close(&p);
+
+    /* Over the limit only in total, across fragments. */
+    pair_open(&p, 1000, NULL, 0);
+    send_frame(&p, false, 0x2, big, 600);
+    send_frame(&p, true, 0x0, big, 600);
+    pump(&p);
+    is_int(p.rec.nbin, 0, "fragments over the limit: not delivered");
+    expect_close(&p, 1009, "fragments over the limit");
+    pair_close(&p);
+
+    /* A header announcing 2^62 bytes is refused before anything is
+     * allocated (wslay looks at the length with the first payload byte). */
+    pair_open(&p, 1000, NULL, 0);
+    uint8_t hdr[15] = {0x82, 0xff, 0x40, 0, 0, 0, 0, 0, 0, 0, 1, 2, 3, 4, 'x'};
+    client_write(&p, hdr, sizeof(hdr));
+    pump(&p);
+    expect_close(&p, 1009, "huge announced length");
+    pair_close(&p);
+}
+
+static void test_client_close(void)
+{
+    struct pair p;
+    pair_open(&p, 1 << 20, NULL, 0);
+    uint8_t payload[5] = {0x03, 0xe8, 'b', 'y', 'e'}; /* 1000 "bye" */
+    send_frame(&p, true, 0x8, payload, sizeof(payload));
+    int ret = ws_conn_read(p.c);
+    is_int(ret, 0, "client close: reply still to be written");
+    ok(!ws_conn_want_read(p.c), "client close: no more reading");
+    ok(ws_conn_want_write(p.c) && !ws_conn_finished(p.c), "client close: reply pending");
+    ret = ws_conn_write(p.c);
+    ok(ret < 0, "client close: write reports the end (%d)", ret);
+    ok(ws_conn_finished(p.c), "client close: finished");
+    expect_close(&p, 1000, "client close echoed");
+    ok(ws_conn_send_text(p.c, (const uint8_t *)"x", 1) < 0, "send after close fails");
+    is_int(ws_conn_queued(p.c), 0, "nothing queued after close");
+    pair_close(&p);
+
+    /* Close without a status code gets an empty close back. */
+    pair_open(&p, 1 << 20, NULL, 0);
+    send_frame(&p, true, 0x8, "", 0);
+    ok(pump(&p) < 0 && ws_conn_finished(p.c), "empty close: finished");
+    struct sframe f;
+    ok(read_frame(&p, &f) && f.opcode == 0x8 && f.len == 0, "empty close answered with empty close");
+    free(f.payload);
+    pair_close(&p);
+}
+
+static void test_server_close_and_send(void)
+{
+    struct pair p;
+    pair_open(&p, 1 << 20, NULL, 0);
+    is_int(ws_conn_send_text(p.c, (const uint8_t *)"{\"kind\":\"ready\"}\n", 17), 0, "text queued");
+    is_int(ws_conn_send_binary(p.c, (const uint8_t *)"\x1f\x8b", 2), 0, "binary queued");
+    is_int(ws_conn_queued(p.c), 19, "queued counts both messages");
+    ok(ws_conn_want_write(p.c), "want_write with messages queued");
+    is_int(pump(&p), 0, "sent");
+    is_int(ws_conn_queued(p.c), 0, "queue drained");
+    ok(!ws_conn_want_write(p.c), "no write interest when drained");
+    struct sframe f;
+    ok(read_frame(&p, &f) && f.opcode == 0x1 && f.fin && !f.masked && f.len == 17 &&
+           memcmp(f.payload, "{\"kind\":\"ready\"}\n", 17) == 0,
+       "client got the text frame");
+    free(f.payload);
+    ok(read_frame(&p, &f) && f.opcode == 0x2 && f.len == 2, "client got the binary frame");
+    free(f.payload);
+
+    /* The reason is cut to 123 bytes without splitting a character. */
+    char reason[200];
+    memset(reason, 'r', sizeof(reason));
+    memcpy(reason + 121, "\xe2\x82\xac", 3); /* bytes 121..123 */
+    reason[199] = '\0';
+    is_int(ws_conn_close(p.c, 1011, reason), 0, "close queued");
+    ok(ws_conn_send_text(p.c, (const uint8_t *)"late", 4) < 0, "send after close fails");
+    ok(!ws_conn_want_read(p.c), "no reading after our close");
+    ok(pump(&p) < 0 && ws_conn_finished(p.c), "finished once our close is written");
+    ok(read_frame(&p, &f) && f.opcode == 0x8 && close_code(&f) == 1011 && f.len == 2 + 121,
+       "close 1011 with the reason cut before the split character");
+    free(f.payload);
+    pair_close(&p);
+}
+
+static void test_close_from_handler(void)
+{
+    struct pair p;
+    pair_open(&p, 1 << 20, NULL, 0);
+    p.rec.close_on_text = p.c;
+    send_frame(&p, true, 0x1, "first", 5);
+    send_frame(&p, true, 0x1, "second", 6);
+    send_frame(&p, true, 0x2, "third", 5);
+    ok(pump(&p) < 0 && ws_conn_finished(p.c), "handler close: finished once written");
+    is_int(p.rec.ntext, 1, "handler close: later text not delivered");
+    is_int(p.rec.nbin, 0, "handler close: later binary not delivered");
+    struct sframe f;
+    ok(read_frame(&p, &f) && f.opcode == 0x8 && close_code(&f) == 1011 && f.len == 2 + 9 &&
+           memcmp(f.payload + 2, "bad frame", 9) == 0,
+       "handler close: 1011 with its reason");
+    free(f.payload);
+    pair_close(&p);
+}
+
+static void test_one_byte_chunks(void)
+{
+    struct pair p;
+    pair_open(&p, 1 << 20, NULL, 0);
+    uint8_t wire[512];
+    size_t n = 0;
+    n += frame(wire + n, false, 0x1, "one ", 4, true);
+    n += frame(wire + n, true, 0x9, "p", 1, true);
+    n += frame(wire + n, true, 0x0, "byte", 4, true);
+    uint8_t mid[200];
+    memset(mid, 'm', sizeof(mid)); /* 16-bit length form */
+    n += frame(wire + n, true, 0x2, mid, sizeof(mid), true);
+
+    int deliveries_early = 0;
+    for (size_t i = 0; i < n; i++) {
+        client_write(&p, wire + i, 1);
+        if (ws_conn_read(p.c) < 0)
+            break;
+        if (i + 1 < n && p.rec.nbin > 0)
+            deliveries_early++;
+    }
+    pump(&p);
+    is_int(p.rec.ntext, 1, "1-byte chunks: text delivered once");
+    is_int(p.rec.nbin, 1, "1-byte chunks: binary delivered once");
+    is_int(deliveries_early, 0, "1-byte chunks: nothing delivered before its last byte");
+    ok(p.rec.last_len == sizeof(mid) && memcmp(p.rec.last, mid, sizeof(mid)) == 0,
+       "1-byte chunks: last message intact");
+    struct sframe f;
+    ok(read_frame(&p, &f) && f.opcode == 0xA && f.len == 1, "1-byte chunks: ping answered");
+    free(f.payload);
+    pair_close(&p);
+}
+
+static void test_initial_bytes(void)
+{
+    uint8_t wire[64];
+    size_t n = frame(wire, true, 0x1, "first", 5, true);
+    n += frame(wire + n, true, 0x1, "second", 6, true);
+    /* Hand over the first frame and 3 bytes of the second as "initial". */
+    size_t split = n - 9;
+    struct pair p;
+    pair_open(&p, 1 << 20, wire, split);
+    ok(ws_conn_read_more(p.c), "initial bytes pending before the first read");
+    ws_conn_read(p.c);
+    is_int(p.rec.ntext, 1, "initial bytes: first message delivered without socket data");
+    ok(!ws_conn_read_more(p.c), "initial bytes consumed");
+    client_write(&p, wire + split, n - split);
+    pump(&p);
+    is_int(p.rec.ntext, 2, "initial bytes: second message completed from the socket");
+    ok(p.rec.last_len == 6 && memcmp(p.rec.last, "second", 6) == 0, "initial bytes: in order");
+    pair_close(&p);
+}
+
+static void test_eof_and_protocol_errors(void)
+{
+    struct pair p;
+    pair_open(&p, 1 << 20, NULL, 0);
+    close(p.client);
+    p.client = -1;
+    is_int(ws_conn_read(p.c), -ECONNRESET, "EOF: -ECONNRESET");
+    ok(ws_conn_finished(p.c) && !ws_conn_want_read(p.c) && !ws_conn_want_write(p.c),
+       "EOF: finished, no interest");
+    pair_close(&p);
+
+    /* EOF in the middle of a frame. */
+    pair_open(&p, 1 << 20, NULL, 0);
+    client_write(&p, "\x81\x85", 2);
+    shutdown(p.client, SHUT_WR);
+    ok(pump(&p) < 0 && ws_conn_finished(p.c), "EOF mid-frame: finished");
+    is_int(p.rec.ntext, 0, "EOF mid-frame: nothing delivered");
+    pair_close(&p);
+
+    /* Unmasked client frame: protocol error 1002. */
+    pair_open(&p, 1 << 20, NULL, 0);
+    uint8_t buf[32];
+    size_t n = frame(buf, true, 0x1, "hi", 2, false);
+    client_write(&p, buf, n);
+    ok(pump(&p) < 0, "unmasked frame: finished");
+    is_int(p.rec.ntext, 0, "unmasked frame: not delivered");
+    expect_close(&p, 1002, "unmasked frame");
+    pair_close(&p);
+
+    /* Reserved bits set without an extension: 1002. */
+    pair_open(&p, 1 << 20, NULL, 0);
+    n = frame(buf, true, 0x1, "hi", 2, true);
+    buf[0] |= 0x40; /* RSV1: what permessage-deflate would set */
+    client_write(&p, buf, n);
+    pump(&p);
+    is_int(p.rec.ntext, 0, "RSV1 frame: not delivered");
+    expect_close(&p, 1002, "RSV1 without extension");
+    pair_close(&p);
+
+    /* Continuation with nothing to continue: 1002. */
+    pair_open(&p, 1 << 20, NULL, 0);
+    send_frame(&p, true, 0x0, "x", 1);
+    pump(&p);
+    expect_close(&p, 1002, "stray continuation");
+    pair_close(&p);
+
+    /* A control frame over 125 bytes is a frame-level error: wslay fails the
+     * connection (it sends an empty close at best). */
+    pair_open(&p, 1 << 20, NULL, 0);
+    uint8_t big[200] = {0};
+    send_frame(&p, true, 0x9, big, 126);
+    ok(pump(&p) == -EPROTO && ws_conn_finished(p.c), "oversized ping: -EPROTO, finished");
+    struct sframe f;
+    ok(read_frame(&p, &f) && f.opcode == 0x8, "oversized ping: a close frame was attempted");
+    free(f.payload);
+    ok(client_sees_eof_or_nothing(&p), "oversized ping: no pong");
+    pair_close(&p);
+}
+
+static void test_read_budget(void)
+{
+    struct pair p;
+    pair_open(&p, 1 << 20, NULL, 0);
+    /* Get more than one budget into the socket before the server reads. */
+    int sz = 4 << 20;
+    setsockopt(p.client, SOL_SOCKET, SO_SNDBUF, &sz, sizeof(sz));
+    setsockopt(p.server, SOL_SOCKET, SO_RCVBUF, &sz, sizeof(sz));
+    fcntl(p.client, F_SETFL, fcntl(p.client, F_GETFL) | O_NONBLOCK);
+    enum { MSG = 4000 };
+    uint8_t payload[MSG], wire[MSG + 14];
+    memset(payload, 'x', sizeof(payload));
+    size_t fl = frame(wire, true, 0x2, payload, MSG, true);
+    size_t written = 0;
+    int msgs = 0;
+    while (written < WS_READ_BUDGET + 64 * 1024) {
+        ssize_t w = write(p.client, wire, fl);
+        if (w != (ssize_t)fl) /* socket full (or partial: stop at a frame) */
+            break;
+        written += fl;
+        msgs++;
+    }
+    if (written <= WS_READ_BUDGET) {
+        printf("# socketpair buffers only %zu bytes; skipping budget checks\n", written);
+        pair_close(&p);
+        return;
+    }
+    is_int(ws_conn_read(p.c), 0, "budget: first read ok");
+    int first = p.rec.nbin;
+    ok(first > 0 && first < msgs, "budget: one read delivered %d of %d messages", first, msgs);
+    ok((size_t)first * fl <= WS_READ_BUDGET, "budget: at most WS_READ_BUDGET bytes taken");
+    ok(ws_conn_read_more(p.c), "budget: read_more says there is more");
+    for (int i = 0; i < 100 && ws_conn_read_more(p.c); i++)
+        ws_conn_read(p.c);
+    is_int(p.rec.nbin, msgs, "budget: later reads deliver the rest");
+    ok(!ws_conn_read_more(p.c), "budget: read_more clear once the socket is drained");
+    pair_close(&p);
+}
+
+int main(void)
+{
+    test_text();
+    test_fragmented();
+    test_binary();
+    test_ping_pong();
+    test_invalid_utf8();
+    test_too_large();
+    test_client_close();
+    test_server_close_and_send();
+    test_close_from_handler();
+    test_one_byte_chunks();
+    test_initial_bytes();
+    test_eof_and_protocol_errors();
+    test_read_budget();
+    return tap_done();
+}
