@@ -1,1 +1,133 @@
-int main(void) { return 1; }
+/* forkboxd: the supervisor, and (re-exec'd) the fork server.
+ *
+ * Start-up order is a security property:
+ *   1. parse the configuration (flags and environment);
+ *   2. start the fork server: fork + execve of this binary with a fixed,
+ *      minimal environment, so its fresh address space never held the token
+ *      or anything else the supervisor will learn;
+ *   3. only then read the token (file or environment) and scrub it from this
+ *      process's environment block;
+ *   4. listen and serve. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "config/config.h"
+#include "core/log.h"
+#include "loop/loop.h"
+#include "sandbox/forkserver.h"
+#include "session/session.h"
+
+#define TOKEN_ENV "ADK_CODE_MODE_AUTH_TOKEN"
+#define TOKEN_MAX 4096
+
+/* Read the bearer token. Returns 0 with *token NULL when none is configured,
+ * 0 with an owned copy, or -errno with a message. */
+static int read_token(const struct config *cfg, char **token, size_t *len, char *err, size_t errlen)
+{
+    *token = NULL;
+    *len = 0;
+    if (cfg->token_file[0]) {
+        FILE *f = fopen(cfg->token_file, "re");
+        if (!f) {
+            snprintf(err, errlen, "--token-file %s: %s", cfg->token_file, strerror(errno));
+            return -errno;
+        }
+        char *t = calloc(1, TOKEN_MAX + 1);
+        size_t n = t ? fread(t, 1, TOKEN_MAX + 1, f) : 0;
+        fclose(f);
+        if (!t)
+            return -ENOMEM;
+        if (n > TOKEN_MAX) {
+            free(t);
+            snprintf(err, errlen, "--token-file %s: longer than %d bytes", cfg->token_file, TOKEN_MAX);
+            return -EINVAL;
+        }
+        while (n && (t[n - 1] == '\n' || t[n - 1] == '\r' || t[n - 1] == ' ' || t[n - 1] == '\t'))
+            t[--n] = '\0';
+        if (n == 0 || memchr(t, '\0', n)) {
+            free(t);
+            snprintf(err, errlen, "--token-file %s: empty or binary token", cfg->token_file);
+            return -EINVAL;
+        }
+        *token = t;
+        *len = n;
+    } else {
+        char *v = getenv(TOKEN_ENV);
+        if (!v)
+            return 0;
+        /* Set but empty: spec 1.2 quirk, no header can match (every upgrade
+         * gets 401). Kept for compatibility; logged. */
+        *len = strlen(v);
+        *token = strdup(v);
+        if (!*token)
+            return -ENOMEM;
+        if (*len == 0)
+            LOG_W("%s is set but empty: every upgrade will get 401", TOKEN_ENV);
+        /* Scrub the original bytes so /proc/<pid>/environ no longer shows it. */
+        explicit_bzero(v, *len);
+    }
+    unsetenv(TOKEN_ENV);
+    return 0;
+}
+
+static int run_forkserver(int argc, char **argv)
+{
+    struct config cfg;
+    char err[512];
+    log_init("forkserver", LOG_LEVEL_INFO);
+    if (config_parse(argc, argv, &cfg, err, sizeof err) != 0) {
+        LOG_E("bad configuration from the supervisor: %s", err);
+        return 2;
+    }
+    log_init("forkserver", cfg.log_level);
+    forkserver_main(&cfg, 3);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc > 1 && strcmp(argv[1], "--internal-forkserver") == 0)
+        return run_forkserver(argc - 1, argv + 1);
+
+    struct config cfg;
+    char err[512] = "";
+    log_init("forkboxd", LOG_LEVEL_INFO);
+    int r = config_parse(argc, argv, &cfg, err, sizeof err);
+    if (r == 1)
+        return 0;
+    if (r < 0) {
+        fprintf(stderr, "forkboxd: %s\n", err);
+        return 2;
+    }
+    log_init("forkboxd", cfg.log_level);
+
+    char **fs_argv = config_to_argv(&cfg, "forkboxd", "--internal-forkserver");
+    struct fs_client fs;
+    if (!fs_argv || fs_client_start(&cfg, fs_argv, &fs, err, sizeof err) < 0) {
+        fprintf(stderr, "forkboxd: cannot start the fork server: %s\n", err);
+        config_argv_free(fs_argv);
+        return 1;
+    }
+    config_argv_free(fs_argv);
+
+    char *token;
+    size_t token_len;
+    if (read_token(&cfg, &token, &token_len, err, sizeof err) < 0) {
+        fprintf(stderr, "forkboxd: %s\n", err);
+        fs_client_stop(&fs);
+        return 2;
+    }
+
+    struct loop *loop = loop_new();
+    struct server srv;
+    if (!loop || server_init(&srv, loop, &cfg, token, token_len, &fs, err, sizeof err) < 0) {
+        fprintf(stderr, "forkboxd: %s\n", err[0] ? err : "out of memory");
+        return 1;
+    }
+    r = loop_run(loop);
+    server_free(&srv);
+    loop_free(loop);
+    return r < 0 ? 1 : 0;
+}

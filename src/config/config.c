@@ -1,1 +1,394 @@
-/* placeholder: being written */
+/* Flags and environment -> struct config. Every knob has a default, a bound
+ * and one line of help; a bad value stops forkboxd with a message. */
+#include "config/config.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/limits.h"
+#include "core/util.h"
+
+#ifndef FORKBOX_DEFAULT_POLICY
+#define FORKBOX_DEFAULT_POLICY "/usr/share/forkbox/default.policy"
+#endif
+
+enum {
+    OPT_LISTEN = 1000, OPT_CAPACITY, OPT_SINGLE_USE, OPT_TOKEN_FILE, OPT_MAX_UP_TOOLS,
+    OPT_MAX_UP_WS, OPT_MAX_UNPACKED, OPT_MAX_MEMBERS, OPT_SNAPSHOT_MAX, OPT_OUTPUT_CAP,
+    OPT_TOOLS_DIR, OPT_NO_ISOLATION, OPT_UID, OPT_GID, OPT_POLICY, OPT_SITE, OPT_PRELOAD,
+    OPT_POOL, OPT_MEMORY, OPT_PIDS, OPT_CPU, OPT_TMPFS, OPT_BLOCK_TO, OPT_TURN_TO,
+    OPT_IDLE_TO, OPT_LOG_LEVEL, OPT_HELP,
+};
+
+static const struct option long_opts[] = {
+    {"listen", required_argument, NULL, OPT_LISTEN},
+    {"capacity", required_argument, NULL, OPT_CAPACITY},
+    {"single-use", no_argument, NULL, OPT_SINGLE_USE},
+    {"token-file", required_argument, NULL, OPT_TOKEN_FILE},
+    {"max-upload-tools", required_argument, NULL, OPT_MAX_UP_TOOLS},
+    {"max-upload-workspace", required_argument, NULL, OPT_MAX_UP_WS},
+    {"max-unpacked", required_argument, NULL, OPT_MAX_UNPACKED},
+    {"max-members", required_argument, NULL, OPT_MAX_MEMBERS},
+    {"snapshot-max", required_argument, NULL, OPT_SNAPSHOT_MAX},
+    {"output-cap", required_argument, NULL, OPT_OUTPUT_CAP},
+    {"tools-dir", required_argument, NULL, OPT_TOOLS_DIR},
+    {"no-isolation", no_argument, NULL, OPT_NO_ISOLATION},
+    {"uid", required_argument, NULL, OPT_UID},
+    {"gid", required_argument, NULL, OPT_GID},
+    {"policy", required_argument, NULL, OPT_POLICY},
+    {"site-packages", required_argument, NULL, OPT_SITE},
+    {"preload", required_argument, NULL, OPT_PRELOAD},
+    {"pool", required_argument, NULL, OPT_POOL},
+    {"memory", required_argument, NULL, OPT_MEMORY},
+    {"pids", required_argument, NULL, OPT_PIDS},
+    {"cpu", required_argument, NULL, OPT_CPU},
+    {"tmpfs-size", required_argument, NULL, OPT_TMPFS},
+    {"block-timeout", required_argument, NULL, OPT_BLOCK_TO},
+    {"turn-timeout", required_argument, NULL, OPT_TURN_TO},
+    {"idle-timeout", required_argument, NULL, OPT_IDLE_TO},
+    {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
+    {"help", no_argument, NULL, OPT_HELP},
+    {NULL, 0, NULL, 0},
+};
+
+static const char usage[] =
+    "usage: forkboxd [options]\n"
+    "  --listen ADDR:PORT         address to serve (default 127.0.0.1:8080; with only\n"
+    "                             $PORT set: 0.0.0.0:$PORT). Port 0 picks a free port.\n"
+    "  --capacity N               concurrent turns (default 64); more get 503 Busy\n"
+    "  --single-use               one turn, then exit 0 (the reference's behaviour)\n"
+    "  --token-file PATH          bearer token file (else $ADK_CODE_MODE_AUTH_TOKEN)\n"
+    "  --max-upload-tools SIZE    tools archive limit ($ADK_CODE_MODE_MAX_UPLOAD_TOOLS, 100M)\n"
+    "  --max-upload-workspace SIZE  workspace archive limit ($..._WORKSPACE, 100M)\n"
+    "  --max-unpacked SIZE        decompressed bytes per archive (1G)\n"
+    "  --max-members N            members per archive (100000)\n"
+    "  --snapshot-max SIZE        file data in a returned snapshot (100M)\n"
+    "  --output-cap SIZE          bytes kept per stream per block (16M)\n"
+    "  --tools-dir DIR            tools package dir ($ADK_CODE_MODE_TOOLS_DIR, /tools)\n"
+    "  --no-isolation             no namespaces/seccomp (benchmarks only)\n"
+    "  --uid N, --gid N           host ids sandboxes map to (65534)\n"
+    "  --policy FILE              seccomp policy (" FORKBOX_DEFAULT_POLICY ")\n"
+    "  --site-packages DIR        extra read-only package dir (repeatable)\n"
+    "  --preload a,b,c            modules imported once before forking\n"
+    "  --pool N                   pre-forked sandboxes kept ready (0)\n"
+    "  --memory SIZE              memory per turn (1G)\n"
+    "  --pids N                   processes/threads per turn (256)\n"
+    "  --cpu MILLIS               CPU ms per second per turn (1000 = one CPU)\n"
+    "  --tmpfs-size SIZE          /workspace and /tmp size each (512M)\n"
+    "  --block-timeout SEC        wall clock per block (0 = none)\n"
+    "  --turn-timeout SEC         wall clock per turn (0 = none)\n"
+    "  --idle-timeout SEC         idle time between blocks (600)\n"
+    "  --log-level LEVEL          debug, info, warn, error (info)\n"
+    "SIZE accepts K, M and G suffixes (powers of 1024).\n";
+
+static int fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int fail(char *err, size_t errlen, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+    return -EINVAL;
+}
+
+/* "123", "64K", "1M", "2G" -> bytes. */
+static int parse_size(const char *s, uint64_t max, uint64_t *out)
+{
+    char num[32];
+    size_t n = strlen(s);
+    uint64_t mult = 1;
+    if (n == 0 || n >= sizeof num)
+        return -EINVAL;
+    memcpy(num, s, n + 1);
+    switch (num[n - 1]) {
+    case 'k': case 'K': mult = KiB; break;
+    case 'm': case 'M': mult = MiB; break;
+    case 'g': case 'G': mult = 1024 * MiB; break;
+    default: break;
+    }
+    if (mult != 1)
+        num[n - 1] = '\0';
+    uint64_t v;
+    int r = parse_u64(num, max / mult, &v);
+    if (r < 0)
+        return r;
+    *out = v * mult;
+    return 0;
+}
+
+static int copy_str(char *dst, size_t dstlen, const char *src)
+{
+    size_t n = strlen(src);
+    if (n >= dstlen)
+        return -ENAMETOOLONG;
+    memcpy(dst, src, n + 1);
+    return 0;
+}
+
+static int parse_listen(struct config *cfg, const char *s)
+{
+    const char *colon = strrchr(s, ':');
+    uint64_t port;
+    if (!colon || colon == s)
+        return -EINVAL;
+    size_t hl = (size_t)(colon - s);
+    const char *host = s;
+    if (s[0] == '[' && colon[-1] == ']') { /* [::1]:8080 */
+        host++;
+        hl -= 2;
+    }
+    if (hl >= sizeof cfg->listen_host)
+        return -EINVAL;
+    if (parse_u64(colon + 1, 65535, &port) < 0)
+        return -EINVAL;
+    memcpy(cfg->listen_host, host, hl);
+    cfg->listen_host[hl] = '\0';
+    cfg->listen_port = (uint16_t)port;
+    return 0;
+}
+
+static void set_defaults(struct config *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+    strcpy(cfg->listen_host, "127.0.0.1");
+    cfg->listen_port = 8080;
+    cfg->capacity = 64;
+    cfg->max_upload_tools = ARCHIVE_DEFAULT_MAX_UPLOAD;
+    cfg->max_upload_workspace = ARCHIVE_DEFAULT_MAX_UPLOAD;
+    cfg->max_unpacked = ARCHIVE_DEFAULT_MAX_UNPACKED;
+    cfg->max_members = ARCHIVE_DEFAULT_MAX_MEMBERS;
+    cfg->snapshot_max = SNAPSHOT_DEFAULT_MAX_BYTES;
+    cfg->output_cap = OUTPUT_DEFAULT_CAP;
+    strcpy(cfg->tools_dir, "/tools");
+    cfg->isolate = true;
+    cfg->sandbox_uid = 65534;
+    cfg->sandbox_gid = 65534;
+    copy_str(cfg->policy_file, sizeof cfg->policy_file, FORKBOX_DEFAULT_POLICY);
+    cfg->memory_max = 1024 * MiB;
+    cfg->pids_max = 256;
+    cfg->cpu_millis = 1000;
+    cfg->tmpfs_size = 512 * MiB;
+    cfg->idle_timeout_ms = 600 * 1000;
+    cfg->log_level = LOG_LEVEL_INFO;
+}
+
+/* Environment settings of the reference (spec 8.3); flags given later win. */
+static int apply_env(struct config *cfg, char *err, size_t errlen)
+{
+    const char *v;
+    if ((v = getenv("PORT")) && *v) {
+        uint64_t port;
+        if (parse_u64(v, 65535, &port) < 0)
+            return fail(err, errlen, "PORT: not a port number: %s", v);
+        strcpy(cfg->listen_host, "0.0.0.0");
+        cfg->listen_port = (uint16_t)port;
+    }
+    if ((v = getenv("ADK_CODE_MODE_MAX_UPLOAD_TOOLS")) && *v &&
+        parse_u64(v, WS_MAX_MESSAGE_BYTES, &cfg->max_upload_tools) < 0)
+        return fail(err, errlen, "ADK_CODE_MODE_MAX_UPLOAD_TOOLS: bad size: %s", v);
+    if ((v = getenv("ADK_CODE_MODE_MAX_UPLOAD_WORKSPACE")) && *v &&
+        parse_u64(v, WS_MAX_MESSAGE_BYTES, &cfg->max_upload_workspace) < 0)
+        return fail(err, errlen, "ADK_CODE_MODE_MAX_UPLOAD_WORKSPACE: bad size: %s", v);
+    if ((v = getenv("ADK_CODE_MODE_TOOLS_DIR")) && *v &&
+        copy_str(cfg->tools_dir, sizeof cfg->tools_dir, v) < 0)
+        return fail(err, errlen, "ADK_CODE_MODE_TOOLS_DIR: too long");
+    return 0;
+}
+
+static int parse_level(const char *s, enum log_level *out)
+{
+    static const char *const names[] = {"debug", "info", "warn", "error"};
+    for (unsigned i = 0; i < 4; i++)
+        if (strcmp(s, names[i]) == 0) {
+            *out = (enum log_level)i;
+            return 0;
+        }
+    return -EINVAL;
+}
+
+static int check(const struct config *cfg, char *err, size_t errlen)
+{
+    const char *base = strrchr(cfg->tools_dir, '/');
+    if (cfg->tools_dir[0] != '/' || !base || strcmp(base, "/tools") != 0)
+        return fail(err, errlen, "tools dir must be an absolute path ending in /tools: %s",
+                    cfg->tools_dir);
+    if (cfg->capacity == 0)
+        return fail(err, errlen, "--capacity must be at least 1");
+    if (cfg->output_cap < 1024)
+        return fail(err, errlen, "--output-cap must be at least 1K");
+    return 0;
+}
+
+int config_parse(int argc, char **argv, struct config *cfg, char *err, size_t errlen)
+{
+    set_defaults(cfg);
+    int r = apply_env(cfg, err, errlen);
+    if (r < 0)
+        return r;
+
+    optind = 1;
+    opterr = 0;
+    for (;;) {
+        int c = getopt_long(argc, argv, "", long_opts, NULL);
+        if (c == -1)
+            break;
+        const char *a = optarg;
+        uint64_t v;
+        switch (c) {
+        case OPT_LISTEN:
+            if (parse_listen(cfg, a) < 0)
+                return fail(err, errlen, "--listen: expected ADDR:PORT, got %s", a);
+            break;
+        case OPT_CAPACITY:
+            if (parse_u64(a, 1000000, &v) < 0 || v == 0)
+                return fail(err, errlen, "--capacity: expected 1..1000000, got %s", a);
+            cfg->capacity = (unsigned)v;
+            break;
+        case OPT_SINGLE_USE: cfg->single_use = true; break;
+        case OPT_TOKEN_FILE:
+            if (copy_str(cfg->token_file, sizeof cfg->token_file, a) < 0)
+                return fail(err, errlen, "--token-file: path too long");
+            break;
+#define SIZE_OPT(OPT, FIELD, MAX)                                                   \
+        case OPT:                                                                   \
+            if (parse_size(a, MAX, &cfg->FIELD) < 0)                                \
+                return fail(err, errlen, "--%s: bad size %s", long_opts[OPT - OPT_LISTEN].name, a); \
+            break;
+        SIZE_OPT(OPT_MAX_UP_TOOLS, max_upload_tools, WS_MAX_MESSAGE_BYTES)
+        SIZE_OPT(OPT_MAX_UP_WS, max_upload_workspace, WS_MAX_MESSAGE_BYTES)
+        SIZE_OPT(OPT_MAX_UNPACKED, max_unpacked, 1ULL << 40)
+        SIZE_OPT(OPT_SNAPSHOT_MAX, snapshot_max, 200 * MiB)
+        SIZE_OPT(OPT_OUTPUT_CAP, output_cap, 100 * MiB)
+        SIZE_OPT(OPT_MEMORY, memory_max, 1ULL << 40)
+        SIZE_OPT(OPT_TMPFS, tmpfs_size, 1ULL << 40)
+#undef SIZE_OPT
+#define NUM_OPT(OPT, FIELD, MAX, MULT)                                              \
+        case OPT:                                                                   \
+            if (parse_u64(a, MAX, &v) < 0)                                          \
+                return fail(err, errlen, "--%s: bad number %s", long_opts[OPT - OPT_LISTEN].name, a); \
+            cfg->FIELD = v * (MULT);                                                \
+            break;
+        NUM_OPT(OPT_MAX_MEMBERS, max_members, 100000000, 1)
+        NUM_OPT(OPT_UID, sandbox_uid, 4294967294ULL, 1)
+        NUM_OPT(OPT_GID, sandbox_gid, 4294967294ULL, 1)
+        NUM_OPT(OPT_POOL, pool_size, 100000, 1)
+        NUM_OPT(OPT_PIDS, pids_max, 1000000, 1)
+        NUM_OPT(OPT_CPU, cpu_millis, 1000000, 1)
+        NUM_OPT(OPT_BLOCK_TO, block_timeout_ms, 31536000, 1000)
+        NUM_OPT(OPT_TURN_TO, turn_timeout_ms, 31536000, 1000)
+        NUM_OPT(OPT_IDLE_TO, idle_timeout_ms, 31536000, 1000)
+#undef NUM_OPT
+        case OPT_TOOLS_DIR:
+            if (copy_str(cfg->tools_dir, sizeof cfg->tools_dir, a) < 0)
+                return fail(err, errlen, "--tools-dir: path too long");
+            break;
+        case OPT_NO_ISOLATION: cfg->isolate = false; break;
+        case OPT_POLICY:
+            if (copy_str(cfg->policy_file, sizeof cfg->policy_file, a) < 0)
+                return fail(err, errlen, "--policy: path too long");
+            break;
+        case OPT_SITE:
+            if (cfg->n_site_dirs >= CONFIG_MAX_SITE_DIRS)
+                return fail(err, errlen, "--site-packages: at most %d", CONFIG_MAX_SITE_DIRS);
+            if (a[0] != '/' || copy_str(cfg->site_dirs[cfg->n_site_dirs], 256, a) < 0)
+                return fail(err, errlen, "--site-packages: expected an absolute path: %s", a);
+            cfg->n_site_dirs++;
+            break;
+        case OPT_PRELOAD:
+            if (copy_str(cfg->preload, sizeof cfg->preload, a) < 0)
+                return fail(err, errlen, "--preload: list too long");
+            break;
+        case OPT_LOG_LEVEL:
+            if (parse_level(a, &cfg->log_level) < 0)
+                return fail(err, errlen, "--log-level: expected debug, info, warn or error");
+            break;
+        case OPT_HELP:
+            fputs(usage, stdout);
+            return 1;
+        default:
+            return fail(err, errlen, "unknown or incomplete option: %s (see --help)",
+                        argv[optind - 1]);
+        }
+    }
+    if (optind < argc)
+        return fail(err, errlen, "unexpected argument: %s", argv[optind]);
+    if (cfg->single_use)
+        cfg->capacity = 1;
+    return check(cfg, err, errlen);
+}
+
+static int push(char ***argv, size_t *n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int push(char ***argv, size_t *n, const char *fmt, ...)
+{
+    char **nv = realloc(*argv, (*n + 2) * sizeof(char *));
+    if (!nv)
+        return -ENOMEM;
+    *argv = nv;
+    va_list ap;
+    va_start(ap, fmt);
+    int r = vasprintf(&nv[*n], fmt, ap);
+    va_end(ap);
+    if (r < 0)
+        return -ENOMEM;
+    nv[++*n] = NULL;
+    return 0;
+}
+
+char **config_to_argv(const struct config *cfg, const char *argv0, const char *first_flag)
+{
+    static const char *const levels[] = {"debug", "info", "warn", "error"};
+    char **v = NULL;
+    size_t n = 0;
+    int r = 0;
+    r |= push(&v, &n, "%s", argv0);
+    if (first_flag)
+        r |= push(&v, &n, "%s", first_flag);
+    r |= push(&v, &n, "--listen=[%s]:%u", cfg->listen_host, cfg->listen_port);
+    r |= push(&v, &n, "--capacity=%u", cfg->capacity);
+    if (cfg->single_use)
+        r |= push(&v, &n, "--single-use");
+    r |= push(&v, &n, "--max-upload-tools=%" PRIu64, cfg->max_upload_tools);
+    r |= push(&v, &n, "--max-upload-workspace=%" PRIu64, cfg->max_upload_workspace);
+    r |= push(&v, &n, "--max-unpacked=%" PRIu64, cfg->max_unpacked);
+    r |= push(&v, &n, "--max-members=%" PRIu64, cfg->max_members);
+    r |= push(&v, &n, "--snapshot-max=%" PRIu64, cfg->snapshot_max);
+    r |= push(&v, &n, "--output-cap=%" PRIu64, cfg->output_cap);
+    r |= push(&v, &n, "--tools-dir=%s", cfg->tools_dir);
+    if (!cfg->isolate)
+        r |= push(&v, &n, "--no-isolation");
+    r |= push(&v, &n, "--uid=%u", cfg->sandbox_uid);
+    r |= push(&v, &n, "--gid=%u", cfg->sandbox_gid);
+    r |= push(&v, &n, "--policy=%s", cfg->policy_file);
+    for (unsigned i = 0; i < cfg->n_site_dirs; i++)
+        r |= push(&v, &n, "--site-packages=%s", cfg->site_dirs[i]);
+    if (cfg->preload[0])
+        r |= push(&v, &n, "--preload=%s", cfg->preload);
+    r |= push(&v, &n, "--pool=%u", cfg->pool_size);
+    r |= push(&v, &n, "--memory=%" PRIu64, cfg->memory_max);
+    r |= push(&v, &n, "--pids=%" PRIu64, cfg->pids_max);
+    r |= push(&v, &n, "--cpu=%" PRIu64, cfg->cpu_millis);
+    r |= push(&v, &n, "--tmpfs-size=%" PRIu64, cfg->tmpfs_size);
+    r |= push(&v, &n, "--block-timeout=%" PRIu64, cfg->block_timeout_ms / 1000);
+    r |= push(&v, &n, "--turn-timeout=%" PRIu64, cfg->turn_timeout_ms / 1000);
+    r |= push(&v, &n, "--idle-timeout=%" PRIu64, cfg->idle_timeout_ms / 1000);
+    r |= push(&v, &n, "--log-level=%s", levels[cfg->log_level]);
+    if (r) {
+        config_argv_free(v);
+        return NULL;
+    }
+    return v;
+}
+
+void config_argv_free(char **argv)
+{
+    if (!argv)
+        return;
+    for (char **p = argv; *p; p++)
+        free(*p);
+    free(argv);
+}

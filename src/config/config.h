@@ -6,6 +6,7 @@
  * sees a secret. */
 #pragma once
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "core/log.h"

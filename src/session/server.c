@@ -1,1 +1,275 @@
-/* placeholder: being written */
+/* The listener, the fork server's replies, signals and the session list. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "core/cleanup.h"
+#include "core/log.h"
+#include "core/util.h"
+#include "session/session.h"
+
+/* Connections that have not been admitted yet (HTTP phase) are bounded
+ * separately from turns, so slow clients can never hold turn slots. */
+#define SERVER_MAX_CONNECTIONS_EXTRA 1024
+
+static int listen_on(const char *host, uint16_t port, uint16_t *bound_port)
+{
+    union {
+        struct sockaddr sa;
+        struct sockaddr_in in4;
+        struct sockaddr_in6 in6;
+        struct sockaddr_storage ss;
+    } a = {0};
+    socklen_t alen;
+    if (inet_pton(AF_INET, host, &a.in4.sin_addr) == 1) {
+        a.in4.sin_family = AF_INET;
+        a.in4.sin_port = htons(port);
+        alen = sizeof a.in4;
+    } else if (inet_pton(AF_INET6, host, &a.in6.sin6_addr) == 1) {
+        a.in6.sin6_family = AF_INET6;
+        a.in6.sin6_port = htons(port);
+        alen = sizeof a.in6;
+    } else {
+        return -EINVAL;
+    }
+    _cleanup_close_ int fd = socket(a.sa.sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -errno;
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (bind(fd, &a.sa, alen) < 0 || listen(fd, 1024) < 0)
+        return -errno;
+    alen = sizeof a.ss;
+    if (getsockname(fd, &a.sa, &alen) < 0)
+        return -errno;
+    *bound_port = ntohs(a.sa.sa_family == AF_INET ? a.in4.sin_port : a.in6.sin6_port);
+    return steal_fd(&fd);
+}
+
+static void on_accept(struct loop_watch *w, uint32_t events)
+{
+    struct server *srv = w->ud;
+    /* Bounded batch per wakeup so a connect flood cannot starve turns. */
+    for (int i = 0; i < 64; i++) {
+        int fd = accept4(srv->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
+                PLOG_W("accept");
+            return;
+        }
+        if (srv->n_sessions >= srv->cfg->capacity + SERVER_MAX_CONNECTIONS_EXTRA) {
+            LOG_W("too many connections (%u); dropping one", srv->n_sessions);
+            close(fd);
+            continue;
+        }
+        int one = 1;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        struct session *s = session_new(srv, fd);
+        if (!s) {
+            close(fd);
+            continue;
+        }
+        s->next = srv->sessions;
+        if (srv->sessions)
+            srv->sessions->prev = s;
+        srv->sessions = s;
+        srv->n_sessions++;
+    }
+}
+
+static void on_signal(struct loop_watch *w, uint32_t events)
+{
+    struct server *srv = w->ud;
+    struct signalfd_siginfo si;
+    if (read(srv->signal_fd, &si, sizeof si) != sizeof si)
+        return;
+    LOG_I("signal %u: stopping", si.ssi_signo);
+    srv->stopping = true;
+    srv->stop_deadline_ms = now_ms() + 2000;
+    for (struct session *s = srv->sessions; s; s = s->next)
+        session_fail(s, 1001, NULL);
+}
+
+static struct session *find_session(struct server *srv, uint64_t id)
+{
+    for (struct session *s = srv->sessions; s; s = s->next)
+        if (s->id == id)
+            return s;
+    return NULL;
+}
+
+static void on_forkserver(struct loop_watch *w, uint32_t events)
+{
+    struct server *srv = w->ud;
+    for (;;) {
+        struct fs_reply rep;
+        int chan_fd = -1, pidfd = -1;
+        int r = fs_client_reply(&srv->fs, &rep, &chan_fd, &pidfd);
+        if (r == 0)
+            return;
+        if (r < 0) {
+            /* Without the fork server no turn can start: stop rather than
+             * serve 101s that can never get a sandbox. */
+            LOG_E("fork server is gone (%s); stopping", strerror(-r));
+            loop_unwatch(srv->loop, &srv->fs_watch);
+            srv->stopping = true;
+            srv->stop_deadline_ms = now_ms() + 1000;
+            for (struct session *s = srv->sessions; s; s = s->next)
+                session_fail(s, 1011, "sandbox service unavailable");
+            return;
+        }
+        struct session *s = find_session(srv, rep.turn_id);
+        if (!s || !s->spawn_pending || s->phase == PHASE_DEAD) {
+            /* The turn ended while its sandbox was being made: kill it. */
+            if (pidfd >= 0)
+                syscall(SYS_pidfd_send_signal, pidfd, SIGKILL, NULL, 0);
+            if (chan_fd >= 0)
+                close(chan_fd);
+            if (pidfd >= 0)
+                close(pidfd);
+            if (s)
+                s->spawn_pending = false;
+            continue;
+        }
+        session_sandbox_ready(s, &rep, chan_fd, pidfd);
+    }
+}
+
+int server_request_sandbox(struct server *srv, struct session *s)
+{
+    int r = fs_client_request(&srv->fs, s->id);
+    if (r == 0)
+        s->spawn_pending = true;
+    return r;
+}
+
+void server_release_slot(struct server *srv, struct session *s)
+{
+    if (!s->holds_slot)
+        return;
+    s->holds_slot = false;
+    srv->n_turns--;
+    srv->turns_served++;
+    if (srv->cfg->single_use && !srv->stopping) {
+        /* Spec 1.3: after the one turn, stop listening and exit 0. */
+        LOG_I("single-use turn ended; exiting");
+        loop_unwatch(srv->loop, &srv->listen_watch);
+        srv->stopping = true;
+        srv->stop_deadline_ms = now_ms() + 1500;
+    }
+}
+
+static void server_tick(void *ud)
+{
+    struct server *srv = ud;
+    uint64_t now = now_ms();
+    for (struct session *s = srv->sessions; s; s = s->next)
+        session_tick(s, now);
+    if (srv->stopping && now >= srv->stop_deadline_ms)
+        loop_stop(srv->loop);
+}
+
+/* Before sleeping: free sessions marked dead; stop when asked and idle. */
+static void server_reap(void *ud)
+{
+    struct server *srv = ud;
+    struct session *s = srv->sessions;
+    while (s) {
+        struct session *next = s->next;
+        if (s->phase == PHASE_DEAD && !s->spawn_pending) {
+            if (s->prev)
+                s->prev->next = s->next;
+            else
+                srv->sessions = s->next;
+            if (s->next)
+                s->next->prev = s->prev;
+            srv->n_sessions--;
+            session_free(s);
+        }
+        s = next;
+    }
+    if (srv->stopping && !srv->sessions)
+        loop_stop(srv->loop);
+}
+
+int server_init(struct server *srv, struct loop *loop, const struct config *cfg,
+                char *token, size_t token_len, struct fs_client *fs, char *err, size_t errlen)
+{
+    memset(srv, 0, sizeof *srv);
+    srv->loop = loop;
+    srv->cfg = cfg;
+    srv->token = token;
+    srv->token_len = token_len;
+    srv->fs = *fs;
+    srv->next_id = 1;
+    srv->signal_fd = -1;
+
+    uint16_t port = 0;
+    int fd = listen_on(cfg->listen_host, cfg->listen_port, &port);
+    if (fd < 0) {
+        snprintf(err, errlen, "listen on %s:%u: %s", cfg->listen_host, cfg->listen_port,
+                 fd == -EINVAL ? "not a numeric address" : strerror(-fd));
+        return fd;
+    }
+    srv->listen_fd = fd;
+    srv->listen_watch = (struct loop_watch){.fd = fd, .cb = on_accept, .ud = srv};
+
+    sigset_t mask;
+    sigemptyset(&mask);
+    sigaddset(&mask, SIGINT);
+    sigaddset(&mask, SIGTERM);
+    sigprocmask(SIG_BLOCK, &mask, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    srv->signal_fd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
+    if (srv->signal_fd < 0) {
+        snprintf(err, errlen, "signalfd: %s", strerror(errno));
+        return -errno;
+    }
+    srv->signal_watch = (struct loop_watch){.fd = srv->signal_fd, .cb = on_signal, .ud = srv};
+    srv->fs_watch = (struct loop_watch){.fd = srv->fs.ctl_fd, .cb = on_forkserver, .ud = srv};
+
+    int r = 0;
+    r = r ? r : loop_watch(loop, &srv->listen_watch, EPOLLIN);
+    r = r ? r : loop_watch(loop, &srv->signal_watch, EPOLLIN);
+    r = r ? r : loop_watch(loop, &srv->fs_watch, EPOLLIN);
+    if (r < 0) {
+        snprintf(err, errlen, "epoll: %s", strerror(-r));
+        return r;
+    }
+    loop_set_tick(loop, 250, server_tick, srv);
+    loop_set_before_sleep(loop, server_reap, srv);
+
+    const char *h = cfg->listen_host;
+    bool v6 = strchr(h, ':') != NULL;
+    LOG_I("listening on %s%s%s:%u (capacity %u%s, %s, auth %s)", v6 ? "[" : "", h, v6 ? "]" : "",
+          port, cfg->capacity, cfg->single_use ? ", single-use" : "",
+          cfg->isolate ? "isolated" : "NOT isolated", token ? "on" : "off");
+    return 0;
+}
+
+void server_free(struct server *srv)
+{
+    while (srv->sessions) {
+        struct session *s = srv->sessions;
+        srv->sessions = s->next;
+        session_free(s);
+    }
+    if (srv->listen_fd >= 0)
+        close(srv->listen_fd);
+    if (srv->signal_fd >= 0)
+        close(srv->signal_fd);
+    fs_client_stop(&srv->fs);
+    if (srv->token) {
+        explicit_bzero(srv->token, srv->token_len);
+        free(srv->token);
+    }
+}

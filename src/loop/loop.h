@@ -1,0 +1,41 @@
+/* A small epoll loop: fd watches, one periodic tick, and a before-sleep hook.
+ *
+ * Level-triggered. A watch is a struct owned by the caller (usually embedded
+ * in the object it serves), so registering never allocates. Callbacks must
+ * not free the object they were called for: mark it and let the before-sleep
+ * hook reap it (redis freeClientAsync). */
+#pragma once
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/epoll.h>
+
+struct loop;
+struct loop_watch;
+
+typedef void (*loop_fd_cb)(struct loop_watch *w, uint32_t events);
+typedef void (*loop_hook_cb)(void *ud);
+
+struct loop_watch {
+    int fd;           /* borrowed */
+    uint32_t events;  /* current EPOLL* interest */
+    bool added;       /* registered with epoll */
+    loop_fd_cb cb;
+    void *ud;         /* the object this watch belongs to */
+};
+
+struct loop *loop_new(void);
+void loop_free(struct loop *l);
+
+/* Set the interest of w (adding, modifying or removing it from epoll as
+ * needed; events == 0 removes it). 0 or -errno. */
+int loop_watch(struct loop *l, struct loop_watch *w, uint32_t events);
+/* Remove w if it was added; call before closing w->fd. */
+void loop_unwatch(struct loop *l, struct loop_watch *w);
+
+/* tick runs every period_ms; before_sleep runs after every batch of events. */
+void loop_set_tick(struct loop *l, unsigned period_ms, loop_hook_cb tick, void *ud);
+void loop_set_before_sleep(struct loop *l, loop_hook_cb cb, void *ud);
+
+/* Run until loop_stop(). 0, or -errno if epoll fails. */
+int loop_run(struct loop *l);
+void loop_stop(struct loop *l);

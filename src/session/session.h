@@ -1,0 +1,122 @@
+/* The supervisor's connections and turns.
+ *
+ * server.c owns the listener, the fork server's control socket, signals and
+ * the list of sessions; session.c is one connection: the HTTP request, then
+ * (if admitted) the WebSocket turn relayed to and from its sandbox.
+ *
+ * Lifetime: a session is freed only by server_reap(), run from the loop's
+ * before-sleep hook, after session_end() marked it dead (loop callbacks never
+ * free the object they were called for). */
+#pragma once
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "config/config.h"
+#include "core/buf.h"
+#include "loop/loop.h"
+#include "proto/chan.h"
+#include "sandbox/forkserver.h"
+
+struct http_req;
+struct ws_conn;
+struct session;
+
+struct server {
+    struct loop *loop;            /* borrowed */
+    const struct config *cfg;     /* borrowed */
+    char *token;                  /* owned; NULL = no auth */
+    size_t token_len;
+    int listen_fd;                /* owned */
+    struct loop_watch listen_watch;
+    int signal_fd;                /* owned; SIGINT, SIGTERM */
+    struct loop_watch signal_watch;
+    struct fs_client fs;          /* owned: the fork server */
+    struct loop_watch fs_watch;
+    struct session *sessions;     /* owned, doubly linked */
+    unsigned n_sessions;          /* all connections */
+    unsigned n_turns;             /* admitted turns: the capacity count */
+    uint64_t next_id;
+    bool single_use_admitted;     /* --single-use: the one turn was admitted */
+    bool stopping;                /* leave the loop once sessions are gone */
+    uint64_t stop_deadline_ms;
+    uint64_t turns_served;
+};
+
+/* Turn state (spec 2.3) merged with what the sandbox owes us. */
+enum turn_state {
+    TURN_TOOLS,        /* T: awaiting the tools archive */
+    TURN_BETWEEN,      /* B: between blocks */
+    TURN_ARCHIVED,     /* R: workspace archive received, awaiting run */
+    TURN_RUNNING,      /* X: block running, until the sandbox's done */
+    TURN_WANT_OUTPUT,  /* X: done relayed, awaiting output */
+    TURN_WANT_SNAPSHOT,/* X: output relayed, awaiting the archive */
+};
+
+enum session_phase {
+    PHASE_HTTP,    /* reading the request */
+    PHASE_REPLY,   /* writing a non-101 response, then closing */
+    PHASE_TURN,    /* WebSocket turn */
+    PHASE_CLOSING, /* close frame queued; flushing before closing the socket */
+    PHASE_DEAD,    /* waiting for server_reap() */
+};
+
+struct session {
+    struct server *srv;
+    struct session *prev, *next;
+    uint64_t id;
+    enum session_phase phase;
+
+    int fd;                       /* owned: the client socket */
+    struct loop_watch watch;
+    struct http_req *req;         /* owned while PHASE_HTTP */
+    struct buf out;               /* raw bytes to write before any WebSocket data */
+    uint64_t deadline_ms;         /* phase deadline (request, reply, close) */
+
+    struct ws_conn *ws;           /* owned in PHASE_TURN/CLOSING */
+    enum turn_state turn;
+    bool holds_slot;              /* counted in srv->n_turns */
+    uint64_t turn_started_ms, block_started_ms, idle_since_ms;
+    uint64_t last_ping_ms;
+    bool ping_outstanding;
+    int64_t done_exit_code;
+    bool ready_seen, tools_sent;
+
+    /* the sandbox */
+    bool spawn_pending;           /* request sent, reply not yet received */
+    pid_t child_pid;
+    int chan_fd;                  /* owned */
+    struct loop_watch chan_watch;
+    int pidfd;                    /* owned */
+    struct loop_watch pid_watch;
+    struct buf chan_out;          /* envelopes queued for the sandbox */
+    uint8_t chan_hdr[CHAN_HDR_LEN];
+    size_t chan_hdr_got;
+    uint8_t *chan_body;           /* owned; body being read */
+    uint32_t chan_body_len, chan_body_got;
+    enum chan_type chan_body_type;
+    bool chan_body_active;
+    uint64_t spawn_ns;            /* from the fork server */
+    uint64_t accept_ns;           /* when the upgrade was accepted */
+};
+
+/* server.c */
+int server_init(struct server *srv, struct loop *loop, const struct config *cfg,
+                char *token, size_t token_len, struct fs_client *fs, char *err, size_t errlen);
+void server_free(struct server *srv);
+/* Release a turn slot (single-use mode then starts shutting down). */
+void server_release_slot(struct server *srv, struct session *s);
+/* Ask the fork server for a sandbox for s. 0 or -errno. */
+int server_request_sandbox(struct server *srv, struct session *s);
+
+/* session.c */
+struct session *session_new(struct server *srv, int fd);
+void session_free(struct session *s);
+/* The fork server answered the spawn request of s. Takes ownership of the fds. */
+void session_sandbox_ready(struct session *s, const struct fs_reply *rep, int chan_fd, int pidfd);
+/* Periodic checks: deadlines, pings, timeouts. */
+void session_tick(struct session *s, uint64_t now);
+/* End s now: a server-side fault (reason non-NULL: logged, sent as a `log`
+ * frame when one is legal, close 1011) or a normal end (reason NULL, close
+ * 1000). Idempotent. */
+void session_fail(struct session *s, uint16_t code, const char *reason);
