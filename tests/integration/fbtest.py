@@ -1,0 +1,483 @@
+"""Shared helpers for the forkboxd integration tests.
+
+* Daemon: starts the real forkboxd (env FORKBOXD) on an ephemeral port, parses the
+  "listening on 127.0.0.1:PORT" line, drains its stderr, kills its whole process
+  group at teardown.
+* arun(): runs a coroutine with a hard timeout (no test may hang).
+* Raw HTTP and a raw WebSocket client on plain sockets, for byte-exact and
+  malformed-input cases the websockets library will not produce.
+* Turn helpers built on tools/forkbox_client.py (the host-like client).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import os
+import re
+import select
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+
+SRCDIR = os.environ.get("FORKBOX_SRCDIR") or os.path.abspath(
+    os.path.join(os.path.dirname(__file__), "..", ".."))
+FORKBOXD = os.environ.get("FORKBOXD") or os.path.join(SRCDIR, "build", "src", "forkboxd")
+TOOLS_DIR = os.path.join(SRCDIR, "tools")
+for _p in (TOOLS_DIR, os.path.join(TOOLS_DIR, "demo")):
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
+
+import forkbox_client as fc  # noqa: E402
+import websockets  # noqa: E402
+import websockets.exceptions  # noqa: E402
+from demo_tools import demo_tools  # noqa: E402
+
+ConnectionClosed = websockets.exceptions.ConnectionClosed
+LISTEN_RE = re.compile(r"listening on 127\.0\.0\.1:(\d+)")
+ALLOWED_ENV = {"PATH", "HOME", "USER", "LANG", "LANGUAGE", "TERM", "TMPDIR", "TEMP", "TMP",
+               "PYTHONHASHSEED", "PYTHONDONTWRITEBYTECODE"}
+
+
+# --------------------------------------------------------------------------
+# the daemon
+# --------------------------------------------------------------------------
+
+class Daemon:
+    """One forkboxd process. ``args`` are extra flags; ``env`` extra variables."""
+
+    def __init__(self, args=(), env=None, listen=True, policy=True):
+        self.args = list(args)
+        self.extra_env = dict(env or {})
+        self.listen = listen
+        self.policy = policy
+        self.proc: subprocess.Popen | None = None
+        self.port: int | None = None
+        self._lines: list[str] = []
+        self._lock = threading.Lock()
+        self._listening = threading.Event()
+        self._reader: threading.Thread | None = None
+
+    # -- lifecycle
+    def start(self, timeout: float = 20.0) -> "Daemon":
+        if not os.access(FORKBOXD, os.X_OK):
+            raise RuntimeError(f"forkboxd not found or not executable: {FORKBOXD}")
+        argv = [FORKBOXD]
+        if self.listen:
+            argv += ["--listen", "127.0.0.1:0"]
+        pol = os.path.join(SRCDIR, "policy", "default.policy")
+        if self.policy and os.path.exists(pol):
+            argv += ["--policy", pol]
+        argv += self.args
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith("ADK_CODE_MODE_") and k not in ("PORT", "PYTHONHOME", "PYTHONPATH")}
+        env.update(self.extra_env)
+        self.argv = argv
+        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.PIPE, env=env, start_new_session=True)
+        self._reader = threading.Thread(target=self._drain, daemon=True)
+        self._reader.start()
+        if not self.listen:
+            return self
+        if not self._listening.wait(timeout):
+            err = self.stderr()
+            self.stop()
+            raise RuntimeError(f"forkboxd did not report listening within {timeout}s; "
+                               f"argv={argv}\nstderr:\n{err[-4000:]}")
+        return self
+
+    def _drain(self) -> None:
+        assert self.proc and self.proc.stderr
+        for raw in self.proc.stderr:
+            line = raw.decode("utf-8", "replace")
+            with self._lock:
+                self._lines.append(line)
+            m = LISTEN_RE.search(line)
+            if m and self.port is None:
+                self.port = int(m.group(1))
+                self._listening.set()
+
+    def stderr(self) -> str:
+        with self._lock:
+            return "".join(self._lines)
+
+    @property
+    def pid(self) -> int:
+        assert self.proc
+        return self.proc.pid
+
+    @property
+    def url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}/"
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def wait_exit(self, timeout: float) -> int | None:
+        assert self.proc
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL to the daemon's own process group (it was started
+        in a new session, so the group holds only forkboxd and its children)."""
+        if self.proc is None:
+            return
+        pgid = self.proc.pid
+        if self.proc.poll() is None:
+            try:
+                os.killpg(pgid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                self.proc.wait(3)
+            except subprocess.TimeoutExpired:
+                pass
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            self.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            pass
+        if self._reader:
+            self._reader.join(2)
+
+    def descendants(self) -> set[int]:
+        return descendants(self.pid)
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def descendants(pid: int) -> set[int]:
+    """All live descendants of pid, via /proc/<pid>/task/*/children."""
+    out: set[int] = set()
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            tasks = os.listdir(f"/proc/{p}/task")
+        except OSError:
+            continue
+        for t in tasks:
+            try:
+                with open(f"/proc/{p}/task/{t}/children") as fh:
+                    kids = [int(x) for x in fh.read().split()]
+            except OSError:
+                continue
+            for k in kids:
+                if k not in out:
+                    out.add(k)
+                    todo.append(k)
+    return out
+
+
+def pid_alive(pid: int) -> bool:
+    """True if pid exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            stat = fh.read()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def wait_until(pred, timeout: float, interval: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(interval)
+    return bool(pred())
+
+
+# --------------------------------------------------------------------------
+# asyncio glue
+# --------------------------------------------------------------------------
+
+def arun(coro, timeout: float = 30.0):
+    """Run a coroutine to completion with a hard wall-clock limit."""
+    async def bounded():
+        return await asyncio.wait_for(coro, timeout)
+    return asyncio.run(bounded())
+
+
+async def connect(daemon: Daemon, tools=None, *, token=None, path="/", **kw) -> fc.Turn:
+    url = f"ws://127.0.0.1:{daemon.port}{path}"
+    return await fc.Turn.connect(url, demo_tools() if tools is None else tools, token=token, **kw)
+
+
+async def expect_closed(ws, timeout: float = 10.0) -> tuple[int | None, str, list]:
+    """Read until the server ends the connection. Returns (close code, reason,
+    messages received meanwhile). Raises asyncio.TimeoutError if it stays open."""
+    msgs = []
+
+    async def drain():
+        try:
+            while True:
+                msgs.append(await ws.recv())
+        except ConnectionClosed:
+            pass
+    await asyncio.wait_for(drain(), timeout)
+    return ws.close_code, ws.close_reason or "", msgs
+
+
+def text_frames(msgs) -> list[dict]:
+    out = []
+    for m in msgs:
+        if isinstance(m, tuple):
+            m = m[1]
+        if isinstance(m, str):
+            try:
+                out.append(fc.decode_frame(m))
+            except fc.FrameError:
+                pass
+    return out
+
+
+# --------------------------------------------------------------------------
+# raw HTTP
+# --------------------------------------------------------------------------
+
+class Response:
+    def __init__(self, raw: bytes):
+        self.raw = raw
+        head, _, self.body = raw.partition(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        parts = lines[0].split(" ", 2)
+        self.version = parts[0]
+        self.status = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
+        self.reason = parts[2] if len(parts) > 2 else ""
+        self.header_list = []
+        for line in lines[1:]:
+            if ":" in line:
+                k, v = line.split(":", 1)
+                self.header_list.append((k.strip(), v.strip()))
+        self.headers = {k.lower(): v for k, v in self.header_list}
+
+    def __repr__(self):
+        return f"<Response {self.status} {self.headers} body={self.body!r}>"
+
+
+def http_raw(port: int, request: bytes, timeout: float = 5.0) -> Response:
+    """Send raw bytes, read until the server closes (non-101 answers close)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(request)
+        data = b""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            s.settimeout(max(0.01, deadline - time.monotonic()))
+            try:
+                chunk = s.recv(65536)
+            except socket.timeout:
+                break
+            if not chunk:
+                break
+            data += chunk
+            if data.startswith(b"HTTP/1.1 101") and b"\r\n\r\n" in data:
+                break
+    return Response(data)
+
+
+def ws_key() -> str:
+    return base64.b64encode(os.urandom(16)).decode()
+
+
+def upgrade_request(path: str = "/", token: str | None = None, headers=(), auth: str | None = None,
+                    key: str | None = None) -> bytes:
+    lines = [f"GET {path} HTTP/1.1", "Host: 127.0.0.1", "Upgrade: websocket",
+             "Connection: Upgrade", f"Sec-WebSocket-Key: {key or ws_key()}",
+             "Sec-WebSocket-Version: 13"]
+    if token is not None:
+        lines.append(f"Authorization: Bearer {token}")
+    if auth is not None:
+        lines.append(f"Authorization: {auth}")
+    lines += list(headers)
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+
+def get_health(port: int, path: str = "/health") -> Response:
+    return http_raw(port, f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+
+
+# --------------------------------------------------------------------------
+# raw WebSocket client (plain socket; full control over framing)
+# --------------------------------------------------------------------------
+
+class RawWS:
+    OP_CONT, OP_TEXT, OP_BIN, OP_CLOSE, OP_PING, OP_PONG = 0, 1, 2, 8, 9, 10
+
+    def __init__(self, port: int, path: str = "/", token: str | None = None, timeout: float = 10.0):
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+        self.timeout = timeout
+        key = ws_key()
+        self.sock.sendall(upgrade_request(path, token=token, key=key))
+        buf = b""
+        while b"\r\n\r\n" not in buf:
+            chunk = self.sock.recv(4096)
+            if not chunk:
+                raise ConnectionError(f"closed during handshake: {buf!r}")
+            buf += chunk
+        head, _, self.rest = buf.partition(b"\r\n\r\n")
+        self.response = Response(head + b"\r\n\r\n")
+        if self.response.status != 101:
+            raise ConnectionError(f"handshake failed: {self.response!r}")
+        accept = base64.b64encode(hashlib.sha1(
+            (key + "258EAFA5-E914-47DA-95CA-C5AB0DC11B63").encode()).digest()).decode()
+        assert self.response.headers.get("sec-websocket-accept") == accept
+        self.close_code: int | None = None
+        self.close_reason = ""
+
+    def send_frame(self, opcode: int, payload: bytes, fin: bool = True, mask: bytes | None = None,
+                   rsv: int = 0) -> None:
+        b0 = (0x80 if fin else 0) | (rsv << 4) | opcode
+        n = len(payload)
+        if n < 126:
+            hdr = struct.pack("!BB", b0, 0x80 | n)
+        elif n < 65536:
+            hdr = struct.pack("!BBH", b0, 0x80 | 126, n)
+        else:
+            hdr = struct.pack("!BBQ", b0, 0x80 | 127, n)
+        if mask is None:
+            mask = b"\0\0\0\0"  # a zero mask key is legal and leaves the payload as is
+        if mask != b"\0\0\0\0":
+            payload = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+        self.sock.sendall(hdr + mask + payload)
+
+    def send_text(self, text: str | bytes) -> None:
+        self.send_frame(self.OP_TEXT, text.encode("utf-8") if isinstance(text, str) else text)
+
+    def send_binary(self, data: bytes) -> None:
+        self.send_frame(self.OP_BIN, data)
+
+    def _read_exact(self, n: int, deadline: float) -> bytes:
+        out = self.rest[:n]
+        self.rest = self.rest[n:]
+        while len(out) < n:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("raw ws read timed out")
+            self.sock.settimeout(left)
+            chunk = self.sock.recv(max(65536, n - len(out)))
+            if not chunk:
+                raise EOFError("connection closed")
+            out += chunk
+        if len(out) > n:
+            self.rest = out[n:] + self.rest
+            out = out[:n]
+        return out
+
+    def recv_frame(self, timeout: float | None = None) -> tuple[int, bool, bytes]:
+        deadline = time.monotonic() + (timeout or self.timeout)
+        b0, b1 = self._read_exact(2, deadline)
+        n = b1 & 0x7F
+        if n == 126:
+            n = struct.unpack("!H", self._read_exact(2, deadline))[0]
+        elif n == 127:
+            n = struct.unpack("!Q", self._read_exact(8, deadline))[0]
+        if b1 & 0x80:
+            mk = self._read_exact(4, deadline)
+            data = bytes(b ^ mk[i % 4] for i, b in enumerate(self._read_exact(n, deadline)))
+        else:
+            data = self._read_exact(n, deadline)
+        return b0 & 0x0F, bool(b0 & 0x80), data
+
+    def recv(self, timeout: float | None = None):
+        """Next data message as str/bytes; answers pings; returns None on close
+        (close_code/close_reason set). EOF without a close frame -> close_code 1006."""
+        deadline = time.monotonic() + (timeout or self.timeout)
+        parts, first_op = [], None
+        while True:
+            try:
+                op, fin, data = self.recv_frame(max(0.01, deadline - time.monotonic()))
+            except (EOFError, ConnectionResetError):
+                self.close_code = self.close_code or 1006
+                return None
+            if op == self.OP_PING:
+                self.send_frame(self.OP_PONG, data)
+                continue
+            if op == self.OP_PONG:
+                continue
+            if op == self.OP_CLOSE:
+                self.close_code = struct.unpack("!H", data[:2])[0] if len(data) >= 2 else 1005
+                self.close_reason = data[2:].decode("utf-8", "replace")
+                return None
+            if op != self.OP_CONT:
+                first_op = op
+            parts.append(data)
+            if fin:
+                payload = b"".join(parts)
+                return payload.decode("utf-8") if first_op == self.OP_TEXT else payload
+
+    def recv_until_close(self, timeout: float = 10.0) -> list:
+        deadline = time.monotonic() + timeout
+        msgs = []
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"connection still open; got {msgs!r}")
+            m = self.recv(left)
+            if m is None:
+                return msgs
+            msgs.append(m)
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def socket_closed(sock: socket.socket, timeout: float) -> bool:
+    """True if the peer closes (EOF or reset) within timeout."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        r, _, _ = select.select([sock], [], [], max(0.0, deadline - time.monotonic()))
+        if r:
+            try:
+                if sock.recv(65536) == b"":
+                    return True
+            except (ConnectionResetError, OSError):
+                return True
+    return False
+
+
+# --------------------------------------------------------------------------
+# frame envelope of the sandbox channel (docs/internals.md), for forging
+# --------------------------------------------------------------------------
+
+def chan_envelope(kind: bytes, payload: bytes) -> bytes:
+    return kind + b"\0\0\0" + struct.pack("<I", len(payload)) + payload
+
+
+FORGE_PRELUDE = r'''
+import os, stat as _st
+def _chan_fds():
+    fds = []
+    for fd in range(3, 256):
+        try:
+            m = os.fstat(fd).st_mode
+        except OSError:
+            continue
+        if _st.S_ISSOCK(m):
+            fds.append(fd)
+    return fds
+'''
