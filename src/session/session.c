@@ -520,6 +520,11 @@ static void admit(struct session *s, const uint8_t *rest, size_t rest_len)
         session_fail(s, 1011, "sandbox service unavailable");
         return;
     }
+    /* Frames that arrived with the request are not signalled again. */
+    if (rest_len > 0 && ws_conn_read(s->ws) < 0) {
+        mark_dead(s);
+        return;
+    }
     LOG_D("turn %" PRIu64 ": admitted (%u/%u)", s->id, srv->n_turns, srv->cfg->capacity);
     update_interest(s);
 }
@@ -767,8 +772,15 @@ void session_free(struct session *s)
     loop_unwatch(s->srv->loop, &s->watch);
     ws_conn_free(s->ws);
     http_req_free(s->req);
-    if (s->fd >= 0)
+    if (s->fd >= 0) {
+        /* Drain unread input first: closing with unread bytes makes the
+         * kernel send a reset, and the peer could lose our last bytes. */
+        uint8_t tmp[4096];
+        shutdown(s->fd, SHUT_WR);
+        for (int i = 0; i < 16 && recv(s->fd, tmp, sizeof tmp, MSG_DONTWAIT) > 0; i++)
+            ;
         close(s->fd);
+    }
     buf_free(&s->out);
     buf_free(&s->chan_out);
     free(s);
