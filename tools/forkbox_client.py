@@ -369,7 +369,9 @@ def json_safe(value: Any, _depth: int = 0) -> Any:
     return repr(value)
 
 
-ToolHandler = Callable[[dict], Awaitable[dict]]
+# on_tool_call handlers return a tool_result dict, a raw str/bytes message to send
+# as is, or None to send nothing.
+ToolHandler = Callable[[dict], Awaitable[dict | str | bytes | None]]
 
 
 class ToolRegistry:
@@ -510,8 +512,10 @@ class Turn:
 
         async def dispatch(frame: dict) -> None:
             result = await handler(frame)
+            if result is None:  # the handler answered (or chose not to) itself
+                return
             try:
-                await self.ws.send(encode_frame(result))
+                await self.ws.send(result if isinstance(result, (str, bytes)) else encode_frame(result))
             except websockets.exceptions.ConnectionClosed:
                 pass
 
