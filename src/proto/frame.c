@@ -75,6 +75,7 @@ static const char *const tool_result_names[] = {"id", "ok", "value", "error"};
 static const char *const log_names[] = {"level", "msg"};
 static const char *const done_names[] = {"exit_code"};
 static const char *const output_names[] = {"stdout", "stderr", "exit_code"};
+static const char *const shutdown_names[] = {NULL}; /* never NULL for callers */
 
 static const struct kind_def kinds[FRAME_KIND_COUNT] = {
     [FRAME_READY] = {"ready", true, 3, ready_names,
@@ -95,7 +96,7 @@ static const struct kind_def kinds[FRAME_KIND_COUNT] = {
     [FRAME_DONE] = {"done", true, 1, done_names, {{"0", J_INT, J_ANY}}},
     [FRAME_OUTPUT] = {"output", true, 3, output_names,
                       {{"\"\"", J_STRING, J_ANY}, {"\"\"", J_STRING, J_ANY}, {"0", J_INT, J_ANY}}},
-    [FRAME_SHUTDOWN] = {"shutdown", false, 0, NULL, {{0}}},
+    [FRAME_SHUTDOWN] = {"shutdown", false, 0, shutdown_names, {{0}}},
 };
 
 const char *const *frame_field_names(enum frame_kind kind, size_t *n)
@@ -671,6 +672,7 @@ int frame_encode(const struct frame *f, struct buf *out)
     int r = buf_reserve(out, total);
     if (r < 0)
         return r;
+    /* The appends below cannot fail: the room is reserved. */
     buf_append(out, "{", 1);
     for (size_t i = 0; i < kd->n; i++) {
         buf_append(out, "\"", 1);

@@ -1,1 +1,341 @@
-int main(void) { return 77; }
+/* Unit tests for core/: buf, util, utf8, log. TAP output. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/buf.h"
+#include "core/cleanup.h"
+#include "core/log.h"
+#include "core/utf8.h"
+#include "core/util.h"
+#include "tap.h"
+
+/* ---- buf ---------------------------------------------------------------- */
+
+static void test_buf(void)
+{
+    struct buf b;
+    buf_init(&b, 8);
+    ok(b.data == NULL && b.len == 0 && b.max == 8, "init: empty, no allocation");
+    is_int(buf_append(&b, "abcde", 5), 0, "append 5");
+    is_int(buf_append(&b, "fgh", 3), 0, "append up to exactly max");
+    ok(b.len == 8 && memcmp(b.data, "abcdefgh", 8) == 0, "contents");
+    is_int(buf_append(&b, "i", 1), -ENOBUFS, "append past max");
+    is_int(b.len, 8, "nothing appended on -ENOBUFS");
+    is_int(buf_append(&b, "", 0), 0, "empty append at max is fine");
+    ok(b.cap <= 8, "capacity clamped to max (cap %zu)", b.cap);
+
+    buf_consume(&b, 3);
+    ok(b.len == 5 && memcmp(b.data, "defgh", 5) == 0, "consume 3");
+    buf_consume(&b, 5);
+    is_int(b.len, 0, "consume all");
+    is_int(buf_reserve(&b, 9), -ENOBUFS, "reserve past max");
+    is_int(buf_reserve(&b, 8), 0, "reserve up to max");
+
+    is_int(buf_printf(&b, "%d-%s", 42, "xy"), 0, "printf");
+    ok(b.len == 5 && memcmp(b.data, "42-xy", 5) == 0, "printf contents, NUL not counted");
+    is_int(buf_printf(&b, "%s", "abcd"), -ENOBUFS, "printf past max");
+    is_int(b.len, 5, "nothing appended on printf -ENOBUFS");
+    is_int(buf_printf(&b, "%s", "abc"), 0, "printf up to exactly max");
+    ok(b.len == 8 && memcmp(b.data, "42-xyabc", 8) == 0, "printf fills to max");
+
+    size_t cap = b.cap;
+    buf_reset(&b);
+    ok(b.len == 0 && b.cap == cap && b.data, "reset keeps memory");
+
+    buf_append(&b, "zz", 2);
+    size_t n = 0;
+    uint8_t *p = buf_steal(&b, &n);
+    ok(p && n == 2 && memcmp(p, "zz", 2) == 0, "steal hands over the data");
+    ok(b.data == NULL && b.len == 0 && b.cap == 0 && b.max == 8, "steal leaves it empty");
+    free(p);
+    ok(buf_steal(&b, &n) == NULL && n == 0, "steal from empty buffer");
+
+    buf_append(&b, "q", 1);
+    buf_free(&b);
+    buf_free(&b);
+    ok(b.data == NULL && b.len == 0 && b.max == 8, "free twice, max kept");
+
+    /* growth: many small appends to a large max stay correct */
+    buf_init(&b, 1 << 20);
+    int bad = 0;
+    for (int i = 0; i < 100000; i++)
+        bad |= buf_append(&b, &(uint8_t){(uint8_t)i}, 1);
+    int mismatch = 0;
+    for (int i = 0; i < 100000; i++)
+        mismatch |= b.data[i] != (uint8_t)i;
+    ok(!bad && !mismatch && b.len == 100000, "100000 appends");
+    buf_free(&b);
+
+    buf_init(&b, 0);
+    is_int(buf_append(&b, "x", 1), -ENOBUFS, "max 0 holds nothing");
+    buf_free(&b);
+}
+
+/* ---- util --------------------------------------------------------------- */
+
+static void test_ct_equal(void)
+{
+    ok(ct_equal("Bearer abc", 10, "Bearer abc", 10), "equal");
+    ok(!ct_equal("Bearer abc", 10, "Bearer abd", 10), "last byte differs");
+    ok(!ct_equal("Bearer abc", 10, "bearer abc", 10), "first byte differs");
+    ok(!ct_equal("Bearer abc", 10, "Bearer ab", 9), "prefix is not equal");
+    ok(!ct_equal("Bearer ab", 9, "Bearer abc", 10), "longer is not equal");
+    ok(ct_equal("", 0, "", 0), "empty equal");
+    ok(!ct_equal("", 0, "x", 1), "empty vs one byte");
+    ok(!ct_equal("x", 1, "", 0), "one byte vs empty");
+    ok(ct_equal("a\0b", 3, "a\0b", 3), "binary equal");
+    ok(!ct_equal("a\0b", 3, "a\0c", 3), "binary differs after NUL");
+    ok(ct_equal(NULL, 0, NULL, 0), "NULL with zero lengths");
+}
+
+static void test_parse_u64(void)
+{
+    uint64_t v = 99;
+    ok(parse_u64("0", UINT64_MAX, &v) == 0 && v == 0, "0");
+    ok(parse_u64("8080", 65535, &v) == 0 && v == 8080, "8080");
+    ok(parse_u64("007", 10, &v) == 0 && v == 7, "leading zeros");
+    ok(parse_u64("18446744073709551615", UINT64_MAX, &v) == 0 && v == UINT64_MAX, "UINT64_MAX");
+    v = 5;
+    is_int(parse_u64("18446744073709551616", UINT64_MAX, &v), -ERANGE, "UINT64_MAX + 1");
+    is_int(parse_u64("99999999999999999999999", UINT64_MAX, &v), -ERANGE, "way over");
+    is_int(parse_u64("65536", 65535, &v), -ERANGE, "over the bound");
+    ok(parse_u64("65535", 65535, &v) == 0 && v == 65535, "exactly the bound");
+    is_int(v, 65535, "value");
+    is_int(parse_u64("", 10, &v), -EINVAL, "empty");
+    is_int(parse_u64(NULL, 10, &v), -EINVAL, "NULL");
+    is_int(parse_u64("-1", 10, &v), -EINVAL, "negative");
+    is_int(parse_u64("+1", 10, &v), -EINVAL, "plus sign");
+    is_int(parse_u64(" 1", 10, &v), -EINVAL, "leading space");
+    is_int(parse_u64("1 ", 10, &v), -EINVAL, "trailing space");
+    is_int(parse_u64("12a", 100, &v), -EINVAL, "trailing junk");
+    is_int(parse_u64("0x10", 100, &v), -EINVAL, "hex");
+    is_int(parse_u64("99999999999999999999999x", UINT64_MAX, &v), -EINVAL, "junk after overflow");
+    is_int(v, 65535, "value untouched on error");
+}
+
+static void test_fd(void)
+{
+    int p[2];
+    if (pipe(p) < 0) {
+        ok(0, "pipe");
+        return;
+    }
+    _cleanup_close_ int r = p[0], w = p[1];
+
+    ok(fd_set_nonblock(r, true) == 0 && (fcntl(r, F_GETFL) & O_NONBLOCK), "nonblock on");
+    ok(fd_set_nonblock(r, false) == 0 && !(fcntl(r, F_GETFL) & O_NONBLOCK), "nonblock off");
+    ok(fd_set_cloexec(w, true) == 0 && (fcntl(w, F_GETFD) & FD_CLOEXEC), "cloexec on");
+    ok(fd_set_cloexec(w, false) == 0 && !(fcntl(w, F_GETFD) & FD_CLOEXEC), "cloexec off");
+    is_int(fd_set_nonblock(-1, true), -EBADF, "nonblock on a bad fd");
+    is_int(fd_set_cloexec(-1, true), -EBADF, "cloexec on a bad fd");
+
+    is_int(write_all(w, "hello world", 11), 0, "write_all");
+    char got[16] = {0};
+    ok(read_all(r, got, 11) == 0 && memcmp(got, "hello world", 11) == 0, "read_all");
+    write_all(w, "ab", 2);
+    close_and_reset(&w);
+    is_int(read_all(r, got, 3), -EPIPE, "read_all: EOF before n bytes");
+    is_int(write_all(-1, "x", 1), -EBADF, "write_all on a bad fd");
+    is_int(read_all(-1, got, 1), -EBADF, "read_all on a bad fd");
+}
+
+static void test_time(void)
+{
+    uint64_t a = now_ns(), ma = now_ms();
+    usleep(20000);
+    uint64_t b = now_ns(), mb = now_ms();
+    ok(b - a >= 20000000ULL, "now_ns advances (%llu ns)", (unsigned long long)(b - a));
+    ok(mb - ma >= 19 && mb - ma < 5000, "now_ms advances (%llu ms)", (unsigned long long)(mb - ma));
+    ok(ma > 0 && a > 0, "monotonic clock is non-zero");
+}
+
+/* ---- utf8 --------------------------------------------------------------- */
+
+static bool v(const char *s) { return utf8_valid((const uint8_t *)s, strlen(s)); }
+static bool vn(const void *s, size_t n) { return utf8_valid(s, n); }
+
+/* Reference decoder: the definition, one code point at a time, slowly. */
+static bool ref_valid(const uint8_t *p, size_t n)
+{
+    size_t i = 0;
+    while (i < n) {
+        uint8_t c = p[i];
+        size_t len = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3
+                   : (c & 0xF8) == 0xF0 ? 4 : 0;
+        if (!len || i + len > n)
+            return false;
+        uint32_t cp = len == 1 ? c : len == 2 ? c & 0x1F : len == 3 ? c & 0x0F : c & 0x07;
+        for (size_t k = 1; k < len; k++) {
+            if ((p[i + k] & 0xC0) != 0x80)
+                return false;
+            cp = cp << 6 | (p[i + k] & 0x3F);
+        }
+        static const uint32_t min[] = {0, 0, 0x80, 0x800, 0x10000};
+        if (cp < min[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
+            return false;
+        i += len;
+    }
+    return true;
+}
+
+static void test_utf8(void)
+{
+    ok(vn("", 0), "empty");
+    ok(v("plain ascii, longer than eight bytes"), "ascii");
+    ok(vn("a\0b", 3), "NUL is valid UTF-8");
+    ok(v("\x7f"), "U+007F");
+    ok(v("\xc2\x80"), "U+0080");
+    ok(v("\xdf\xbf"), "U+07FF");
+    ok(v("\xe0\xa0\x80"), "U+0800");
+    ok(v("\xed\x9f\xbf"), "U+D7FF");
+    ok(v("\xee\x80\x80"), "U+E000");
+    ok(v("\xef\xbf\xbf"), "U+FFFF");
+    ok(v("\xf0\x90\x80\x80"), "U+10000");
+    ok(v("\xf4\x8f\xbf\xbf"), "U+10FFFF ok");
+    ok(v("h\xc3\xa9llo \xe2\x80\xa8 \xf0\x9f\x98\x80"), "mixed");
+
+    ok(!v("\xc0\x80"), "overlong NUL C0 80");
+    ok(!v("\xc1\xbf"), "overlong C1 BF");
+    ok(!v("\xe0\x80\x80"), "overlong E0 80 80");
+    ok(!v("\xe0\x9f\xbf"), "overlong E0 9F BF");
+    ok(!v("\xf0\x80\x80\x80"), "overlong F0 80 80 80");
+    ok(!v("\xf0\x8f\xbf\xbf"), "overlong F0 8F BF BF");
+    ok(!v("\xed\xa0\x80"), "surrogate U+D800");
+    ok(!v("\xed\xbf\xbf"), "surrogate U+DFFF");
+    ok(!v("\xed\xa0\xbd\xed\xb8\x80"), "CESU-8 surrogate pair");
+    ok(!v("\xf4\x90\x80\x80"), "U+110000 bad");
+    ok(!v("\xf5\x80\x80\x80"), "F5 lead");
+    ok(!v("\xff"), "FF");
+    ok(!v("\xfe"), "FE");
+    ok(!v("\x80"), "lone continuation");
+    ok(!v("a\xbf"), "continuation after ascii");
+    ok(!v("\xc3"), "truncated 2-byte at end");
+    ok(!v("\xe2\x82"), "truncated 3-byte at end");
+    ok(!v("\xf0\x9f\x98"), "truncated 4-byte at end");
+    ok(!v("\xc3x"), "truncated 2-byte before ascii");
+    ok(!v("\xe2\x82x"), "truncated 3-byte before ascii");
+    ok(!v("\xf0\x9f\x98x"), "truncated 4-byte before ascii");
+    ok(!v("\xe2\x82\xc3\xa9"), "3-byte cut by a new lead");
+    ok(!vn("\xc3\xa9", 1), "length cuts a sequence");
+
+    /* the fast path: a bad byte at every offset of a long ASCII run */
+    char run[40];
+    bool all = true;
+    for (size_t pos = 0; pos < 33; pos++) {
+        memset(run, 'a', sizeof run);
+        run[pos] = (char)0x80;
+        all = all && !vn(run, 33) && vn(run, pos);
+    }
+    ok(all, "bad byte found at every offset of an ASCII run");
+    memset(run, 'a', sizeof run);
+    memcpy(run + 7, "\xe2\x82\xac", 3); /* across a word boundary */
+    ok(vn(run, sizeof run), "sequence straddling the 8-byte word");
+
+    /* exhaustive 1..3-byte sequences against the reference decoder */
+    size_t mism = 0;
+    uint8_t s[4];
+    for (unsigned a = 0; a < 256; a++) {
+        s[0] = (uint8_t)a;
+        mism += utf8_valid(s, 1) != ref_valid(s, 1);
+        for (unsigned b = 0; b < 256; b++) {
+            s[1] = (uint8_t)b;
+            mism += utf8_valid(s, 2) != ref_valid(s, 2);
+            for (unsigned c = 0; c < 256; c++) {
+                s[2] = (uint8_t)c;
+                mism += utf8_valid(s, 3) != ref_valid(s, 3);
+            }
+        }
+    }
+    is_int(mism, 0, "all 1-, 2- and 3-byte inputs agree with the reference");
+    /* 4-byte leads with every second byte and a spread of the rest */
+    mism = 0;
+    for (unsigned a = 0xEF; a < 256; a++)
+        for (unsigned b = 0; b < 256; b++)
+            for (unsigned c = 0x70; c < 0xD0; c += 7)
+                for (unsigned d = 0x70; d < 0xD0; d += 5) {
+                    s[0] = (uint8_t)a, s[1] = (uint8_t)b, s[2] = (uint8_t)c, s[3] = (uint8_t)d;
+                    mism += utf8_valid(s, 4) != ref_valid(s, 4);
+                }
+    is_int(mism, 0, "4-byte inputs agree with the reference");
+}
+
+/* ---- log ---------------------------------------------------------------- */
+
+/* Run fn with stderr redirected to a pipe; return what it wrote. */
+static char *capture_stderr(void (*fn)(void))
+{
+    int p[2];
+    if (pipe(p) < 0)
+        return NULL;
+    fflush(stderr);
+    int saved = dup(STDERR_FILENO);
+    dup2(p[1], STDERR_FILENO);
+    close(p[1]);
+    fn();
+    dup2(saved, STDERR_FILENO);
+    close(saved);
+    char *out = calloc(1, 4096);
+    ssize_t n = read(p[0], out, 4095);
+    (void)n;
+    close(p[0]);
+    return out;
+}
+
+static int log_line_no;
+static void log_some(void)
+{
+    log_init("forkboxd", LOG_LEVEL_INFO);
+    LOG_D("hidden %d", 1);
+    log_line_no = __LINE__ + 1;
+    LOG_I("hello %s", "world");
+    errno = ENOENT;
+    PLOG_E("open %s", "/x");
+    is_int(errno, ENOENT, "log_write preserves errno");
+    LOG_W("warn");
+}
+
+static void log_long(void)
+{
+    char big[3000];
+    memset(big, 'x', sizeof big - 1);
+    big[sizeof big - 1] = 0;
+    LOG_E("%s", big);
+}
+
+static void test_log(void)
+{
+    char *out = capture_stderr(log_some);
+    char want[512];
+    snprintf(want, sizeof want,
+             "forkboxd: INFO log_some:%d: hello world\n"
+             "forkboxd: ERROR log_some:%d: open /x: No such file or directory\n"
+             "forkboxd: WARN log_some:%d: warn\n",
+             log_line_no, log_line_no + 2, log_line_no + 4);
+    is_str(out, want, "format, level filter and errno suffix");
+    free(out);
+    is_int(log_min_level(), LOG_LEVEL_INFO, "log_min_level");
+
+    out = capture_stderr(log_long);
+    size_t n = out ? strlen(out) : 0;
+    ok(n > 100 && n <= 1024 && out[n - 1] == '\n' && strchr(out, '\n') == out + n - 1,
+       "long message cut to one line (%zu bytes)", n);
+    free(out);
+    log_init("forkbox", LOG_LEVEL_DEBUG);
+    is_int(log_min_level(), LOG_LEVEL_DEBUG, "log_init sets the level");
+}
+
+int main(void)
+{
+    test_buf();
+    test_ct_equal();
+    test_parse_u64();
+    test_fd();
+    test_time();
+    test_utf8();
+    test_log();
+    return tap_done();
+}
