@@ -1,1 +1,849 @@
-/* placeholder: being written */
+/* Archives in and out of a sandbox (spec 4), with libarchive.
+ *
+ * libarchive only parses and produces the tar stream here. It never touches
+ * the filesystem: archive_write_disk would resolve paths by itself, with
+ * check-then-write windows and root-only ownership logic. Extraction writes
+ * every member with openat2(RESOLVE_BENEATH) from the destination fd, and the
+ * snapshot walks the tree with openat/fdopendir, never following a link. */
+#include "stage/archive.h"
+
+#include <archive.h>
+#include <archive_entry.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/openat2.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "core/cleanup.h"
+#include "core/limits.h"
+
+/* Compressed bytes handed to libarchive per read callback. The callback is
+ * where the decompressed-stream budget is enforced (see struct src), so this
+ * bounds how far past the budget one inflate step can run: ~1032x at most. */
+#define EXTRACT_READ_CHUNK (16 * KiB)
+/* Decompressed tar bytes allowed per member on top of max_unpacked: headers,
+ * pax records, padding, and the data of members the filter drops. */
+#define EXTRACT_HEADER_ALLOWANCE (8 * KiB)
+/* One libarchive header call may chain up to 32 special headers of <= 1 MiB. */
+#define EXTRACT_STREAM_SLACK (64 * MiB)
+
+#define SNAPSHOT_MAX_DEPTH 256
+#define SNAPSHOT_IO_CHUNK (64 * KiB)
+
+static void set_msg(char *msg, size_t msg_len, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void set_msg(char *msg, size_t msg_len, const char *fmt, ...)
+{
+    va_list ap;
+
+    if (!msg || msg_len == 0)
+        return;
+    va_start(ap, fmt);
+    vsnprintf(msg, msg_len, fmt, ap);
+    va_end(ap);
+}
+
+static uint64_t sat_add(uint64_t a, uint64_t b)
+{
+    return a > UINT64_MAX - b ? UINT64_MAX : a + b;
+}
+
+static uint64_t sat_mul(uint64_t a, uint64_t b)
+{
+    return b && a > UINT64_MAX / b ? UINT64_MAX : a * b;
+}
+
+static int sys_openat2(int dirfd, const char *path, int flags, mode_t mode)
+{
+    struct open_how how = {
+        .flags = (uint64_t)flags,
+        .mode = (flags & O_CREAT) ? mode : 0,
+        .resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS,
+    };
+    int fd;
+
+    do
+        fd = (int)syscall(SYS_openat2, dirfd, path, &how, sizeof how);
+    while (fd < 0 && errno == EINTR);
+    return fd;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Extraction                                                                */
+/* ------------------------------------------------------------------------ */
+
+/* Outcome of placing one member: 0 written, SKIP dropped, < 0 fatal -errno. */
+#define SKIP 1
+
+/* Errors that mean "this member cannot be placed where its name says", as
+ * opposed to the filesystem failing: the member is dropped, like the spec's
+ * filter drops members that resolve outside dest. EXDEV/ELOOP/EAGAIN come from
+ * RESOLVE_BENEATH refusing an escape (or a racing rename), ENOTDIR/EISDIR/
+ * EEXIST from a file where a directory is needed or the reverse, ENXIO from a
+ * FIFO without a reader sitting at the name. */
+static bool is_placement_error(int err)
+{
+    switch (err) {
+    case EXDEV:
+    case ELOOP:
+    case EAGAIN:
+    case ENOTDIR:
+    case EISDIR:
+    case EEXIST:
+    case ENOENT:
+    case ENAMETOOLONG:
+    case ENXIO:
+    case ETXTBSY:
+    case EOPNOTSUPP:
+        return true;
+    default:
+        return false;
+    }
+}
+
+static int placement(int err)
+{
+    return is_placement_error(err) ? SKIP : -err;
+}
+
+/* Spec 4.2 steps 3 and 4, in place. Collapses "//" and ".", resolves ".."
+ * against the preceding segment (lexically, as os.path.normpath does), strips
+ * a trailing '/'. Returns false if the member must be dropped: absolute, or
+ * the result starts with ".." (which also catches "..cfg" and any ".."
+ * segment, since normalisation only leaves them at the front). An empty
+ * result ("." or "a/..") becomes "". */
+static bool normalise_path(char *path)
+{
+    char *out = path, *p = path;
+
+    if (path[0] == '/')
+        return false;
+    while (*p) {
+        char *seg = p;
+        size_t n;
+
+        while (*p && *p != '/')
+            p++;
+        n = (size_t)(p - seg);
+        while (*p == '/')
+            p++;
+        if (n == 0 || (n == 1 && seg[0] == '.'))
+            continue;
+        if (n == 2 && seg[0] == '.' && seg[1] == '.') {
+            /* Pop the previous segment unless there is none, or it is a
+             * ".." itself (then this one stays too and the path is
+             * dropped below). */
+            char *prev = out;
+
+            while (prev > path && prev[-1] != '/')
+                prev--;
+            if (out > path && !(out - prev == 2 && prev[0] == '.' && prev[1] == '.')) {
+                out = prev > path ? prev - 1 : path;
+                continue;
+            }
+        }
+        if (out > path)
+            *out++ = '/';
+        memmove(out, seg, n);
+        out += n;
+    }
+    *out = '\0';
+    return strncmp(path, "..", 2) != 0;
+}
+
+struct extract_ctx {
+    int dest_fd;                     /* borrowed */
+    const struct archive_limits *lim;
+    struct extract_stats *st;
+    struct archive *a;
+};
+
+/* Make sure the directory `path` (normalised, relative, possibly "") exists
+ * beneath dest, creating missing components with mode 0755. On 0, *dirfd is
+ * an fd to it (owned by the caller; dest_fd itself is dup'ed for ""). Every
+ * prefix is opened from dest_fd with RESOLVE_BENEATH, so a symlink on disk
+ * is followed only while it stays inside dest (spec 4.2 step 5). */
+static int ensure_dir(struct extract_ctx *x, char *path, int *dirfd)
+{
+    _cleanup_close_ int cur = -1;
+    size_t len = strlen(path), i = 0;
+
+    cur = fcntl(x->dest_fd, F_DUPFD_CLOEXEC, 3);
+    if (cur < 0)
+        return -errno;
+    while (i < len) {
+        size_t end = i;
+        char saved;
+        bool created;
+        int next;
+
+        while (end < len && path[end] != '/')
+            end++;
+        saved = path[end];
+        path[end] = '\0';
+
+        /* mkdirat never follows a symlink in its last component: an
+         * existing link gives EEXIST and is resolved (beneath) below. */
+        created = mkdirat(cur, path + i, 0755) == 0;
+        if (!created && errno != EEXIST) {
+            int err = errno;
+
+            path[end] = saved;
+            return placement(err);
+        }
+        if (created) {
+            /* Our own new directory: open it for real (O_NOFOLLOW) to set
+             * the mode without the umask; O_PATH fds refuse fchmod. */
+            next = sys_openat2(x->dest_fd, path,
+                               O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC, 0);
+            if (next >= 0 && fchmod(next, 0755) < 0) {
+                int err = errno;
+
+                close(next);
+                path[end] = saved;
+                return -err;
+            }
+            x->st->dirs++;
+        } else {
+            next = sys_openat2(x->dest_fd, path, O_PATH | O_DIRECTORY | O_CLOEXEC, 0);
+        }
+        path[end] = saved;
+        if (next < 0)
+            return placement(errno);
+        close(cur);
+        cur = next;
+        i = end + 1;
+    }
+    *dirfd = steal_fd(&cur);
+    return 0;
+}
+
+/* A directory member: create it and any missing parent, mode 0755. A
+ * directory that already exists keeps its mode. */
+static int extract_dir(struct extract_ctx *x, char *path)
+{
+    _cleanup_close_ int fd = -1;
+
+    if (path[0] == '\0')
+        return 0; /* dest itself */
+    return ensure_dir(x, path, &fd);
+}
+
+static int pwrite_all(int fd, const void *p, size_t n, off_t off)
+{
+    const uint8_t *c = p;
+
+    while (n > 0) {
+        ssize_t w = pwrite(fd, c, n, off);
+
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            return -errno;
+        }
+        c += w;
+        n -= (size_t)w;
+        off += w;
+    }
+    return 0;
+}
+
+/* Charge `end` (a file's new logical extent) against max_unpacked, given
+ * that `*charged` bytes of this file were charged already. Holes count:
+ * a sparse member cannot make a large file for free. */
+static int charge(struct extract_ctx *x, uint64_t *charged, uint64_t end,
+                  char *msg, size_t msg_len)
+{
+    uint64_t more;
+
+    if (end <= *charged)
+        return 0;
+    more = end - *charged;
+    if (more > x->lim->max_unpacked - x->st->bytes) {
+        set_msg(msg, msg_len, "archive unpacks to more than %llu bytes",
+                (unsigned long long)x->lim->max_unpacked);
+        return -EFBIG;
+    }
+    x->st->bytes += more;
+    *charged = end;
+    return 0;
+}
+
+static int archive_failure(struct archive *a, const char *what, char *msg, size_t msg_len)
+{
+    const char *why = archive_error_string(a);
+
+    set_msg(msg, msg_len, "corrupt gzip tar (%s): %s", what, why ? why : "unknown error");
+    return -EBADMSG;
+}
+
+/* A regular-file member: write its data at its path beneath dest. */
+static int extract_file(struct extract_ctx *x, struct archive_entry *e, char *path,
+                        char *msg, size_t msg_len)
+{
+    _cleanup_close_ int dirfd = -1, fd = -1;
+    mode_t mode = (archive_entry_perm(e) & 0777 & ~022) | 0600;
+    int64_t size = archive_entry_size_is_set(e) ? archive_entry_size(e) : 0;
+    uint64_t charged = 0, extent = 0;
+    char *slash = strrchr(path, '/');
+    struct stat sb;
+    int rc;
+
+    if (path[0] == '\0')
+        return SKIP; /* would be dest itself */
+    if (size < 0)
+        size = 0;
+    /* Refuse a too-large member before writing any of it: a gzip bomb costs
+     * one header, not a gigabyte of inflate and disk. */
+    if ((uint64_t)size > x->lim->max_unpacked - x->st->bytes)
+        return charge(x, &charged, (uint64_t)size, msg, msg_len);
+
+    if (slash) {
+        *slash = '\0';
+        rc = ensure_dir(x, path, &dirfd);
+        *slash = '/';
+        if (rc != 0)
+            return rc;
+    }
+    /* Resolved from dest_fd in one call: nothing can swap a component
+     * between the check and the open. O_NOFOLLOW: a symlink at the final
+     * name is never written through. O_NONBLOCK: a FIFO planted at the name
+     * must not block us (it is rejected by the fstat below). */
+    fd = sys_openat2(x->dest_fd, path,
+                     O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC |
+                         O_NOCTTY,
+                     0600);
+    if (fd < 0)
+        return placement(errno);
+    if (fstat(fd, &sb) < 0)
+        return -errno;
+    if (!S_ISREG(sb.st_mode))
+        return SKIP;
+    if (fchmod(fd, mode) < 0)
+        return -errno;
+
+    for (;;) {
+        const void *block;
+        size_t n;
+        la_int64_t off;
+        int r = archive_read_data_block(x->a, &block, &n, &off);
+
+        if (r == ARCHIVE_EOF)
+            break;
+        if (r < ARCHIVE_WARN)
+            return archive_failure(x->a, archive_entry_pathname(e), msg, msg_len);
+        if (off < 0)
+            return archive_failure(x->a, "negative data offset", msg, msg_len);
+        if (n == 0)
+            continue;
+        rc = charge(x, &charged, sat_add((uint64_t)off, n), msg, msg_len);
+        if (rc < 0)
+            return rc;
+        rc = pwrite_all(fd, block, n, (off_t)off);
+        if (rc < 0)
+            return rc;
+        if ((uint64_t)off + n > extent)
+            extent = (uint64_t)off + n;
+    }
+    /* A sparse file may end in a hole. */
+    if ((uint64_t)size > extent) {
+        rc = charge(x, &charged, (uint64_t)size, msg, msg_len);
+        if (rc < 0)
+            return rc;
+        if (ftruncate(fd, (off_t)size) < 0)
+            return -errno;
+    }
+    if (archive_entry_mtime_is_set(e)) {
+        long nsec = archive_entry_mtime_nsec(e);
+        struct timespec ts[2] = {
+            { .tv_nsec = UTIME_OMIT },
+            { .tv_sec = archive_entry_mtime(e),
+              .tv_nsec = nsec >= 0 && nsec < 1000000000 ? nsec : 0 },
+        };
+
+        if (futimens(fd, ts) < 0)
+            return -errno;
+    }
+    x->st->files++;
+    return 0;
+}
+
+/* Spec 4.2 steps 1 and 2: what kind of member this is, from what libarchive
+ * parsed. libarchive already maps tar types 0, NUL, 7 and GNU sparse to
+ * AE_IFREG, 5 (and a NUL-type name ending in '/') to AE_IFDIR. */
+enum member_kind { MEMBER_DROP, MEMBER_FILE, MEMBER_DIR };
+
+static enum member_kind classify(struct archive_entry *e)
+{
+    const char *hl = archive_entry_hardlink(e), *sl = archive_entry_symlink(e);
+
+    /* A hard link can come with data (pax) and then looks like AE_IFREG. */
+    if ((hl && hl[0]) || (sl && sl[0]))
+        return MEMBER_DROP;
+    switch (archive_entry_filetype(e)) {
+    case AE_IFREG:
+        return MEMBER_FILE;
+    case AE_IFDIR:
+        return MEMBER_DIR;
+    default:
+        return MEMBER_DROP;
+    }
+}
+
+/* Read callback state. Compressed bytes go to libarchive in small chunks so
+ * that between two chunks we can look at how much decompressed tar stream
+ * the format reader has consumed, and stop it. Without this, members the
+ * filter drops (whose data libarchive skips by inflating it) and runs of
+ * special headers would be free to inflate without bound. */
+struct src {
+    const uint8_t *data;
+    size_t len, off;
+    struct archive *a;
+    uint64_t budget; /* decompressed tar bytes allowed */
+    bool over;       /* budget exceeded: report -EFBIG */
+};
+
+static la_ssize_t src_read(struct archive *a, void *client, const void **buff)
+{
+    struct src *s = client;
+    size_t n = s->len - s->off;
+    la_int64_t pos = archive_filter_bytes(a, 0);
+
+    if (pos > 0 && (uint64_t)pos > s->budget) {
+        s->over = true;
+        archive_set_error(a, EFBIG, "decompressed stream over budget");
+        return -1;
+    }
+    if (n > EXTRACT_READ_CHUNK)
+        n = EXTRACT_READ_CHUNK;
+    *buff = s->data + s->off;
+    s->off += n;
+    return (la_ssize_t)n;
+}
+
+static int extract_loop(struct extract_ctx *x, struct src *s, char *msg, size_t msg_len)
+{
+    uint64_t members = 0;
+    bool checked_filter = false;
+
+    for (;;) {
+        struct archive_entry *e;
+        const char *name;
+        _cleanup_free_ char *path = NULL;
+        int r = archive_read_next_header(x->a, &e), rc;
+
+        if (s->over) {
+            set_msg(msg, msg_len, "archive unpacks to more than %llu bytes of tar stream",
+                    (unsigned long long)s->budget);
+            return -EFBIG;
+        }
+        if (r == ARCHIVE_RETRY || r < ARCHIVE_WARN)
+            return archive_failure(x->a, members ? "header" : "start", msg, msg_len);
+        /* Gzip exactly once: libarchive would also take a plain tar (no
+         * filter) or gzip inside gzip (two gzip filters). */
+        if (!checked_filter) {
+            if (archive_filter_count(x->a) != 2 ||
+                archive_filter_code(x->a, 0) != ARCHIVE_FILTER_GZIP) {
+                set_msg(msg, msg_len, "not a gzip-compressed tar");
+                return -EBADMSG;
+            }
+            checked_filter = true;
+        }
+        if (r == ARCHIVE_EOF)
+            return 0;
+        /* ARCHIVE_WARN (e.g. a UTF-8 name libarchive cannot convert to the
+         * C locale; it keeps the raw bytes) still yields an entry, and the
+         * filter below decides. */
+        if (++members > x->lim->max_members) {
+            set_msg(msg, msg_len, "archive has more than %llu members",
+                    (unsigned long long)x->lim->max_members);
+            return -E2BIG;
+        }
+
+        enum member_kind kind = classify(e);
+        name = archive_entry_pathname(e);
+        if (!name)
+            name = archive_entry_pathname_utf8(e);
+        if (kind == MEMBER_DROP || !name || !name[0]) {
+            x->st->skipped++;
+            continue;
+        }
+        path = strdup(name);
+        if (!path) {
+            set_msg(msg, msg_len, "out of memory");
+            return -ENOMEM;
+        }
+        if (!normalise_path(path)) {
+            x->st->skipped++;
+            continue;
+        }
+        rc = kind == MEMBER_DIR ? extract_dir(x, path) : extract_file(x, e, path, msg, msg_len);
+        if (rc == SKIP) {
+            x->st->skipped++;
+            continue;
+        }
+        if (rc < 0) {
+            if (s->over) {
+                set_msg(msg, msg_len,
+                        "archive unpacks to more than %llu bytes of tar stream",
+                        (unsigned long long)s->budget);
+                return -EFBIG;
+            }
+            if (rc != -EFBIG && rc != -EBADMSG)
+                set_msg(msg, msg_len, "writing %s: %s", path, strerror(-rc));
+            return rc;
+        }
+    }
+}
+
+int archive_extract(const uint8_t *data, size_t len, int dest_fd,
+                    const struct archive_limits *lim, struct extract_stats *st,
+                    char *msg, size_t msg_len)
+{
+    static const struct archive_limits defaults = {
+        .max_unpacked = ARCHIVE_DEFAULT_MAX_UNPACKED,
+        .max_members = ARCHIVE_DEFAULT_MAX_MEMBERS,
+    };
+    struct extract_stats local;
+    struct extract_ctx x = { .dest_fd = dest_fd, .lim = lim ? lim : &defaults,
+                             .st = st ? st : &local };
+    struct src s = { .data = data, .len = len };
+    int rc;
+
+    memset(x.st, 0, sizeof *x.st);
+    set_msg(msg, msg_len, "ok");
+    if (len == 0)
+        return 0;
+    /* Cheap and clear up front; the filter check after the first header
+     * stays the authority. */
+    if (len < 2 || data[0] != 0x1f || data[1] != 0x8b) {
+        set_msg(msg, msg_len, "not gzip (archives must be gzip-compressed tar)");
+        return -EBADMSG;
+    }
+
+    s.budget = sat_add(sat_add(x.lim->max_unpacked,
+                               sat_mul(sat_add(x.lim->max_members, 1), EXTRACT_HEADER_ALLOWANCE)),
+                       EXTRACT_STREAM_SLACK);
+    x.a = archive_read_new();
+    if (!x.a)
+        return -ENOMEM;
+    s.a = x.a;
+    if (archive_read_support_filter_gzip(x.a) != ARCHIVE_OK ||
+        archive_read_support_format_tar(x.a) != ARCHIVE_OK) {
+        set_msg(msg, msg_len, "libarchive: %s", archive_error_string(x.a));
+        archive_read_free(x.a);
+        return -ENOMEM;
+    }
+    if (archive_read_open(x.a, &s, NULL, src_read, NULL) != ARCHIVE_OK) {
+        rc = s.over ? -EFBIG : archive_failure(x.a, "open", msg, msg_len);
+        archive_read_free(x.a);
+        return rc;
+    }
+    rc = extract_loop(&x, &s, msg, msg_len);
+    archive_read_free(x.a);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Snapshot                                                                  */
+/* ------------------------------------------------------------------------ */
+
+struct snap {
+    struct archive *a;
+    struct archive_entry *e;
+    struct buf *out;     /* borrowed */
+    int out_err;         /* first error from the write callback */
+    uint64_t max_bytes;
+    struct snapshot_stats *st;
+    uint8_t *io;         /* SNAPSHOT_IO_CHUNK bytes, owned */
+};
+
+static la_ssize_t snap_write(struct archive *a, void *client, const void *buff, size_t n)
+{
+    struct snap *s = client;
+    int rc = buf_append(s->out, buff, n);
+
+    if (rc < 0) {
+        if (!s->out_err)
+            s->out_err = rc;
+        archive_set_error(a, -rc, "snapshot output: %s", strerror(-rc));
+        return -1;
+    }
+    return (la_ssize_t)n;
+}
+
+static int snap_error(struct snap *s)
+{
+    return s->out_err ? s->out_err : -EIO;
+}
+
+static ssize_t read_some(int fd, void *p, size_t n)
+{
+    ssize_t r;
+
+    do
+        r = read(fd, p, n);
+    while (r < 0 && errno == EINTR);
+    return r;
+}
+
+/* One regular file, opened by name from its directory. Whatever goes wrong
+ * with the file itself only skips it; only the archive or out failing is
+ * fatal. */
+static int snap_file(struct snap *s, int dirfd, const char *name, const char *path)
+{
+    _cleanup_close_ int fd = -1;
+    struct stat sb;
+    uint64_t size, left;
+    ssize_t first = 0;
+
+    /* O_NONBLOCK: if a FIFO replaced the file since the listing, opening it
+     * must not hang; the fstat below then rejects it. */
+    fd = openat(dirfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    if (fd < 0 || fstat(fd, &sb) < 0 || !S_ISREG(sb.st_mode)) {
+        s->st->skipped++;
+        return 0;
+    }
+    size = sb.st_size > 0 ? (uint64_t)sb.st_size : 0;
+    if (size > s->max_bytes - s->st->bytes) {
+        s->st->over_cap++;
+        return 0;
+    }
+    /* Read before the header is out: a file that cannot be read at all is
+     * skipped cleanly. After the header, its size is a promise. */
+    if (size > 0) {
+        first = read_some(fd, s->io, size < SNAPSHOT_IO_CHUNK ? size : SNAPSHOT_IO_CHUNK);
+        if (first < 0) {
+            s->st->skipped++;
+            return 0;
+        }
+    }
+
+    archive_entry_clear(s->e);
+    archive_entry_copy_pathname(s->e, path);
+    archive_entry_set_filetype(s->e, AE_IFREG);
+    archive_entry_set_perm(s->e, (0644 | sb.st_mode) & 0777);
+    archive_entry_set_size(s->e, (la_int64_t)size);
+    archive_entry_set_mtime(s->e, sb.st_mtim.tv_sec, sb.st_mtim.tv_nsec);
+    archive_entry_set_uid(s->e, 0);
+    archive_entry_set_gid(s->e, 0);
+    int r = archive_write_header(s->a, s->e);
+    if (r == ARCHIVE_FAILED) {
+        /* This entry only (e.g. a name the format cannot hold). */
+        s->st->skipped++;
+        return 0;
+    }
+    if (r < ARCHIVE_WARN)
+        return snap_error(s);
+
+    /* Exactly `size` bytes: a file that grew is cut, one that shrank (or
+     * stopped being readable) is padded with zeros. */
+    left = size;
+    while (left > 0) {
+        size_t n;
+
+        if (first > 0) {
+            n = (size_t)first < left ? (size_t)first : (size_t)left;
+            first = 0;
+        } else {
+            ssize_t got = fd >= 0 ? read_some(fd, s->io, left < SNAPSHOT_IO_CHUNK
+                                                             ? left
+                                                             : SNAPSHOT_IO_CHUNK)
+                                  : 0;
+
+            if (got <= 0) {
+                close_and_reset(&fd); /* pad from here on */
+                n = left < SNAPSHOT_IO_CHUNK ? left : SNAPSHOT_IO_CHUNK;
+                memset(s->io, 0, n);
+            } else {
+                n = (size_t)got;
+            }
+        }
+        if (archive_write_data(s->a, s->io, n) < 0)
+            return snap_error(s);
+        left -= n;
+    }
+    s->st->files++;
+    s->st->bytes += size;
+    return 0;
+}
+
+static int cmp_names(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+static void free_names(char **names, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        free(names[i]);
+    free(names);
+}
+
+/* Every name in the directory but "." and "..", sorted (deterministic
+ * archives). On error, the names read so far are freed. */
+static int list_dir(DIR *d, char ***names_out, size_t *n_out)
+{
+    char **names = NULL;
+    size_t n = 0, cap = 0;
+    struct dirent *de;
+
+    for (;;) {
+        errno = 0;
+        de = readdir(d);
+        if (!de)
+            break;
+        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+            continue;
+        if (n == cap) {
+            size_t ncap = cap ? cap * 2 : 16;
+            char **nn = realloc(names, ncap * sizeof *nn);
+
+            if (!nn)
+                goto nomem;
+            names = nn;
+            cap = ncap;
+        }
+        names[n] = strdup(de->d_name);
+        if (!names[n])
+            goto nomem;
+        n++;
+    }
+    if (errno) {
+        int err = errno;
+
+        free_names(names, n);
+        return -err;
+    }
+    if (n > 1)
+        qsort(names, n, sizeof *names, cmp_names);
+    *names_out = names;
+    *n_out = n;
+    return 0;
+nomem:
+    free_names(names, n);
+    return -ENOMEM;
+}
+
+static char *join(const char *prefix, const char *name)
+{
+    char *p;
+
+    if (!prefix[0])
+        return strdup(name);
+    if (asprintf(&p, "%s/%s", prefix, name) < 0)
+        return NULL;
+    return p;
+}
+
+/* Walk the directory fd (owned) whose path relative to root is prefix.
+ * Returns 0, or a fatal -errno (archive/output failure, ENOMEM; and any
+ * failure to list the root itself). */
+static int snap_dir(struct snap *s, int fd, const char *prefix, unsigned depth)
+{
+    DIR *d = fdopendir(fd);
+    char **names = NULL;
+    size_t n = 0;
+    int rc;
+
+    if (!d) {
+        rc = -errno;
+        close(fd);
+        return depth == 0 ? rc : (s->st->skipped++, 0);
+    }
+    rc = list_dir(d, &names, &n);
+    if (rc < 0) {
+        closedir(d);
+        if (rc == -ENOMEM || depth == 0)
+            return rc;
+        s->st->skipped++;
+        return 0;
+    }
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        _cleanup_free_ char *path = join(prefix, names[i]);
+        struct stat sb;
+
+        if (!path) {
+            rc = -ENOMEM;
+            break;
+        }
+        if (fstatat(dirfd(d), names[i], &sb, AT_SYMLINK_NOFOLLOW) < 0) {
+            s->st->skipped++; /* vanished */
+        } else if (S_ISREG(sb.st_mode)) {
+            rc = snap_file(s, dirfd(d), names[i], path);
+        } else if (S_ISDIR(sb.st_mode)) {
+            int cfd;
+
+            if (depth + 1 >= SNAPSHOT_MAX_DEPTH) {
+                s->st->skipped++;
+                continue;
+            }
+            cfd = openat(dirfd(d), names[i], O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+            if (cfd < 0)
+                s->st->skipped++;
+            else
+                rc = snap_dir(s, cfd, path, depth + 1);
+        } else {
+            s->st->skipped++; /* symlink, FIFO, socket, device */
+        }
+    }
+    free_names(names, n);
+    closedir(d);
+    return rc;
+}
+
+int archive_snapshot(int root_fd, uint64_t max_bytes, struct buf *out,
+                     struct snapshot_stats *st)
+{
+    struct snapshot_stats local;
+    struct snap s = { .out = out, .max_bytes = max_bytes, .st = st ? st : &local };
+    int fd, rc;
+
+    memset(s.st, 0, sizeof *s.st);
+    fd = openat(root_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    s.io = malloc(SNAPSHOT_IO_CHUNK);
+    s.a = archive_write_new();
+    s.e = archive_entry_new();
+    if (!s.io || !s.a || !s.e) {
+        rc = -ENOMEM;
+        close(fd);
+        goto out;
+    }
+    if (archive_write_add_filter_gzip(s.a) != ARCHIVE_OK ||
+        archive_write_set_format_pax_restricted(s.a) != ARCHIVE_OK) {
+        rc = -ENOMEM;
+        close(fd);
+        goto out;
+    }
+    /* No wall-clock time in the gzip header: same tree, same bytes. Older
+     * libarchive builds may not know the option; that only costs that. */
+    archive_write_set_filter_option(s.a, "gzip", "timestamp", NULL);
+    /* Do not pad the compressed stream to a 10240-byte block. */
+    archive_write_set_bytes_in_last_block(s.a, 1);
+    if (archive_write_open(s.a, &s, NULL, snap_write, NULL) != ARCHIVE_OK) {
+        rc = snap_error(&s);
+        close(fd);
+        goto out;
+    }
+    rc = snap_dir(&s, fd, "", 0);
+    if (rc == 0 && archive_write_close(s.a) != ARCHIVE_OK)
+        rc = snap_error(&s);
+out:
+    if (s.e)
+        archive_entry_free(s.e);
+    if (s.a)
+        archive_write_free(s.a);
+    free(s.io);
+    return rc;
+}
