@@ -1,1 +1,233 @@
-/* placeholder: being written */
+/* fd-level output capture for one block (spec 9.2 "Python-level capture only").
+ *
+ * fds 1 and 2 are pointed at the write ends of two pipes for the duration of
+ * a block, so print(), os.write(1, ...), C extensions and subprocesses all
+ * land in the block's output, in the order they were written. A pthread that
+ * never touches the interpreter drains both pipes into buffers that keep the
+ * first half and the last half of cap bytes per stream and count the rest, so
+ * a flood costs CPU but never memory. */
+#include "pyrt/pyrt_int.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include "core/cleanup.h"
+
+#define CAPTURE_READ_CHUNK (64 * 1024)
+
+static void stream_head_put(struct capture_stream *s, const uint8_t **p, size_t *n)
+{
+    size_t room = s->head_cap - s->head_len;
+    size_t k = *n < room ? *n : room;
+    if (k == 0)
+        return;
+    if (s->head_len + k > s->head_alloc) {
+        size_t want = s->head_alloc ? s->head_alloc : 4096;
+        while (want < s->head_len + k)
+            want *= 2;
+        if (want > s->head_cap)
+            want = s->head_cap;
+        uint8_t *h = realloc(s->head, want);
+        if (!h) { /* keep going with what we have: count it as dropped */
+            s->head_cap = s->head_len;
+            return;
+        }
+        s->head = h;
+        s->head_alloc = want;
+    }
+    memcpy(s->head + s->head_len, *p, k);
+    s->head_len += k;
+    *p += k;
+    *n -= k;
+}
+
+static void stream_put(struct capture_stream *s, const uint8_t *p, size_t n)
+{
+    stream_head_put(s, &p, &n);
+    if (n == 0)
+        return;
+    if (s->tail_cap && !s->tail) {
+        s->tail = malloc(s->tail_cap);
+        if (!s->tail)
+            s->tail_cap = 0;
+    }
+    if (s->tail_cap == 0) {
+        s->dropped += n;
+        return;
+    }
+    if (n >= s->tail_cap) { /* the new bytes replace the whole ring */
+        s->dropped += s->tail_len + (n - s->tail_cap);
+        memcpy(s->tail, p + (n - s->tail_cap), s->tail_cap);
+        s->tail_len = s->tail_cap;
+        s->tail_pos = 0;
+        return;
+    }
+    if (s->tail_len + n > s->tail_cap)
+        s->dropped += s->tail_len + n - s->tail_cap;
+    size_t first = s->tail_cap - s->tail_pos;
+    if (first > n)
+        first = n;
+    memcpy(s->tail + s->tail_pos, p, first);
+    memcpy(s->tail, p + first, n - first);
+    s->tail_pos = (s->tail_pos + n) % s->tail_cap;
+    s->tail_len = s->tail_len + n > s->tail_cap ? s->tail_cap : s->tail_len + n;
+}
+
+void capture_tail_copy(const struct capture_stream *s, uint8_t *out)
+{
+    if (s->tail_len == 0)
+        return;
+    size_t start = (s->tail_pos + s->tail_cap - s->tail_len) % s->tail_cap;
+    size_t first = s->tail_cap - start;
+    if (first > s->tail_len)
+        first = s->tail_len;
+    memcpy(out, s->tail + start, first);
+    memcpy(out + first, s->tail, s->tail_len - first);
+}
+
+/* Read what the pipe holds now. Returns false once the stream is at EOF (or
+ * broken). limit bounds the bytes taken in this call. */
+static bool stream_drain(struct capture_stream *s, uint8_t *chunk, size_t limit)
+{
+    size_t taken = 0;
+    while (s->rfd >= 0 && taken < limit) {
+        ssize_t r = read(s->rfd, chunk, CAPTURE_READ_CHUNK);
+        if (r > 0) {
+            stream_put(s, chunk, (size_t)r);
+            taken += (size_t)r;
+            continue;
+        }
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return true;
+        close_and_reset(&s->rfd); /* EOF or error */
+    }
+    return s->rfd >= 0;
+}
+
+static void *capture_thread(void *arg)
+{
+    struct capture *c = arg;
+    uint8_t *chunk = malloc(CAPTURE_READ_CHUNK);
+    if (!chunk)
+        return NULL; /* writers block on a full pipe; capture_end() still works */
+    for (;;) {
+        struct pollfd pfd[3] = {
+            {.fd = c->s[0].rfd, .events = POLLIN},
+            {.fd = c->s[1].rfd, .events = POLLIN},
+            {.fd = c->wake_fd, .events = POLLIN},
+        };
+        if (poll(pfd, 3, -1) < 0) {
+            if (errno == EINTR)
+                continue;
+            break;
+        }
+        for (int i = 0; i < 2; i++)
+            if (pfd[i].revents)
+                stream_drain(&c->s[i], chunk, 1024 * 1024);
+        if (pfd[2].revents) {
+            /* fds 1 and 2 no longer lead here, so everything this process
+             * wrote is already in the pipes. Take it, plus a bounded amount
+             * of what writers that are still alive (a background subprocess
+             * holding a copy of fd 1) may add meanwhile, and stop. */
+            for (int i = 0; i < 2; i++) {
+                if (c->s[i].rfd < 0)
+                    continue;
+                int psz = fcntl(c->s[i].rfd, F_GETPIPE_SZ);
+                size_t bound = psz > 0 ? 2 * (size_t)psz : 2 * 1024 * 1024;
+                stream_drain(&c->s[i], chunk, bound);
+            }
+            break;
+        }
+    }
+    free(chunk);
+    return NULL;
+}
+
+static int make_pipe(int *rfd, int *wfd)
+{
+    int p[2];
+    if (pipe2(p, O_CLOEXEC) < 0)
+        return -errno;
+    if (fcntl(p[0], F_SETFL, O_NONBLOCK) < 0) {
+        int e = -errno;
+        close(p[0]);
+        close(p[1]);
+        return e;
+    }
+    *rfd = p[0];
+    *wfd = p[1];
+    return 0;
+}
+
+int capture_begin(struct capture *c, uint64_t cap)
+{
+    memset(c, 0, sizeof(*c));
+    c->s[0].rfd = c->s[1].rfd = c->wake_fd = -1;
+    size_t half = (size_t)(cap / 2);
+    for (int i = 0; i < 2; i++) {
+        c->s[i].head_cap = half;
+        c->s[i].tail_cap = (size_t)cap - half;
+    }
+    _cleanup_close_ int w0 = -1;
+    _cleanup_close_ int w1 = -1;
+    int r = make_pipe(&c->s[0].rfd, &w0);
+    if (r == 0)
+        r = make_pipe(&c->s[1].rfd, &w1);
+    if (r == 0) {
+        c->wake_fd = eventfd(0, EFD_CLOEXEC);
+        if (c->wake_fd < 0)
+            r = -errno;
+    }
+    /* dup2 clears FD_CLOEXEC on 1 and 2, so subprocesses inherit them. */
+    if (r == 0 && (dup2(w0, 1) < 0 || dup2(w1, 2) < 0))
+        r = -errno;
+    if (r == 0) {
+        int e = pthread_create(&c->thr, NULL, capture_thread, c);
+        if (e)
+            r = -e;
+        else
+            c->running = true;
+    }
+    if (r < 0) {
+        close_and_reset(&c->s[0].rfd);
+        close_and_reset(&c->s[1].rfd);
+        close_and_reset(&c->wake_fd);
+    }
+    return r; /* w0 and w1 are closed here: only fds 1 and 2 hold the write ends */
+}
+
+void capture_end(struct capture *c, int devnull_fd)
+{
+    /* After these, this process holds no write end of either pipe. */
+    dup2(devnull_fd, 1);
+    dup2(devnull_fd, 2);
+    if (c->running) {
+        uint64_t one = 1;
+        ssize_t w;
+        do
+            w = write(c->wake_fd, &one, sizeof(one));
+        while (w < 0 && errno == EINTR);
+        pthread_join(c->thr, NULL);
+        c->running = false;
+    }
+    close_and_reset(&c->s[0].rfd);
+    close_and_reset(&c->s[1].rfd);
+    close_and_reset(&c->wake_fd);
+}
+
+void capture_free(struct capture *c)
+{
+    for (int i = 0; i < 2; i++) {
+        free(c->s[i].head);
+        free(c->s[i].tail);
+        c->s[i].head = c->s[i].tail = NULL;
+        c->s[i].head_len = c->s[i].tail_len = c->s[i].head_alloc = 0;
+    }
+}

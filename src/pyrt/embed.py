@@ -15,7 +15,7 @@ with open(out, "w") as o:
             o.write("  " + ",".join(str(b) for b in data[j:j + 16]) + ",\n")
         o.write("  0 };\n")
         # path relative to the py/ directory, e.g. adk_code_mode_sandbox/_rpc_client.py
-        rel = path.split("/py/", 1)[-1] if "/py/" in path else os.path.basename(path)
+        rel = path.rsplit("/py/", 1)[-1] if "/py/" in path else os.path.basename(path)
         names.append((rel, i, len(data)))
     o.write("static const struct pyrt_source pyrt_sources[] = {\n")
     for rel, i, n in names:

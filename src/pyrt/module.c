@@ -1,1 +1,440 @@
-/* placeholder: being written */
+/* The private builtin module `_forkbox`: what the Python runtime needs from C.
+ *
+ * Every call that can block (channel reads and writes, waiting for the
+ * capture thread, archives) releases the GIL, so the channel reader thread,
+ * user threads and tool calls keep running while one of them waits. Channel
+ * writes are serialised by g_pyrt.send_lock, which also guards in_block: a
+ * tool call is only written while a block runs, and block_end() marks the
+ * block over and writes `done` in one critical section, so a stray thread's
+ * call can never land between done, output and the snapshot (spec 9.2). */
+#include "pyrt/pyrt_int.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "core/cleanup.h"
+#include "core/limits.h"
+#include "proto/chan.h"
+#include "stage/archive.h"
+
+extern char **environ;
+
+/* ---- channel ---------------------------------------------------------- */
+
+/* Write n bytes to the channel. MSG_NOSIGNAL: a vanished supervisor gives
+ * EPIPE, not a signal. Returns 0 or -errno. */
+static int chan_write(int fd, const void *p, size_t n)
+{
+    const uint8_t *s = p;
+    bool sock = true;
+    while (n > 0) {
+        ssize_t w = sock ? send(fd, s, n, MSG_NOSIGNAL) : write(fd, s, n);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            if (errno == ENOTSOCK && sock) {
+                sock = false;
+                continue;
+            }
+            return -errno;
+        }
+        s += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+/* One whole message; caller holds send_lock. A write error means the
+ * supervisor is gone, and with it the turn: exit like on EOF. */
+static void chan_send_locked(enum chan_type type, const void *p, size_t n)
+{
+    uint8_t hdr[CHAN_HDR_LEN];
+    if (n > CHAN_MAX_MESSAGE_BYTES)
+        _exit(3); /* never produced: output and snapshots are capped below this */
+    chan_hdr_encode(hdr, type, (uint32_t)n);
+    if (chan_write(g_pyrt.chan_fd, hdr, sizeof(hdr)) < 0 ||
+        (n && chan_write(g_pyrt.chan_fd, p, n) < 0))
+        _exit(0);
+}
+
+/* 0, or -1 at EOF (also in the middle of a message). */
+static int chan_read(int fd, void *p, size_t n)
+{
+    uint8_t *d = p;
+    while (n > 0) {
+        ssize_t r = read(fd, d, n);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            return -1;
+        d += r;
+        n -= (size_t)r;
+    }
+    return 0;
+}
+
+/* chan_recv() -> (type: int, payload: bytes), or None at EOF. */
+static PyObject *fb_chan_recv(PyObject *self, PyObject *unused)
+{
+    uint8_t hdr[CHAN_HDR_LEN];
+    int r;
+    Py_BEGIN_ALLOW_THREADS
+    r = chan_read(g_pyrt.chan_fd, hdr, sizeof(hdr));
+    Py_END_ALLOW_THREADS
+    if (r < 0)
+        Py_RETURN_NONE;
+    enum chan_type type;
+    uint32_t len;
+    if (chan_hdr_decode(hdr, sizeof(hdr), CHAN_MAX_MESSAGE_BYTES, &type, &len) != 1)
+        _exit(3); /* the supervisor never sends this: the stream is out of step */
+    PyObject *payload = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)len);
+    if (!payload)
+        return NULL;
+    /* Not shared with any other thread yet: safe to fill without the GIL. */
+    char *dst = PyBytes_AS_STRING(payload);
+    Py_BEGIN_ALLOW_THREADS
+    r = chan_read(g_pyrt.chan_fd, dst, len);
+    Py_END_ALLOW_THREADS
+    if (r < 0) {
+        Py_DECREF(payload);
+        Py_RETURN_NONE;
+    }
+    return Py_BuildValue("(iN)", (int)type, payload);
+}
+
+/* send(type, data): one message, whatever the block state (ready, output, log). */
+static PyObject *fb_send(PyObject *self, PyObject *args)
+{
+    int type;
+    Py_buffer data;
+    if (!PyArg_ParseTuple(args, "iy*:send", &type, &data))
+        return NULL;
+    if (type != CHAN_FRAME && type != CHAN_SNAPSHOT) {
+        PyBuffer_Release(&data);
+        PyErr_SetString(PyExc_ValueError, "bad channel message type");
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&g_pyrt.send_lock);
+    chan_send_locked((enum chan_type)type, data.buf, (size_t)data.len);
+    pthread_mutex_unlock(&g_pyrt.send_lock);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&data);
+    Py_RETURN_NONE;
+}
+
+/* send_call(frame) -> bool: send a tool_call frame only while a block runs. */
+static PyObject *fb_send_call(PyObject *self, PyObject *arg)
+{
+    Py_buffer data;
+    if (PyObject_GetBuffer(arg, &data, PyBUF_SIMPLE) < 0)
+        return NULL;
+    bool sent;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&g_pyrt.send_lock);
+    sent = g_pyrt.in_block;
+    if (sent)
+        chan_send_locked(CHAN_FRAME, data.buf, (size_t)data.len);
+    pthread_mutex_unlock(&g_pyrt.send_lock);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&data);
+    return PyBool_FromLong(sent);
+}
+
+static PyObject *fb_block_begin(PyObject *self, PyObject *unused)
+{
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&g_pyrt.send_lock);
+    g_pyrt.in_block = true;
+    pthread_mutex_unlock(&g_pyrt.send_lock);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+/* block_end(done_frame): mark the block over and send `done`, atomically. */
+static PyObject *fb_block_end(PyObject *self, PyObject *arg)
+{
+    Py_buffer data;
+    if (PyObject_GetBuffer(arg, &data, PyBUF_SIMPLE) < 0)
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&g_pyrt.send_lock);
+    g_pyrt.in_block = false;
+    chan_send_locked(CHAN_FRAME, data.buf, (size_t)data.len);
+    pthread_mutex_unlock(&g_pyrt.send_lock);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&data);
+    Py_RETURN_NONE;
+}
+
+/* ---- stdio and capture ------------------------------------------------ */
+
+/* Reopen any of fds 0-2 that user code closed on /dev/null, so new pipes
+ * never land on them. */
+static void ensure_stdio_fds(void)
+{
+    for (int fd = 0; fd < 3; fd++)
+        if (fcntl(fd, F_GETFD) < 0 && errno == EBADF)
+            dup2(g_pyrt.devnull_fd, fd);
+}
+
+static PyObject *fb_ensure_stdio_fds(PyObject *self, PyObject *unused)
+{
+    ensure_stdio_fds();
+    Py_RETURN_NONE;
+}
+
+static PyObject *fb_capture_begin(PyObject *self, PyObject *unused)
+{
+    if (g_pyrt.capturing) {
+        PyErr_SetString(PyExc_RuntimeError, "capture already running");
+        return NULL;
+    }
+    ensure_stdio_fds();
+    int r = capture_begin(&g_pyrt.cap, g_pyrt.output_cap);
+    if (r < 0) {
+        capture_free(&g_pyrt.cap);
+        errno = -r;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    g_pyrt.capturing = true;
+    Py_RETURN_NONE;
+}
+
+static PyObject *stream_result(const struct capture_stream *s)
+{
+    PyObject *head = PyBytes_FromStringAndSize((const char *)s->head, (Py_ssize_t)s->head_len);
+    PyObject *tail = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)s->tail_len);
+    if (!head || !tail) {
+        Py_XDECREF(head);
+        Py_XDECREF(tail);
+        return NULL;
+    }
+    capture_tail_copy(s, (uint8_t *)PyBytes_AS_STRING(tail));
+    return Py_BuildValue("(NNK)", head, tail, (unsigned long long)s->dropped);
+}
+
+/* capture_end() -> ((head, tail, dropped) for stdout, same for stderr). */
+static PyObject *fb_capture_end(PyObject *self, PyObject *unused)
+{
+    if (!g_pyrt.capturing) {
+        PyErr_SetString(PyExc_RuntimeError, "no capture running");
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    capture_end(&g_pyrt.cap, g_pyrt.devnull_fd);
+    Py_END_ALLOW_THREADS
+    g_pyrt.capturing = false;
+    PyObject *out = stream_result(&g_pyrt.cap.s[0]);
+    PyObject *err = out ? stream_result(&g_pyrt.cap.s[1]) : NULL;
+    capture_free(&g_pyrt.cap);
+    if (!out || !err) {
+        Py_XDECREF(out);
+        return NULL;
+    }
+    return Py_BuildValue("(NN)", out, err);
+}
+
+/* ---- archives --------------------------------------------------------- */
+
+static PyObject *extract_into(PyObject *arg, int dest_fd)
+{
+    Py_buffer data;
+    if (PyObject_GetBuffer(arg, &data, PyBUF_SIMPLE) < 0)
+        return NULL;
+    struct archive_limits lim = {.max_unpacked = g_pyrt.max_unpacked,
+                                 .max_members = g_pyrt.max_members};
+    struct extract_stats st = {0};
+    char msg[256] = "";
+    int r;
+    Py_BEGIN_ALLOW_THREADS
+    r = archive_extract(data.buf, (size_t)data.len, dest_fd, &lim, &st, msg, sizeof(msg));
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&data);
+    if (r < 0) {
+        if (!msg[0])
+            snprintf(msg, sizeof(msg), "%s", strerror(-r));
+        PyObject *e = Py_BuildValue("(is)", -r, msg);
+        if (e) {
+            PyErr_SetObject(PyExc_OSError, e);
+            Py_DECREF(e);
+        }
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+/* extract_tools(data): into the tools fd, which is then closed (no writable
+ * path to the tools is left for user code). */
+static PyObject *fb_extract_tools(PyObject *self, PyObject *arg)
+{
+    if (g_pyrt.tools_fd < 0) {
+        errno = EBADF;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    PyObject *r = extract_into(arg, g_pyrt.tools_fd);
+    close_and_reset(&g_pyrt.tools_fd);
+    return r;
+}
+
+static PyObject *fb_extract_workspace(PyObject *self, PyObject *arg)
+{
+    return extract_into(arg, g_pyrt.ws_fd);
+}
+
+/* snapshot() -> (files left out over the cap, error text or None). The
+ * archive stays in C until send_snapshot(): it can be 100 MiB. */
+static PyObject *fb_snapshot(PyObject *self, PyObject *unused)
+{
+    struct snapshot_stats st = {0};
+    int r;
+    buf_free(&g_pyrt.snap);
+    buf_init(&g_pyrt.snap, CHAN_MAX_MESSAGE_BYTES);
+    Py_BEGIN_ALLOW_THREADS
+    r = archive_snapshot(g_pyrt.ws_fd, g_pyrt.snapshot_max, &g_pyrt.snap, &st);
+    Py_END_ALLOW_THREADS
+    if (r < 0) {
+        /* A zero-length archive leaves the host's copy unchanged (spec 4.4). */
+        buf_free(&g_pyrt.snap);
+        return Py_BuildValue("(Ks)", (unsigned long long)st.over_cap, strerror(-r));
+    }
+    return Py_BuildValue("(KO)", (unsigned long long)st.over_cap, Py_None);
+}
+
+static PyObject *fb_send_snapshot(PyObject *self, PyObject *unused)
+{
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&g_pyrt.send_lock);
+    chan_send_locked(CHAN_SNAPSHOT, g_pyrt.snap.data, g_pyrt.snap.len);
+    pthread_mutex_unlock(&g_pyrt.send_lock);
+    Py_END_ALLOW_THREADS
+    buf_free(&g_pyrt.snap);
+    Py_RETURN_NONE;
+}
+
+static PyObject *fb_snapshot_max(PyObject *self, PyObject *unused)
+{
+    return PyLong_FromUnsignedLongLong(g_pyrt.snapshot_max);
+}
+
+/* ---- environment (spec 6.4) ------------------------------------------- */
+
+static bool env_allowed(const char *kv)
+{
+    static const char *const keep[] = {
+        "PATH", "HOME", "USER", "LANG", "LANGUAGE", "TERM", "TMPDIR", "TEMP", "TMP",
+        "PYTHONHASHSEED", "PYTHONDONTWRITEBYTECODE",
+    };
+    const char *eq = strchr(kv, '=');
+    size_t n = eq ? (size_t)(eq - kv) : strlen(kv);
+    if (n >= 3 && memcmp(kv, "LC_", 3) == 0)
+        return true;
+    for (size_t i = 0; i < sizeof(keep) / sizeof(keep[0]); i++)
+        if (strlen(keep[i]) == n && memcmp(kv, keep[i], n) == 0)
+            return true;
+    return false;
+}
+
+/* The initial environment block [env_start, env_end) from /proc/self/stat
+ * (fields 50 and 51): what /proc/self/environ shows. */
+static bool env_block(uintptr_t *start, uintptr_t *end)
+{
+    char buf[2048];
+    _cleanup_close_ int fd = open("/proc/self/stat", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return false;
+    ssize_t n = read(fd, buf, sizeof(buf) - 1);
+    if (n <= 0)
+        return false;
+    buf[n] = 0;
+    char *p = strrchr(buf, ')');
+    if (!p)
+        return false;
+    /* After ") " comes field 3; env_start is field 50. */
+    unsigned long long v[2] = {0, 0};
+    int field = 2;
+    for (char *tok = strtok(p + 1, " "); tok; tok = strtok(NULL, " ")) {
+        field++;
+        if (field == 50)
+            v[0] = strtoull(tok, NULL, 10);
+        else if (field == 51) {
+            v[1] = strtoull(tok, NULL, 10);
+            *start = (uintptr_t)v[0];
+            *end = (uintptr_t)v[1];
+            return v[0] < v[1];
+        }
+    }
+    return false;
+}
+
+/* Remove every variable not on the allowlist from the C environ and wipe its
+ * text where it sits in the initial environment block, so that it does not
+ * stay readable in /proc/self/environ (spec 9.2, "secrets readable").
+ * Strings outside that block (setenv copies) are only unset: libc may reuse
+ * them. */
+static PyObject *fb_sanitize_env(PyObject *self, PyObject *unused)
+{
+    uintptr_t bs = 0, be = 0;
+    bool have_block = env_block(&bs, &be);
+    for (;;) {
+        char *victim = NULL;
+        for (char **e = environ; e && *e; e++)
+            if (!env_allowed(*e)) {
+                victim = *e;
+                break;
+            }
+        if (!victim)
+            break;
+        const char *eq = strchr(victim, '=');
+        size_t n = eq ? (size_t)(eq - victim) : strlen(victim);
+        char name[512];
+        bool inside = have_block && (uintptr_t)victim >= bs && (uintptr_t)victim < be;
+        if (eq && n > 0 && n < sizeof(name)) {
+            memcpy(name, victim, n);
+            name[n] = 0;
+            unsetenv(name);
+        }
+        /* A name unsetenv() cannot handle (no '=', empty, huge) is still
+         * there: drop the pointer by hand. */
+        char **e = environ;
+        while (*e && *e != victim)
+            e++;
+        for (; *e; e++)
+            e[0] = e[1];
+        if (inside)
+            memset(victim, 0, strnlen(victim, be - (uintptr_t)victim));
+    }
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef fb_methods[] = {
+    {"chan_recv", fb_chan_recv, METH_NOARGS, "Next channel message: (type, payload) or None at EOF."},
+    {"send", fb_send, METH_VARARGS, "send(type, data): write one channel message."},
+    {"send_call", fb_send_call, METH_O, "Write a tool_call frame if a block runs; returns whether it was sent."},
+    {"block_begin", fb_block_begin, METH_NOARGS, "Mark a block as running."},
+    {"block_end", fb_block_end, METH_O, "Mark the block over and send the done frame, atomically."},
+    {"ensure_stdio_fds", fb_ensure_stdio_fds, METH_NOARGS, "Reopen closed fds 0-2 on /dev/null."},
+    {"capture_begin", fb_capture_begin, METH_NOARGS, "Route fds 1 and 2 into capped buffers."},
+    {"capture_end", fb_capture_end, METH_NOARGS, "Stop capturing: ((head, tail, dropped), (...))."},
+    {"extract_tools", fb_extract_tools, METH_O, "Extract the tools archive."},
+    {"extract_workspace", fb_extract_workspace, METH_O, "Extract a workspace archive."},
+    {"snapshot", fb_snapshot, METH_NOARGS, "Build the workspace snapshot: (over_cap, error)."},
+    {"send_snapshot", fb_send_snapshot, METH_NOARGS, "Send the snapshot built last."},
+    {"snapshot_max", fb_snapshot_max, METH_NOARGS, "The snapshot data cap in bytes."},
+    {"sanitize_env", fb_sanitize_env, METH_NOARGS, "Reduce the C environ to the allowlist."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef fb_module = {
+    PyModuleDef_HEAD_INIT, "_forkbox", "forkbox runtime internals (private).", -1, fb_methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC pyrt_module_init(void)
+{
+    return PyModule_Create(&fb_module);
+}

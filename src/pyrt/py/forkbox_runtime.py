@@ -1,1 +1,414 @@
-# placeholder
+"""forkbox's private runtime: the turn loop that pyrt_serve() hands over to.
+
+Loaded by pyrt.c from the binary into a module that is not in sys.modules, so
+user code cannot import it by name. Channel I/O, output capture, archives and
+the environment are done in C by the builtin _forkbox module; this file holds
+the parts that are easier to get right in Python (JSON, tracebacks, imports).
+"""
+import __future__
+import builtins
+import gc
+import importlib
+import importlib.machinery
+import importlib.metadata
+import importlib.util
+import io
+import json
+import os
+import platform
+import queue
+import signal
+import sys
+import threading
+import traceback
+import types
+
+import _forkbox as _fb
+
+_CHAN_FRAME = ord("F")
+_CHAN_TOOLS = ord("T")
+_CHAN_WORKSPACE = ord("W")
+_CHAN_SNAPSHOT = ord("S")
+
+_EXCLUDED_DISTS = {"adk-code-mode-sandbox", "websockets", "pip", "setuptools", "wheel"}
+_FILENAME = "<code-mode>"
+_COMPILE_FLAGS = __future__.annotations.compiler_flag
+_INT64_MIN, _INT64_MAX = -(2 ** 63), 2 ** 63 - 1
+_SRC_PREFIX = "/<forkbox>/"
+
+_dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=True).encode
+
+
+def _frame(obj):
+    return (_dumps(obj) + "\n").encode("utf-8")
+
+
+# --------------------------------------------------------------------------
+# Modules served from the binary
+
+
+class EmbeddedFinder:
+    """Meta-path finder + loader for the runtime package embedded in the binary.
+
+    Only the names it was given are served; it reads no file, so nothing of the
+    fork server's or supervisor's filesystem is reachable through it."""
+
+    def __init__(self, sources):
+        # sources: {"adk_code_mode_sandbox/_rpc_client.py": b"..."}
+        self._mods = {}
+        for rel, text in sources.items():
+            if not rel.endswith(".py"):
+                continue
+            parts = rel[:-3].split("/")
+            is_pkg = parts[-1] == "__init__"
+            if is_pkg:
+                parts.pop()
+            self._mods[".".join(parts)] = (rel, text, is_pkg)
+
+    def find_spec(self, fullname, path=None, target=None):
+        entry = self._mods.get(fullname)
+        if entry is None:
+            return None
+        return importlib.machinery.ModuleSpec(fullname, self, origin=_SRC_PREFIX + entry[0],
+                                              is_package=entry[2])
+
+    def invalidate_caches(self):
+        pass
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        rel, text, _ = self._mods[module.__spec__.name]
+        code = compile(text, _SRC_PREFIX + rel, "exec", dont_inherit=True)
+        exec(code, module.__dict__)
+
+    def get_source(self, fullname):
+        entry = self._mods.get(fullname)
+        if entry is None:
+            raise ImportError(fullname, name=fullname)
+        return entry[1].decode("utf-8")
+
+    def is_package(self, fullname):
+        entry = self._mods.get(fullname)
+        if entry is None:
+            raise ImportError(fullname, name=fullname)
+        return entry[2]
+
+
+class ToolsFinder:
+    """Exposes exactly one top-level name, `tools`, as the package in tools_dir.
+
+    Submodules (tools.ns, tools.ns.fn) are then found by the normal path
+    finder through tools.__path__; the parent directory of tools_dir is never
+    put on sys.path (spec 9.2, "/ on sys.path")."""
+
+    def __init__(self, tools_dir):
+        self._dir = tools_dir
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != "tools":
+            return None
+        init = os.path.join(self._dir, "__init__.py")
+        if os.path.isfile(init):
+            return importlib.util.spec_from_file_location(
+                "tools", init, submodule_search_locations=[self._dir])
+        spec = importlib.machinery.ModuleSpec("tools", None, is_package=True)
+        spec.submodule_search_locations = [self._dir]
+        return spec
+
+    def invalidate_caches(self):
+        pass
+
+
+# --------------------------------------------------------------------------
+# Fork server side: runs once in pyrt_init()
+
+
+def compute_packages():
+    """ready.packages, spec 3.4."""
+    index = {}
+    for dist in importlib.metadata.distributions():
+        try:
+            name = dist.metadata["Name"]
+        except Exception:
+            continue
+        if not isinstance(name, str):
+            continue
+        folded = name.casefold()
+        if folded in _EXCLUDED_DISTS:
+            continue
+        version = dist.version
+        # keep the one that sorts last by (casefold, name, version string)
+        key = (folded, name, version if isinstance(version, str) else "")
+        old = index.get(folded)
+        if old is None or key > old[0]:
+            index[folded] = (key, name, version)
+    packages = {}
+    mapping = importlib.metadata.packages_distributions()
+    order = lambda s: (s.casefold(), s)  # noqa: E731
+    for import_name in sorted(mapping, key=order):
+        providers = {}
+        for dist_name in sorted(mapping[import_name], key=order):
+            entry = index.get(dist_name.casefold())
+            if entry is not None:
+                providers[entry[1]] = entry[2]
+        if providers:
+            packages[import_name] = providers
+    return packages
+
+
+def init(sources, site_dirs, preload):
+    """Called once by pyrt_init(); returns the ready frame (bytes)."""
+    sys.meta_path.insert(0, EmbeddedFinder(sources))
+    if site_dirs:
+        import site
+        for d in site_dirs:
+            site.addsitedir(d)
+    import adk_code_mode_sandbox  # noqa: F401
+    import adk_code_mode_sandbox._rpc_client  # noqa: F401
+    import adk_code_mode_sandbox.protocol  # noqa: F401
+    ready = _frame({"kind": "ready", "protocol_version": 2,
+                    "python_version": platform.python_version(),
+                    "packages": compute_packages()})
+    for name in (preload or "").split(","):
+        name = name.strip()
+        if not name:
+            continue
+        try:
+            importlib.import_module(name)
+        except BaseException as e:  # a broken preload must not stop the daemon
+            sys.stderr.write(f"forkbox: preload {name!r} failed, skipped: "
+                             f"{type(e).__name__}: {e}\n")
+            sys.stderr.flush()
+    # Warm up what every turn uses, so children share it copy-on-write.
+    compile("pass", _FILENAME, "exec", _COMPILE_FLAGS, True)
+    traceback.format_exception_only(ValueError, ValueError("x"))
+    # Everything allocated so far is shared with every sandbox: keep the
+    # children's collector from touching (and un-sharing) it.
+    gc.collect()
+    gc.freeze()
+    return ready
+
+
+# --------------------------------------------------------------------------
+# Sandbox child side: pyrt_serve()
+
+_ENV_KEEP = {"PATH", "HOME", "USER", "LANG", "LANGUAGE", "TERM", "TMPDIR", "TEMP", "TMP",
+             "PYTHONHASHSEED", "PYTHONDONTWRITEBYTECODE"}
+
+
+def _sanitize_environ():
+    """Spec 6.4: the C environ first (in _forkbox), then os.environ."""
+    _fb.sanitize_env()
+    for key in list(os.environ):
+        if key not in _ENV_KEEP and not key.startswith("LC_"):
+            try:
+                del os.environ[key]
+            except KeyError:
+                pass
+
+
+class _Turn:
+    def __init__(self, tools_dir, workspace_dir, ready):
+        from adk_code_mode_sandbox import _rpc_client, protocol
+        self.protocol = protocol
+        self.tools_dir = tools_dir
+        self.workspace_dir = workspace_dir
+        self.ready = ready
+        self.inbox = queue.SimpleQueue()
+        self.rpc = _rpc_client.RpcClient(_fb.send_call)
+        _rpc_client.install(self.rpc)
+        self.main = types.ModuleType("__main__")  # __name__, __doc__, __package__, __loader__, __spec__
+        self.main.__dict__["__builtins__"] = builtins
+        self.stdout = self.stderr = None
+
+    # -- the channel reader: a daemon thread for the whole turn ------------
+    def reader(self):
+        decode = self.protocol.decode
+        ProtocolError = self.protocol.ProtocolError
+        ToolResult = self.protocol.ToolResult
+        while True:
+            msg = _fb.chan_recv()  # the GIL is released while it waits
+            if msg is None:
+                os._exit(0)  # the supervisor closed the channel: the turn is over
+            typ, payload = msg
+            if typ == _CHAN_FRAME:
+                try:
+                    frame = decode(payload)
+                except ProtocolError:
+                    continue  # drop just that message (spec 9.2, channel poisoning)
+                except Exception:
+                    continue
+                if type(frame) is ToolResult:
+                    self.rpc.deliver(frame)
+                    continue
+                self.inbox.put((typ, frame))
+            else:
+                self.inbox.put((typ, payload))
+
+    def log_error_and_exit(self, msg):
+        try:
+            _fb.send(_CHAN_FRAME, _frame({"level": "error", "msg": msg, "kind": "log"}))
+        finally:
+            os._exit(3)
+
+    # -- the main loop, on the main thread ---------------------------------
+    def loop(self):
+        got_tools = False
+        while True:
+            try:
+                typ, item = self.inbox.get()
+            except KeyboardInterrupt:
+                continue
+            if typ == _CHAN_TOOLS:
+                if got_tools:
+                    continue
+                got_tools = True
+                try:
+                    _fb.extract_tools(item)
+                except OSError as e:
+                    self.log_error_and_exit(f"tools archive: {e.strerror or e}")
+                del item
+                _fb.send(_CHAN_FRAME, self.ready)
+            elif typ == _CHAN_WORKSPACE:
+                try:
+                    _fb.extract_workspace(item)
+                except OSError as e:
+                    self.log_error_and_exit(f"workspace archive: {e.strerror or e}")
+                del item
+            elif typ == _CHAN_FRAME and type(item) is self.protocol.Run:
+                self.run_block(item.code)
+            # anything else is ignored (the supervisor enforces the states)
+
+    # -- one block ---------------------------------------------------------
+    def reset_stdio(self):
+        _fb.ensure_stdio_fds()
+        # Unbuffered like `python -u`: a raw FileIO under a write-through text
+        # layer, so print(), os.write(1, ...) and subprocess output keep their order.
+        out = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8",
+                               errors="backslashreplace", write_through=True)
+        err = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8",
+                               errors="backslashreplace", write_through=True)
+        inp = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)),
+                               encoding="utf-8", errors="surrogateescape")
+        sys.stdout = sys.__stdout__ = out
+        sys.stderr = sys.__stderr__ = err
+        sys.stdin = sys.__stdin__ = inp
+        self.stdout, self.stderr = out, err
+
+    def flush_stdio(self):
+        for s in (sys.stdout, sys.stderr, self.stdout, self.stderr):
+            try:
+                s.flush()
+            except BaseException:
+                pass
+
+    def run_block(self, code):
+        _fb.capture_begin()
+        self.reset_stdio()
+        sys.modules["__main__"] = self.main
+        _fb.block_begin()
+        exit_code = _execute(code, self.main.__dict__, self.stderr)
+        # Mark the block over and send `done` under the channel's send lock,
+        # so a stray thread's call() can no longer interleave (spec 9.2).
+        _fb.block_end(_frame({"exit_code": exit_code, "kind": "done"}))
+        self.rpc.fail_all("code block ended before the tool result arrived")
+        self.flush_stdio()
+        (oh, ot, od), (eh, et, ed) = _fb.capture_end()
+        stdout = _join_stream(oh, ot, od, "stdout")
+        stderr = _join_stream(eh, et, ed, "stderr")
+        over_cap, snap_err = _fb.snapshot()
+        if over_cap:
+            stderr = _add_note(stderr, f"[forkbox: {over_cap} file(s) left out of the workspace "
+                                       f"snapshot: over the {_fb.snapshot_max()}-byte limit]")
+        if snap_err:
+            stderr = _add_note(stderr, f"[forkbox: workspace snapshot failed: {snap_err}]")
+        _fb.send(_CHAN_FRAME, _frame({"stdout": stdout, "stderr": stderr,
+                                      "exit_code": exit_code, "kind": "output"}))
+        _fb.send_snapshot()
+
+
+def _join_stream(head, tail, dropped, name):
+    text = head.decode("utf-8", "replace")
+    if dropped:
+        text += f"\n[forkbox: {dropped} bytes of {name} dropped]\n"
+    if tail:
+        text += tail.decode("utf-8", "replace")
+    return text
+
+
+def _add_note(text, note):
+    if text and not text.endswith("\n"):
+        text += "\n"
+    return text + note + "\n"
+
+
+def _execute(code, globs, err):
+    """Compile and run one block; returns the exit code (spec 6.2)."""
+    try:
+        co = compile(code, _FILENAME, "exec", _COMPILE_FLAGS, True)
+    except BaseException as e:  # SyntaxError, ValueError (NUL bytes), MemoryError, ...
+        _write(err, "Traceback (most recent call last):\n"
+               + "".join(traceback.format_exception_only(type(e), e)))
+        return 1
+    try:
+        exec(co, globs)
+    except SystemExit as e:
+        return _exit_code(e, err)
+    except BaseException as e:
+        tb = e.__traceback__
+        # Strip the runtime's own frame(s) so the first one is <code-mode>.
+        while tb is not None and tb.tb_frame.f_code is _execute.__code__:
+            tb = tb.tb_next
+        try:
+            _write(err, "".join(traceback.format_exception(type(e), e, tb)))
+        except BaseException:
+            _write(err, f"{type(e).__name__}: <traceback could not be formatted>\n")
+        finally:
+            e = tb = None
+        return 1
+    return 0
+
+
+def _exit_code(e, err):
+    code = e.code
+    if code is None:
+        return 0
+    try:
+        if isinstance(code, int):  # bool included: True -> 1, False -> 0
+            return max(_INT64_MIN, min(_INT64_MAX, int(code)))
+        text = str(code)
+    except BaseException:
+        text = "<SystemExit code could not be converted>"
+    _write(err, text + "\n")
+    return 1
+
+
+def _write(stream, text):
+    try:
+        stream.write(text)
+    except BaseException:
+        pass
+
+
+def serve(tools_dir, workspace_dir, ready):
+    """Called by pyrt_serve(); never returns."""
+    try:
+        _sanitize_environ()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+        if hasattr(signal, "SIGXFSZ"):
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        sys.meta_path.insert(0, ToolsFinder(tools_dir))
+        turn = _Turn(tools_dir, workspace_dir, ready)
+        sys.modules["__main__"] = turn.main
+        threading.Thread(target=turn.reader, name="forkbox-channel", daemon=True).start()
+        turn.loop()
+    except BaseException as e:
+        try:
+            msg = "".join(traceback.format_exception(type(e), e, e.__traceback__))
+            _fb.send(_CHAN_FRAME, _frame({"level": "error", "kind": "log",
+                                          "msg": "forkbox runtime: internal error: " + msg}))
+        finally:
+            os._exit(4)

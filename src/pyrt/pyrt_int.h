@@ -1,0 +1,71 @@
+/* Private to src/pyrt: the state shared by pyrt.c, module.c and capture.c.
+ *
+ * There is exactly one interpreter per process, so its companion state is one
+ * static struct (g_pyrt, defined in pyrt.c). The fork server fills the
+ * configuration part in pyrt_init(); the turn part is only used in the
+ * sandbox child, inside pyrt_serve(). */
+#pragma once
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "core/buf.h"
+
+/* Output capture of fds 1 and 2 for one block (capture.c). */
+struct capture_stream {
+    int rfd;          /* pipe read end (owned, O_NONBLOCK); -1 once at EOF */
+    size_t head_cap;  /* bytes kept from the start of the stream */
+    size_t tail_cap;  /* bytes kept from the end (ring) */
+    uint8_t *head;    /* owned, grows up to head_cap */
+    size_t head_len, head_alloc;
+    uint8_t *tail;    /* owned ring of tail_cap bytes, allocated on first use */
+    size_t tail_len;  /* bytes held in the ring */
+    size_t tail_pos;  /* next write position in the ring */
+    uint64_t dropped; /* bytes neither in head nor tail */
+};
+
+struct capture {
+    struct capture_stream s[2]; /* [0] stdout, [1] stderr */
+    int wake_fd;                /* eventfd (owned): "finish" request */
+    pthread_t thr;
+    bool running;               /* the reader thread exists */
+};
+
+/* Start capturing: fresh pipes dup2'ed onto fds 1 and 2, and a reader
+ * pthread draining them. cap = bytes kept per stream. 0 or -errno. */
+int capture_begin(struct capture *c, uint64_t cap);
+/* Point fds 1 and 2 at devnull_fd, take what is left in the pipes without
+ * waiting for writers that are still alive, stop the reader. The buffers stay
+ * in c until capture_free(). */
+void capture_end(struct capture *c, int devnull_fd);
+/* Copy stream i's kept bytes out: head, then the tail in order. */
+void capture_tail_copy(const struct capture_stream *s, uint8_t *out);
+void capture_free(struct capture *c);
+
+struct pyrt_state {
+    /* from struct config, copied by pyrt_init() */
+    uint64_t output_cap;   /* bytes kept per stream per block */
+    uint64_t snapshot_max; /* data bytes in a snapshot */
+    uint64_t max_unpacked; /* per incoming archive */
+    uint64_t max_members;
+
+    PyObject *runtime; /* the private forkbox_runtime module (owned) */
+    PyObject *ready;   /* bytes: the ready frame (owned) */
+
+    /* the turn, in the sandbox child */
+    int chan_fd;         /* borrowed from the caller of pyrt_serve */
+    int tools_fd;        /* owned until the tools archive is extracted */
+    int ws_fd;           /* workspace root, O_DIRECTORY (owned) */
+    int devnull_fd;      /* /dev/null, O_RDWR (owned) */
+    pthread_mutex_t send_lock; /* one message at a time; guards in_block */
+    bool in_block;       /* a block runs: tool calls may be sent */
+    struct capture cap;
+    bool capturing;
+    struct buf snap;     /* the last snapshot, until send_snapshot() */
+};
+
+extern struct pyrt_state g_pyrt;
+
+PyMODINIT_FUNC pyrt_module_init(void);

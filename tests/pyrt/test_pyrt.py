@@ -1,0 +1,560 @@
+"""pyrt over the channel: ready, tools, tool calls, outcomes, capture,
+snapshots, stray threads, environment (spec 3-6, 9)."""
+import json
+import re
+import subprocess
+import threading
+import time
+
+import pytest
+from conftest import TOOLS, echo_handler, result, targz, untargz
+
+
+def compact_ok(raw):
+    """A frame as the spec writes it: compact JSON, one trailing newline."""
+    assert raw.endswith(b"\n") and not raw.endswith(b"\n\n")
+    obj = json.loads(raw)
+    assert raw == (json.dumps(obj, separators=(",", ":"), ensure_ascii=False) + "\n").encode()
+    return obj
+
+
+EXPECTED_PACKAGES = r'''
+import importlib.metadata as md, json, platform
+EX = {"adk-code-mode-sandbox", "websockets", "pip", "setuptools", "wheel"}
+idx = {}
+for d in md.distributions():
+    n = d.metadata["Name"]
+    if n is None or n.casefold() in EX:
+        continue
+    k = (n.casefold(), n, d.version)
+    if n.casefold() not in idx or k > idx[n.casefold()]:
+        idx[n.casefold()] = k
+out = {}
+pd = md.packages_distributions()
+key = lambda s: (s.casefold(), s)
+for imp in sorted(pd, key=key):
+    prov = {}
+    for dn in sorted(pd[imp], key=key):
+        e = idx.get(dn.casefold())
+        if e:
+            prov[e[1]] = e[2]
+    if prov:
+        out[imp] = prov
+print(json.dumps({"python_version": platform.python_version(), "packages": out}))
+'''
+
+
+# ---- ready ------------------------------------------------------------------
+
+def test_ready_frame(sb):
+    r = compact_ok(sb.ready_raw)
+    assert r["kind"] == "ready"
+    assert r["protocol_version"] == 2 and type(r["protocol_version"]) is int
+    assert set(r) == {"kind", "protocol_version", "python_version", "packages"}
+    assert re.fullmatch(r"3\.\d+\.\d+\S*", r["python_version"])
+    assert isinstance(r["packages"], dict)
+    for imp, provs in r["packages"].items():
+        assert provs and all(isinstance(v, (str, type(None))) for v in provs.values())
+    # Same interpreter, same dist-packages: the spec 3.4 algorithm, computed
+    # independently, must give the same object, in the same order.
+    exp = json.loads(subprocess.check_output(["/usr/bin/python3", "-I", "-c", EXPECTED_PACKAGES]))
+    assert r["python_version"] == exp["python_version"]
+    assert list(r["packages"].items()) == list(exp["packages"].items())
+    for name in ("pip", "setuptools", "wheel", "websockets"):
+        assert all(name not in p for p in r["packages"].values())
+
+
+def test_ready_comes_before_first_block_even_back_to_back(make_sandbox):
+    sb = make_sandbox(tools=False)
+    from conftest import TOOLS as T
+    sb.send(b"T", targz(T))
+    sb.send(b"W", b"")
+    sb.send_frame({"code": "print('hi')", "kind": "run"})
+    t, first = sb.recv()
+    assert json.loads(first)["kind"] == "ready"
+    blk = sb.collect()
+    assert blk.stdout == "hi\n"
+
+
+def test_tools_archive_error_logs_and_exits_3(make_sandbox):
+    sb = make_sandbox(tools=False)
+    sb.send(b"T", b"this is not gzip")
+    t, payload = sb.recv()
+    f = compact_ok(payload)
+    assert f["kind"] == "log" and f["level"] == "error"
+    assert f["msg"].startswith("tools archive: ")
+    assert sb.recv() is None
+    assert sb.proc.wait(10) == 3
+
+
+def test_zero_length_tools_archive(make_sandbox):
+    sb = make_sandbox(tools={})
+    assert sb.ready["kind"] == "ready"
+    blk = sb.run("import importlib.util\nprint(importlib.util.find_spec('usr'))")
+    assert blk.stdout == "None\n"
+
+
+def test_eof_exits_0(sb):
+    sb.sock.close()
+    assert sb.proc.wait(10) == 0
+
+
+# ---- tools and tool calls ---------------------------------------------------
+
+def test_tools_imports_all_forms(sb):
+    code = (
+        "import tools\n"
+        "from tools import echo\n"
+        "from tools.helpdesk import open_ticket\n"
+        "import tools.helpdesk.open_ticket\n"
+        "import sys, os\n"
+        "print(tools.echo is echo, sys.modules['tools.helpdesk.open_ticket'].open_ticket is open_ticket)\n"
+        "print(echo(message='x'))\n"
+        "print(open_ticket(subject='s', from_='me'))\n"
+        "print(sorted(os.listdir(%r)))\n"
+        "print('/' in sys.path, '' in sys.path, os.path.dirname(%r) in sys.path)\n"
+        "import importlib.util\n"
+        "print(importlib.util.find_spec('tmp'), importlib.util.find_spec('etc'))\n"
+    ) % (sb.tools_dir, sb.tools_dir)
+    blk = sb.run(code, on_call=echo_handler)
+    assert blk.stderr == "" and blk.exit_code == 0
+    lines = blk.stdout.splitlines()
+    assert lines[0] == "True True"
+    assert lines[1] == "{'echoed': 'x', 'name': 'echo'}"
+    assert lines[2] == "{'echoed': None, 'name': 'helpdesk.open_ticket'}"
+    assert "__init__.py" in lines[3] and "helpdesk" in lines[3]
+    assert lines[4] == "False False False"
+    assert lines[5] == "None None"
+    assert [c["name"] for c in blk.calls] == ["echo", "helpdesk.open_ticket"]
+    assert blk.calls[1]["args"] == {"subject": "s", "from": "me"}
+
+
+def test_tool_call_frame_exact(sb):
+    blk = sb.run("from tools import echo\nprint('ECHO:', echo(message='x'))", on_call=echo_handler)
+    assert blk.stdout == "ECHO: {'echoed': 'x', 'name': 'echo'}\n"
+    raw = blk.raw_calls[0]
+    f = compact_ok(raw)
+    assert re.fullmatch(r"[0-9a-f]{32}", f["id"])
+    assert raw == ('{"id":"%s","name":"echo","args":{"message":"x"},"timeout":null,'
+                   '"kind":"tool_call"}\n' % f["id"]).encode()
+
+
+def test_call_serialisation(sb):
+    code = r'''
+from adk_code_mode_sandbox._rpc_client import call
+import dataclasses
+@dataclasses.dataclass
+class P:
+    x: int
+    y: tuple
+print(call("t.a", {"tup": (1, 2), 1: "int key", None: "none", "dc": P(1, (2, 3)), "u": "é\u2028", "nan": float("nan")}, timeout=1.5))
+class O: pass
+for bad in ({"o": O()}, {"s": "a\ud800"}):
+    try:
+        call("t.bad", bad)
+    except Exception as e:
+        print(type(e).__name__)
+d = {}
+d["self"] = d
+try:
+    call("t.rec", d)
+except RecursionError:
+    print("RecursionError")
+'''
+    blk = sb.run(code, on_call=lambda f: result(f, "ok"))
+    assert blk.stderr == "", blk.stderr
+    assert blk.stdout == "ok\nTypeError\nUnicodeEncodeError\nRecursionError\n"
+    assert len(blk.calls) == 1  # nothing sent for the three failures
+    raw = blk.raw_calls[0].decode()
+    assert '"args":{"tup":[1,2],"1":"int key","null":"none","dc":{"x":1,"y":[2,3]},"u":"é\u2028","nan":NaN}' in raw
+    assert '"timeout":1.5,"kind":"tool_call"}\n' in raw
+
+
+def test_concurrent_calls_answered_in_reverse(sb):
+    code = r'''
+import threading
+from tools import echo
+res = {}
+def worker(i):
+    res[i] = echo(message=f"m{i}")
+ts = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+for t in ts: t.start()
+for t in ts: t.join()
+print(all(res[i] == {"echoed": f"m{i}", "name": "echo"} for i in range(8)), len(res))
+'''
+    sb.send(b"W", b"")
+    sb.send_frame({"code": code, "kind": "run"})
+    calls = []
+    while len(calls) < 8:
+        t, p = sb.recv()
+        f = json.loads(p)
+        assert f["kind"] == "tool_call"
+        calls.append(f)
+    assert len({c["id"] for c in calls}) == 8
+    for f in reversed(calls):
+        sb.send_frame(echo_handler(f))
+    blk = sb.collect()
+    assert blk.stdout == "True 8\n" and blk.exit_code == 0
+
+
+def test_values_nan_bigint_and_odd_results(sb):
+    code = r'''
+from adk_code_mode_sandbox._rpc_client import call
+v = call("a", {})
+print(repr(v))
+print(call("b", {}))
+print(call("c", {}))
+'''
+    answers = {
+        "a": lambda f: '{"id":"%s","ok":true,"value":[NaN,1180591620717411303424,-Infinity,'
+                       '"\\u0000é"],"error":null,"kind":"tool_result"}' % f["id"],
+        # ok true wins over an error; missing fields take their defaults
+        "b": lambda f: '{"id":"%s","ok":true,"value":5,"error":{"type":"X"},"kind":"tool_result"}\r\n' % f["id"],
+        "c": lambda f: '{"kind":"tool_result","id":"%s"}' % f["id"],
+    }
+    blk = sb.run(code, on_call=lambda f: answers[f["name"]](f))
+    assert blk.stderr == ""
+    assert blk.stdout == "[nan, 1180591620717411303424, -inf, '\\x00é']\n5\nNone\n"
+
+
+def test_tool_error_uncaught_and_caught(sb):
+    code = r'''
+from adk_code_mode_sandbox._rpc_client import call, ToolError
+import adk_code_mode_sandbox, adk_code_mode_sandbox.protocol as p
+print(adk_code_mode_sandbox.__version__, p.PROTOCOL_VERSION, issubclass(p.ProtocolError, Exception))
+try:
+    call("nopayload", {})
+except ToolError as e:
+    print(str(e), "|", e.args[0], "|", e.error_type, e.trace, hasattr(e, "message"), isinstance(e, RuntimeError))
+try:
+    call("odd", {})
+except ToolError as e:
+    print(str(e), "|", e.error_type, e.trace)
+call("nope", {})
+print("not reached")
+'''
+    errors = {
+        "nopayload": None,
+        "odd": {"type": 7, "trace": "tb"},
+        "nope": {"type": "ToolNotFound", "message": "\"no tool registered for 'nope'\"", "trace": None},
+    }
+    blk = sb.run(code, on_call=lambda f: result(f, ok=False, error=errors[f["name"]]))
+    assert blk.exit_code == 1
+    assert blk.stdout == (
+        "1.3.0 2 True\n"
+        "Error: tool call failed without error payload | Error: tool call failed without error payload"
+        " | Error None False True\n"
+        "7:  | 7 tb\n")
+    assert blk.stderr.startswith('Traceback (most recent call last):\n  File "<code-mode>", line 13, in <module>\n')
+    assert blk.stderr.endswith(
+        "adk_code_mode_sandbox._rpc_client.ToolError: ToolNotFound: \"no tool registered for 'nope'\"\n")
+    assert "forkbox_runtime" not in blk.stderr
+
+
+def test_rpc_client_api(sb):
+    code = r'''
+from adk_code_mode_sandbox import _rpc_client as rc
+print(isinstance(rc.get(), rc.RpcClient), callable(rc.install))
+old = rc.get()
+rc.install(None)
+try:
+    rc.get()
+except RuntimeError as e:
+    print(e)
+rc.install(old)
+print(rc.ToolError.__module__, rc.ToolError.__qualname__)
+import adk_code_mode_sandbox
+print(adk_code_mode_sandbox.__spec__.submodule_search_locations is not None, getattr(adk_code_mode_sandbox, "__file__", None))
+'''
+    blk = sb.run(code)
+    assert blk.stderr == ""
+    assert blk.stdout == ("True True\nRPC client not installed; sandbox is not in a valid state\n"
+                          "adk_code_mode_sandbox._rpc_client ToolError\nTrue None\n")
+
+
+def test_garbage_frame_does_not_poison_pending_call(sb):
+    sb.send(b"W", b"")
+    sb.send_frame({"code": "from tools import echo\nprint(echo(message='z'))", "kind": "run"})
+    t, p = sb.recv()
+    f = json.loads(p)
+    sb.send(b"F", b"{not json\n")
+    sb.send(b"F", b'{"kind":"bogus"}\n')
+    sb.send_frame(result({"id": "unknown-id"}, "ignored"))
+    sb.send_frame({"kind": "run", "code": "print('must not run')"})
+    sb.send_frame(echo_handler(f))
+    blk = sb.collect()
+    assert blk.stdout == "{'echoed': 'z', 'name': 'echo'}\n" and blk.exit_code == 0
+
+
+# ---- outcomes (spec 6.2) ------------------------------------------------------
+
+@pytest.mark.parametrize("code,exit_code,stderr", [
+    ("x = 1", 0, ""),
+    ("import sys\nsys.exit()", 0, ""),
+    ("exit()", 0, ""),
+    ("import sys\nsys.exit(2)", 2, ""),
+    ("import sys\nsys.exit(-5)", -5, ""),
+    ("import sys\nsys.exit(300)", 300, ""),
+    ("import sys\nsys.exit(2**70)", 2**63 - 1, ""),
+    ("import sys\nsys.exit(-2**70)", -2**63, ""),
+    ("import sys\nsys.exit('msg')", 1, "msg\n"),
+    ("raise SystemExit(1, 2)", 1, "(1, 2)\n"),
+    ("import sys\nsys.exit(True)", 1, ""),
+    ("import sys\nsys.exit(False)", 0, ""),
+])
+def test_exit_outcomes(sb, code, exit_code, stderr):
+    blk = sb.run(code)
+    assert blk.exit_code == exit_code
+    assert type(blk.done["exit_code"]) is int
+    assert blk.done_raw == ('{"exit_code":%d,"kind":"done"}\n' % exit_code).encode()
+    assert blk.stderr == stderr
+    assert blk.stdout == ""
+    compact_ok(blk.output_raw)
+
+
+def test_raise_traceback_is_stripped(sb):
+    blk = sb.run("def f():\n    raise ValueError('bad')\nf()")
+    assert blk.exit_code == 1
+    assert blk.stderr == (
+        "Traceback (most recent call last):\n"
+        '  File "<code-mode>", line 3, in <module>\n'
+        '  File "<code-mode>", line 2, in f\n'
+        "ValueError: bad\n")
+
+
+def test_keyboard_interrupt(sb):
+    blk = sb.run("raise KeyboardInterrupt")
+    assert blk.exit_code == 1 and blk.stderr.endswith("KeyboardInterrupt\n")
+    blk = sb.run("import os, signal\nos.kill(os.getpid(), signal.SIGINT)\nimport time\ntime.sleep(5)")
+    assert blk.exit_code == 1 and "KeyboardInterrupt" in blk.stderr
+
+
+def test_syntax_error_nothing_runs(sb):
+    blk = sb.run("print('ran')\nif True print('bad')")
+    assert blk.exit_code == 1 and blk.stdout == ""
+    assert blk.stderr.startswith("Traceback (most recent call last):\n")
+    assert '  File "<code-mode>", line 2\n' in blk.stderr
+    assert "SyntaxError" in blk.stderr.splitlines()[-1]
+    blk = sb.run("x = 1\0")
+    assert blk.exit_code == 1 and blk.stdout == "" and "null bytes" in blk.stderr
+
+
+def test_annotations_future_and_main(sb):
+    blk = sb.run(
+        "print(list(globals()))\n"
+        "def f(x: int) -> str: pass\nprint(f.__annotations__)\nprint(__name__)\nimport sys\nprint(sys.modules['__main__'].__dict__ is globals())\n"
+        "class A: pass\nimport pickle\nprint(type(pickle.loads(pickle.dumps(A()))).__name__)\n"
+        "import threading\nprint(threading.current_thread() is threading.main_thread())")
+    assert blk.stderr == ""
+    assert blk.stdout.splitlines() == [
+        "['__name__', '__doc__', '__package__', '__loader__', '__spec__', '__builtins__']",
+        "{'x': 'int', 'return': 'str'}", "__main__", "True", "A", "True"]
+
+
+def test_globals_cwd_files_persist(sb):
+    ws = sb.ws_dir
+    b1 = sb.run("import os\nx = 10\nprint(os.getcwd())\nos.mkdir('sub')\nos.chdir('sub')\n"
+                "open('f.txt', 'w').write('hello')")
+    assert b1.stdout == ws + "\n" and b1.exit_code == 0
+    assert b1.files() == {"sub/f.txt": b"hello"}
+    b2 = sb.run("print(x * 4)\nimport os\nprint(os.getcwd())\nprint(open('f.txt').read())\n"
+                "raise RuntimeError('partial')")
+    assert b2.stdout == "40\n%s/sub\nhello\n" % ws and b2.exit_code == 1
+    # the snapshot root is the workspace, not the cwd
+    assert b2.files() == {"sub/f.txt": b"hello"}
+    b3 = sb.run("print(x)")
+    assert b3.stdout == "10\n"
+
+
+# ---- output capture ---------------------------------------------------------
+
+def test_clean_block_and_ordering(sb):
+    code = (
+        "import os, sys, subprocess\n"
+        "print('a')\n"
+        "os.write(1, b'b\\n')\n"
+        "subprocess.run(['echo', 'c'])\n"
+        "sys.stdout.write('d\\n')\n"
+        "sys.stdout.buffer.write(b'e\\n')\n"
+        "print('E1', file=sys.stderr)\n"
+        "os.write(2, b'E2\\n')\n"
+        "subprocess.run(['sh', '-c', 'echo E3 >&2'])\n"
+        "print('f', end='')\n")
+    blk = sb.run(code)
+    assert blk.stdout == "a\nb\nc\nd\ne\nf"
+    assert blk.stderr == "E1\nE2\nE3\n"
+    blk = sb.run("print('hello world')")
+    assert blk.stdout == "hello world\n" and blk.stderr == ""
+
+
+def test_stdio_reset_each_block(sb):
+    b1 = sb.run("import sys, io\nsys.stdout = io.StringIO()\nsys.stderr = None\nprint('lost')")
+    assert b1.stdout == "" and b1.exit_code == 0
+    b2 = sb.run("print('back')\nimport sys\nprint(sys.stdout.encoding, sys.stdout.errors)")
+    assert b2.stdout == "back\nutf-8 backslashreplace\n"
+    b3 = sb.run("import os\nos.close(1)\nos.close(0)")
+    assert b3.exit_code == 0
+    b4 = sb.run("print('still')\nimport sys\nprint(repr(sys.stdin.read()))")
+    assert b4.stdout == "still\n''\n"
+
+
+def test_lone_surrogate_and_invalid_utf8(sb):
+    blk = sb.run("print('a\\ud800b')\nimport os\nos.write(1, b'x\\xffy\\n')\n"
+                 "import sys\nprint('\\udcff', file=sys.stderr)")
+    assert blk.stdout == "a\\ud800b\nx\ufffdy\n"
+    assert blk.stderr == "\\udcff\n"
+    compact_ok(blk.output_raw)
+
+
+def test_background_output_after_block_is_not_captured(sb):
+    b1 = sb.run("import threading, time\n"
+                "def later():\n    time.sleep(0.3)\n    print('late')\n"
+                "threading.Thread(target=later).start()\nprint('now')")
+    assert b1.stdout == "now\n"
+    time.sleep(0.6)
+    b2 = sb.run("print('next')")
+    assert b2.stdout == "next\n"
+
+
+def test_background_subprocess_does_not_block_block_end(sb):
+    t0 = time.monotonic()
+    blk = sb.run("import subprocess\nsubprocess.Popen(['sh', '-c', 'echo early; sleep 3; echo late'])\n"
+                 "import time\ntime.sleep(0.3)\nprint('main')")
+    assert time.monotonic() - t0 < 2.5
+    assert "main\n" in blk.stdout and "late" not in blk.stdout
+
+
+def test_output_cap_keeps_head_and_tail(make_sandbox):
+    sb = make_sandbox(args=["--output-cap", "1000"])
+    blk = sb.run("import sys\nfor i in range(1000):\n    print('%05d' % i + 'x' * 94)\n"
+                 "sys.stderr.write('E' * 100)")
+    out = blk.stdout
+    total = 1000 * 100
+    head, note, tail = out.partition("\n[forkbox: %d bytes of stdout dropped]\n" % (total - 1000))
+    assert note, out[:700]
+    assert len(head) == 500 and len(tail) == 500
+    assert head.startswith("00000xxx") and tail.endswith("00999" + "x" * 94 + "\n")
+    assert blk.stderr == "E" * 100
+
+
+def test_flood_memory_bounded(make_sandbox):
+    sb = make_sandbox(args=["--output-cap", "4096"])
+    b1 = sb.run("def hwm():\n    for l in open('/proc/self/status'):\n"
+                "        if l.startswith('VmHWM'):\n            return int(l.split()[1])\n"
+                "base = hwm()")
+    assert b1.exit_code == 0
+    b2 = sb.run("import sys\nline = 'x' * 10000\nfor i in range(10000):\n    print(line)\n"
+                "print(hwm() - base, file=sys.stderr)")
+    assert b2.exit_code == 0
+    grown_kib = int(b2.stderr.split("\n")[-2]) if b2.stderr.endswith("\n") else int(b2.stderr)
+    assert grown_kib < 20 * 1024, grown_kib  # 100 MB written, a few KiB kept
+    m = re.search(r"\[forkbox: (\d+) bytes of stdout dropped\]", b2.stdout)
+    assert m and int(m.group(1)) == 10000 * 10001 - 4096
+    assert len(b2.output_raw) < 16 * 1024
+
+
+# ---- snapshots ----------------------------------------------------------------
+
+def test_snapshot_contents(sb):
+    code = (
+        "import os\n"
+        "open('a.txt', 'w').write('A')\n"
+        "os.makedirs('d/e')\n"
+        "open('d/e/b.bin', 'wb').write(bytes(range(256)))\n"
+        "open('.hidden', 'w').write('h')\n"
+        "os.symlink('a.txt', 'link')\n"
+        "os.symlink('/etc', 'dirlink')\n"
+        "os.mkfifo('fifo')\n"
+        "os.mkdir('empty')\n"
+        "os.link('a.txt', 'hard.txt')\n")
+    blk = sb.run(code)
+    assert blk.exit_code == 0, blk.stderr
+    assert blk.files() == {"a.txt": b"A", "d/e/b.bin": bytes(range(256)), ".hidden": b"h",
+                           "hard.txt": b"A"}
+    blk = sb.run("import os\nos.remove('a.txt')")
+    assert "a.txt" not in blk.files()
+    blk = sb.run("open('a.txt', 'w').write('A')")
+    assert blk.files()["a.txt"] == b"A"
+
+
+def test_workspace_archive_extracted(sb):
+    blk = sb.run("print(open('in/data.txt').read())", workspace=targz({"in/data.txt": "payload"}))
+    assert blk.stdout == "payload\n"
+    assert blk.files() == {"in/data.txt": b"payload"}
+
+
+def test_snapshot_cap_note(make_sandbox):
+    sb = make_sandbox(args=["--snapshot-max", "1000"])
+    blk = sb.run("open('small', 'w').write('s' * 10)\nopen('big', 'w').write('b' * 5000)\nprint('ok')")
+    assert blk.stdout == "ok\n"
+    files = blk.files()
+    assert "big" not in files and files["small"] == b"s" * 10
+    assert re.fullmatch(r"\[forkbox: 1 file\(s\) left out of the workspace snapshot: "
+                        r"over the 1000-byte limit\]\n", blk.stderr), blk.stderr
+
+
+# ---- stray threads (spec 9.2) -------------------------------------------------
+
+def test_call_after_block_fails_locally_and_sends_nothing(sb):
+    b1 = sb.run(
+        "import threading, time\n"
+        "from tools import echo\n"
+        "stray = []\n"
+        "def later():\n"
+        "    time.sleep(0.3)\n"
+        "    try:\n"
+        "        echo(message='late')\n"
+        "    except Exception as e:\n"
+        "        stray.append(f'{type(e).__module__}.{type(e).__name__}: {e}')\n"
+        "threading.Thread(target=later).start()\n")
+    assert b1.exit_code == 0 and b1.calls == []
+    assert sb.quiet(1.0), "the stray call reached the channel"
+    b2 = sb.run("print(stray)")
+    assert b2.stdout == ("['adk_code_mode_sandbox.protocol.ProtocolError: "
+                         "tool call made outside a running code block']\n")
+    assert b2.calls == []
+
+
+def test_pending_call_at_block_end_gets_protocol_error(sb):
+    sb.send(b"W", b"")
+    sb.send_frame({"code": (
+        "import threading, time\n"
+        "from tools import echo\n"
+        "seen = []\n"
+        "def waiter():\n"
+        "    try:\n"
+        "        echo(message='never answered')\n"
+        "    except Exception as e:\n"
+        "        seen.append(type(e).__name__)\n"
+        "t = threading.Thread(target=waiter)\nt.start()\n"
+        "time.sleep(0.5)\n"), "kind": "run"})
+    t, p = sb.recv()
+    assert json.loads(p)["kind"] == "tool_call"
+    blk = sb.collect()  # not answered: done/output/S follow
+    assert blk.exit_code == 0
+    b2 = sb.run("t.join(5)\nprint(seen)")
+    assert b2.stdout == "['ProtocolError']\n"
+
+
+# ---- environment (spec 6.4) ---------------------------------------------------
+
+def test_environment_allowlist(make_sandbox):
+    env = {"PATH": "/usr/bin:/bin", "HOME": "/home/x", "LC_ALL": "C.UTF-8", "LANG": "C.UTF-8",
+           "ADK_CODE_MODE_AUTH_TOKEN": "s3cr3t-token", "PORT": "9999",
+           "ADK_CODE_MODE_TOOLS_DIR": "/tools", "FORKBOX_SECRET": "hunter2"}
+    sb = make_sandbox(env=env)
+    code = (
+        "import os, ctypes\n"
+        "print(sorted(os.environ))\n"
+        "libc = ctypes.CDLL(None)\nlibc.getenv.restype = ctypes.c_char_p\n"
+        "print([libc.getenv(k.encode()) for k in ('ADK_CODE_MODE_AUTH_TOKEN', 'PORT', 'FORKBOX_SECRET', 'LC_ALL')])\n"
+        "env = open('/proc/self/environ', 'rb').read()\n"
+        "print(b's3cr3t' in env, b'hunter2' in env)\n"
+        "import subprocess\nprint(subprocess.run(['env'], capture_output=True, text=True).stdout.count('='))\n")
+    blk = sb.run(code)
+    assert blk.stderr == ""
+    lines = blk.stdout.splitlines()
+    assert lines[0] == "['HOME', 'LANG', 'LC_ALL', 'PATH']"
+    assert lines[1] == "[None, None, None, b'C.UTF-8']"
+    assert lines[2] == "False False"  # wiped from the initial environment block too
+    assert lines[3] == "4"
