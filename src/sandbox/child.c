@@ -1,1 +1,15 @@
-/* placeholder: being written */
+/* The interpreter glue: the only file of the sandbox module that calls pyrt.
+ * Keeping it here lets tests spawn real sandboxes with their own hooks
+ * without linking the embedded interpreter. */
+#include "pyrt/pyrt.h"
+#include "sandbox/steps.h"
+
+int sbx_runtime_init(const struct config *cfg, char *err, size_t errlen)
+{
+    return pyrt_init(cfg, err, errlen);
+}
+
+const struct sbx_hooks sbx_runtime_hooks = {
+    .after_fork = pyrt_after_fork,
+    .serve = pyrt_serve,
+};

@@ -34,6 +34,14 @@ struct fs_reply {
     uint64_t spawn_ns; /* time the fork server spent (clone + parent-side setup) */
 };
 
+/* Start-up (sync 0): once the fork server has loaded the policy, prepared
+ * the mounts, probed cgroups and initialised the interpreter, it sends one
+ * "ready" record: a struct fs_reply with turn_id 0, pid = its own pid,
+ * spawn_ns = its start-up time, status 0 or -errno; a failed start appends
+ * the reason ("file:line: reason" for a policy error) as text after the
+ * struct in the same record, at most FS_READY_MAX_MSG bytes, no NUL. */
+#define FS_READY_MAX_MSG 1024
+
 /* --- supervisor side --- */
 
 struct fs_client {

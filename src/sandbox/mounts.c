@@ -1,1 +1,621 @@
-/* placeholder: being written */
+/* The sandbox's filesystem (see mounts.h).
+ *
+ * Order in the child (mounts_setup), each step relying on the one before:
+ *   1. make every mount private: nothing below propagates back to the host;
+ *   2. mount the new root, a small tmpfs, over /tmp and pivot_root into it,
+ *      keeping the old root at /.oldroot so bind sources are reachable even
+ *      where the new root used to cover them (bubblewrap does the same);
+ *   3. one size-limited "scratch" tmpfs, bound at /workspace, /tmp and
+ *      /dev/shm, so cfg->tmpfs_size caps the three together;
+ *   4. /tools: a tmpfs whose only writable path is an fd; the visible path
+ *      is a read-only bind;
+ *   5. replay the prepared operation list: read-only binds of /usr and of the
+ *      chosen /etc files, merged-/usr symlinks, site dirs, /dev nodes;
+ *   6. a fresh /proc (must precede 7: the kernel only lets a user namespace
+ *      mount proc while a fully visible proc is still in its mount namespace);
+ *   7. detach the old root: from here on no host path is reachable;
+ *   8. remount the root tmpfs read-only: user code can create files only in
+ *      /workspace, /tmp and /dev/shm.
+ * The host-facing decisions (which files exist, which mount flags a bind must
+ * keep) were made once by mounts_prepare(); the child performs no lookups of
+ * its own beyond the operations themselves. */
+#include "sandbox/mounts.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "core/cleanup.h"
+
+#define OLDROOT "/.oldroot"
+#define SCRATCH "/.scratch"
+#define TOOLS_RW "/.tools"
+#define OP_PATH_MAX 320
+
+/* Synthetic /etc files: nothing about the host leaks through them, and the
+ * NSS config loads no module that could reach outside (dbus, systemd). */
+static const char etc_passwd[] =
+    "root:x:0:0:root:/workspace:/bin/sh\n"
+    "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n";
+static const char etc_group[] =
+    "root:x:0:\n"
+    "nogroup:x:65534:\n";
+static const char etc_hosts[] =
+    "127.0.0.1\tlocalhost forkbox\n"
+    "::1\tlocalhost ip6-localhost ip6-loopback\n";
+static const char etc_nsswitch[] =
+    "passwd: files\n"
+    "group: files\n"
+    "shadow: files\n"
+    "hosts: files\n"
+    "networks: files\n"
+    "protocols: files\n"
+    "services: files\n";
+static const char etc_hostname[] = "forkbox\n";
+
+enum mop_kind {
+    MOP_DIR,      /* mkdir dst (mode); an existing dir is fine */
+    MOP_FILE,     /* create dst with data (mode) */
+    MOP_SYMLINK,  /* symlink src -> dst */
+    MOP_BIND_RO,  /* bind host src at dst, then remount read-only, nosuid, nodev */
+    MOP_BIND_DEV, /* bind a host device node at dst as is */
+};
+
+struct mount_op {
+    enum mop_kind kind;
+    bool is_dir;           /* binds: the mountpoint is a directory (else a file) */
+    mode_t mode;           /* DIR, FILE */
+    unsigned long keep;    /* BIND_RO: locked flags of the source the remount must repeat */
+    const char *data;      /* FILE: static contents */
+    char src[OP_PATH_MAX]; /* BIND: host path; SYMLINK: link target */
+    char dst[OP_PATH_MAX]; /* path in the new root */
+};
+
+struct mount_plan {
+    struct mount_op *ops; /* owned */
+    size_t n, cap;
+};
+
+static int perr(char *err, size_t errlen, int e, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int perr(char *err, size_t errlen, int e, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+    return -e;
+}
+
+static struct mount_op *add(struct mount_plan *mp, enum mop_kind kind, const char *src,
+                            const char *dst)
+{
+    if (mp->n == mp->cap) {
+        size_t cap = mp->cap ? mp->cap * 2 : 32;
+        struct mount_op *ops = realloc(mp->ops, cap * sizeof *ops);
+        if (!ops)
+            return NULL;
+        mp->ops = ops;
+        mp->cap = cap;
+    }
+    if ((src && strlen(src) >= OP_PATH_MAX) || strlen(dst) >= OP_PATH_MAX) {
+        errno = ENAMETOOLONG;
+        return NULL;
+    }
+    struct mount_op *op = &mp->ops[mp->n++];
+    memset(op, 0, sizeof *op);
+    op->kind = kind;
+    if (src)
+        snprintf(op->src, sizeof op->src, "%s", src);
+    snprintf(op->dst, sizeof op->dst, "%s", dst);
+    return op;
+}
+
+static int add_dir(struct mount_plan *mp, const char *dst, mode_t mode)
+{
+    struct mount_op *op = add(mp, MOP_DIR, NULL, dst);
+    if (!op)
+        return -errno;
+    op->mode = mode;
+    return 0;
+}
+
+/* mkdir -p for every parent of path (not path itself). */
+static int add_parents(struct mount_plan *mp, const char *path)
+{
+    char buf[OP_PATH_MAX];
+    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf)
+        return -ENAMETOOLONG;
+    for (char *s = strchr(buf + 1, '/'); s; s = strchr(s + 1, '/')) {
+        *s = '\0';
+        int r = add_dir(mp, buf, 0755);
+        *s = '/';
+        if (r < 0)
+            return r;
+    }
+    return 0;
+}
+
+static int add_file(struct mount_plan *mp, const char *dst, const char *data)
+{
+    struct mount_op *op = add(mp, MOP_FILE, NULL, dst);
+    if (!op)
+        return -errno;
+    op->mode = 0644;
+    op->data = data;
+    return 0;
+}
+
+static int add_symlink(struct mount_plan *mp, const char *target, const char *dst)
+{
+    return add(mp, MOP_SYMLINK, target, dst) ? 0 : -errno;
+}
+
+static int add_bind_ro(struct mount_plan *mp, const char *src, const char *dst, bool is_dir)
+{
+    struct statvfs sv;
+    if (statvfs(src, &sv) < 0)
+        return -errno;
+    struct mount_op *op = add(mp, MOP_BIND_RO, src, dst);
+    if (!op)
+        return -errno;
+    op->is_dir = is_dir;
+    /* A remount inside a user namespace may not clear flags the source
+     * mount has (they are locked); nosuid and nodev we add anyway, atime
+     * flags the kernel keeps by itself for MS_BIND|MS_REMOUNT. */
+    op->keep = (sv.f_flag & ST_NOEXEC) ? MS_NOEXEC : 0;
+    return 0;
+}
+
+/* A host path that may not exist: a symlink into /usr is recreated as the
+ * same symlink (the target is visible through the /usr bind); a file or
+ * directory is bound read-only; anything else is skipped. */
+static int add_host_entry(struct mount_plan *mp, const char *path)
+{
+    struct stat st;
+    if (lstat(path, &st) < 0)
+        return errno == ENOENT ? 0 : -errno;
+    if (S_ISLNK(st.st_mode)) {
+        char target[OP_PATH_MAX];
+        ssize_t n = readlink(path, target, sizeof target - 1);
+        if (n < 0)
+            return -errno;
+        target[n] = '\0';
+        if (strncmp(target, "/usr/", 5) == 0)
+            return add_symlink(mp, target, path);
+        if (stat(path, &st) < 0)
+            return errno == ENOENT ? 0 : -errno;
+    }
+    if (S_ISDIR(st.st_mode)) {
+        int r = add_dir(mp, path, 0755);
+        return r < 0 ? r : add_bind_ro(mp, path, path, true);
+    }
+    if (S_ISREG(st.st_mode))
+        return add_bind_ro(mp, path, path, false);
+    return 0;
+}
+
+static bool path_under(const char *path, const char *dir)
+{
+    size_t n = strlen(dir);
+    return strncmp(path, dir, n) == 0 && (path[n] == '\0' || path[n] == '/');
+}
+
+/* Absolute, no empty, "." or ".." components, no trailing slash. */
+static bool path_clean(const char *p)
+{
+    if (p[0] != '/' || p[1] == '\0')
+        return false;
+    for (const char *s = p; *s; ) {
+        const char *c = s + 1, *e = strchr(c, '/');
+        size_t n = e ? (size_t)(e - c) : strlen(c);
+        if (n == 0 || (n == 1 && c[0] == '.') || (n == 2 && c[0] == '.' && c[1] == '.'))
+            return false;
+        s = c + n;
+    }
+    return true;
+}
+
+/* Paths the sandbox builds itself; nothing from the host may land there. */
+static const char *const reserved_dirs[] = {"/proc", "/dev", "/workspace", "/tmp", "/etc",
+                                            OLDROOT, SCRATCH, TOOLS_RW};
+
+static int check_tools_dir(const char *p, char *err, size_t errlen)
+{
+    const char *base = strrchr(p, '/');
+    if (!path_clean(p) || !base || strcmp(base + 1, "tools") != 0)
+        return perr(err, errlen, EINVAL,
+                    "tools dir %s: must be a clean absolute path ending in /tools", p);
+    for (size_t i = 0; i < sizeof reserved_dirs / sizeof *reserved_dirs; i++)
+        if (path_under(p, reserved_dirs[i]))
+            return perr(err, errlen, EINVAL, "tools dir %s: inside %s", p, reserved_dirs[i]);
+    if (path_under(p, "/usr"))
+        return perr(err, errlen, EINVAL, "tools dir %s: inside /usr", p);
+    return 0;
+}
+
+int mounts_prepare(const struct config *cfg, struct mount_plan **out, char *err, size_t errlen)
+{
+    int r = check_tools_dir(cfg->tools_dir, err, errlen);
+    if (r < 0)
+        return r;
+
+    struct mount_plan *mp = calloc(1, sizeof *mp);
+    if (!mp)
+        return perr(err, errlen, ENOMEM, "out of memory");
+
+#define TRY(expr, ...)                                   \
+    do {                                                 \
+        r = (expr);                                      \
+        if (r < 0) {                                     \
+            perr(err, errlen, -r, __VA_ARGS__);          \
+            goto fail;                                   \
+        }                                                \
+    } while (0)
+
+    /* The interpreter, its stdlib and dist-packages, and every shared
+     * library live under /usr. */
+    TRY(add_dir(mp, "/usr", 0755), "plan /usr");
+    TRY(add_bind_ro(mp, "/usr", "/usr", true), "/usr: %s", strerror(-r));
+
+    /* Merged /usr (Debian 12): the top-level lib and bin dirs are symlinks;
+     * recreate them. A host that still has real dirs gets read-only binds. */
+    static const char *const toplevel[] = {"/bin", "/sbin", "/lib", "/lib32", "/lib64",
+                                           "/libx32"};
+    for (size_t i = 0; i < sizeof toplevel / sizeof *toplevel; i++) {
+        struct stat st;
+        if (lstat(toplevel[i], &st) < 0)
+            continue;
+        if (S_ISLNK(st.st_mode)) {
+            char target[OP_PATH_MAX];
+            ssize_t n = readlink(toplevel[i], target, sizeof target - 1);
+            if (n < 0)
+                continue;
+            target[n] = '\0';
+            TRY(add_symlink(mp, target, toplevel[i]), "plan %s", toplevel[i]);
+        } else if (S_ISDIR(st.st_mode)) {
+            TRY(add_dir(mp, toplevel[i], 0755), "plan %s", toplevel[i]);
+            TRY(add_bind_ro(mp, toplevel[i], toplevel[i], true), "%s: %s", toplevel[i],
+                strerror(-r));
+        }
+    }
+
+    /* A minimal /etc: synthetic identity files, then the few host files
+     * the dynamic loader, time zone, mimetypes, ssl and the interpreter read. */
+    TRY(add_dir(mp, "/etc", 0755), "plan /etc");
+    TRY(add_file(mp, "/etc/passwd", etc_passwd), "plan /etc/passwd");
+    TRY(add_file(mp, "/etc/group", etc_group), "plan /etc/group");
+    TRY(add_file(mp, "/etc/hosts", etc_hosts), "plan /etc/hosts");
+    TRY(add_file(mp, "/etc/hostname", etc_hostname), "plan /etc/hostname");
+    TRY(add_file(mp, "/etc/nsswitch.conf", etc_nsswitch), "plan /etc/nsswitch.conf");
+    static const char *const etc_files[] = {"/etc/ld.so.cache", "/etc/localtime",
+                                            "/etc/mime.types"};
+    for (size_t i = 0; i < sizeof etc_files / sizeof *etc_files; i++)
+        TRY(add_host_entry(mp, etc_files[i]), "%s: %s", etc_files[i], strerror(-r));
+    struct stat st;
+    if (stat("/etc/ssl/certs", &st) == 0 && S_ISDIR(st.st_mode)) {
+        /* Not the whole of /etc/ssl: /etc/ssl/private holds host keys. */
+        TRY(add_dir(mp, "/etc/ssl", 0755), "plan /etc/ssl");
+        TRY(add_host_entry(mp, "/etc/ssl/certs"), "/etc/ssl/certs: %s", strerror(-r));
+        TRY(add_host_entry(mp, "/etc/ssl/openssl.cnf"), "/etc/ssl/openssl.cnf: %s",
+            strerror(-r));
+    }
+    DIR *d = opendir("/etc");
+    if (d) {
+        struct dirent *de;
+        while ((de = readdir(d))) {
+            /* /etc/python3.11 (sitecustomize.py) and the like. */
+            if (strncmp(de->d_name, "python3", 7) != 0)
+                continue;
+            char path[OP_PATH_MAX];
+            snprintf(path, sizeof path, "/etc/%s", de->d_name);
+            r = add_host_entry(mp, path);
+            if (r < 0) {
+                closedir(d);
+                perr(err, errlen, -r, "%s: %s", path, strerror(-r));
+                goto fail;
+            }
+        }
+        closedir(d);
+    }
+
+    /* Operator-supplied site dirs, read-only at the same path. Those under
+     * /usr are visible already. */
+    for (unsigned i = 0; i < cfg->n_site_dirs; i++) {
+        const char *p = cfg->site_dirs[i];
+        if (!path_clean(p))
+            TRY(-EINVAL, "site dir %s: not a clean absolute path", p);
+        if (stat(p, &st) < 0 || !S_ISDIR(st.st_mode))
+            TRY(-(errno ? errno : ENOTDIR), "site dir %s: %s", p,
+                strerror(errno ? errno : ENOTDIR));
+        if (path_under(p, "/usr"))
+            continue;
+        for (size_t j = 0; j < sizeof reserved_dirs / sizeof *reserved_dirs; j++)
+            if (path_under(p, reserved_dirs[j]) && strcmp(reserved_dirs[j], "/tmp") != 0)
+                TRY(-EINVAL, "site dir %s: inside %s", p, reserved_dirs[j]);
+        if (path_under(cfg->tools_dir, p) || path_under(p, cfg->tools_dir))
+            TRY(-EINVAL, "site dir %s: overlaps the tools dir", p);
+        TRY(add_parents(mp, p), "plan %s", p);
+        TRY(add_dir(mp, p, 0755), "plan %s", p);
+        TRY(add_bind_ro(mp, p, p, true), "site dir %s: %s", p, strerror(-r));
+    }
+
+    /* /dev: the harmless nodes only; no tty, no pts, no block devices. */
+    static const char *const devs[] = {"/dev/null", "/dev/zero", "/dev/full", "/dev/random",
+                                       "/dev/urandom"};
+    for (size_t i = 0; i < sizeof devs / sizeof *devs; i++) {
+        if (stat(devs[i], &st) < 0 || !S_ISCHR(st.st_mode))
+            TRY(-ENODEV, "%s: not a character device on this host", devs[i]);
+        struct mount_op *op = add(mp, MOP_BIND_DEV, devs[i], devs[i]);
+        if (!op)
+            TRY(-errno, "plan %s", devs[i]);
+    }
+    TRY(add_symlink(mp, "/proc/self/fd", "/dev/fd"), "plan /dev/fd");
+    TRY(add_symlink(mp, "/proc/self/fd/0", "/dev/stdin"), "plan /dev/stdin");
+    TRY(add_symlink(mp, "/proc/self/fd/1", "/dev/stdout"), "plan /dev/stdout");
+    TRY(add_symlink(mp, "/proc/self/fd/2", "/dev/stderr"), "plan /dev/stderr");
+#undef TRY
+
+    *out = mp;
+    return 0;
+fail:
+    mounts_free(mp);
+    return r;
+}
+
+void mounts_free(struct mount_plan *mp)
+{
+    if (!mp)
+        return;
+    free(mp->ops);
+    free(mp);
+}
+
+size_t mounts_len(const struct mount_plan *mp) { return mp ? mp->n : 0; }
+
+/* --- child side: no allocation, no stdio beyond snprintf into what --- */
+
+static int cfail(char *what, size_t whatlen, const char *op, const char *path)
+{
+    int e = errno ? errno : EIO;
+    snprintf(what, whatlen, "%s %s", op, path);
+    return -e;
+}
+
+static int mkdir_ok(const char *path, mode_t mode)
+{
+    if (mkdir(path, mode) == 0 || errno == EEXIST)
+        return 0;
+    return -1;
+}
+
+/* mkdir -p path inside the new root (parents 0755). */
+static int mkdir_p(const char *path, mode_t mode)
+{
+    char buf[OP_PATH_MAX];
+    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    for (char *s = strchr(buf + 1, '/'); s; s = strchr(s + 1, '/')) {
+        *s = '\0';
+        int r = mkdir_ok(buf, 0755);
+        *s = '/';
+        if (r < 0)
+            return -1;
+    }
+    return mkdir_ok(buf, mode);
+}
+
+static int touch(const char *path)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0444);
+    if (fd < 0)
+        return errno == EEXIST ? 0 : -1;
+    close(fd);
+    return 0;
+}
+
+static int write_file(const char *path, const char *data, mode_t mode)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, mode);
+    if (fd < 0)
+        return -1;
+    size_t n = strlen(data);
+    ssize_t w = write(fd, data, n);
+    int e = errno;
+    close(fd);
+    if (w != (ssize_t)n) {
+        errno = w < 0 ? e : EIO;
+        return -1;
+    }
+    return 0;
+}
+
+static int run_op(const struct mount_op *op, char *what, size_t whatlen)
+{
+    char src[sizeof OLDROOT + OP_PATH_MAX];
+    switch (op->kind) {
+    case MOP_DIR:
+        if (mkdir_ok(op->dst, op->mode) < 0)
+            return cfail(what, whatlen, "mkdir", op->dst);
+        return 0;
+    case MOP_FILE:
+        if (write_file(op->dst, op->data, op->mode) < 0)
+            return cfail(what, whatlen, "write", op->dst);
+        return 0;
+    case MOP_SYMLINK:
+        if (symlink(op->src, op->dst) < 0)
+            return cfail(what, whatlen, "symlink", op->dst);
+        return 0;
+    case MOP_BIND_RO:
+    case MOP_BIND_DEV:
+        snprintf(src, sizeof src, OLDROOT "%s", op->src);
+        if ((op->is_dir ? mkdir_ok(op->dst, 0755) : touch(op->dst)) < 0)
+            return cfail(what, whatlen, "mountpoint", op->dst);
+        /* Not MS_REC: submounts of a bound host dir stay hidden (and a
+         * host that has any under /usr makes this fail with EINVAL, the
+         * kernel refusing to reveal what they cover). */
+        if (mount(src, op->dst, NULL, MS_BIND, NULL) < 0)
+            return cfail(what, whatlen, "bind", op->dst);
+        if (op->kind == MOP_BIND_RO &&
+            mount(NULL, op->dst, NULL,
+                  MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | op->keep,
+                  NULL) < 0)
+            return cfail(what, whatlen, "remount read-only", op->dst);
+        return 0;
+    }
+    errno = EINVAL;
+    return cfail(what, whatlen, "unknown op for", op->dst);
+}
+
+/* Mount a tmpfs at a temporary path; options are "mode=...,size=...". */
+static int tmpfs_at(const char *path, uint64_t size, uint64_t inodes)
+{
+    char opts[96];
+    int n = snprintf(opts, sizeof opts, "mode=0755");
+    if (size)
+        n += snprintf(opts + n, sizeof opts - (size_t)n, ",size=%llu", (unsigned long long)size);
+    if (inodes)
+        snprintf(opts + n, sizeof opts - (size_t)n, ",nr_inodes=%llu",
+                 (unsigned long long)inodes);
+    if (mkdir_ok(path, 0700) < 0)
+        return -1;
+    return mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, opts);
+}
+
+static int detach(const char *path)
+{
+    if (umount2(path, MNT_DETACH) < 0)
+        return -1;
+    return rmdir(path);
+}
+
+int mounts_setup(const struct config *cfg, const struct mount_plan *mp, int *tools_fd,
+                 char *what, size_t whatlen)
+{
+    *tools_fd = -1;
+
+    /* 1. Our copy of the host's mounts may be shared with the host (systemd
+     * makes / shared): make the whole tree private before mounting anything. */
+    if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
+        return cfail(what, whatlen, "make-rprivate", "/");
+
+    /* 2. The new root: tmpfs over /tmp in our namespace only, then
+     * pivot_root with the old root kept at /.oldroot. */
+    if (mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+              "mode=0755,size=1m,nr_inodes=4096") < 0)
+        return cfail(what, whatlen, "mount root tmpfs on", "/tmp");
+    if (mkdir("/tmp" OLDROOT, 0700) < 0)
+        return cfail(what, whatlen, "mkdir", OLDROOT);
+    if (syscall(SYS_pivot_root, "/tmp", "/tmp" OLDROOT) < 0)
+        return cfail(what, whatlen, "pivot_root", "/tmp");
+    if (chdir("/") < 0)
+        return cfail(what, whatlen, "chdir", "/");
+
+    /* 3. One tmpfs for everything user code may write, so tmpfs_size bounds
+     * the sum; detached from its own path once the binds exist. */
+    if (tmpfs_at(SCRATCH, cfg->tmpfs_size, 0) < 0)
+        return cfail(what, whatlen, "mount tmpfs", SCRATCH);
+    static const struct {
+        const char *src, *dst;
+        mode_t mode;
+    } scratch[] = {
+        {SCRATCH "/workspace", "/workspace", 0755},
+        {SCRATCH "/tmp", "/tmp", 01777},
+        {SCRATCH "/shm", "/dev/shm", 01777},
+    };
+    for (size_t i = 0; i < sizeof scratch / sizeof *scratch; i++) {
+        /* chmod after mkdir: the umask must not eat the sticky bit. */
+        if (mkdir(scratch[i].src, 0700) < 0 || chmod(scratch[i].src, scratch[i].mode) < 0)
+            return cfail(what, whatlen, "mkdir", scratch[i].src);
+        if (mkdir_p(scratch[i].dst, 0755) < 0)
+            return cfail(what, whatlen, "mkdir", scratch[i].dst);
+        if (mount(scratch[i].src, scratch[i].dst, NULL, MS_BIND, NULL) < 0)
+            return cfail(what, whatlen, "bind", scratch[i].dst);
+    }
+    if (detach(SCRATCH) < 0)
+        return cfail(what, whatlen, "detach", SCRATCH);
+
+    /* 4. /tools: read-only for user code; the runtime extracts the tools
+     * archive through the fd, then closes it, and the writable mount is
+     * gone with it. */
+    uint64_t tsize = cfg->max_unpacked ? cfg->max_unpacked + 4 * 1024 * 1024 : 0;
+    uint64_t tinodes = cfg->max_members ? cfg->max_members + 64 : 0;
+    if (tmpfs_at(TOOLS_RW, tsize, tinodes) < 0)
+        return cfail(what, whatlen, "mount tmpfs", TOOLS_RW);
+    int fd = open(TOOLS_RW, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return cfail(what, whatlen, "open", TOOLS_RW);
+    if (mkdir_p(cfg->tools_dir, 0755) < 0 ||
+        mount(TOOLS_RW, cfg->tools_dir, NULL, MS_BIND, NULL) < 0 ||
+        mount(NULL, cfg->tools_dir, NULL,
+              MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, NULL) < 0) {
+        int e = errno;
+        close(fd);
+        errno = e;
+        return cfail(what, whatlen, "bind read-only", cfg->tools_dir);
+    }
+    if (detach(TOOLS_RW) < 0) {
+        int e = errno;
+        close(fd);
+        errno = e;
+        return cfail(what, whatlen, "detach", TOOLS_RW);
+    }
+
+    /* 5. The prepared host-dependent operations. */
+    for (size_t i = 0; i < mp->n; i++) {
+        int r = run_op(&mp->ops[i], what, whatlen);
+        if (r < 0) {
+            close(fd);
+            return r;
+        }
+    }
+
+    /* 6. Our pid namespace's proc (the old root's proc still makes this
+     * permitted: see the comment at the top). No hidepid needed: only our
+     * own processes are in this pid namespace. */
+    if (mkdir_ok("/proc", 0555) < 0 ||
+        mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0) {
+        int e = errno;
+        close(fd);
+        errno = e;
+        return cfail(what, whatlen, "mount", "/proc");
+    }
+
+    /* 7. Lazily detach the whole host tree. */
+    if (detach(OLDROOT) < 0) {
+        int e = errno;
+        close(fd);
+        errno = e;
+        return cfail(what, whatlen, "detach", OLDROOT);
+    }
+
+    /* 8. Root read-only (per-mount flag; the submounts keep their own). */
+    if (mount(NULL, "/", NULL, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
+              NULL) < 0) {
+        int e = errno;
+        close(fd);
+        errno = e;
+        return cfail(what, whatlen, "remount read-only", "/");
+    }
+    if (chdir("/") < 0) {
+        int e = errno;
+        close(fd);
+        errno = e;
+        return cfail(what, whatlen, "chdir", "/");
+    }
+    *tools_fd = fd;
+    return 0;
+}

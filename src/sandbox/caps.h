@@ -1,0 +1,14 @@
+/* Dropping privilege inside the sandbox's user namespace. */
+#pragma once
+#include <stddef.h>
+
+/* Empty every capability set (bounding via PR_CAPBSET_DROP, ambient, then
+ * effective/permitted/inheritable with libcap), lock the securebits so that
+ * uid 0 in the namespace never regains capabilities (SECBIT_NOROOT,
+ * NO_SETUID_FIXUP, KEEP_CAPS off, NO_CAP_AMBIENT_RAISE, all locked) and set
+ * PR_SET_NO_NEW_PRIVS. 0 or -errno with what failed in what. */
+int caps_drop_all(char *what, size_t whatlen);
+
+/* 1 if the calling process has no capability in any set and no_new_privs is
+ * set, 0 if not, -errno on error (tests and self-checks). */
+int caps_all_dropped(void);

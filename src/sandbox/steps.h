@@ -1,0 +1,79 @@
+/* Spawning one sandbox: the fork server's half (clone, id maps, cgroup
+ * placement, release) and the child's half (the ordered isolation steps,
+ * then the runtime's serve loop).
+ *
+ * Nothing here talks to the supervisor or touches turn data: the channel is a
+ * fresh socketpair whose far end the caller hands on. The interpreter is
+ * reached only through struct sbx_hooks, so tests can spawn real sandboxes
+ * without linking pyrt. */
+#pragma once
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "config/config.h"
+
+struct sbx_policy;
+struct sbx_cgroups;
+struct mount_plan;
+
+/* What runs in the child around the isolation steps. */
+struct sbx_hooks {
+    /* Right after clone, before step 1 (re-arms the inherited interpreter:
+     * thread state, locks). NULL = nothing. */
+    void (*after_fork)(void);
+    /* After the last step: serve the turn; never returns. Signature and fd
+     * contract as pyrt_serve() (pyrt.h). */
+    void (*serve)(int chan_fd, int tools_fd, const char *tools_dir,
+                  const char *workspace_dir) __attribute__((noreturn));
+};
+
+enum sbx_plan_flags {
+    SBX_PLAN_NO_SECCOMP = 1u << 0, /* tests only: skip policy_install */
+    SBX_PLAN_FORCE_FORK = 1u << 1, /* tests only: use the fork()+unshare path */
+};
+
+/* Everything a spawn needs, prepared once in the fork server. All borrowed. */
+struct sbx_plan {
+    const struct config *cfg;
+    const struct sbx_policy *policy;  /* required when isolating (see flags) */
+    struct sbx_cgroups *cgroups;      /* NULL = no cgroup placement */
+    const struct mount_plan *mounts;  /* from mounts_prepare(); isolating only */
+    const struct sbx_hooks *hooks;
+    pid_t *tid_addr;   /* glibc's cached tid in our TCB (sbx_tid_probe), or NULL */
+    unsigned flags;    /* enum sbx_plan_flags */
+};
+
+/* One spawned sandbox, as the fork server keeps it. */
+struct sbx_child {
+    pid_t pid;         /* host pid; > 0 whenever a process exists to be reaped */
+    int pidfd;         /* owned; -1 after hand-off */
+    int chan_fd;       /* owned: the supervisor's end of the channel; -1 after hand-off */
+    char *turn_dir;    /* owned; non-isolated mode: per-turn dir to remove at reap */
+    uint64_t spawn_ns; /* clone until the child was released */
+};
+
+/* Find glibc's cached thread id inside our struct pthread: the one int at
+ * pthread_self() equal to gettid(). Call once, single-threaded. 0 with *out
+ * set, or -ENOENT/-EEXIST (none / ambiguous: use the fork path). */
+int sbx_tid_probe(pid_t **out);
+
+/* Spawn one sandbox per plan. 0 with *out filled, or -errno with a reason in
+ * err. Even on failure out->pid may be > 0: that child has been killed but
+ * still has to be reaped and released with sbx_child_release(). */
+int sbx_spawn(const struct sbx_plan *plan, struct sbx_child *out, char *err, size_t errlen);
+
+/* After out->pid was reaped: remove its cgroups and turn dir, close what is
+ * still owned. */
+void sbx_child_release(const struct sbx_plan *plan, struct sbx_child *c);
+
+/* Exit status of a sandbox whose setup step `step` failed (habit 4). */
+#define SBX_EXIT_STEP_BASE 70
+
+/* --- the interpreter glue (child.c): the only place that calls pyrt --- */
+
+/* In the fork server: pyrt_init(). 0 or -1 with a reason in err. */
+int sbx_runtime_init(const struct config *cfg, char *err, size_t errlen);
+/* Hooks that run the real runtime (pyrt_after_fork, pyrt_serve). */
+extern const struct sbx_hooks sbx_runtime_hooks;

@@ -1,0 +1,695 @@
+/* Sandbox spawn tests (TAP): spawn real sandboxes through sbx_spawn() with a
+ * test "serve" hook in place of pyrt_serve, check the isolation from inside
+ * the child, and report each check over the channel as a line:
+ *   "P <name>\n" or "F <name>: <detail>\n", then "T <ns>\n" (the monotonic
+ * time at which serve was entered).
+ * Needs root and user namespaces; exits 77 (skip) otherwise. Seccomp is
+ * skipped (SBX_PLAN_NO_SECCOMP): the policy has its own tests, and the checks
+ * here use syscalls a policy may refuse. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <linux/securebits.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/pidfd.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "proto/chan.h"
+#include "sandbox/caps.h"
+#include "sandbox/mounts.h"
+#include "sandbox/steps.h"
+
+/* --- test-only globals: the serve hooks get no context argument --- */
+static char g_expected_root[512]; /* space-separated sorted names of / */
+static char g_site_dir[128];      /* a site dir bound read-only, with a file "mod.py" */
+static volatile sig_atomic_t g_usr1;
+
+static int tap_n, tap_failed;
+
+static void tap(bool ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void tap(bool ok, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    printf("%s %d - ", ok ? "ok" : "not ok", ++tap_n);
+    vprintf(fmt, ap);
+    printf("\n");
+    va_end(ap);
+    if (!ok)
+        tap_failed++;
+    fflush(stdout);
+}
+
+static uint64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* ---------------------------- inside the child ---------------------------- */
+
+static int g_out = -1;
+
+static void say(bool ok, const char *name, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void say(bool ok, const char *name, const char *fmt, ...)
+{
+    char line[600], detail[400] = "";
+    if (fmt) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(detail, sizeof detail, fmt, ap);
+        va_end(ap);
+    }
+    int n = ok ? snprintf(line, sizeof line, "P %s\n", name)
+               : snprintf(line, sizeof line, "F %s: %s\n", name, detail);
+    if (write(g_out, line, (size_t)n) != n)
+        _exit(99);
+}
+
+static int read_text(const char *path, char *buf, size_t len)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    ssize_t n = read(fd, buf, len - 1);
+    close(fd);
+    if (n < 0)
+        return -errno;
+    buf[n] = '\0';
+    return (int)n;
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Sorted, space-separated names in dir (without . and ..). */
+static void list_dir(const char *dir, char *out, size_t len)
+{
+    char *names[64];
+    int n = 0;
+    out[0] = '\0';
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    struct dirent *de;
+    while ((de = readdir(d)) && n < 64)
+        if (strcmp(de->d_name, ".") && strcmp(de->d_name, ".."))
+            names[n++] = strdup(de->d_name);
+    closedir(d);
+    qsort(names, (size_t)n, sizeof *names, cmp_str);
+    size_t off = 0;
+    for (int i = 0; i < n; i++) {
+        off += (size_t)snprintf(out + off, len - off, "%s%s", i ? " " : "", names[i]);
+        free(names[i]);
+        if (off >= len)
+            break;
+    }
+}
+
+static void on_usr1(int sig) { g_usr1 = 1; }
+
+static void check_isolated(int chan_fd, int tools_fd, const char *tools_dir, const char *ws)
+{
+    char buf[4096];
+    int r;
+
+    say(getpid() == 1, "pid 1 of a new pid namespace", "getpid() = %d", getpid());
+    say(getuid() == 0 && geteuid() == 0 && getgid() == 0, "uid/gid 0 inside", "uid %d gid %d",
+        getuid(), getgid());
+    unsigned a, b, c;
+    r = read_text("/proc/self/uid_map", buf, sizeof buf);
+    say(r > 0 && sscanf(buf, "%u %u %u", &a, &b, &c) == 3 && a == 0 && b == 65534 && c == 1 &&
+            !strchr(strchr(buf, '\n') ? strchr(buf, '\n') + 1 : "", '\n'),
+        "uid_map is exactly 0 -> 65534", "uid_map: %s", r > 0 ? buf : strerror(-r));
+    r = read_text("/proc/self/gid_map", buf, sizeof buf);
+    say(r > 0 && sscanf(buf, "%u %u %u", &a, &b, &c) == 3 && a == 0 && b == 65534 && c == 1,
+        "gid_map is exactly 0 -> 65534", "gid_map: %s", r > 0 ? buf : strerror(-r));
+    r = read_text("/proc/self/setgroups", buf, sizeof buf);
+    say(r > 0 && strncmp(buf, "deny", 4) == 0, "setgroups denied", "%s", buf);
+    gid_t groups[8];
+    int ng = getgroups(8, groups);
+    say(ng == 0, "no supplementary groups", "%d groups", ng);
+
+    say(caps_all_dropped() == 1, "no capabilities in any set, no_new_privs set", "%d",
+        caps_all_dropped());
+    int sb = prctl(PR_GET_SECUREBITS, 0, 0, 0, 0);
+    int want = SECBIT_NOROOT | SECBIT_NOROOT_LOCKED | SECBIT_NO_SETUID_FIXUP_LOCKED |
+               SECBIT_KEEP_CAPS_LOCKED;
+    say(sb >= 0 && (sb & want) == want && !(sb & SECBIT_KEEP_CAPS), "securebits locked",
+        "securebits 0x%x", sb);
+
+    char root[512];
+    list_dir("/", root, sizeof root);
+    say(strcmp(root, g_expected_root) == 0, "/ holds exactly the expected entries",
+        "got \"%s\", want \"%s\"", root, g_expected_root);
+    list_dir("/dev", buf, sizeof buf);
+    say(strcmp(buf, "fd full null random shm stderr stdin stdout urandom zero") == 0,
+        "/dev holds exactly the expected entries", "got \"%s\"", buf);
+    list_dir("/etc", buf, sizeof buf);
+    say(strstr(buf, "passwd") && strstr(buf, "ld.so.cache") && !strstr(buf, "shadow"),
+        "/etc is the minimal subset", "got \"%s\"", buf);
+    say(access("/etc/shadow", F_OK) < 0 && errno == ENOENT, "/etc/shadow absent", "%s",
+        strerror(errno));
+    r = read_text("/etc/passwd", buf, sizeof buf);
+    say(r > 0 && strncmp(buf, "root:x:0:0:", 11) == 0 && strstr(buf, "\nnobody:"),
+        "synthetic /etc/passwd", "%s", buf);
+
+    errno = 0;
+    int fd = open("/workspace/probe", O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    bool ok = fd >= 0 && write(fd, "hello", 5) == 5 && pread(fd, buf, 5, 0) == 5 &&
+              memcmp(buf, "hello", 5) == 0;
+    say(ok && strcmp(ws, "/workspace") == 0, "/workspace writable", "%s", strerror(errno));
+    if (fd >= 0)
+        close(fd);
+    struct stat st;
+    say(stat("/tmp", &st) == 0 && (st.st_mode & 07777) == 01777, "/tmp is 1777",
+        "mode %o", st.st_mode & 07777);
+    fd = open("/tmp/probe", O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    say(fd >= 0, "/tmp writable", "%s", strerror(errno));
+    if (fd >= 0)
+        close(fd);
+    errno = 0;
+    fd = open("/usr/forkbox-probe", O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    say(fd < 0 && errno == EROFS, "/usr read-only (EROFS)", "%s", strerror(errno));
+    errno = 0;
+    say(mkdir("/probe", 0755) < 0 && errno == EROFS, "/ read-only (EROFS)", "%s",
+        strerror(errno));
+    errno = 0;
+    say(mkdir("/etc/probe", 0755) < 0 && errno == EROFS, "/etc read-only (EROFS)", "%s",
+        strerror(errno));
+    say(access("/usr/bin/env", X_OK) == 0 && access("/bin/sh", X_OK) == 0,
+        "/usr/bin and /bin reachable", "%s", strerror(errno));
+
+    /* /tools: read-only by path, writable only through the fd. */
+    errno = 0;
+    fd = open("/tools/probe.py", O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    say(fd < 0 && errno == EROFS && strcmp(tools_dir, "/tools") == 0,
+        "/tools read-only by path (EROFS)", "%s", strerror(errno));
+    fd = openat(tools_fd, "probe.py", O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    ok = fd >= 0 && write(fd, "x = 1\n", 6) == 6;
+    say(ok, "tools fd writable", "%s", strerror(errno));
+    if (fd >= 0)
+        close(fd);
+    say(access("/tools/probe.py", R_OK) == 0, "file written via fd visible at /tools", "%s",
+        strerror(errno));
+    close(tools_fd);
+
+    if (g_site_dir[0]) {
+        snprintf(buf, sizeof buf, "%s/mod.py", g_site_dir);
+        say(access(buf, R_OK) == 0, "site dir bound at the same path", "%s: %s", buf,
+            strerror(errno));
+        snprintf(buf, sizeof buf, "%s/new.py", g_site_dir);
+        errno = 0;
+        fd = open(buf, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+        say(fd < 0 && errno == EROFS, "site dir read-only", "%s", strerror(errno));
+    }
+
+    /* Devices. */
+    fd = open("/dev/null", O_WRONLY | O_CLOEXEC);
+    say(fd >= 0 && write(fd, "x", 1) == 1, "/dev/null writable", "%s", strerror(errno));
+    if (fd >= 0)
+        close(fd);
+    fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+    say(fd >= 0 && read(fd, buf, 16) == 16, "/dev/urandom readable", "%s", strerror(errno));
+    if (fd >= 0)
+        close(fd);
+
+    /* Network: lo only, and nowhere to go. */
+    r = read_text("/proc/net/dev", buf, sizeof buf);
+    int ifaces = 0;
+    bool only_lo = r > 0;
+    for (char *l = strchr(buf, '\n'); l && (l = strchr(l + 1, '\n')) && l[1];) {
+        char name[32];
+        if (sscanf(l + 1, " %31[^:]:", name) == 1) {
+            ifaces++;
+            if (strcmp(name, "lo") != 0)
+                only_lo = false;
+        }
+    }
+    say(only_lo && ifaces == 1, "only lo in the network namespace", "%d ifaces: %s", ifaces,
+        buf);
+    int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in out = {.sin_family = AF_INET, .sin_port = htons(53),
+                              .sin_addr.s_addr = htonl(0x01010101)};
+    errno = 0;
+    say(s >= 0 && connect(s, (struct sockaddr *)&out, sizeof out) < 0 && errno == ENETUNREACH,
+        "no route out (ENETUNREACH)", "%s", strerror(errno));
+    if (s >= 0)
+        close(s);
+    s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in lo = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    errno = 0;
+    say(s >= 0 && bind(s, (struct sockaddr *)&lo, sizeof lo) == 0 &&
+            connect(s, (struct sockaddr *)&lo, sizeof lo) == 0,
+        "loopback is up", "%s", strerror(errno));
+    if (s >= 0)
+        close(s);
+
+    /* No privilege left to undo any of it. */
+    errno = 0;
+    say(mount("tmpfs", "/workspace", "tmpfs", 0, NULL) < 0 && errno == EPERM,
+        "mount(2) refused (EPERM)", "%s", strerror(errno));
+    errno = 0;
+    say(umount2("/usr", MNT_DETACH) < 0 && errno == EPERM, "umount(2) refused (EPERM)", "%s",
+        strerror(errno));
+    errno = 0;
+    say(setuid(1) < 0 && errno == EINVAL, "cannot become another uid", "%s", strerror(errno));
+    errno = 0;
+    say(unshare(CLONE_NEWUSER) < 0 && errno == ENOSPC, "cannot nest a user namespace (ENOSPC)",
+        "%s", errno ? strerror(errno) : "unshare succeeded");
+
+    gethostname(buf, sizeof buf);
+    say(strcmp(buf, "forkbox") == 0, "hostname is forkbox", "%s", buf);
+    r = read_text("/proc/self/cgroup", buf, sizeof buf);
+    ok = r > 0;
+    for (char *l = buf; ok && *l; l = strchr(l, '\n') + 1) {
+        char *e = strchr(l, '\n');
+        if (!e)
+            break;
+        ok = e - l >= 2 && e[-1] == '/' && e[-2] == ':';
+    }
+    say(ok, "cgroup namespace rooted at our cgroup", "%s", buf);
+
+    /* Nothing but stdio, the channel and (already closed) tools fd. */
+    list_dir("/proc/self/fd", buf, sizeof buf);
+    char want_fds[64];
+    int dfd = open("/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    snprintf(want_fds, sizeof want_fds, "0 1 2 %d %d", chan_fd < dfd ? chan_fd : dfd,
+             chan_fd < dfd ? dfd : chan_fd);
+    close(dfd);
+    say(strcmp(buf, want_fds) == 0, "only stdio and the channel are open", "fds %s", buf);
+    list_dir("/proc", buf, sizeof buf);
+    int pids = 0;
+    for (char *t = strtok(buf, " "); t; t = strtok(NULL, " "))
+        if (t[0] >= '0' && t[0] <= '9')
+            pids++;
+    say(pids == 1, "only our process in /proc", "%d pids", pids);
+
+    /* glibc's cached tid was repaired: raise() reaches ourselves. */
+    signal(SIGUSR1, on_usr1);
+    raise(SIGUSR1);
+    say(g_usr1 == 1 && pthread_kill(pthread_self(), 0) == 0, "raise() reaches us (tid fixed)",
+        "handler ran: %d", (int)g_usr1);
+}
+
+static uint64_t g_serve_ns;
+
+__attribute__((noreturn)) static void serve_checks(int chan_fd, int tools_fd,
+                                                    const char *tools_dir, const char *ws)
+{
+    g_serve_ns = mono_ns();
+    g_out = chan_fd;
+    check_isolated(chan_fd, tools_fd, tools_dir, ws);
+    char line[64];
+    int n = snprintf(line, sizeof line, "T %llu\n", (unsigned long long)g_serve_ns);
+    if (write(chan_fd, line, (size_t)n) != n)
+        _exit(98);
+    _exit(0);
+}
+
+/* Forked fallback: the same checks; only the tid probe differs. */
+
+__attribute__((noreturn)) static void serve_plain(int chan_fd, int tools_fd,
+                                                   const char *tools_dir, const char *ws)
+{
+    g_serve_ns = mono_ns();
+    g_out = chan_fd;
+    char buf[256];
+    say(getppid() > 1, "non-isolated: ordinary child", "ppid %d", getppid());
+    say(geteuid() == 65534 && getegid() == 65534, "non-isolated: runs as the sandbox uid",
+        "uid %d", geteuid());
+    int fd = openat(tools_fd, "t.py", O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    say(fd >= 0, "non-isolated: tools fd writable", "%s", strerror(errno));
+    if (fd >= 0)
+        close(fd);
+    snprintf(buf, sizeof buf, "%s/w", ws);
+    fd = open(buf, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    say(fd >= 0, "non-isolated: workspace writable", "%s: %s", buf, strerror(errno));
+    if (fd >= 0)
+        close(fd);
+    say(strncmp(tools_dir, "/tmp/forkbox-turn-", 18) == 0 &&
+            strcmp(strrchr(tools_dir, '/'), "/tools") == 0,
+        "non-isolated: per-turn tools dir", "%s", tools_dir);
+    int n = snprintf(buf, sizeof buf, "D %s\nT %llu\n", ws, (unsigned long long)g_serve_ns);
+    if (write(chan_fd, buf, (size_t)n) != n)
+        _exit(98);
+    _exit(0);
+}
+
+__attribute__((noreturn)) static void serve_ready(int chan_fd, int tools_fd,
+                                                   const char *tools_dir, const char *ws)
+{
+    uint64_t t = mono_ns();
+    if (write(chan_fd, &t, sizeof t) != sizeof t)
+        _exit(98);
+    _exit(0);
+}
+
+__attribute__((noreturn)) static void serve_hang(int chan_fd, int tools_fd,
+                                                  const char *tools_dir, const char *ws)
+{
+    /* A grandchild that would outlive us if the pid namespace did not die. */
+    if (fork() == 0)
+        for (;;)
+            pause();
+    if (write(chan_fd, "R", 1) != 1)
+        _exit(98);
+    for (;;)
+        pause();
+}
+
+/* ---------------------------- in the parent ------------------------------- */
+
+static const struct sbx_hooks hooks_checks = {.serve = serve_checks};
+static const struct sbx_hooks hooks_plain = {.serve = serve_plain};
+static const struct sbx_hooks hooks_ready = {.serve = serve_ready};
+static const struct sbx_hooks hooks_hang = {.serve = serve_hang};
+
+/* Read everything the child sends until EOF (bounded). */
+static size_t slurp(int fd, char *buf, size_t len)
+{
+    size_t off = 0;
+    for (;;) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (poll(&p, 1, 10000) <= 0)
+            break;
+        ssize_t n = read(fd, buf + off, len - 1 - off);
+        if (n <= 0)
+            break;
+        off += (size_t)n;
+        if (off == len - 1)
+            break;
+    }
+    buf[off] = '\0';
+    return off;
+}
+
+/* Wait for the pidfd to report the exit, then reap; returns the status. */
+static int await_exit(const struct sbx_child *c, bool *pidfd_ok)
+{
+    struct pollfd p = {.fd = c->pidfd, .events = POLLIN};
+    *pidfd_ok = poll(&p, 1, 10000) == 1 && (p.revents & POLLIN);
+    int status = -1;
+    if (waitpid(c->pid, &status, 0) != c->pid)
+        return -1;
+    return status;
+}
+
+static bool no_zombies(void)
+{
+    return waitpid(-1, NULL, WNOHANG) < 0 && errno == ECHILD;
+}
+
+/* Turn the child's P/F lines into TAP; returns the T timestamp (or 0). */
+static uint64_t relay_results(const char *prefix, char *text, char **dir)
+{
+    uint64_t t = 0;
+    for (char *l = strtok(text, "\n"); l; l = strtok(NULL, "\n")) {
+        if (l[0] == 'P')
+            tap(true, "%s%s", prefix, l + 2);
+        else if (l[0] == 'F')
+            tap(false, "%s%s", prefix, l + 2);
+        else if (l[0] == 'T')
+            t = strtoull(l + 2, NULL, 10);
+        else if (l[0] == 'D' && dir)
+            *dir = strdup(l + 2);
+        else
+            tap(false, "%sunexpected line from the child: %s", prefix, l);
+    }
+    return t;
+}
+
+static int userns_available(void)
+{
+    pid_t pid = fork();
+    if (pid == 0)
+        _exit(unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET) == 0 ? 0 : 1);
+    int st;
+    waitpid(pid, &st, 0);
+    return WIFEXITED(st) && WEXITSTATUS(st) == 0;
+}
+
+static void expected_root(char *out, size_t len)
+{
+    const char *names[] = {"bin", "dev", "etc", "lib", "lib32", "lib64", "libx32", "proc",
+                           "sbin", "tmp", "tools", "usr", "workspace"};
+    size_t off = 0;
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+        char p[32];
+        struct stat st;
+        snprintf(p, sizeof p, "/%s", names[i]);
+        bool always = !strcmp(names[i], "dev") || !strcmp(names[i], "etc") ||
+                      !strcmp(names[i], "proc") || !strcmp(names[i], "tmp") ||
+                      !strcmp(names[i], "tools") || !strcmp(names[i], "usr") ||
+                      !strcmp(names[i], "workspace");
+        if (always || lstat(p, &st) == 0)
+            off += (size_t)snprintf(out + off, len - off, "%s%s", off ? " " : "", names[i]);
+    }
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Median clone -> serve-entered, and median parent-side spawn_ns. */
+static void bench(const char *label, const struct sbx_plan *plan)
+{
+    enum { N = 41 };
+    uint64_t ready[N], parent[N];
+    int got = 0;
+    for (int i = 0; i < N; i++) {
+        struct sbx_child c;
+        char err[256];
+        uint64_t t0 = mono_ns();
+        if (sbx_spawn(plan, &c, err, sizeof err) < 0) {
+            tap(false, "%s: spawn %d: %s", label, i, err);
+            return;
+        }
+        uint64_t t = 0;
+        struct pollfd p = {.fd = c.chan_fd, .events = POLLIN};
+        if (poll(&p, 1, 5000) == 1 && read(c.chan_fd, &t, sizeof t) == sizeof t) {
+            ready[got] = t - t0;
+            parent[got++] = c.spawn_ns;
+        }
+        int st;
+        waitpid(c.pid, &st, 0);
+        sbx_child_release(plan, &c);
+    }
+    qsort(ready, (size_t)got, sizeof *ready, cmp_u64);
+    qsort(parent, (size_t)got, sizeof *parent, cmp_u64);
+    tap(got == N, "%s: %d spawns", label, got);
+    if (got)
+        printf("# %s: median clone->serve %.1f us (min %.1f, max %.1f); parent side %.1f us\n",
+               label, ready[got / 2] / 1e3, ready[0] / 1e3, ready[got - 1] / 1e3,
+               parent[got / 2] / 1e3);
+}
+
+int main(void)
+{
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    if (geteuid() != 0) {
+        printf("1..0 # SKIP needs root\n");
+        return 77;
+    }
+    if (!userns_available()) {
+        printf("1..0 # SKIP user namespaces unavailable\n");
+        return 77;
+    }
+    /* Like the fork server: SIGCHLD blocked, no supplementary groups. */
+    sigset_t chld;
+    sigemptyset(&chld);
+    sigaddset(&chld, SIGCHLD);
+    sigprocmask(SIG_BLOCK, &chld, NULL);
+    setgroups(0, NULL);
+
+    char site_tmpl[] = "/tmp/fbtest-site-XXXXXX";
+    if (mkdtemp(site_tmpl)) {
+        chmod(site_tmpl, 0755);
+        snprintf(g_site_dir, sizeof g_site_dir, "%s", site_tmpl);
+        char p[160];
+        snprintf(p, sizeof p, "%s/mod.py", site_tmpl);
+        int fd = open(p, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+        if (fd >= 0)
+            close(fd);
+    }
+
+    struct config cfg = {0};
+    cfg.isolate = true;
+    cfg.sandbox_uid = cfg.sandbox_gid = 65534;
+    snprintf(cfg.tools_dir, sizeof cfg.tools_dir, "/tools");
+    cfg.tmpfs_size = 64ull << 20;
+    cfg.max_unpacked = 64ull << 20;
+    cfg.max_members = 10000;
+    cfg.pids_max = 64;
+    if (g_site_dir[0]) {
+        snprintf(cfg.site_dirs[0], sizeof cfg.site_dirs[0], "%s", g_site_dir);
+        cfg.n_site_dirs = 1;
+    }
+    expected_root(g_expected_root, sizeof g_expected_root);
+
+    char err[512];
+    struct mount_plan *mp = NULL;
+    int r = mounts_prepare(&cfg, &mp, err, sizeof err);
+    tap(r == 0, "mounts_prepare: %s", r ? err : "ok");
+    if (r)
+        return 1;
+    pid_t *tid_addr = NULL;
+    r = sbx_tid_probe(&tid_addr);
+    tap(r == 0 && tid_addr && *tid_addr == (pid_t)syscall(SYS_gettid),
+        "tid probe finds glibc's cached tid");
+
+    struct sbx_plan plan = {.cfg = &cfg, .mounts = mp, .hooks = &hooks_checks,
+                            .tid_addr = tid_addr, .flags = SBX_PLAN_NO_SECCOMP};
+
+    /* 1. One clone, all checks from inside. */
+    static char text[65536];
+    struct sbx_child c;
+    uint64_t t0 = mono_ns();
+    r = sbx_spawn(&plan, &c, err, sizeof err);
+    tap(r == 0 && c.pid > 0 && c.pidfd >= 0 && c.chan_fd >= 0, "spawn (one clone): %s",
+        r ? err : "ok");
+    if (r == 0) {
+        slurp(c.chan_fd, text, sizeof text);
+        uint64_t ts = relay_results("isolated: ", text, NULL);
+        bool pidfd_ok;
+        int st = await_exit(&c, &pidfd_ok);
+        tap(pidfd_ok, "pidfd reports the exit");
+        tap(WIFEXITED(st) && WEXITSTATUS(st) == 0, "child exited 0 (status 0x%x)", st);
+        sbx_child_release(&plan, &c);
+        tap(no_zombies(), "no zombie left");
+        if (ts)
+            printf("# first isolated spawn: clone->serve %.1f us, parent side %.1f us\n",
+                   (ts - t0) / 1e3, c.spawn_ns / 1e3);
+    }
+
+    /* 2. The fork()+unshare fallback gives the same sandbox. */
+    plan.flags |= SBX_PLAN_FORCE_FORK;
+    r = sbx_spawn(&plan, &c, err, sizeof err);
+    tap(r == 0, "spawn (fork fallback): %s", r ? err : "ok");
+    if (r == 0) {
+        slurp(c.chan_fd, text, sizeof text);
+        relay_results("fork path: ", text, NULL);
+        bool pidfd_ok;
+        int st = await_exit(&c, &pidfd_ok);
+        tap(pidfd_ok && WIFEXITED(st) && WEXITSTATUS(st) == 0,
+            "fork path: exit 0 seen through the pidfd (status 0x%x)", st);
+        sbx_child_release(&plan, &c);
+        tap(no_zombies(), "fork path: no zombie left");
+    }
+    plan.flags &= ~SBX_PLAN_FORCE_FORK;
+
+    /* 3. A failing step reports a log frame and exits 70 + step. */
+    plan.flags &= ~SBX_PLAN_NO_SECCOMP; /* and no policy: step 8 must fail */
+    r = sbx_spawn(&plan, &c, err, sizeof err);
+    if (r == 0) {
+        size_t n = slurp(c.chan_fd, text, sizeof text);
+        bool pidfd_ok;
+        int st = await_exit(&c, &pidfd_ok);
+        const char *want = "{\"level\":\"error\",\"msg\":\"sandbox setup: seccomp: no compiled "
+                           "policy: Invalid argument\",\"kind\":\"log\"}\n";
+        uint32_t len = (uint32_t)(n >= 8 ? (uint8_t)text[4] | (uint8_t)text[5] << 8 : 0);
+        tap(n == 8 + strlen(want) && text[0] == 'F' && len == strlen(want) &&
+                memcmp(text + 8, want, strlen(want)) == 0,
+            "failing step sends one log error frame");
+        tap(WIFEXITED(st) && WEXITSTATUS(st) == 78, "failing step 8 exits 78 (status 0x%x)", st);
+        sbx_child_release(&plan, &c);
+    } else {
+        tap(false, "spawn for the failure test: %s", err);
+    }
+    plan.flags |= SBX_PLAN_NO_SECCOMP;
+
+    /* 4. Killing pid 1 through the pidfd takes its whole namespace along. */
+    plan.hooks = &hooks_hang;
+    r = sbx_spawn(&plan, &c, err, sizeof err);
+    if (r == 0) {
+        char ch = 0;
+        struct pollfd p = {.fd = c.chan_fd, .events = POLLIN};
+        bool up = poll(&p, 1, 5000) == 1 && read(c.chan_fd, &ch, 1) == 1 && ch == 'R';
+        char path[64], kids[64] = "";
+        snprintf(path, sizeof path, "/proc/%d/task/%d/children", c.pid, c.pid);
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd >= 0) {
+            ssize_t k = read(fd, kids, sizeof kids - 1);
+            kids[k > 0 ? k : 0] = '\0';
+            close(fd);
+        }
+        pid_t grandchild = (pid_t)atoi(kids);
+        tap(up && grandchild > 0, "hanging sandbox with a grandchild (%d)", grandchild);
+        tap(pidfd_send_signal(c.pidfd, SIGKILL, NULL, 0) == 0, "pidfd_send_signal(SIGKILL)");
+        bool pidfd_ok;
+        int st = await_exit(&c, &pidfd_ok);
+        tap(pidfd_ok && WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL, "killed (status 0x%x)", st);
+        snprintf(path, sizeof path, "/proc/%d", grandchild);
+        tap(grandchild > 0 && access(path, F_OK) < 0, "grandchild gone with the namespace");
+        sbx_child_release(&plan, &c);
+        tap(no_zombies(), "no zombie after kill");
+    } else {
+        tap(false, "spawn for the kill test: %s", err);
+    }
+
+    /* 5. Non-isolated mode (benchmarks): per-turn dir, removed at release. */
+    struct config pcfg = cfg;
+    pcfg.isolate = false;
+    struct sbx_plan pplan = {.cfg = &pcfg, .hooks = &hooks_plain, .tid_addr = tid_addr};
+    r = sbx_spawn(&pplan, &c, err, sizeof err);
+    tap(r == 0 && c.turn_dir, "spawn (non-isolated): %s", r ? err : "ok");
+    if (r == 0) {
+        slurp(c.chan_fd, text, sizeof text);
+        char *ws = NULL;
+        relay_results("", text, &ws);
+        bool pidfd_ok;
+        int st = await_exit(&c, &pidfd_ok);
+        tap(pidfd_ok && WIFEXITED(st) && WEXITSTATUS(st) == 0,
+            "non-isolated: exit 0 (status 0x%x)", st);
+        char *dir = c.turn_dir ? strdup(c.turn_dir) : NULL;
+        sbx_child_release(&pplan, &c);
+        tap(dir && access(dir, F_OK) < 0 && errno == ENOENT,
+            "non-isolated: turn dir removed at release");
+        free(dir);
+        free(ws);
+        tap(no_zombies(), "non-isolated: no zombie left");
+    }
+
+    /* 6. Timings (informational). */
+    plan.hooks = &hooks_ready;
+    bench("isolated, one clone", &plan);
+    plan.flags |= SBX_PLAN_FORCE_FORK;
+    bench("isolated, fork fallback", &plan);
+    plan.flags &= ~SBX_PLAN_FORCE_FORK;
+    pplan.hooks = &hooks_ready;
+    bench("non-isolated", &pplan);
+    tap(no_zombies(), "no zombie after the benchmark runs");
+
+    mounts_free(mp);
+    if (g_site_dir[0]) {
+        char p[160];
+        snprintf(p, sizeof p, "%s/mod.py", g_site_dir);
+        unlink(p);
+        rmdir(g_site_dir);
+    }
+    printf("1..%d\n", tap_n);
+    return tap_failed ? 1 : 0;
+}
