@@ -1,1 +1,447 @@
-/* placeholder: being written */
+/* Per-turn resource limits.
+ *
+ * Kernel-enforced, per turn:
+ *   memory  cgroup v2 memory.max (+ memory.swap.max 0), or v1 memory.limit_in_bytes
+ *           (+ memory.memsw.limit_in_bytes when swap accounting exists). tmpfs pages
+ *           the sandbox writes are charged to it too.
+ *   pids    v2 or v1 pids.max: the real cap on processes and threads.
+ *   cpu     v2 cpu.max, or v1 cpu.cfs_quota_us/cfs_period_us where the v1 cpu
+ *           controller is mounted.
+ *   rlimits in the child: RLIMIT_CORE 0, RLIMIT_FSIZE = tmpfs size, RLIMIT_NOFILE.
+ *
+ * Cgroups are created under the fork server's own cgroup in each hierarchy
+ * (read from /proc/self/cgroup), so the daemon's own limits still bound all
+ * sandboxes together:  <own>/forkbox/turn-<host pid>.
+ *
+ * RLIMIT_NPROC is only a backstop. It counts processes per (user namespace,
+ * uid) from Linux 5.14 and per uid host-wide before; every sandbox maps to
+ * the same host uid, so on older kernels or without a user namespace it would
+ * let one turn starve the others. It is therefore set only when the sandbox
+ * has its own user namespace on >= 5.14; pids.max is the limit relied on. */
+#include "sandbox/limits.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/utsname.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/cleanup.h"
+#include "core/log.h"
+
+#define LIMITS_NOFILE 1024
+#define CPU_PERIOD_US 100000ULL
+#define RELEASE_TRIES 50 /* x 1 ms: a reaped turn's cgroup empties almost at once */
+
+enum cg_ctl { CG_MEMORY, CG_PIDS, CG_CPU, CG_N };
+static const char *const ctl_name[CG_N] = { "memory", "pids", "cpu" };
+
+struct sbx_cgroups {
+    bool v2;
+    char dir[CG_N][PATH_MAX]; /* parent ("<own>/forkbox") per controller; "" = not enforced.
+                                 v2: the same directory for every enforced controller */
+    bool swap_file;           /* v1 memory.memsw.limit_in_bytes / v2 memory.swap.max exists */
+};
+
+static int write_file(const char *path, const char *s)
+{
+    _cleanup_close_ int fd = open(path, O_WRONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    size_t n = strlen(s);
+    ssize_t w = write(fd, s, n);
+    if (w < 0)
+        return -errno;
+    return (size_t)w == n ? 0 : -EIO;
+}
+
+static int read_file(const char *path, char *buf, size_t len)
+{
+    _cleanup_close_ int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    ssize_t n = read(fd, buf, len - 1);
+    if (n < 0)
+        return -errno;
+    buf[n] = '\0';
+    return 0;
+}
+
+static int write_at(const char *dir, const char *file, const char *val)
+{
+    char path[PATH_MAX + 64];
+    snprintf(path, sizeof path, "%s/%s", dir, file);
+    int rc = write_file(path, val);
+    if (rc < 0)
+        LOG_W("cgroup: writing '%s' to %s: %s", val, path, strerror(-rc));
+    return rc;
+}
+
+static bool file_exists(const char *dir, const char *file)
+{
+    char path[PATH_MAX + 64];
+    snprintf(path, sizeof path, "%s/%s", dir, file);
+    return access(path, F_OK) == 0;
+}
+
+static bool word_in(const char *list, const char *word, char sep)
+{
+    size_t n = strlen(word);
+    for (const char *s = list; s && *s;) {
+        const char *e = strchr(s, sep);
+        size_t len = e ? (size_t)(e - s) : strcspn(s, "\n");
+        if (len == n && strncmp(s, word, n) == 0)
+            return true;
+        s = e ? e + 1 : NULL;
+    }
+    return false;
+}
+
+/* Our cgroup path in the hierarchy that has ctl (v1), or the v2 one (ctl NULL). */
+static int own_cgroup(const char *ctl, char *out, size_t len)
+{
+    FILE *f = fopen("/proc/self/cgroup", "re");
+    if (!f)
+        return -errno;
+    char line[PATH_MAX + 128];
+    int rc = -ENOENT;
+    while (fgets(line, sizeof line, f)) {
+        char *c1 = strchr(line, ':'), *c2 = c1 ? strchr(c1 + 1, ':') : NULL;
+        if (!c2)
+            continue;
+        *c2 = '\0';
+        bool match = ctl ? word_in(c1 + 1, ctl, ',') : (c1[1] == '\0' && strncmp(line, "0:", 2) == 0);
+        if (match) {
+            c2[1 + strcspn(c2 + 1, "\n")] = '\0';
+            snprintf(out, len, "%s", strcmp(c2 + 1, "/") == 0 ? "" : c2 + 1);
+            rc = 0;
+            break;
+        }
+    }
+    fclose(f);
+    return rc;
+}
+
+/* Mount point of the v1 hierarchy carrying ctl, or of cgroup2 (ctl NULL). */
+static int cgroup_mount(const char *ctl, char *out, size_t len)
+{
+    FILE *f = fopen("/proc/self/mountinfo", "re");
+    if (!f)
+        return -errno;
+    char line[4096];
+    int rc = -ENOENT;
+    while (fgets(line, sizeof line, f)) {
+        /* id parent maj:min root mountpoint opts... - fstype source superopts */
+        char *sep = strstr(line, " - ");
+        if (!sep)
+            continue;
+        char mnt[PATH_MAX], fstype[32], src[256], sopts[1024];
+        if (sscanf(line, "%*s %*s %*s %*s %4095s", mnt) != 1 ||
+            sscanf(sep + 3, "%31s %255s %1023s", fstype, src, sopts) != 3)
+            continue;
+        bool match = ctl ? strcmp(fstype, "cgroup") == 0 && word_in(sopts, ctl, ',')
+                         : strcmp(fstype, "cgroup2") == 0;
+        if (match) {
+            snprintf(out, len, "%s", mnt);
+            rc = 0;
+            break;
+        }
+    }
+    fclose(f);
+    return rc;
+}
+
+static int make_dir(const char *path)
+{
+    if (mkdir(path, 0755) < 0 && errno != EEXIST)
+        return -errno;
+    return 0;
+}
+
+/* v2: the controllers must be enabled in every ancestor's subtree_control.
+ * A non-root cgroup with processes cannot enable them ("no internal
+ * processes"); then move the processes of our cgroup into a leaf beside
+ * forkbox/, as delegated managers do. */
+static int v2_enable(const char *dir, const char *ctls)
+{
+    char want[64];
+    int rc = 0;
+    for (const char *s = ctls; *s;) {
+        size_t n = strcspn(s, " ");
+        snprintf(want, sizeof want, "+%.*s", (int)n, s);
+        if ((rc = write_at(dir, "cgroup.subtree_control", want)) < 0)
+            return rc;
+        s += n;
+        s += *s == ' ';
+    }
+    return 0;
+}
+
+static bool v2_init(struct sbx_cgroups *cg)
+{
+    char mnt[PATH_MAX], own[PATH_MAX], dir[PATH_MAX], ctlrs[256];
+    if (cgroup_mount(NULL, mnt, sizeof mnt) < 0 || own_cgroup(NULL, own, sizeof own) < 0)
+        return false;
+    if (snprintf(dir, sizeof dir, "%s%s", mnt, own) >= (int)sizeof dir)
+        return false;
+    char path[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/cgroup.controllers", dir);
+    if (read_file(path, ctlrs, sizeof ctlrs) < 0 || !word_in(ctlrs, "memory", ' ') ||
+        !word_in(ctlrs, "pids", ' '))
+        return false;
+    bool cpu = word_in(ctlrs, "cpu", ' ');
+    const char *ctls = cpu ? "memory pids cpu" : "memory pids";
+
+    int rc = v2_enable(dir, ctls);
+    if (rc == -EBUSY && own[0]) {
+        char leaf[PATH_MAX + 32], procs[PATH_MAX + 32], pid[32];
+        snprintf(leaf, sizeof leaf, "%s/forkbox-daemon", dir);
+        snprintf(procs, sizeof procs, "%s/cgroup.procs", dir);
+        if (make_dir(leaf) < 0)
+            return false;
+        FILE *f = fopen(procs, "re");
+        if (!f)
+            return false;
+        while (fgets(pid, sizeof pid, f)) /* best effort: a process may be exiting */
+            write_at(leaf, "cgroup.procs", pid);
+        fclose(f);
+        LOG_I("cgroup v2: moved the processes of %s into forkbox-daemon/ to delegate "
+              "controllers", dir);
+        rc = v2_enable(dir, ctls);
+    }
+    if (rc < 0)
+        return false;
+    char parent[PATH_MAX];
+    if (snprintf(parent, sizeof parent, "%s/forkbox", dir) >= (int)sizeof parent ||
+        make_dir(parent) < 0 || v2_enable(parent, ctls) < 0)
+        return false;
+    cg->v2 = true;
+    snprintf(cg->dir[CG_MEMORY], PATH_MAX, "%s", parent);
+    snprintf(cg->dir[CG_PIDS], PATH_MAX, "%s", parent);
+    if (cpu)
+        snprintf(cg->dir[CG_CPU], PATH_MAX, "%s", parent);
+    return true;
+}
+
+static void v1_init(struct sbx_cgroups *cg)
+{
+    for (int c = 0; c < CG_N; c++) {
+        char mnt[PATH_MAX], own[PATH_MAX], parent[PATH_MAX];
+        if (cgroup_mount(ctl_name[c], mnt, sizeof mnt) < 0 ||
+            own_cgroup(ctl_name[c], own, sizeof own) < 0)
+            continue;
+        if (snprintf(parent, sizeof parent, "%s%s/forkbox", mnt, own) >= (int)sizeof parent)
+            continue;
+        int rc = make_dir(parent);
+        if (rc < 0) {
+            LOG_W("cgroup v1 %s: cannot create %s: %s", ctl_name[c], parent, strerror(-rc));
+            continue;
+        }
+        snprintf(cg->dir[c], PATH_MAX, "%s", parent);
+    }
+}
+
+int limits_cgroups_init(const struct config *cfg, struct sbx_cgroups **out)
+{
+    struct sbx_cgroups *cg = calloc(1, sizeof *cg);
+    if (!cg)
+        return -ENOMEM;
+    if (!v2_init(cg))
+        v1_init(cg);
+    if (cg->dir[CG_MEMORY][0])
+        cg->swap_file = file_exists(cg->dir[CG_MEMORY],
+                                    cg->v2 ? "memory.swap.max" : "memory.memsw.limit_in_bytes");
+
+    char what[128] = "";
+    for (int c = 0; c < CG_N; c++)
+        if (cg->dir[c][0])
+            snprintf(what + strlen(what), sizeof what - strlen(what), "%s%s",
+                     what[0] ? "+" : "", ctl_name[c]);
+    if (!what[0])
+        LOG_W("cgroups: none usable; per-turn memory, pids and cpu are NOT enforced "
+              "(rlimits only)");
+    else
+        LOG_I("cgroups: %s %s under %s (memory %llu bytes%s, pids %llu, cpu %llu ms/s)",
+              cg->v2 ? "v2" : "v1", what, cg->dir[CG_MEMORY][0] ? cg->dir[CG_MEMORY] : cg->dir[CG_PIDS],
+              (unsigned long long)cfg->memory_max, cg->swap_file ? ", no swap" : "",
+              (unsigned long long)cfg->pids_max, (unsigned long long)cfg->cpu_millis);
+    if (cg->dir[CG_MEMORY][0] == '\0' || cg->dir[CG_PIDS][0] == '\0')
+        LOG_W("cgroups: %s not enforced", cg->dir[CG_MEMORY][0] ? "pids" : "memory");
+    *out = cg;
+    return 0;
+}
+
+static void turn_dir(const struct sbx_cgroups *cg, int c, pid_t pid, char *out, size_t len)
+{
+    snprintf(out, len, "%s/turn-%d", cg->dir[c], (int)pid);
+}
+
+static int set_limits(const struct sbx_cgroups *cg, int c, const char *dir,
+                      const struct config *cfg)
+{
+    char v[64];
+    int rc = 0;
+    switch (c) {
+    case CG_MEMORY:
+        if (!cfg->memory_max)
+            break;
+        snprintf(v, sizeof v, "%llu", (unsigned long long)cfg->memory_max);
+        if (cg->v2) {
+            if ((rc = write_at(dir, "memory.max", v)) < 0)
+                return rc;
+            if (cg->swap_file && (rc = write_at(dir, "memory.swap.max", "0")) < 0)
+                return rc;
+        } else {
+            /* memsw (memory + swap) may not go below limit_in_bytes: set that first. */
+            if ((rc = write_at(dir, "memory.limit_in_bytes", v)) < 0)
+                return rc;
+            if (cg->swap_file && (rc = write_at(dir, "memory.memsw.limit_in_bytes", v)) < 0)
+                return rc;
+        }
+        break;
+    case CG_PIDS:
+        if (!cfg->pids_max)
+            break;
+        snprintf(v, sizeof v, "%llu", (unsigned long long)cfg->pids_max);
+        rc = write_at(dir, "pids.max", v);
+        break;
+    case CG_CPU: {
+        if (!cfg->cpu_millis)
+            break;
+        unsigned long long quota = (unsigned long long)cfg->cpu_millis * CPU_PERIOD_US / 1000;
+        if (quota < 1000)
+            quota = 1000; /* the kernel's minimum quota is 1 ms */
+        if (cg->v2) {
+            snprintf(v, sizeof v, "%llu %llu", quota, CPU_PERIOD_US);
+            rc = write_at(dir, "cpu.max", v);
+        } else {
+            snprintf(v, sizeof v, "%llu", CPU_PERIOD_US);
+            if ((rc = write_at(dir, "cpu.cfs_period_us", v)) < 0)
+                return rc;
+            snprintf(v, sizeof v, "%llu", quota);
+            rc = write_at(dir, "cpu.cfs_quota_us", v);
+        }
+        break;
+    }
+    }
+    return rc;
+}
+
+static int remove_dir(const char *dir)
+{
+    for (int i = 0; i < RELEASE_TRIES; i++) {
+        if (rmdir(dir) == 0 || errno == ENOENT)
+            return 0;
+        if (errno != EBUSY)
+            return -errno;
+        nanosleep(&(struct timespec){ .tv_nsec = 1000000 }, NULL);
+    }
+    return -EBUSY;
+}
+
+int limits_cgroups_attach(struct sbx_cgroups *cg, pid_t pid, const struct config *cfg)
+{
+    char pidstr[32];
+    snprintf(pidstr, sizeof pidstr, "%d", (int)pid);
+    for (int c = 0; c < CG_N; c++) {
+        if (!cg->dir[c][0] || (cg->v2 && c != CG_MEMORY))
+            continue; /* v2: one directory (always with memory) for all controllers */
+        char dir[PATH_MAX + 32];
+        turn_dir(cg, c, pid, dir, sizeof dir);
+        if (mkdir(dir, 0755) < 0) {
+            /* A stale directory from a crashed daemon whose pid is reused. */
+            if (errno != EEXIST || remove_dir(dir) < 0 || mkdir(dir, 0755) < 0) {
+                int e = -errno;
+                LOG_W("cgroup: mkdir %s: %s", dir, strerror(errno));
+                limits_cgroups_release(cg, pid);
+                return e ? e : -EEXIST;
+            }
+        }
+        int rc = 0;
+        if (cg->v2) {
+            for (int k = 0; k < CG_N && rc == 0; k++)
+                if (cg->dir[k][0])
+                    rc = set_limits(cg, k, dir, cfg);
+        } else {
+            rc = set_limits(cg, c, dir, cfg);
+        }
+        if (rc == 0)
+            rc = write_at(dir, "cgroup.procs", pidstr);
+        if (rc < 0) {
+            limits_cgroups_release(cg, pid);
+            return rc;
+        }
+    }
+    return 0;
+}
+
+void limits_cgroups_release(struct sbx_cgroups *cg, pid_t pid)
+{
+    if (!cg)
+        return;
+    for (int c = 0; c < CG_N; c++) {
+        if (!cg->dir[c][0] || (cg->v2 && c != CG_MEMORY))
+            continue;
+        char dir[PATH_MAX + 32];
+        turn_dir(cg, c, pid, dir, sizeof dir);
+        int rc = remove_dir(dir);
+        if (rc < 0)
+            LOG_W("cgroup: cannot remove %s: %s", dir, strerror(-rc));
+    }
+}
+
+void limits_cgroups_free(struct sbx_cgroups *cg)
+{
+    if (!cg)
+        return;
+    /* Remove our parents if no other daemon uses them; harmless if busy. */
+    for (int c = 0; c < CG_N; c++)
+        if (cg->dir[c][0] && !(cg->v2 && c != CG_MEMORY))
+            (void)rmdir(cg->dir[c]);
+    free(cg);
+}
+
+/* RLIMIT_NPROC counts per user namespace from 5.14 on. */
+static bool nproc_is_per_userns(void)
+{
+    struct utsname u;
+    unsigned maj = 0, min = 0;
+    if (uname(&u) < 0 || sscanf(u.release, "%u.%u", &maj, &min) != 2)
+        return false;
+    return maj > 5 || (maj == 5 && min >= 14);
+}
+
+static int set_rlimit(int res, rlim_t v)
+{
+    struct rlimit cur;
+    if (getrlimit(res, &cur) == 0 && cur.rlim_max != RLIM_INFINITY && cur.rlim_max < v)
+        v = cur.rlim_max; /* never try to raise: only lower */
+    struct rlimit rl = { .rlim_cur = v, .rlim_max = v };
+    if (setrlimit(res, &rl) < 0)
+        return -errno;
+    return 0;
+}
+
+int limits_apply_rlimits(const struct config *cfg)
+{
+    int rc;
+    if ((rc = set_rlimit(RLIMIT_CORE, 0)) < 0)
+        return rc;
+    /* No single file may outgrow the tmpfs; writes past it fail with EFBIG
+     * (CPython ignores SIGXFSZ) instead of filling the disk. */
+    if (cfg->tmpfs_size && (rc = set_rlimit(RLIMIT_FSIZE, cfg->tmpfs_size)) < 0)
+        return rc;
+    if ((rc = set_rlimit(RLIMIT_NOFILE, LIMITS_NOFILE)) < 0)
+        return rc;
+    if (cfg->isolate && cfg->pids_max && nproc_is_per_userns() &&
+        (rc = set_rlimit(RLIMIT_NPROC, cfg->pids_max)) < 0)
+        return rc;
+    return 0;
+}

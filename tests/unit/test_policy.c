@@ -1,1 +1,610 @@
-int main(void) { return 77; }
+/* seccomp policy parser, compiled filter and cgroup limits.
+ *
+ * Part 1 (no privileges): every parser error with its exact "path:line:
+ * reason" text, and the shipped default policy compiles.
+ * Part 2 (needs seccomp): each check forks a child that sets no_new_privs,
+ * installs the default policy and reports one outcome by exit code.
+ * Part 3 (needs root and a v1/v2 memory controller): a child over a tiny
+ * memory limit is OOM-killed; pids.max stops a fork bomb. Skipped otherwise. */
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/sched.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/mount.h>
+#include <sys/personality.h>
+#include <sys/prctl.h>
+#include <sys/ptrace.h>
+#include <sys/random.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "config/config.h"
+#include "sandbox/limits.h"
+#include "sandbox/policy.h"
+#include "sandbox/seccomp.h"
+#include "tap.h"
+
+extern char **environ;
+
+/* --- part 1: the parser --- */
+
+static void parse_fails(const char *text, const char *want)
+{
+    char err[512] = "";
+    struct policy_rules *r = NULL;
+    int rc = policy_parse("t.policy", text, strlen(text), &r, err, sizeof err);
+    is_int(rc, -EINVAL, "rejected: %s", want);
+    is_str(err, want, "message");
+    policy_rules_free(r);
+}
+
+static void parse_ok(const char *text, const char *what)
+{
+    char err[512] = "";
+    struct policy_rules *r = NULL;
+    int rc = policy_parse("t.policy", text, strlen(text), &r, err, sizeof err);
+    ok(rc == 0, "accepted: %s", what);
+    if (rc)
+        printf("#   %s\n", err);
+    policy_rules_free(r);
+}
+
+static void test_parser(void)
+{
+    parse_fails("default deny EPERM\nallow frobnicate\n",
+                "t.policy:2: unknown syscall 'frobnicate'");
+    parse_fails("default deny EPERM\nallow read @nope\n", "t.policy:2: unknown group '@nope'");
+    parse_fails("default deny EPERM\ngroup @a { read @b }\n",
+                "t.policy:2: unknown group '@b' (groups must be defined before use)");
+    parse_fails("default deny EPERM\npermit read\n",
+                "t.policy:2: unknown statement 'permit' (expected default, define, group, "
+                "allow, deny, errno or kill)");
+    parse_fails("default deny EPERM\n# comment\n\nallow read\nallow write read\n",
+                "t.policy:5: duplicate rule for 'read' (first at line 4)");
+    parse_fails("default deny EPERM\nallow read\ndeny EPERM read\n",
+                "t.policy:3: conflicting rules for 'read': allow (line 2) and deny EPERM");
+    parse_fails("default deny EPERM\ngroup @a { read }\ngroup @a { write }\n",
+                "t.policy:3: duplicate group '@a' (first at line 2)");
+    parse_fails("default deny EPERM\ngroup @a { read read }\n",
+                "t.policy:2: duplicate 'read' in group @a");
+    parse_fails("default deny EPERM\ndefault kill\n",
+                "t.policy:2: duplicate 'default' (first at line 1)");
+    parse_fails("allow read\n",
+                "t.policy:1: no 'default' rule (say what happens to unlisted syscalls, e.g. "
+                "'default deny EPERM')");
+    parse_fails("default allow\n",
+                "t.policy:1: 'default allow' is not a sandbox; use deny, errno or kill");
+    parse_fails("default deny EPERM\ngroup @a {\n read\n",
+                "t.policy:3: group '@a' opened at line 2 is not closed");
+    parse_fails("default deny EPERM\ndeny EFOO ptrace\n",
+                "t.policy:2: unknown errno 'EFOO' (use a name such as EPERM)");
+    parse_fails("default deny EPERM\ndeny ptrace\n",
+                "t.policy:2: unknown errno 'ptrace' (use a name such as EPERM)");
+    parse_fails("default deny EPERM\nallow socket when arg9 == 1\n",
+                "t.policy:2: expected arg0..arg5, got 'arg9'");
+    parse_fails("default deny EPERM\nallow socket when arg0 =! 1\n",
+                "t.policy:2: unknown operator '=!' (use == != < <= > >=)");
+    parse_fails("default deny EPERM\nallow socket when arg0 == AF_NOPE\n",
+                "t.policy:2: unknown constant 'AF_NOPE'");
+    parse_fails("default deny EPERM\nallow socket when arg0 == 1 or arg1 == 2\n",
+                "t.policy:2: unexpected 'or' (join conditions with 'and')");
+    parse_fails("default deny EPERM\nallow socket read when arg0 == 1\n",
+                "t.policy:2: a 'when' rule names exactly one syscall");
+    parse_fails("default deny EPERM\nallow ioctl when arg1 != 1 and arg1 != 2\n",
+                "t.policy:2: arg1 is compared twice in one rule (libseccomp cannot combine "
+                "them); write two rules");
+    parse_fails("default deny EPERM\nallow ioctl when arg1 & 0xff != 1\n",
+                "t.policy:2: a mask ('&') can only be compared with '=='");
+    parse_fails("default deny EPERM\nallow ioctl when arg1 & 0xf == 0x10\n",
+                "t.policy:2: value 0x10 has bits outside the mask 0xf and never matches");
+    parse_fails("default deny EPERM\nallow socket\nallow socket when arg0 == AF_UNIX\n",
+                "t.policy:3: conflicting rules for 'socket': 'allow ... when' cannot narrow "
+                "the unconditional rule at line 2");
+    parse_fails("default deny EPERM\nallow socket when arg0 == AF_UNIX\nallow socket\n",
+                "t.policy:3: conflicting rules for 'socket': an unconditional rule would "
+                "override 'allow ... when' at line 2");
+    parse_fails("default deny EPERM\ndeny EPERM ioctl\ndeny EPERM ioctl when arg1 == 1\n",
+                "t.policy:3: conflicting rules for 'ioctl': refused unconditionally (line 2) "
+                "and conditionally");
+    parse_fails("default deny EPERM\ndeny EPERM ioctl when arg1 == 1\n"
+                "errno EACCES ioctl when arg1 == 2\n",
+                "t.policy:3: conflicting rules for 'ioctl': deny EPERM (line 2) and errno "
+                "EACCES; conditional refusals of one syscall must share one action");
+    parse_fails("default deny EPERM\nallow socket when arg0 == 1\nallow socket when arg0 == 1\n",
+                "t.policy:3: duplicate rule for 'socket' (first at line 2)");
+    parse_fails("default deny EPERM\ndefine lower 1\n",
+                "t.policy:2: bad constant name 'lower' (want A-Z, 0-9, '_')");
+    parse_fails("default deny EPERM\ndefine AF_UNIX 1\n",
+                "t.policy:2: 'AF_UNIX' is a built-in constant");
+    parse_fails("default deny EPERM\n}\n", "t.policy:2: '}' without an open group");
+    parse_fails("default deny EPERM\ngroup @a { read } write\n",
+                "t.policy:2: unexpected 'write' after '}'");
+    parse_fails("default deny EPERM\nallow read\x01\n", "t.policy:2: control character 0x01");
+    parse_fails("default deny EPERM\ngroup a { read }\n",
+                "t.policy:2: bad group name 'a' (want @ followed by a-z, 0-9, '-')");
+
+    parse_ok("default deny EPERM\ngroup @a { read write }\ngroup @b {\n  write # c\n  close\n}\n"
+             "group @c { @a @b }\nallow @a @b @c\n",
+             "overlapping groups with one action");
+    parse_ok("default kill\ndefine NS CLONE_NEWUSER|CLONE_NEWNS\nallow clone when arg0 & NS == 0\n"
+             "allow ioctl\ndeny EPERM ioctl when arg1 & 0xffffffff == TIOCSTI\n"
+             "errno ENOSYS clone3\nallow socketcall\n",
+             "conditions, defines, exceptions, names from other architectures");
+    parse_ok("default errno EPERM\ngroup @a{read}\nallow @a", "braces against words, no final newline");
+    parse_ok("default deny EPERM", "only a default");
+
+    char err[512];
+    struct sbx_policy *p = NULL;
+    is_int(policy_load("/nonexistent/x.policy", &p, err, sizeof err), -ENOENT, "missing file");
+    is_str(err, "/nonexistent/x.policy: cannot open: No such file or directory", "message");
+}
+
+/* --- part 2: the filter in a child --- */
+
+static struct sbx_policy *pol;
+
+struct check {
+    const char *name;
+    int (*fn)(void);       /* runs after the filter is installed: 0 = as expected */
+    int want_signal;       /* 0: expect exit 0; else the fatal signal */
+};
+
+#define EXPECT_ERR(call, e)                                                    \
+    do {                                                                       \
+        errno = 0;                                                             \
+        long r_ = (long)(call);                                                \
+        if (r_ != -1 || errno != (e))                                          \
+            return 10 + (errno & 0x7f);                                        \
+    } while (0)
+
+static int c_getpid(void) { return syscall(SYS_getpid) == getpid() && getpid() > 0 ? 0 : 1; }
+static int c_mount(void)
+{
+    EXPECT_ERR(mount("none", "/tmp", "tmpfs", 0, NULL), EPERM);
+    EXPECT_ERR(umount2("/tmp", 0), EPERM);
+    EXPECT_ERR(syscall(SYS_fsopen, "tmpfs", 0), EPERM);
+    EXPECT_ERR(syscall(SYS_open_tree, AT_FDCWD, "/", 0), EPERM);
+    EXPECT_ERR(syscall(SYS_move_mount, -1, "", -1, "", 0), EPERM);
+    EXPECT_ERR(syscall(SYS_mount_setattr, -1, "", 0, NULL, 0), EPERM);
+    EXPECT_ERR(syscall(SYS_pivot_root, "/", "/"), EPERM);
+    return 0;
+}
+static int c_unshare(void)
+{
+    EXPECT_ERR(unshare(CLONE_NEWUSER), EPERM);
+    EXPECT_ERR(unshare(CLONE_NEWNS), EPERM);
+    EXPECT_ERR(setns(0, 0), EPERM);
+    /* raw clone with a namespace flag */
+    EXPECT_ERR(syscall(SYS_clone, CLONE_NEWUSER | SIGCHLD, 0, 0, 0, 0), EPERM);
+    EXPECT_ERR(syscall(SYS_clone, CLONE_NEWNET | SIGCHLD, 0, 0, 0, 0), EPERM);
+    return 0;
+}
+static int c_clone3(void)
+{
+    struct clone_args a = { .exit_signal = SIGCHLD };
+    EXPECT_ERR(syscall(SYS_clone3, &a, sizeof a), ENOSYS);
+    return 0;
+}
+static int c_debug(void)
+{
+    EXPECT_ERR(ptrace(PTRACE_TRACEME, 0, 0, 0), EPERM);
+    EXPECT_ERR(syscall(SYS_process_vm_readv, getppid(), NULL, 0, NULL, 0, 0), EPERM);
+    EXPECT_ERR(syscall(SYS_process_vm_writev, getppid(), NULL, 0, NULL, 0, 0), EPERM);
+    EXPECT_ERR(syscall(SYS_kcmp, getpid(), getppid(), 0, 0, 0), EPERM);
+    EXPECT_ERR(syscall(SYS_perf_event_open, NULL, 0, -1, -1, 0), EPERM);
+    return 0;
+}
+static int c_kernel_objects(void)
+{
+    EXPECT_ERR(syscall(SYS_bpf, 0, NULL, 0), EPERM);
+    EXPECT_ERR(syscall(SYS_io_uring_setup, 1, NULL), EPERM);
+    EXPECT_ERR(syscall(SYS_userfaultfd, 0), EPERM);
+    EXPECT_ERR(syscall(SYS_keyctl, 0, 0, 0, 0, 0), EPERM);
+    EXPECT_ERR(syscall(SYS_add_key, "user", "x", "y", 1, 0), EPERM);
+    EXPECT_ERR(syscall(SYS_request_key, "user", "x", NULL, 0), EPERM);
+    EXPECT_ERR(syscall(SYS_open_by_handle_at, AT_FDCWD, NULL, 0), EPERM);
+    EXPECT_ERR(syscall(SYS_init_module, NULL, 0, ""), EPERM);
+    EXPECT_ERR(syscall(SYS_kexec_load, 0, 0, NULL, 0), EPERM);
+    EXPECT_ERR(syscall(SYS_reboot, 0, 0, 0, NULL), EPERM);
+    EXPECT_ERR(syscall(SYS_swapon, "/x", 0), EPERM);
+    EXPECT_ERR(syscall(SYS_acct, NULL), EPERM);
+    struct timespec ts = { 0 };
+    EXPECT_ERR(clock_settime(CLOCK_REALTIME, &ts), EPERM);
+    EXPECT_ERR(syscall(SYS_seccomp, 0, 0, NULL), EPERM);
+    EXPECT_ERR(syscall(SYS_seccomp, 1 /* SECCOMP_SET_MODE_FILTER */, 8 /* NEW_LISTENER */, NULL),
+               EPERM);
+    return 0;
+}
+static int c_personality(void)
+{
+    EXPECT_ERR(personality(PER_LINUX32), EPERM);
+    EXPECT_ERR(syscall(SYS_personality, (1UL << 32) | PER_LINUX32), EPERM);
+    return personality(0xffffffff) == PER_LINUX ? 0 : 2;
+}
+static int c_sockets(void)
+{
+    EXPECT_ERR(socket(AF_INET, SOCK_STREAM, 0), EAFNOSUPPORT);
+    EXPECT_ERR(socket(AF_INET6, SOCK_DGRAM, 0), EAFNOSUPPORT);
+    EXPECT_ERR(socket(AF_NETLINK, SOCK_RAW, 0), EAFNOSUPPORT);
+    EXPECT_ERR(syscall(SYS_socket, (1UL << 32) | AF_INET, SOCK_STREAM, 0), EAFNOSUPPORT);
+    int sv[2];
+    EXPECT_ERR(socketpair(AF_INET, SOCK_STREAM, 0, sv), EAFNOSUPPORT);
+    int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (s < 0 || socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv) < 0)
+        return 2;
+    char c = 'x';
+    if (write(sv[0], &c, 1) != 1 || read(sv[1], &c, 1) != 1)
+        return 3;
+    return 0;
+}
+static int c_ioctl(void)
+{
+    char c = 'x';
+    EXPECT_ERR(ioctl(0, TIOCSTI, &c), EPERM);
+    EXPECT_ERR(ioctl(0, TIOCLINUX, &c), EPERM);
+    /* the kernel reads the command as 32 bits: high bits must not help */
+    EXPECT_ERR(syscall(SYS_ioctl, 0, (1UL << 32) | TIOCSTI, &c), EPERM);
+    int p[2], n = -1;
+    if (pipe(p) < 0 || write(p[1], "ab", 2) != 2 || ioctl(p[0], FIONREAD, &n) < 0 || n != 2)
+        return 2;
+    return 0;
+}
+static int c_misc_allowed(void)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) < 0 || setrlimit(RLIMIT_NOFILE, &rl) < 0)
+        return 2;
+    EXPECT_ERR(prlimit(getppid(), RLIMIT_NOFILE, NULL, &rl), EPERM);
+    char name[16];
+    if (prctl(PR_SET_NAME, "x") < 0 || prctl(PR_GET_NAME, name) < 0)
+        return 3;
+    EXPECT_ERR(prctl(PR_SET_MM, 0, 0, 0, 0), EPERM);
+    /* the SIGSYS handler can be read but not replaced */
+    struct sigaction sa = { .sa_handler = SIG_IGN }, old;
+    EXPECT_ERR(sigaction(SIGSYS, &sa, NULL), EPERM);
+    if (sigaction(SIGSYS, NULL, &old) < 0 || sigaction(SIGUSR1, &sa, NULL) < 0)
+        return 4;
+    int fd = memfd_create("x", MFD_CLOEXEC);
+    void *m = mmap(NULL, 1 << 20, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (fd < 0 || m == MAP_FAILED || mprotect(m, 4096, PROT_READ) < 0 || getrandom(name, 8, 0) != 8)
+        return 5;
+    char tmpl[] = "/tmp/fbpolXXXXXX";
+    int t = mkstemp(tmpl);
+    if (t < 0 || pwrite(t, "abc", 3, 0) != 3 || fsync(t) < 0 || ftruncate(t, 1) < 0 ||
+        fcntl(t, F_SETLK, &(struct flock){ .l_type = F_WRLCK }) < 0 || unlink(tmpl) < 0)
+        return 6;
+    return 0;
+}
+static int c_counted(void)
+{
+    if (policy_denied_count() != 0)
+        return 2;
+    errno = 0;
+    if (syscall(SYS_ptrace, PTRACE_TRACEME, 0, 0, 0) != -1 || errno != EPERM)
+        return 3;
+    syscall(SYS_keyctl, 0, 0, 0, 0, 0);
+    (void)!socket(AF_INET, SOCK_STREAM, 0);       /* quiet: not counted */
+    struct clone_args a = { .exit_signal = SIGCHLD };
+    syscall(SYS_clone3, &a, sizeof a);            /* quiet */
+    raise(SIGSYS);                                /* not from seccomp: ignored */
+    if (policy_denied_count() != 2)
+        return 10 + (int)policy_denied_count();
+    return policy_denied_last() == SYS_keyctl ? 0 : 4;
+}
+static int c_x32(void)
+{
+    syscall(0x40000000 /* __X32_SYSCALL_BIT */ | SYS_getpid);
+    return 1; /* not reached */
+}
+static int c_int80(void)
+{
+    long r = 20; /* i386 getpid */
+    __asm__ volatile("int $0x80" : "+a"(r) : : "memory");
+    return 1;
+}
+static void *thread_fn(void *arg) { return arg; }
+static int c_threads(void)
+{
+    pthread_t t;
+    void *ret = NULL;
+    if (pthread_create(&t, NULL, thread_fn, (void *)42) != 0 || pthread_join(t, &ret) != 0)
+        return 2;
+    return ret == (void *)42 ? 0 : 3;
+}
+static int c_fork_exec(void)
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        execl("/bin/true", "true", (char *)NULL);
+        _exit(127);
+    }
+    int st;
+    if (pid < 0 || waitpid(pid, &st, 0) != pid || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
+        return 2;
+    /* posix_spawn: clone3 -> ENOSYS -> clone(CLONE_VM|CLONE_VFORK) */
+    char *argv[] = { "sh", "-c", "exit 3", NULL };
+    if (posix_spawn(&pid, "/bin/sh", NULL, NULL, argv, environ) != 0)
+        return 3;
+    if (waitpid(pid, &st, 0) != pid || !WIFEXITED(st) || WEXITSTATUS(st) != 3)
+        return 4;
+    return 0;
+}
+/* CPython started by subprocess: it has no SIGSYS handler, so any counted
+ * denial on its path would kill it. Exercises imports, threads, sqlite3,
+ * tempfile, subprocess, AF_UNIX and the quiet AF_INET refusal. */
+static int c_python(void)
+{
+    static const char script[] =
+        "import threading, sqlite3, tempfile, subprocess, socket, os, json, hashlib, errno\n"
+        "t = threading.Thread(target=lambda: None); t.start(); t.join()\n"
+        "d = tempfile.mkdtemp(); db = sqlite3.connect(os.path.join(d, 'x.db'))\n"
+        "db.execute('create table t(x)'); db.execute('insert into t values (1)'); db.commit()\n"
+        "assert db.execute('select x from t').fetchone() == (1,)\n"
+        "assert subprocess.run(['/bin/sh', '-c', 'echo hi'], capture_output=True).stdout == b'hi\\n'\n"
+        "assert subprocess.run([os.sys.executable, '-c', 'print(1)'], capture_output=True).stdout == b'1\\n'\n"
+        "a, b = socket.socketpair(); a.send(b'x'); assert b.recv(1) == b'x'\n"
+        "try:\n socket.socket(socket.AF_INET)\nexcept OSError as e:\n assert e.errno == errno.EAFNOSUPPORT\n"
+        "else:\n raise SystemExit(5)\n"
+        "import multiprocessing.pool\n"
+        "with multiprocessing.pool.ThreadPool(2) as p: assert p.map(abs, [-1, -2]) == [1, 2]\n";
+    pid_t pid = fork();
+    if (pid == 0) {
+        int null = open("/dev/null", O_WRONLY);
+        dup2(null, 1);
+        execl("/usr/bin/python3", "python3", "-I", "-c", script, (char *)NULL);
+        _exit(127);
+    }
+    int st;
+    if (pid < 0 || waitpid(pid, &st, 0) != pid)
+        return 2;
+    if (WIFSIGNALED(st))
+        return 100 + WTERMSIG(st);
+    return WEXITSTATUS(st) ? 50 + WEXITSTATUS(st) % 50 : 0;
+}
+
+static const struct check checks[] = {
+    { "getpid works", c_getpid, 0 },
+    { "mount family incl. new mount API -> EPERM", c_mount, 0 },
+    { "unshare/setns/clone with namespace flags -> EPERM", c_unshare, 0 },
+    { "clone3 -> ENOSYS", c_clone3, 0 },
+    { "ptrace, process_vm_*, kcmp, perf_event_open -> EPERM", c_debug, 0 },
+    { "bpf, io_uring, userfaultfd, keys, open_by_handle_at, modules, kexec, reboot, swap, "
+      "acct, clock_settime, seccomp -> EPERM", c_kernel_objects, 0 },
+    { "personality(PER_LINUX32) -> EPERM, query works", c_personality, 0 },
+    { "socket: AF_UNIX works, other families -> EAFNOSUPPORT", c_sockets, 0 },
+    { "ioctl TIOCSTI/TIOCLINUX -> EPERM (also with high bits), FIONREAD works", c_ioctl, 0 },
+    { "rlimits of self, prctl, SIGSYS guard, memfd, mmap, file locks", c_misc_allowed, 0 },
+    { "counted denials: count and last syscall", c_counted, 0 },
+    { "x32 syscall -> killed by SIGSYS", c_x32, SIGSYS },
+    { "int 0x80 -> killed by SIGSYS", c_int80, SIGSYS },
+    { "pthread_create", c_threads, 0 },
+    { "fork+exec /bin/true, posix_spawn /bin/sh", c_fork_exec, 0 },
+    { "python3 subprocess: threads, sqlite3, subprocess, sockets", c_python, 0 },
+};
+
+static uint64_t install_ns[32];
+static int n_install;
+
+static void run_check(const struct check *c)
+{
+    int tp[2];
+    if (pipe(tp) < 0)
+        abort();
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(tp[0]);
+        if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
+            _exit(90);
+        struct timespec a, b;
+        clock_gettime(CLOCK_MONOTONIC, &a);
+        int rc = policy_install(pol);
+        clock_gettime(CLOCK_MONOTONIC, &b);
+        uint64_t ns = (uint64_t)(b.tv_sec - a.tv_sec) * 1000000000u + (uint64_t)(b.tv_nsec - a.tv_nsec);
+        if (write(tp[1], &ns, sizeof ns) != sizeof ns)
+            _exit(92);
+        if (rc < 0)
+            _exit(91);
+        _exit(c->fn());
+    }
+    close(tp[1]);
+    uint64_t ns = 0;
+    if (read(tp[0], &ns, sizeof ns) == sizeof ns && n_install < 32)
+        install_ns[n_install++] = ns;
+    close(tp[0]);
+    int st = 0;
+    waitpid(pid, &st, 0);
+    if (c->want_signal) {
+        ok(WIFSIGNALED(st) && WTERMSIG(st) == c->want_signal, "%s", c->name);
+        if (!WIFSIGNALED(st))
+            printf("#   exited %d\n", WEXITSTATUS(st));
+    } else {
+        ok(WIFEXITED(st) && WEXITSTATUS(st) == 0, "%s", c->name);
+        if (WIFSIGNALED(st))
+            printf("#   killed by signal %d\n", WTERMSIG(st));
+        else if (WEXITSTATUS(st))
+            printf("#   exit code %d (10+n: wrong errno n; see the check)\n", WEXITSTATUS(st));
+    }
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void test_filter(const char *path)
+{
+    char err[512];
+    int rc = policy_load(path, &pol, err, sizeof err);
+    is_int(rc, 0, "default policy compiles");
+    if (rc) {
+        printf("#   %s\n", err);
+        return;
+    }
+    printf("# %s\n", policy_summary(pol));
+    ok(policy_bpf_len(pol) > 50 && policy_bpf_len(pol) < 4096, "BPF length %zu", policy_bpf_len(pol));
+
+    if (prctl(PR_GET_SECCOMP) < 0 && errno == EINVAL) {
+        printf("ok %d - # SKIP kernel without seccomp\n", ++tap_n);
+        return;
+    }
+    for (size_t i = 0; i < sizeof checks / sizeof *checks; i++)
+        run_check(&checks[i]);
+    if (n_install) {
+        qsort(install_ns, (size_t)n_install, sizeof *install_ns, cmp_u64);
+        printf("# policy_install in the child: median %.1f us, max %.1f us (%d runs)\n",
+               install_ns[n_install / 2] / 1000.0, install_ns[n_install - 1] / 1000.0, n_install);
+    }
+
+    /* Without no_new_privs install must refuse (EPERM), not half-install. */
+    pid_t pid = fork();
+    if (pid == 0)
+        _exit(policy_install(pol) == -EPERM ? 0 : 1);
+    int st;
+    waitpid(pid, &st, 0);
+    ok(WIFEXITED(st) && WEXITSTATUS(st) == 0, "install without no_new_privs -> -EPERM");
+    policy_free(pol);
+}
+
+/* --- part 3: cgroups --- */
+
+static void test_cgroups(void)
+{
+    if (geteuid() != 0) {
+        printf("ok %d - # SKIP cgroup limits need root\n", ++tap_n);
+        return;
+    }
+    struct config cfg = { .memory_max = 32 << 20, .pids_max = 16, .cpu_millis = 500,
+                          .tmpfs_size = 512 << 20, .isolate = true };
+    struct sbx_cgroups *cg = NULL;
+    is_int(limits_cgroups_init(&cfg, &cg), 0, "cgroups probed");
+
+    /* memory: allocate 256 MiB in a turn limited to 32 MiB */
+    int go[2];
+    if (pipe(go) < 0)
+        abort();
+    pid_t pid = fork();
+    if (pid == 0) {
+        char c;
+        close(go[1]);
+        if (read(go[0], &c, 1) != 1)
+            _exit(2);
+        size_t n = 256 << 20;
+        char *m = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (m == MAP_FAILED)
+            _exit(3);
+        for (size_t i = 0; i < n; i += 4096)
+            m[i] = 1;
+        _exit(0);
+    }
+    close(go[0]);
+    int rc = limits_cgroups_attach(cg, pid, &cfg);
+    if (rc == -ENOENT || rc == -EROFS) {
+        printf("ok %d - # SKIP no usable memory cgroup (%s)\n", ++tap_n, strerror(-rc));
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+        limits_cgroups_free(cg);
+        return;
+    }
+    is_int(rc, 0, "turn cgroup created, child attached");
+    if (write(go[1], "g", 1) != 1)
+        abort();
+    close(go[1]);
+    int st;
+    waitpid(pid, &st, 0);
+    ok(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL, "child over memory limit is OOM-killed");
+    limits_cgroups_release(cg, pid);
+
+    /* pids: a turn limited to 16 tasks cannot start 40 */
+    if (pipe(go) < 0)
+        abort();
+    pid = fork();
+    if (pid == 0) {
+        char c;
+        close(go[1]);
+        if (read(go[0], &c, 1) != 1)
+            _exit(2);
+        int failed = 0, n = 0;
+        pid_t kids[40];
+        for (int i = 0; i < 40; i++) {
+            pid_t k = fork();
+            if (k == 0) {
+                pause();
+                _exit(0);
+            }
+            if (k > 0)
+                kids[n++] = k;
+            else if (errno == EAGAIN)
+                failed++;
+        }
+        for (int i = 0; i < n; i++) {
+            kill(kids[i], SIGKILL);
+            waitpid(kids[i], NULL, 0);
+        }
+        /* 16 tasks: this one plus at most 15 children */
+        _exit(failed == 40 - 15 && n == 15 ? 0 : 1);
+    }
+    close(go[0]);
+    is_int(limits_cgroups_attach(cg, pid, &cfg), 0, "second turn attached");
+    if (write(go[1], "g", 1) != 1)
+        abort();
+    close(go[1]);
+    waitpid(pid, &st, 0);
+    ok(WIFEXITED(st) && WEXITSTATUS(st) == 0, "pids.max 16: the 16th fork fails with EAGAIN");
+    limits_cgroups_release(cg, pid);
+    limits_cgroups_free(cg);
+}
+
+static void test_rlimits(void)
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        struct config cfg = { .tmpfs_size = 1 << 20, .pids_max = 64, .isolate = false };
+        if (limits_apply_rlimits(&cfg) < 0)
+            _exit(2);
+        struct rlimit c, f, n;
+        getrlimit(RLIMIT_CORE, &c);
+        getrlimit(RLIMIT_FSIZE, &f);
+        getrlimit(RLIMIT_NOFILE, &n);
+        if (c.rlim_max != 0 || f.rlim_max != 1 << 20 || n.rlim_max > 1024)
+            _exit(3);
+        signal(SIGXFSZ, SIG_IGN);
+        char tmpl[] = "/tmp/fbfszXXXXXX";
+        int fd = mkstemp(tmpl);
+        unlink(tmpl);
+        static char buf[1 << 20];
+        if (fd < 0 || write(fd, buf, sizeof buf) != sizeof buf)
+            _exit(4);
+        errno = 0;
+        _exit(write(fd, buf, 1) == -1 && errno == EFBIG ? 0 : 5);
+    }
+    int st;
+    waitpid(pid, &st, 0);
+    ok(WIFEXITED(st) && WEXITSTATUS(st) == 0, "rlimits: core 0, fsize enforced (EFBIG), nofile");
+}
+
+int main(void)
+{
+    const char *src = getenv("FORKBOX_SRCDIR");
+    char path[4096];
+    snprintf(path, sizeof path, "%s/policy/default.policy", src ? src : ".");
+
+    test_parser();
+    test_filter(path);
+    test_rlimits();
+    test_cgroups();
+    return tap_done();
+}

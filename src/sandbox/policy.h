@@ -1,0 +1,118 @@
+/* The policy file format, parsed into plain data (policy_parse), and that data
+ * turned into libseccomp filters (policy_build). Internal to the sandbox
+ * module, the policy checker and the fuzzer; the daemon uses seccomp.h.
+ *
+ * Parsing does no I/O and takes (text, len), so it can be fed anything. The
+ * format is described in policy/README.md; in short:
+ *
+ *   default deny EPERM | default errno EPERM | default kill
+ *   define NAME VALUE
+ *   group @name { syscall @other-group ... }        (may span lines)
+ *   allow TARGETS [when COND [and COND]...]
+ *   deny ERRNO TARGETS [when ...]     refused and counted (SIGSYS -> errno)
+ *   errno ERRNO TARGETS [when ...]    refused quietly
+ *   kill TARGETS [when ...]
+ *   COND := argN [& VALUE] OP VALUE,  OP one of == != < <= > >=  (& only with ==)
+ *
+ * How rules become filters, so that libseccomp's rule semantics never
+ * decide anything silently:
+ *   - unconditional rules and `allow ... when` rules go into the main filter,
+ *     whose default is the policy's default;
+ *   - refusing `... when` rules go into a second, small "exceptions" filter
+ *     whose default is allow. The kernel runs both and the most restrictive
+ *     result wins, so an exception beats an allow whatever the rule order.
+ *     When the syscall has no unconditional rule they also go into the main
+ *     filter: otherwise its default (a counted TRAP) would outrank a quiet
+ *     ERRNO exception.
+ */
+#pragma once
+#include <seccomp.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Ceilings: the parser refuses anything larger (it is also a fuzz target). */
+#define POLICY_MAX_BYTES (1024 * 1024)
+#define POLICY_MAX_LINE 4096
+#define POLICY_MAX_GROUPS 256
+#define POLICY_MAX_DEFINES 256
+#define POLICY_MAX_WHEN 1024
+#define POLICY_NR_MAX 1024 /* native syscall numbers are below this */
+
+enum policy_action {
+    POLICY_NONE = 0,
+    POLICY_ALLOW,
+    POLICY_DENY,  /* refused with an errno and counted (SECCOMP_RET_TRAP) */
+    POLICY_ERRNO, /* refused with an errno, not counted (SECCOMP_RET_ERRNO) */
+    POLICY_KILL,  /* SECCOMP_RET_KILL_PROCESS */
+};
+
+struct policy_cond {
+    uint8_t arg;             /* 0..5 */
+    enum scmp_compare op;    /* SCMP_CMP_* */
+    uint64_t mask;           /* SCMP_CMP_MASKED_EQ only */
+    uint64_t value;
+};
+
+/* A rule restricted by argument conditions (all must hold). */
+struct policy_when {
+    int nr;                  /* native syscall number */
+    enum policy_action act;
+    uint16_t err;            /* DENY/ERRNO */
+    uint8_t ncond;
+    struct policy_cond cond[6];
+    unsigned line;
+};
+
+/* The unconditional rule for one syscall, if any. */
+struct policy_sys {
+    enum policy_action act;  /* POLICY_NONE: no unconditional rule */
+    uint16_t err;
+    unsigned line;           /* where it was set */
+    bool direct;             /* named directly, not through a group */
+};
+
+struct policy_group {
+    char name[64];           /* with the leading '@' */
+    unsigned line;
+    bool used;
+    size_t n;
+    int *nrs;                /* owned; native numbers, deduplicated */
+};
+
+struct policy_rules {
+    char path[256];          /* for messages */
+    enum policy_action def;  /* DENY, ERRNO or KILL */
+    uint16_t def_err;
+    unsigned def_line;
+    struct policy_sys sys[POLICY_NR_MAX];
+    size_t n_when;
+    struct policy_when *when;    /* owned */
+    size_t n_groups;
+    struct policy_group *groups; /* owned */
+    unsigned n_foreign;      /* names known to libseccomp but not on this arch, skipped */
+};
+
+/* Parse text (len bytes, need not be NUL-terminated). path is used only in
+ * messages. 0 and *out (free with policy_rules_free), or -EINVAL with
+ * "path:line: reason" in err, or -ENOMEM. */
+int policy_parse(const char *path, const char *text, size_t len, struct policy_rules **out,
+                 char *err, size_t errlen);
+void policy_rules_free(struct policy_rules *r);
+/* Read path (at most POLICY_MAX_BYTES) and policy_parse() it. As above, plus
+ * -errno with "path: reason" when the file cannot be read. */
+int policy_parse_file(const char *path, struct policy_rules **out, char *err, size_t errlen);
+
+/* Build the libseccomp filters for the native architecture: *main always,
+ * *except only when the policy has refusing `when` rules (else NULL). Foreign
+ * ABIs kill the process; the binary-tree optimisation is on. 0 or -errno with
+ * "path:line: reason" in err. The caller releases both with seccomp_release. */
+int policy_build(const struct policy_rules *r, scmp_filter_ctx *main, scmp_filter_ctx *except,
+                 char *err, size_t errlen);
+
+/* The errno a counted denial of syscall nr returns (the SIGSYS handler's
+ * table): the errno of that syscall's `deny` rule, else the default's. */
+uint16_t policy_deny_errno(const struct policy_rules *r, int nr);
+
+/* "allow", "deny EPERM", "errno ENOSYS", "kill" into buf. */
+const char *policy_action_str(enum policy_action act, uint16_t err, char *buf, size_t len);

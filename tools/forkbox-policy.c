@@ -1,0 +1,119 @@
+/* forkbox-policy: check a seccomp policy file the way forkboxd will, and show
+ * what it compiles to.
+ *
+ *   forkbox-policy [--summary|--pfc|--groups] [FILE]    (default FILE: policy/default.policy)
+ *
+ * Exit 0 if the policy compiles, 1 with "file:line: reason" on stderr if not,
+ * 2 on usage errors. --pfc prints libseccomp's pseudo filter code for both
+ * filters; in it, TRAP is a counted denial (the sandbox's SIGSYS handler
+ * returns the errno listed in the summary). */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "sandbox/policy.h"
+#include "sandbox/seccomp.h"
+
+static void print_groups(const struct policy_rules *r)
+{
+    for (size_t i = 0; i < r->n_groups; i++) {
+        const struct policy_group *g = &r->groups[i];
+        printf("%s (line %u, %zu syscalls%s):", g->name, g->line, g->n,
+               g->used ? "" : ", unused");
+        for (size_t k = 0; k < g->n; k++) {
+            char name[64];
+            printf(" %s", policy_syscall_name(g->nrs[k], name, sizeof name));
+        }
+        printf("\n");
+    }
+}
+
+static void print_rules(const struct policy_rules *r)
+{
+    char a[32], name[64];
+    printf("default: %s\n", policy_action_str(r->def, r->def_err, a, sizeof a));
+    for (int nr = 0; nr < POLICY_NR_MAX; nr++)
+        if (r->sys[nr].act != POLICY_NONE)
+            printf("%-24s %s\n", policy_syscall_name(nr, name, sizeof name),
+                   policy_action_str(r->sys[nr].act, r->sys[nr].err, a, sizeof a));
+    for (size_t i = 0; i < r->n_when; i++) {
+        const struct policy_when *w = &r->when[i];
+        printf("%-24s %s when", policy_syscall_name(w->nr, name, sizeof name),
+               policy_action_str(w->act, w->err, a, sizeof a));
+        for (uint8_t k = 0; k < w->ncond; k++) {
+            const struct policy_cond *c = &w->cond[k];
+            static const char *const op[] = { [SCMP_CMP_NE] = "!=", [SCMP_CMP_LT] = "<",
+                [SCMP_CMP_LE] = "<=", [SCMP_CMP_EQ] = "==", [SCMP_CMP_GE] = ">=",
+                [SCMP_CMP_GT] = ">", [SCMP_CMP_MASKED_EQ] = "==" };
+            printf("%s arg%u", k ? " and" : "", c->arg);
+            if (c->op == SCMP_CMP_MASKED_EQ)
+                printf(" & 0x%llx", (unsigned long long)c->mask);
+            printf(" %s 0x%llx", op[c->op], (unsigned long long)c->value);
+        }
+        printf("   (line %u)\n", w->line);
+    }
+    if (r->n_foreign)
+        printf("# %u names are not syscalls on this architecture and were skipped\n",
+               r->n_foreign);
+}
+
+int main(int argc, char **argv)
+{
+    const char *mode = "--summary", *path = "policy/default.policy";
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--summary") == 0 || strcmp(argv[i], "--pfc") == 0 ||
+            strcmp(argv[i], "--groups") == 0 || strcmp(argv[i], "--rules") == 0)
+            mode = argv[i];
+        else if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
+            printf("usage: %s [--summary|--rules|--groups|--pfc] [FILE]\n", argv[0]);
+            return 0;
+        } else if (argv[i][0] == '-') {
+            fprintf(stderr, "%s: unknown option %s\n", argv[0], argv[i]);
+            return 2;
+        } else
+            path = argv[i];
+    }
+
+    char err[512];
+    struct sbx_policy *pol;
+    if (policy_load(path, &pol, err, sizeof err) < 0) {
+        fprintf(stderr, "%s\n", err);
+        return 1;
+    }
+    struct policy_rules *r;
+    if (policy_parse_file(path, &r, err, sizeof err) < 0) { /* cannot fail after load */
+        fprintf(stderr, "%s\n", err);
+        policy_free(pol);
+        return 1;
+    }
+
+    int rc = 0;
+    if (strcmp(mode, "--summary") == 0) {
+        printf("%s\n", policy_summary(pol));
+    } else if (strcmp(mode, "--groups") == 0) {
+        print_groups(r);
+    } else if (strcmp(mode, "--rules") == 0) {
+        print_rules(r);
+    } else {
+        scmp_filter_ctx m, x;
+        if (policy_build(r, &m, &x, err, sizeof err) < 0) {
+            fprintf(stderr, "%s\n", err);
+            rc = 1;
+        } else {
+            printf("# main filter (default: %s)\n", "see summary");
+            fflush(stdout);
+            seccomp_export_pfc(m, STDOUT_FILENO);
+            if (x) {
+                printf("# exceptions filter (default allow; the stricter result wins)\n");
+                fflush(stdout);
+                seccomp_export_pfc(x, STDOUT_FILENO);
+                seccomp_release(x);
+            }
+            seccomp_release(m);
+        }
+    }
+    policy_rules_free(r);
+    policy_free(pol);
+    return rc;
+}
