@@ -59,6 +59,17 @@ static void parse_ok(const char *text, const char *what)
     ok(rc == 0, "accepted: %s", what);
     if (rc)
         printf("#   %s\n", err);
+    if (rc == 0) {
+        scmp_filter_ctx m = NULL, x = NULL;
+        rc = policy_build(r, &m, &x, err, sizeof err);
+        ok(rc == 0 && m, "and compiles");
+        if (rc)
+            printf("#   %s\n", err);
+        if (m)
+            seccomp_release(m);
+        if (x)
+            seccomp_release(x);
+    }
     policy_rules_free(r);
 }
 
@@ -141,7 +152,9 @@ static void test_parser(void)
              "overlapping groups with one action");
     parse_ok("default kill\ndefine NS CLONE_NEWUSER|CLONE_NEWNS\nallow clone when arg0 & NS == 0\n"
              "allow ioctl\ndeny EPERM ioctl when arg1 & 0xffffffff == TIOCSTI\n"
-             "errno ENOSYS clone3\nallow socketcall\n",
+             "errno ENOSYS clone3\nallow socketcall\nerrno EPERM getpid\ndeny EACCES ptrace\n"
+             "allow socket when arg0 == AF_UNIX\nerrno EAFNOSUPPORT socket when arg0 != AF_UNIX\n"
+             "kill kexec_load when arg0 > 5\n",
              "conditions, defines, exceptions, names from other architectures");
     parse_ok("default errno EPERM\ngroup @a{read}\nallow @a", "braces against words, no final newline");
     parse_ok("default deny EPERM", "only a default");
