@@ -1,18 +1,23 @@
 /* pyrt test harness: one sandbox turn without the sandbox.
  *
  *   pyrt_harness [--output-cap N] [--snapshot-max N] [--max-unpacked N]
- *                [--max-members N] [--preload LIST] [--site DIR]
+ *                [--max-members N] [--preload LIST] [--site DIR] [--clone]
  *                CHAN_FD TOOLS_DIR WORKSPACE_DIR
  *
  * Fills a struct config by hand, runs pyrt_init() as the fork server would,
- * then pyrt_serve() directly in this process (no clone, so no
- * pyrt_after_fork()) on CHAN_FD, an fd inherited from the test. Exit status
- * 2 means bad usage or a failed pyrt_init (reason on stderr). */
+ * then pyrt_serve() directly in this process on CHAN_FD, an fd inherited from
+ * the test. With --clone, the turn runs instead in a child made with the raw
+ * clone syscall (as the sandbox does), which calls pyrt_after_fork() first;
+ * the harness then exits with the child's status. Exit status 2 means bad
+ * usage or a failed pyrt_init (reason on stderr). */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "config/config.h"
@@ -50,7 +55,13 @@ int main(int argc, char **argv)
     snprintf(cfg.tools_dir, sizeof(cfg.tools_dir), "/tools");
 
     int i = 1;
+    int use_clone = 0;
     for (; i < argc && strncmp(argv[i], "--", 2) == 0; i += 2) {
+        if (!strcmp(argv[i], "--clone")) {
+            use_clone = 1;
+            i--;
+            continue;
+        }
         if (i + 1 >= argc)
             return usage();
         const char *opt = argv[i], *val = argv[i + 1];
@@ -88,6 +99,25 @@ int main(int argc, char **argv)
     if (tools_fd < 0) {
         fprintf(stderr, "pyrt_harness: %s: %s\n", tools_dir, strerror(errno));
         return 2;
+    }
+    if (use_clone) {
+        /* Like the fork server: raw clone, no glibc fork handlers. */
+        long pid = syscall(SYS_clone, (unsigned long)SIGCHLD, 0L, 0L, 0L, 0L);
+        if (pid < 0) {
+            perror("pyrt_harness: clone");
+            return 2;
+        }
+        if (pid == 0) {
+            pyrt_after_fork();
+            pyrt_serve((int)fd64, tools_fd, tools_dir, ws_dir);
+        }
+        close(tools_fd);
+        close((int)fd64);
+        int status;
+        while (waitpid((pid_t)pid, &status, 0) < 0)
+            if (errno != EINTR)
+                return 2;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     }
     pyrt_serve((int)fd64, tools_fd, tools_dir, ws_dir);
 }

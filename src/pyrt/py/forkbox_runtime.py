@@ -225,27 +225,27 @@ class _Turn:
 
     # -- the channel reader: a daemon thread for the whole turn ------------
     def reader(self):
-        decode = self.protocol.decode
-        ProtocolError = self.protocol.ProtocolError
-        ToolResult = self.protocol.ToolResult
         while True:
-            msg = _fb.chan_recv()  # the GIL is released while it waits
-            if msg is None:
-                os._exit(0)  # the supervisor closed the channel: the turn is over
-            typ, payload = msg
-            if typ == _CHAN_FRAME:
-                try:
-                    frame = decode(payload)
-                except ProtocolError:
-                    continue  # drop just that message (spec 9.2, channel poisoning)
-                except Exception:
-                    continue
-                if type(frame) is ToolResult:
-                    self.rpc.deliver(frame)
-                    continue
-                self.inbox.put((typ, frame))
-            else:
-                self.inbox.put((typ, payload))
+            self._read_one()
+
+    def _read_one(self):
+        # One message per call, so nothing (a 100 MiB archive, say) stays
+        # referenced from this thread's frame while it waits for the next.
+        msg = _fb.chan_recv()  # the GIL is released while it waits
+        if msg is None:
+            os._exit(0)  # the supervisor closed the channel: the turn is over
+        typ, payload = msg
+        if typ != _CHAN_FRAME:
+            self.inbox.put((typ, payload))
+            return
+        try:
+            frame = self.protocol.decode(payload)
+        except Exception:
+            return  # drop just that message (spec 9.2, channel poisoning)
+        if type(frame) is self.protocol.ToolResult:
+            self.rpc.deliver(frame)
+        else:
+            self.inbox.put((typ, frame))
 
     def log_error_and_exit(self, msg):
         try:
