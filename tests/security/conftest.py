@@ -1,0 +1,43 @@
+"""Fixtures for the security suite: one forkboxd per test module.
+
+Missing or broken daemons make tests fail (error), never skip: a protection that
+cannot be shown to work is reported as not working.
+"""
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import sbx  # noqa: E402
+
+# Limits for the modules that only probe (they must not trip resource limits).
+DEFAULT_ARGS = ["--capacity", "16", "--block-timeout", "60", "--turn-timeout", "180"]
+
+
+@pytest.fixture(scope="module")
+def daemon():
+    d = sbx.Daemon(DEFAULT_ARGS, token=sbx.new_token()).start()
+    yield d
+    d.stop()
+
+
+@pytest.fixture(autouse=True)
+def _daemon_log_on_failure(request):
+    """Attach the daemon's stderr tail to a failing test's report."""
+    yield
+    rep = getattr(request.node, "rep_call", None)
+    if rep is not None and rep.failed:
+        for name in ("daemon", "small_daemon"):
+            if name in request.fixturenames:
+                d = request.getfixturevalue(name)
+                sys.stderr.write(f"\n--- forkboxd stderr ({name}) ---\n{d.stderr(2500)}\n")
+
+
+@pytest.hookimpl(tryfirst=True, hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    setattr(item, "rep_" + rep.when, rep)

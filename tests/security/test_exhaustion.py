@@ -1,0 +1,292 @@
+"""Resource exhaustion, each bounded by small limits, and after each one the daemon
+still answers /health and runs a fresh turn.
+
+Daemon limits here: --memory 256M --pids 64 --tmpfs-size 64M --block-timeout 5
+--output-cap 64K. Outcomes asserted:
+
+* fork loop -> BlockingIOError (EAGAIN) before 64 processes;
+* classic fork bomb -> block timeout (done 124) or the sandbox killed (log error
+  + close 1011), and no process of the turn survives on the host;
+* thread loop -> RuntimeError("can't start new thread") before 64 threads;
+* memory bomb -> MemoryError below ~256M, or the sandbox OOM-killed (log error
+  + close 1011);
+* filling /workspace, /tmp, /dev/shm -> OSError ENOSPC within ~64M;
+* fd loop -> OSError EMFILE;
+* CPU spin and sleep -> done exit 124 with a time-limit stderr, then close;
+* output flood (print, fd 1, stderr) -> the stream kept under the cap with a
+  "[forkbox: N bytes of ... dropped]" note.
+"""
+
+import re
+
+import pytest
+
+import sbx
+
+MEM = 256 << 20
+PIDS = 64
+TMPFS = 64 << 20
+BLOCK_TIMEOUT = 5
+OUTPUT_CAP = 64 << 10
+ARGS = ["--capacity", "8", "--memory", "256M", "--pids", str(PIDS), "--tmpfs-size", "64M",
+        "--block-timeout", str(BLOCK_TIMEOUT), "--turn-timeout", "60", "--output-cap", "64K"]
+TIME_LIMIT_RE = re.compile(r"time limit", re.I)
+DROPPED_RE = re.compile(r"\[forkbox: (\d+) bytes of (stdout|stderr) dropped\]")
+
+
+@pytest.fixture(scope="module")
+def small_daemon():
+    d = sbx.Daemon(ARGS, token=sbx.new_token()).start()
+    yield d
+    d.stop()
+
+
+def _after(d: sbx.Daemon):
+    ok, why = d.fresh_turn_ok()
+    assert ok, why
+
+
+def _killed(r: sbx.TurnResult) -> bool:
+    """The sandbox was killed by a limit: a log error frame and close 1011."""
+    return (r.closed_by_server and r.close_code == 1011
+            and any(f.get("level") == "error" for f in r.logs))
+
+
+def _timed_out(b: sbx.BlockResult) -> bool:
+    return b.done_exit == 124 and b.exit_code == 124 and bool(TIME_LIMIT_RE.search(b.stderr))
+
+
+# --------------------------------------------------------------------------- processes
+
+FORK_LOOP = r'''
+import os, time
+pids, err = [], None
+try:
+    while len(pids) < 10000:
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(60)
+            os._exit(0)
+        pids.append(pid)
+except OSError as e:
+    err = e
+for p in pids:
+    os.kill(p, 9)
+for p in pids:
+    os.waitpid(p, 0)
+report({"n": len(pids), "exc": type(err).__name__ if err else None, "errno": _en(getattr(err, "errno", 0))})
+'''
+
+
+def test_fork_loop_hits_pids_limit(small_daemon):
+    r = small_daemon.run(sbx.prelude(FORK_LOOP), timeout=60)
+    b = r.last
+    assert b.completed and b.exit_code == 0, repr(r)
+    rep = b.report()
+    assert rep["exc"] == "BlockingIOError" and rep["errno"] == "EAGAIN", rep
+    assert rep["n"] < PIDS, rep
+    _after(small_daemon)
+
+
+FORK_BOMB = r'''
+import os
+while True:
+    try:
+        os.fork()
+    except OSError:
+        pass
+'''
+
+
+def test_fork_bomb_contained(small_daemon):
+    before = small_daemon.descendants()
+    r = small_daemon.run(FORK_BOMB, timeout=BLOCK_TIMEOUT + 40)
+    b = r.last
+    assert _timed_out(b) or _killed(r), repr(r)
+    assert r.closed_by_server, repr(r)
+    assert b.elapsed < BLOCK_TIMEOUT + 15, f"took {b.elapsed:.1f}s"
+    # Every process of the bomb is gone from the host.
+    assert sbx.wait_until(lambda: len(small_daemon.descendants() - before) == 0, 15), \
+        f"left behind: {sorted(small_daemon.descendants() - before)}"
+    _after(small_daemon)
+
+
+THREAD_LOOP = r'''
+import threading
+ev = threading.Event()
+threads, err = [], None
+try:
+    while len(threads) < 10000:
+        t = threading.Thread(target=ev.wait, daemon=True)
+        t.start()
+        threads.append(t)
+except BaseException as e:
+    err = e
+ev.set()
+for t in threads:
+    t.join()
+report({"n": len(threads), "exc": type(err).__name__ if err else None, "msg": str(err)})
+'''
+
+
+def test_thread_bomb_hits_pids_limit(small_daemon):
+    r = small_daemon.run(sbx.prelude(THREAD_LOOP), timeout=60)
+    b = r.last
+    assert b.completed and b.exit_code == 0, repr(r)
+    rep = b.report()
+    assert rep["exc"] == "RuntimeError" and "can't start new thread" in rep["msg"], rep
+    assert rep["n"] < PIDS, rep
+    _after(small_daemon)
+
+
+# --------------------------------------------------------------------------- memory
+
+MEMORY_BOMB = r'''
+chunks = []
+total = 0
+try:
+    while True:
+        c = bytearray(16 << 20)
+        for i in range(0, len(c), 4096):
+            c[i] = 1
+        chunks.append(c)
+        total += len(c)
+except MemoryError:
+    chunks.clear()
+    print("MemoryError after", total)
+    raise
+'''
+
+
+def test_memory_bomb(small_daemon):
+    r = small_daemon.run(MEMORY_BOMB, timeout=60)
+    b = r.last
+    if b.completed:
+        assert b.exit_code == 1 and "MemoryError" in b.stderr, repr(b)
+        m = re.search(r"MemoryError after (\d+)", b.stdout)
+        assert m and int(m.group(1)) <= MEM, repr(b)
+    else:
+        assert _killed(r), repr(r)
+    _after(small_daemon)
+
+
+# --------------------------------------------------------------------------- disk
+
+DISK_FILL = r'''
+import os
+path = os.path.join(DIR, "fbx-fill")
+written, err = 0, None
+chunk = b"\xa5" * (1 << 20)
+try:
+    with open(path, "wb") as f:
+        while written < (1 << 30):
+            f.write(chunk)
+            f.flush()
+            written += len(chunk)
+except OSError as e:
+    err = e
+finally:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+report({"written": written, "exc": type(err).__name__ if err else None, "errno": _en(getattr(err, "errno", 0))})
+'''
+
+
+@pytest.mark.parametrize("where", ["/workspace", "/tmp", "/dev/shm"])
+def test_disk_fill(small_daemon, where):
+    r = small_daemon.run(sbx.prelude(f"DIR = {where!r}\n" + DISK_FILL), timeout=60)
+    b = r.last
+    assert b.completed and b.exit_code == 0, repr(r)
+    rep = b.report()
+    assert rep["errno"] == "ENOSPC", rep
+    assert rep["written"] <= TMPFS, rep
+    _after(small_daemon)
+
+
+FD_LOOP = r'''
+import os, resource
+fds, err = [], None
+try:
+    while len(fds) < 10_000_000:
+        fds.append(os.open("/dev/null", os.O_RDONLY))
+except OSError as e:
+    err = e
+for fd in fds:
+    os.close(fd)
+report({"n": len(fds), "soft": resource.getrlimit(resource.RLIMIT_NOFILE)[0],
+        "exc": type(err).__name__ if err else None, "errno": _en(getattr(err, "errno", 0))})
+'''
+
+
+def test_fd_exhaustion(small_daemon):
+    r = small_daemon.run(sbx.prelude(FD_LOOP), timeout=60)
+    b = r.last
+    assert b.completed and b.exit_code == 0, repr(r)
+    rep = b.report()
+    assert rep["errno"] == "EMFILE", rep
+    assert rep["n"] <= rep["soft"] <= 1 << 20, rep
+    _after(small_daemon)
+
+
+def test_fd_limit_cannot_be_raised(small_daemon):
+    code = sbx.prelude(r'''
+import resource
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+res = try_(lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (hard + 1, hard + 1)) or "raised")
+report({"hard": hard, "res": res})
+''')
+    r = small_daemon.run(code, timeout=30)
+    rep = r.last.report()
+    assert isinstance(rep["res"], dict) and rep["res"]["errno"] in {"EPERM", "EINVAL"}, rep
+
+
+# --------------------------------------------------------------------------- time
+
+@pytest.mark.parametrize("code", ["while True: pass", "import time\ntime.sleep(1000)",
+                                  "import threading\nthreading.Event().wait()"],
+                         ids=["cpu_spin", "sleep", "wait_forever"])
+def test_block_timeout(small_daemon, code):
+    r = small_daemon.run(code, timeout=BLOCK_TIMEOUT + 30)
+    b = r.last
+    assert _timed_out(b), repr(r)
+    assert BLOCK_TIMEOUT - 0.5 <= b.elapsed < BLOCK_TIMEOUT + 5, f"timed out after {b.elapsed:.1f}s"
+    assert r.closed_by_server, f"connection not closed after the timeout: {r!r}"
+    _after(small_daemon)
+
+
+def test_background_spinner_does_not_outlive_turn(small_daemon):
+    before = small_daemon.descendants()
+    code = r'''
+import os
+if os.fork() == 0:
+    while True:
+        pass
+print("spinning")
+'''
+    r = small_daemon.run(code, "print(2)", timeout=30)
+    assert [b.stdout for b in r.blocks] == ["spinning\n", "2\n"], repr(r)
+    assert sbx.wait_until(lambda: len(small_daemon.descendants() - before) == 0, 10), \
+        f"left behind: {sorted(small_daemon.descendants() - before)}"
+    _after(small_daemon)
+
+
+# --------------------------------------------------------------------------- output
+
+@pytest.mark.parametrize("stream,code", [
+    ("stdout", "import sys\nfor _ in range(512):\n    sys.stdout.write('x' * 65536)\n"),
+    ("stdout", "import os\nfor _ in range(512):\n    os.write(1, b'y' * 65536)\n"),
+    ("stderr", "import sys\nfor _ in range(512):\n    sys.stderr.write('z' * 65536)\n"),
+    ("stdout", "import subprocess\nsubprocess.run(['/bin/sh', '-c', 'head -c 33554432 /dev/zero | tr \"\\\\0\" w'])\n"),
+], ids=["print", "fd1", "stderr", "subprocess"])
+def test_output_flood_capped(small_daemon, stream, code):
+    r = small_daemon.run(code, timeout=60)
+    b = r.last
+    assert b.completed and b.exit_code == 0, repr(r)
+    text = getattr(b, stream)
+    m = DROPPED_RE.search(text)
+    assert m and m.group(2) == stream, f"no dropped note in {stream}: head {text[:100]!r} tail {text[-200:]!r}"
+    assert int(m.group(1)) > 0
+    assert len(text.encode()) <= OUTPUT_CAP + 256, f"{stream} is {len(text.encode())} bytes, cap {OUTPUT_CAP}"
+    _after(small_daemon)
