@@ -1,0 +1,164 @@
+/* The JSON frame codec (proto/frame.h) on bytes from either peer, and the
+ * channel envelope header (proto/chan.h) the supervisor reads from a sandbox.
+ *
+ * Properties, for every input and both peers:
+ *   - frame_decode() returns 0 or one of its documented errors, and leaves
+ *     *out untouched on failure;
+ *   - for every frame it accepts, decode(encode(f)) == f (same kind, every
+ *     field's JSON text byte-identical, same exit_code) from the same peer,
+ *     and the encoding is a fixed point: encode(decode(encode(f))) ==
+ *     encode(f), ending in exactly one '\n';
+ *   - a string set with frame_set_stringn() (any valid UTF-8, NULs included)
+ *     survives encode -> decode as the child would send it;
+ *   - chan_hdr_decode() accepts exactly what chan_hdr_encode() produces. */
+#include <errno.h>
+#include <string.h>
+
+#include "core/buf.h"
+#include "core/utf8.h"
+#include "fuzz.h"
+#include "proto/chan.h"
+#include "proto/frame.h"
+
+/* Frames are at most as long as the input plus defaults; the ceiling only
+ * keeps a bug from eating memory. */
+#define ENCODE_MAX (64u * 1024 * 1024)
+
+static bool frame_eq(const struct frame *a, const struct frame *b)
+{
+    size_t n;
+
+    if (a->kind != b->kind || a->exit_code != b->exit_code)
+        return false;
+    frame_field_names(a->kind, &n);
+    for (size_t i = 0; i < n; i++) {
+        if (a->field[i].len != b->field[i].len ||
+            memcmp(a->field[i].json, b->field[i].json, a->field[i].len) != 0)
+            return false;
+        /* The text is NUL-terminated and NUL-free (U+0000 is "\u0000"). */
+        if (a->field[i].json[a->field[i].len] != '\0' ||
+            strlen(a->field[i].json) != a->field[i].len)
+            return false;
+    }
+    return true;
+}
+
+static void check_roundtrip(const struct frame *f, enum frame_peer peer)
+{
+    struct buf e1, e2;
+    struct frame g;
+    const char *why = NULL;
+    int r;
+
+    buf_init(&e1, ENCODE_MAX);
+    buf_init(&e2, ENCODE_MAX);
+    r = frame_encode(f, &e1);
+    FUZZ_ASSERT(r == 0, "frame_encode: %d", r);
+    FUZZ_ASSERT(e1.len > 0 && e1.data[e1.len - 1] == '\n' &&
+                    memchr(e1.data, '\n', e1.len) == e1.data + e1.len - 1,
+                "encoding must be one line ending in \\n");
+
+    memset(&g, 0xa5, sizeof g);
+    r = frame_decode(e1.data, e1.len, peer, &g, &why);
+    FUZZ_ASSERT(r == 0, "re-decoding our own encoding of a %s (peer %d) failed: %d %s: %.*s",
+                frame_kind_name(f->kind), peer, r, why ? why : "",
+                (int)(e1.len > 400 ? 400 : e1.len), (const char *)e1.data);
+    FUZZ_ASSERT(frame_eq(f, &g), "decode(encode(f)) != f for a %s: %.*s",
+                frame_kind_name(f->kind), (int)(e1.len > 400 ? 400 : e1.len),
+                (const char *)e1.data);
+
+    r = frame_encode(&g, &e2);
+    FUZZ_ASSERT(r == 0, "frame_encode (second): %d", r);
+    FUZZ_ASSERT(e1.len == e2.len && memcmp(e1.data, e2.data, e1.len) == 0,
+                "encoding is not a fixed point");
+    frame_free(&g);
+    buf_free(&e1);
+    buf_free(&e2);
+}
+
+static void check_decode(const uint8_t *data, size_t size, enum frame_peer peer)
+{
+    struct frame f, sentinel;
+    const char *why = NULL;
+    int r;
+
+    memset(&f, 0x5a, sizeof f);
+    memcpy(&sentinel, &f, sizeof f);
+    r = frame_decode(data, size, peer, &f, &why);
+    if (r < 0) {
+        FUZZ_ASSERT(r == -EBADMSG || r == -EPROTO || r == -ENOMEM, "undocumented error %d", r);
+        FUZZ_ASSERT(why != NULL, "no reason for error %d", r);
+        FUZZ_ASSERT(memcmp(&f, &sentinel, sizeof f) == 0, "*out changed on failure");
+        return;
+    }
+    FUZZ_ASSERT(r == 0, "unexpected return %d", r);
+    FUZZ_ASSERT((unsigned)f.kind < FRAME_KIND_COUNT, "kind %d", (int)f.kind);
+    if (peer == FRAME_FROM_CHILD) {
+        FUZZ_ASSERT(f.kind == FRAME_READY || f.kind == FRAME_TOOL_CALL || f.kind == FRAME_LOG ||
+                        f.kind == FRAME_DONE || f.kind == FRAME_OUTPUT,
+                    "kind %s accepted from a child", frame_kind_name(f.kind));
+        /* What the supervisor relays must be UTF-8 (the client reads text). */
+        size_t n;
+        frame_field_names(f.kind, &n);
+        for (size_t i = 0; i < n; i++)
+            FUZZ_ASSERT(utf8_valid((const uint8_t *)f.field[i].json, f.field[i].len),
+                        "field %zu of a child frame is not UTF-8", i);
+    }
+    check_roundtrip(&f, peer);
+    frame_free(&f);
+    frame_free(&f); /* documented as safe on a freed frame */
+}
+
+/* A log frame carrying the input as its message, as the child's runtime
+ * builds them: set_stringn -> encode -> decode must give the same text. */
+static void check_set_string(const uint8_t *data, size_t size)
+{
+    struct frame f;
+    int r;
+
+    if (!utf8_valid(data, size))
+        return;
+    frame_init(&f, FRAME_LOG);
+    r = frame_set_stringn(&f, "msg", (const char *)data, size);
+    FUZZ_ASSERT(r == 0, "frame_set_stringn: %d", r);
+    r = frame_set_int(&f, "level", 7);
+    FUZZ_ASSERT(r == 0, "frame_set_int: %d", r);
+    check_roundtrip(&f, FRAME_FROM_CLIENT);
+    frame_free(&f);
+
+    frame_init(&f, FRAME_OUTPUT);
+    r = frame_set_stringn(&f, "stdout", (const char *)data, size);
+    FUZZ_ASSERT(r == 0, "frame_set_stringn: %d", r);
+    r = frame_set_int(&f, "exit_code", size > 0 ? (int64_t)data[0] - 128 : INT64_MIN);
+    FUZZ_ASSERT(r == 0, "frame_set_int: %d", r);
+    check_roundtrip(&f, FRAME_FROM_CHILD);
+    frame_free(&f);
+}
+
+static void check_chan(const uint8_t *data, size_t size)
+{
+    enum chan_type type;
+    uint32_t len, max = size >= 9 ? (uint32_t)data[8] << 16 : 0xffffffffu;
+    uint8_t again[CHAN_HDR_LEN];
+    int r = chan_hdr_decode(data, size, max, &type, &len);
+
+    if (size < CHAN_HDR_LEN) {
+        FUZZ_ASSERT(r == 0, "short header gave %d", r);
+        return;
+    }
+    FUZZ_ASSERT(r == 1 || r == -EPROTO || r == -EMSGSIZE, "chan_hdr_decode: %d", r);
+    if (r != 1)
+        return;
+    FUZZ_ASSERT(len <= max, "len %u over max %u", len, max);
+    chan_hdr_encode(again, type, len);
+    FUZZ_ASSERT(memcmp(again, data, CHAN_HDR_LEN) == 0, "chan header does not round-trip");
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    check_decode(data, size, FRAME_FROM_CLIENT);
+    check_decode(data, size, FRAME_FROM_CHILD);
+    check_set_string(data, size);
+    check_chan(data, size);
+    return 0;
+}

@@ -1,0 +1,262 @@
+/* The WebSocket message path as the session drives it (net/ws.h over
+ * wslay): bytes from a client arrive on a socket in arbitrary chunkings,
+ * possibly with a first part already read together with the HTTP request,
+ * and ws_conn_read()/ws_conn_write() run as the loop would run them.
+ *
+ * Input: byte 0 seeds the chunking (fuzz.h), byte 1 holds flags, the rest
+ * is the client's stream:
+ *   0x01  structured: the rest is a list of frame descriptions that are
+ *         turned into client frames here (below), so the fuzzer reaches
+ *         reassembly, control frames and UTF-8 checks instead of stopping at
+ *         the mask check; otherwise the bytes go to the socket as they are
+ *   0x02  the first chunk is handed to ws_conn_new() as bytes read past the
+ *         HTTP request
+ *   0x04  small max_msg (100 bytes) instead of 64 KiB
+ *   0x08  the text handler closes the connection (1000) as the session does
+ *         when a turn ends on a client message
+ *   0x10  handlers reply (a text per text, a binary and a ping per binary)
+ *   0x20  the server closes (1011) half way through the stream
+ *
+ * A frame description (structured mode): byte b0 is the first header byte
+ * as sent (FIN, RSV, opcode); byte b1's low 7 bits are the length code
+ * (126 and 127 read a 16/64-bit length from the input, so non-minimal and
+ * huge lengths happen) and its top bit, when set, sends the frame *unmasked*
+ * (a client must mask: a protocol error); then 4 mask key bytes (masked
+ * frames only) and the payload, which is masked here. A declared length
+ * longer than what is left keeps the declared value (a truncated frame).
+ *
+ * Properties (the handlers' contract in ws.h):
+ *   - text is delivered only if it is valid UTF-8, and no message is longer
+ *     than max_msg; msg is never NULL;
+ *   - after ws_conn_close() no message is delivered;
+ *   - the bytes delivered never exceed the bytes sent;
+ *   - ws_conn_read()/ws_conn_write() return 0 or a documented error, and once
+ *     the client's EOF is read a connection that still wants to read reports
+ *     the end instead of 0. */
+#include <errno.h>
+#include <fcntl.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "core/utf8.h"
+#include "fuzz.h"
+#include "net/ws.h"
+
+enum {
+    F_STRUCTURED = 0x01,
+    F_INITIAL = 0x02,
+    F_SMALL_MAX = 0x04,
+    F_CLOSE_ON_TEXT = 0x08,
+    F_REPLY = 0x10,
+    F_SERVER_CLOSE = 0x20,
+};
+
+struct state {
+    struct ws_conn *c;
+    uint8_t flags;
+    size_t max_msg;
+    bool closed;      /* ws_conn_close() was called */
+    size_t delivered; /* message bytes handed to the handlers */
+    size_t messages;
+    size_t pongs;
+};
+
+static void on_message(struct state *s, const uint8_t *msg, size_t len)
+{
+    FUZZ_ASSERT(msg != NULL, "NULL message");
+    FUZZ_ASSERT(len <= s->max_msg, "message of %zu bytes over max %zu", len, s->max_msg);
+    FUZZ_ASSERT(!s->closed, "message delivered after ws_conn_close()");
+    s->delivered += len;
+    s->messages++;
+}
+
+static void on_text(void *ud, const uint8_t *msg, size_t len)
+{
+    struct state *s = ud;
+
+    on_message(s, msg, len);
+    FUZZ_ASSERT(utf8_valid(msg, len), "text message of %zu bytes is not UTF-8", len);
+    if (s->flags & F_REPLY)
+        ws_conn_send_text(s->c, msg, len < 64 ? len : 64);
+    if (s->flags & F_CLOSE_ON_TEXT) {
+        int r = ws_conn_close(s->c, 1000, "turn over");
+        if (r == 0)
+            s->closed = true;
+    }
+}
+
+static void on_binary(void *ud, const uint8_t *msg, size_t len)
+{
+    struct state *s = ud;
+
+    on_message(s, msg, len);
+    if (s->flags & F_REPLY) {
+        ws_conn_send_binary(s->c, msg, len < 64 ? len : 64);
+        ws_conn_send_ping(s->c);
+    }
+}
+
+static void on_pong(void *ud)
+{
+    struct state *s = ud;
+    s->pongs++;
+}
+
+static const struct ws_handlers handlers = {on_text, on_binary, on_pong};
+
+/* Turn frame descriptions into a client stream (see the top comment). */
+static uint8_t *build_frames(const uint8_t *p, size_t n, size_t *out_len)
+{
+    /* Every input byte a description consumes becomes one output byte. */
+    uint8_t *out = malloc(n + 1), *o = out;
+    size_t i = 0;
+
+    FUZZ_ASSERT(out != NULL, "malloc");
+    while (i + 2 <= n) {
+        uint8_t b0 = p[i], b1 = p[i + 1];
+        bool masked = !(b1 & 0x80);
+        uint64_t declared = b1 & 0x7f;
+        size_t hdr_len = 0;
+        i += 2;
+        if (declared == 126) {
+            if (i + 2 > n)
+                break;
+            declared = (uint64_t)p[i] << 8 | p[i + 1];
+            hdr_len = 2;
+        } else if (declared == 127) {
+            if (i + 8 > n)
+                break;
+            declared = 0;
+            for (int k = 0; k < 8; k++)
+                declared = declared << 8 | p[i + k];
+            hdr_len = 8;
+        }
+        const uint8_t *len_bytes = p + i;
+        i += hdr_len;
+        uint8_t key[4] = {0};
+        if (masked) {
+            if (i + 4 > n)
+                break;
+            memcpy(key, p + i, 4);
+            i += 4;
+        }
+        size_t avail = n - i, len = declared < avail ? (size_t)declared : avail;
+
+        *o++ = b0;
+        *o++ = (uint8_t)((masked ? 0x80 : 0) | (b1 & 0x7f));
+        /* The length bytes as given: if the payload is cut short by the end
+         * of the input, the declared length still stands. */
+        memcpy(o, len_bytes, hdr_len);
+        o += hdr_len;
+        if (masked) {
+            memcpy(o, key, 4);
+            o += 4;
+        }
+        for (size_t k = 0; k < len; k++)
+            *o++ = p[i + k] ^ (masked ? key[k & 3] : 0);
+        i += len;
+    }
+    *out_len = (size_t)(o - out);
+    return out;
+}
+
+static void check_rc(int rc, const char *what)
+{
+    FUZZ_ASSERT(rc == 0 || rc == -ECONNRESET || rc == -EPROTO || rc == -ESHUTDOWN, "%s: %d",
+                what, rc);
+}
+
+/* What the loop does on EPOLLIN: read, and again while the budget cut it. */
+static int read_all(struct ws_conn *c)
+{
+    int rc;
+    do {
+        rc = ws_conn_read(c);
+        check_rc(rc, "ws_conn_read");
+    } while (rc == 0 && ws_conn_read_more(c));
+    return rc;
+}
+
+static void drain(int fd)
+{
+    uint8_t sink[16384];
+    while (recv(fd, sink, sizeof sink, MSG_DONTWAIT) > 0)
+        ;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    struct fuzz_chunker ch;
+    struct state s = {0};
+    uint8_t *stream;
+    size_t len, off = 0, initial_len = 0;
+    int sv[2], rc = 0;
+
+    if (size < 2)
+        return 0;
+    fuzz_chunker_init(&ch, data[0]);
+    s.flags = data[1];
+    s.max_msg = (s.flags & F_SMALL_MAX) ? 100 : 64 * 1024;
+    if (s.flags & F_STRUCTURED) {
+        stream = build_frames(data + 2, size - 2, &len);
+    } else {
+        len = size - 2;
+        stream = malloc(len ? len : 1);
+        FUZZ_ASSERT(stream != NULL, "malloc");
+        memcpy(stream, data + 2, len);
+    }
+
+    FUZZ_ASSERT(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, sv) == 0,
+                "socketpair: %s", strerror(errno));
+    if (s.flags & F_INITIAL)
+        initial_len = off = fuzz_chunker_next(&ch, len);
+    s.c = ws_conn_new(sv[1], s.max_msg, stream, initial_len, &handlers, &s);
+    FUZZ_ASSERT(s.c != NULL, "ws_conn_new");
+    if (initial_len > 0) /* as the session does right after the upgrade */
+        rc = read_all(s.c);
+
+    bool closed_half = false;
+    while (rc == 0 && off < len && ws_conn_want_read(s.c)) {
+        size_t n = fuzz_chunker_next(&ch, len - off);
+        ssize_t w = send(sv[0], stream + off, n, MSG_NOSIGNAL);
+        if (w < 0) {
+            FUZZ_ASSERT(errno == EAGAIN, "send: %s", strerror(errno));
+            w = 0;
+        }
+        off += (size_t)w;
+        rc = read_all(s.c);
+        if (rc == 0 && ws_conn_want_write(s.c)) {
+            rc = ws_conn_write(s.c);
+            check_rc(rc, "ws_conn_write");
+        }
+        drain(sv[0]);
+        if (rc == 0 && (s.flags & F_SERVER_CLOSE) && !closed_half && off >= len / 2) {
+            closed_half = true;
+            if (ws_conn_close(s.c, 1011, "server closes") == 0)
+                s.closed = true;
+        }
+    }
+
+    /* The client goes away. */
+    if (rc == 0) {
+        shutdown(sv[0], SHUT_WR);
+        for (int i = 0; i < 4 && rc == 0; i++) {
+            rc = read_all(s.c);
+            if (rc == 0 && ws_conn_want_write(s.c)) {
+                rc = ws_conn_write(s.c);
+                check_rc(rc, "ws_conn_write");
+            }
+            drain(sv[0]);
+        }
+        if (rc == 0)
+            FUZZ_ASSERT(!ws_conn_want_read(s.c), "EOF read but ws_conn_read still returns 0");
+    }
+    FUZZ_ASSERT(s.delivered <= len, "delivered %zu bytes of %zu sent", s.delivered, len);
+
+    ws_conn_free(s.c);
+    close(sv[0]);
+    close(sv[1]);
+    free(stream);
+    return 0;
+}

@@ -1,0 +1,83 @@
+/* Shared helpers for the fuzz targets (fuzz-*.c).
+ *
+ * Every target defines LLVMFuzzerTestOneInput() and calls the production
+ * code. Built with -Dfuzzing=true it links against libFuzzer; otherwise
+ * fuzz-main.c replays files through it, so the same sources run as plain
+ * regression tests under gcc (systemd's src/fuzz/ layout).
+ *
+ * Properties are checked with FUZZ_ASSERT, which prints and abort()s: both
+ * libFuzzer and the replay driver treat that as a crash. */
+#pragma once
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+#define FUZZ_ASSERT(cond, ...)                                                  \
+    do {                                                                        \
+        if (!(cond)) {                                                          \
+            fprintf(stderr, "%s:%d: property violated: %s: ", __FILE__, __LINE__, \
+                    #cond);                                                     \
+            fprintf(stderr, __VA_ARGS__);                                       \
+            fputc('\n', stderr);                                                \
+            abort();                                                            \
+        }                                                                       \
+    } while (0)
+
+/* ASan hooks, for properties about what a parser may read. No-ops when the
+ * build has no ASan (gcc defines __SANITIZE_ADDRESS__, clang __has_feature). */
+#if defined(__SANITIZE_ADDRESS__)
+#define FUZZ_HAVE_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define FUZZ_HAVE_ASAN 1
+#endif
+#endif
+#ifdef FUZZ_HAVE_ASAN
+#include <sanitizer/asan_interface.h>
+#define FUZZ_POISON(p, n) ASAN_POISON_MEMORY_REGION((p), (n))
+#define FUZZ_UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION((p), (n))
+#else
+#define FUZZ_POISON(p, n) ((void)(p), (void)(n))
+#define FUZZ_UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
+
+/* Chunking: how a byte stream is cut into feeds (wslay's scripted_data_feed
+ * idea). The input's first byte is the seed: 0 gives one chunk of
+ * everything; otherwise chunk sizes are pseudo-random in 1..seed, with an
+ * occasional size of 1 and an occasional "everything left", so single-byte
+ * feeds and large feeds both happen. */
+struct fuzz_chunker {
+    uint32_t state;
+    uint8_t max;
+};
+
+static inline void fuzz_chunker_init(struct fuzz_chunker *c, uint8_t seed)
+{
+    c->state = 0x9e3779b9u ^ seed;
+    c->max = seed;
+}
+
+static inline size_t fuzz_chunker_next(struct fuzz_chunker *c, size_t left)
+{
+    size_t n;
+
+    if (c->max == 0 || left == 0)
+        return left;
+    c->state = c->state * 1103515245u + 12345u;
+    switch ((c->state >> 16) & 15) {
+    case 0:
+        n = 1;
+        break;
+    case 1:
+        n = left;
+        break;
+    default:
+        n = 1 + ((c->state >> 20) % c->max);
+        break;
+    }
+    return n < left ? n : left;
+}

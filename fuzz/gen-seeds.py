@@ -1,0 +1,239 @@
+#!/usr/bin/env python3
+"""Write the seed corpora under fuzz/corpus/<target>/.
+
+The seeds are committed; this script documents how they were made and
+rebuilds them (`fuzz/gen-seeds.py`, idempotent). Each target's input format
+is described at the top of fuzz/fuzz-<target>.c. Keep seeds small: libFuzzer
+mutates small inputs best, and the replay tests run every one of them.
+"""
+import gzip
+import io
+import os
+import struct
+import sys
+import tarfile
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus")
+
+
+def write(target, name, data):
+    d = os.path.join(ROOT, target)
+    os.makedirs(d, exist_ok=True)
+    if isinstance(data, str):
+        data = data.encode()
+    with open(os.path.join(d, name), "wb") as f:
+        f.write(data)
+
+
+# --------------------------------------------------------------------- frame
+FRAMES = {
+    "run": '{"kind":"run","code":"print(1)\\n"}',
+    "run-ws": ' { "code" : "x = [1, 2]" , "kind" : "run" } \r\n',
+    "tool-result": '{"kind":"tool_result","id":"c1","ok":true,"value":{"a":[1,2.5e3,null]},"error":null}',
+    "tool-result-err": '{"kind":"tool_result","id":"c2","ok":false,"value":null,"error":{"type":"E","msg":"no"}}',
+    "shutdown": '{"kind":"shutdown"}',
+    "ready": '{"kind":"ready","protocol_version":2,"python_version":"3.11.2","packages":{"numpy":"1.26"}}',
+    "tool-call": '{"kind":"tool_call","id":"c1","name":"search","args":{"q":"x","n":3},"timeout":2.5}',
+    "tool-call-null": '{"kind":"tool_call","id":"c1","name":"t","args":{},"timeout":null}',
+    "log": '{"kind":"log","level":"info","msg":"hello \\u00e9 \\ud83d\\ude00"}',
+    "log-nul": '{"level":"warn","msg":"a\\u0000b","kind":"log"}',
+    "done": '{"kind":"done","exit_code":0}',
+    "done-neg": '{"kind":"done","exit_code":-9223372036854775808}',
+    "output": '{"kind":"output","stdout":"1\\n","stderr":"","exit_code":1}',
+    "nan": '{"kind":"tool_result","id":"x","ok":true,"value":[NaN,Infinity,-Infinity,1e999]}',
+    "bigint": '{"kind":"tool_result","id":"x","value":123456789012345678901234567890123456789012345678901234567890123456789}',
+    "lone-surrogate": '{"kind":"log","msg":"\\ud800x","level":"info"}',
+    "dup-keys": '{"kind":"log","kind":"done","exit_code":3,"exit_code":4}',
+    "unknown-keys": '{"kind":"done","extra":[1,{"b":2}],"exit_code":0}',
+    "nested": '{"kind":"run","code":"","x":' + "[" * 40 + "]" * 40 + "}",
+    "not-object": "[1,2,3]",
+    "trailing": '{"kind":"shutdown"} x',
+    "bad-kind": '{"kind":5}',
+    "missing-kind": '{"code":"x"}',
+    "wrong-type": '{"kind":"done","exit_code":"0"}',
+    "float-exit": '{"kind":"output","exit_code":1.0}',
+    "proto-version": '{"kind":"ready","protocol_version":3}',
+    "escapes": '{"kind":"log","msg":"\\"\\\\\\/\\b\\f\\n\\r\\t\\u001f"}',
+    "chan-frame": b"F\x00\x00\x00\x10\x00\x00\x00{\"kind\":\"done\"}",
+    "chan-tools": b"T\x00\x00\x00\x00\x00\x00\x01\xff",
+}
+
+# ---------------------------------------------------------------------- http
+KEY = "dGhlIHNhbXBsZSBub25jZQ=="
+UPGRADE = (
+    "GET /ws HTTP/1.1\r\nHost: localhost:8080\r\nUpgrade: websocket\r\n"
+    "Connection: Upgrade\r\nSec-WebSocket-Key: " + KEY + "\r\n"
+    "Sec-WebSocket-Version: 13\r\nAuthorization: Bearer s3cret-token\r\n\r\n"
+)
+HTTP = {
+    "upgrade": UPGRADE,
+    "upgrade-frames": UPGRADE + "\x81\x85\x01\x02\x03\x04ig\x6fhn",
+    "health": "GET /health HTTP/1.1\r\nHost: x\r\n\r\n",
+    "http10": "GET /health HTTP/1.0\r\n\r\n",
+    "connection-list": (
+        "GET / HTTP/1.1\r\nConnection: keep-alive\r\nConnection:  Upgrade \t\r\n"
+        "Upgrade: WebSocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: " + KEY + "\r\n\r\n"
+    ),
+    "body": "POST / HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello",
+    "chunked": "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+    "bad-name": "GET / HTTP/1.1\r\nBad Name: x\r\n\r\n",
+    "empty-value": "GET / HTTP/1.1\r\nX-Empty:\r\nUpgrade:\r\n\r\n",
+    "lf-only": "GET / HTTP/1.1\nHost: x\n\n",
+    "http2": "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
+    "many-headers": "GET / HTTP/1.1\r\n" + "".join("H%d: v\r\n" % i for i in range(70)) + "\r\n",
+    "long-target": "GET /" + "a" * 3000 + " HTTP/1.1\r\n\r\n",
+    "bad-key": UPGRADE.replace(KEY, "short"),
+}
+
+# ------------------------------------------------------------------------ ws
+
+
+def raw_frame(b0, payload, mask=b"\x11\x22\x33\x44", masked=True, length_form=None):
+    n = len(payload)
+    h = bytes([b0])
+    mbit = 0x80 if masked else 0
+    if length_form == 16 or (length_form is None and 126 <= n < 65536):
+        h += bytes([mbit | 126]) + struct.pack(">H", n)
+    elif length_form == 64 or (length_form is None and n >= 65536):
+        h += bytes([mbit | 127]) + struct.pack(">Q", n)
+    else:
+        h += bytes([mbit | n])
+    if masked:
+        h += mask
+        payload = bytes(c ^ mask[i % 4] for i, c in enumerate(payload))
+    return h + payload
+
+
+def desc(b0, payload, masked=True, length_form=None, key=b"\x01\x02\x03\x04"):
+    """A structured-mode frame description (see fuzz-ws.c)."""
+    n = len(payload)
+    top = 0 if masked else 0x80
+    if length_form == 16:
+        d = bytes([b0, top | 126]) + struct.pack(">H", n)
+    elif length_form == 64:
+        d = bytes([b0, top | 127]) + struct.pack(">Q", n)
+    else:
+        d = bytes([b0, top | n])
+    return d + (key if masked else b"") + payload
+
+
+def ws_inputs():
+    F_STRUCT, F_INITIAL, F_SMALL, F_CLOSE, F_REPLY, F_SCLOSE = 1, 2, 4, 8, 16, 32
+    close = struct.pack(">H", 1000) + b"bye"
+    return {
+        "raw-text": bytes([0, 0]) + raw_frame(0x81, b"hello"),
+        "raw-chunked": bytes([3, F_INITIAL]) + raw_frame(0x82, b"\x00\x01\x02" * 20) + raw_frame(0x88, close),
+        "raw-unmasked": bytes([0, 0]) + raw_frame(0x81, b"hi", masked=False),
+        "text": bytes([7, F_STRUCT]) + desc(0x81, b'{"kind":"run","code":"1"}'),
+        "binary-reply": bytes([5, F_STRUCT | F_REPLY]) + desc(0x82, b"\x1f\x8b\x08\x00") + desc(0x89, b"p"),
+        "fragments": bytes([2, F_STRUCT]) + desc(0x01, b"hel") + desc(0x89, b"ping")
+        + desc(0x00, b"lo ") + desc(0x8a, b"") + desc(0x80, "w\u00f6rld".encode()),
+        "invalid-utf8": bytes([1, F_STRUCT]) + desc(0x81, b"ok\xc3(") + desc(0x81, b"after"),
+        "split-utf8": bytes([1, F_STRUCT]) + desc(0x01, b"\xe2\x82") + desc(0x80, b"\xac"),
+        "too-big": bytes([9, F_STRUCT | F_SMALL]) + desc(0x82, b"x" * 101) + desc(0x81, b"y"),
+        "too-big-fragments": bytes([9, F_STRUCT | F_SMALL]) + desc(0x02, b"x" * 60) + desc(0x80, b"y" * 60),
+        "len16": bytes([200, F_STRUCT]) + desc(0x82, b"z" * 300, length_form=16),
+        "len64-huge": bytes([0, F_STRUCT]) + bytes([0x82, 127]) + b"\x7f" + b"\xff" * 7 + b"\x01\x02\x03\x04" + b"abc",
+        "close-on-text": bytes([4, F_STRUCT | F_CLOSE]) + desc(0x81, b"a") + desc(0x81, b"b") + desc(0x82, b"c"),
+        "server-close": bytes([4, F_STRUCT | F_SCLOSE | F_REPLY]) + desc(0x81, b"a") + desc(0x81, b"b") + desc(0x81, b"c") + desc(0x81, b"d"),
+        "close-frame": bytes([0, F_STRUCT]) + desc(0x88, close) + desc(0x81, b"late"),
+        "close-bad-code": bytes([0, F_STRUCT]) + desc(0x88, struct.pack(">H", 1005)),
+        "rsv-bits": bytes([0, F_STRUCT]) + desc(0xc1, b"compressed?"),
+        "control-fragmented": bytes([0, F_STRUCT]) + desc(0x09, b"p"),
+        "unmasked": bytes([0, F_STRUCT]) + desc(0x81, b"plain", masked=False),
+    }
+
+
+# ------------------------------------------------------------------- archive
+
+
+def tar(members, fmt=tarfile.USTAR_FORMAT):
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=fmt) as tf:
+        for m in members:
+            info, data = m
+            tf.addfile(info, io.BytesIO(data) if data is not None else None)
+        end = tf.offset
+    # Drop tarfile's padding to a 10 KiB record: two zero blocks end it.
+    return buf.getvalue()[: end + 1024]
+
+
+def reg(name, data=b"x\n", mode=0o644):
+    i = tarfile.TarInfo(name)
+    i.size = len(data)
+    i.mode = mode
+    i.mtime = 1700000000
+    return (i, data)
+
+
+def special(name, kind, link=""):
+    i = tarfile.TarInfo(name)
+    i.type = kind
+    i.linkname = link
+    i.mode = 0o755
+    return (i, None)
+
+
+def archive_inputs():
+    F_RAW, F_SNAP = 1, 2
+    basic = tar([special("dir/", tarfile.DIRTYPE), reg("dir/a.txt", b"hello\n"), reg("top.py", b"print(1)\n", 0o4755)])
+    out = {
+        "basic": bytes([0]) + basic,
+        "basic-snapshot": bytes([F_SNAP]) + basic,
+        "basic-gzip": bytes([F_RAW]) + gzip.compress(basic, mtime=0),
+        "ustar": bytes([0]) + tar([reg("u/v/w.txt"), special("u/x", tarfile.DIRTYPE)], tarfile.USTAR_FORMAT),
+        "gnu-longname": bytes([0]) + tar([reg("l" * 120 + "/f" * 20)], tarfile.GNU_FORMAT),
+        "pax-longname": bytes([F_SNAP]) + tar([reg("p" * 200 + ".txt", b"pax\n")], tarfile.PAX_FORMAT),
+        "escape-dotdot": bytes([0]) + tar([reg("../../../outside/evil"), reg("a/../../b"), reg("ok/../fine")]),
+        "escape-abs": bytes([0]) + tar([reg("/tmp/evil"), reg("//abs")]),
+        "escape-links": bytes([0]) + tar([reg("up/evil"), reg("abs/evil"), reg("self/x"), reg("loop/x"),
+                                          special("up", tarfile.DIRTYPE), reg("up")]),
+        "symlink-then-file": bytes([0]) + tar([special("ln", tarfile.SYMTYPE, "../../../outside"), reg("ln/x"), reg("ln")]),
+        "hardlink": bytes([0]) + tar([reg("f"), special("h", tarfile.LNKTYPE, "f"),
+                                      special("h2", tarfile.LNKTYPE, "../../../outside/x")]),
+        "specials": bytes([0]) + tar([special("fifo", tarfile.FIFOTYPE), special("chr", tarfile.CHRTYPE),
+                                      special("blk", tarfile.BLKTYPE), special("cont", tarfile.CONTTYPE)]),
+        "overwrite": bytes([F_SNAP]) + tar([reg("sub/keep", b"new"), reg("sub", b"file over dir"),
+                                            reg("d/f"), special("d/f", tarfile.DIRTYPE), reg("d/f/g")]),
+        "dots": bytes([0]) + tar([reg("./a"), reg("b/./c"), reg("x//y"), reg("."), special("./", tarfile.DIRTYPE), reg("..cfg")]),
+        # Large tars go in compressed (F_RAW) to keep seeds small.
+        "many": bytes([F_RAW]) + gzip.compress(tar([reg("m%03d" % i, b"") for i in range(110)]), mtime=0),
+        "big": bytes([F_RAW]) + gzip.compress(tar([reg("big", b"\0" * 300000), reg("big2", b"b" * 700000)]), mtime=0),
+        "not-gzip": bytes([F_RAW]) + basic,
+        "double-gzip": bytes([F_RAW]) + gzip.compress(gzip.compress(basic, mtime=0), mtime=0),
+        "empty": bytes([F_RAW]),
+        "empty-tar": bytes([0]) + b"\0" * 1024,
+    }
+    # A pax header that claims a large size for a small member, and a GNU
+    # sparse 1.0 file (holes count against the cap).
+    big = tarfile.TarInfo("claims-big")
+    big.size = 3
+    big.pax_headers = {"size": "1073741824"}
+    out["pax-size"] = bytes([0]) + tar([(big, b"abc")], tarfile.PAX_FORMAT)
+    sp = tarfile.TarInfo("GNUSparseFile.0/sparse")
+    sparse_map = b"1\n1048000\n4\n"
+    sparse_map += b"\0" * (512 - len(sparse_map))
+    sp.size = len(sparse_map) + 4
+    sp.pax_headers = {"GNU.sparse.major": "1", "GNU.sparse.minor": "0",
+                      "GNU.sparse.name": "sparse", "GNU.sparse.realsize": "2000000"}
+    out["gnu-sparse-over"] = bytes([F_SNAP]) + tar([(sp, sparse_map + b"data")], tarfile.PAX_FORMAT)
+    sp.pax_headers = dict(sp.pax_headers, **{"GNU.sparse.realsize": "1048004"})
+    out["gnu-sparse"] = bytes([F_SNAP]) + tar([(sp, sparse_map + b"data")], tarfile.PAX_FORMAT)
+    return out
+
+
+def main():
+    for name, data in FRAMES.items():
+        write("frame", name, data)
+    # byte 0 seeds the chunking: 0 = one chunk, small = byte-sized feeds.
+    for i, (name, data) in enumerate(HTTP.items()):
+        write("http", name, bytes([(0, 1, 7, 64)[i % 4]]) + data.encode("latin-1"))
+    for name, data in ws_inputs().items():
+        write("ws", name, data)
+    for name, data in archive_inputs().items():
+        write("archive", name, data)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
