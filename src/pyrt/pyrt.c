@@ -189,6 +189,8 @@ int pyrt_init(const struct config *cfg, char *err, size_t errlen)
     pc.install_signal_handlers = 0;
     pc.parse_argv = 0;
     st = PyConfig_SetString(&pc, &pc.program_name, L"python3");
+    if (!PyStatus_Exception(st) && access(PYRT_PYTHON_EXE, X_OK) == 0)
+        st = PyConfig_SetBytesString(&pc, &pc.executable, PYRT_PYTHON_EXE);
     if (!PyStatus_Exception(st))
         st = Py_InitializeFromConfig(&pc);
     PyConfig_Clear(&pc);

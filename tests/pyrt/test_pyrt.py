@@ -578,3 +578,59 @@ def test_after_raw_clone(make_sandbox):
     assert b1.stdout.splitlines() == ["4 True True", "sub"]
     sb.sock.close()
     assert sb.proc.wait(10) == 0
+
+
+def test_user_signal_handlers_do_not_break_block_end(sb):
+    # An alarm handler that raises, firing right after the block: the runtime
+    # must still send done/output/snapshot; the handler works in later blocks.
+    b1 = sb.run("import signal, time\n"
+                "hits = []\n"
+                "def h(*a):\n    hits.append(1)\n    raise RuntimeError('alarm')\n"
+                "signal.signal(signal.SIGALRM, h)\n"
+                "signal.setitimer(signal.ITIMER_REAL, 0.05)\n")
+    assert b1.exit_code == 0 and b1.stderr == ""
+    time.sleep(0.2)
+    b2 = sb.run("print(len(hits))\nimport signal, time\nsignal.setitimer(signal.ITIMER_REAL, 0.05)\ntime.sleep(1)")
+    assert b2.stdout == "0\n"
+    assert b2.exit_code == 1 and b2.stderr.endswith("RuntimeError: alarm\n")
+
+
+def test_sys_executable_runs(sb):
+    blk = sb.run("import sys, subprocess\n"
+                 "print(subprocess.run([sys.executable, '-c', 'print(6*7)'], capture_output=True, text=True).stdout)")
+    assert blk.stdout == "42\n\n"
+
+
+# ---- pyrt_init: site dirs, preloads, the single-thread rule ---------------------
+
+def make_site(tmp_path):
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "fbtest_pre.py").write_text("import sys\nLOADED_IN = 'init'\n")
+    (site / "fbtest_thread.py").write_text(
+        "import threading, time\nthreading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n")
+    info = site / "fbtest_dist-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fbtest-dist\nVersion: 1.0\n")
+    (info / "top_level.txt").write_text("fbtest_pre\n")
+    return str(site)
+
+
+def test_site_dirs_and_preload(make_sandbox, tmp_path):
+    site = make_site(tmp_path)
+    sb = make_sandbox(args=["--site", site, "--preload", "fbtest_pre, no_such_mod_xyz,"])
+    assert sb.ready["packages"]["fbtest_pre"] == {"fbtest-dist": "1.0"}
+    blk = sb.run("import sys\nprint('fbtest_pre' in sys.modules, sys.path[-1] == %r)\n"
+                 "import fbtest_pre\nprint(fbtest_pre.LOADED_IN)" % site)
+    assert blk.stdout == "True True\ninit\n"
+    sb.sock.close()
+    assert sb.proc.wait(10) == 0
+    err = sb.proc.stderr.read().decode()
+    assert "preload 'no_such_mod_xyz' failed, skipped: ModuleNotFoundError" in err
+
+
+def test_preload_starting_a_thread_fails_init(make_sandbox, tmp_path):
+    site = make_site(tmp_path)
+    sb = make_sandbox(args=["--site", site, "--preload", "fbtest_thread"], tools=False)
+    assert sb.proc.wait(20) == 2
+    assert "must stay single-threaded" in sb.proc.stderr.read().decode()

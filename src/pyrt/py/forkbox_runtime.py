@@ -35,6 +35,7 @@ _FILENAME = "<code-mode>"
 _COMPILE_FLAGS = __future__.annotations.compiler_flag
 _INT64_MIN, _INT64_MAX = -(2 ** 63), 2 ** 63 - 1
 _SRC_PREFIX = "/<forkbox>/"
+_SIGNALS = sorted(set(signal.valid_signals()) - {signal.SIGKILL, signal.SIGSTOP})
 
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=True).encode
 
@@ -222,6 +223,9 @@ class _Turn:
         self.main = types.ModuleType("__main__")  # __name__, __doc__, __package__, __loader__, __spec__
         self.main.__dict__["__builtins__"] = builtins
         self.stdout = self.stderr = None
+        # Python-level signal handlers, suspended while the runtime's own code
+        # runs (see suspend_handlers); SIGINT raises KeyboardInterrupt in blocks.
+        self.handlers = {signal.SIGINT: signal.default_int_handler}
 
     # -- the channel reader: a daemon thread for the whole turn ------------
     def reader(self):
@@ -304,12 +308,42 @@ class _Turn:
             except BaseException:
                 pass
 
+    def suspend_handlers(self):
+        """Replace every Python-level signal handler with SIG_IGN until the
+        next block, so that a handler user code installed (signal.alarm,
+        SIGINT from a leftover thread...) cannot raise inside the runtime
+        between done, output and the snapshot."""
+        saved = {}
+        for sig in _SIGNALS:
+            try:
+                handler = signal.getsignal(sig)
+                if callable(handler):
+                    signal.signal(sig, signal.SIG_IGN)
+                    saved[sig] = handler
+            except (OSError, ValueError, TypeError):
+                pass
+        self.handlers = saved
+
+    def restore_handlers(self):
+        for sig, handler in self.handlers.items():
+            try:
+                signal.signal(sig, handler)
+            except (OSError, ValueError, TypeError):
+                pass
+        self.handlers = {}
+
     def run_block(self, code):
         _fb.capture_begin()
         self.reset_stdio()
         sys.modules["__main__"] = self.main
         _fb.block_begin()
-        exit_code = _execute(code, self.main.__dict__, self.stderr)
+        exit_code = _execute(code, self.main.__dict__, self.stderr, self.restore_handlers)
+        while True:
+            try:
+                self.suspend_handlers()
+                break
+            except BaseException:  # a handler that was already due: just retry
+                continue
         # Mark the block over and send `done` under the channel's send lock,
         # so a stray thread's call() can no longer interleave (spec 9.2).
         _fb.block_end(_frame({"exit_code": exit_code, "kind": "done"}))
@@ -344,8 +378,10 @@ def _add_note(text, note):
     return text + note + "\n"
 
 
-def _execute(code, globs, err):
-    """Compile and run one block; returns the exit code (spec 6.2)."""
+def _execute(code, globs, err, restore_handlers):
+    """Compile and run one block; returns the exit code (spec 6.2).
+    restore_handlers() re-arms the user's signal handlers: inside the try, so
+    a signal that was already pending counts as the block's own."""
     try:
         co = compile(code, _FILENAME, "exec", _COMPILE_FLAGS, True)
     except BaseException as e:  # SyntaxError, ValueError (NUL bytes), MemoryError, ...
@@ -353,6 +389,7 @@ def _execute(code, globs, err):
                + "".join(traceback.format_exception_only(type(e), e)))
         return 1
     try:
+        restore_handlers()
         exec(co, globs)
     except SystemExit as e:
         return _exit_code(e, err)
@@ -396,7 +433,7 @@ def serve(tools_dir, workspace_dir, ready):
     """Called by pyrt_serve(); never returns."""
     try:
         _sanitize_environ()
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # default_int_handler in blocks
         signal.signal(signal.SIGPIPE, signal.SIG_IGN)
         if hasattr(signal, "SIGXFSZ"):
             signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
