@@ -12,10 +12,19 @@
 
 #include "config/config.h"
 
-/* 0, or -1 with a reason in err. Must run in a single-threaded process. */
+/* 0, or -1 with a reason in err. Must run in a single-threaded process, at
+ * most once. Uses cfg->output_cap, snapshot_max, max_unpacked, max_members
+ * (0 = the limits.h default), site_dirs and preload; cfg is not kept.
+ * A preload that fails to import is logged to stderr and skipped; a preload
+ * that leaves a thread running makes pyrt_init fail (clone(CLONE_NEWUSER)
+ * needs a single-threaded caller). Signal dispositions are not touched.
+ * Afterwards the calling thread holds the GIL for good: the fork server must
+ * not run Python code on another thread. */
 int pyrt_init(const struct config *cfg, char *err, size_t errlen);
 
-/* In the child right after clone(): re-arm the interpreter (PyOS_AfterFork_Child). */
+/* In the child right after clone(): re-arm the interpreter (PyOS_AfterFork_Child:
+ * GIL, import lock, thread states, os.register_at_fork child hooks such as
+ * random's reseed). Does not rely on glibc's cached pid/tid. */
 void pyrt_after_fork(void);
 
 /* Serve one turn over the channel fd (see proto/chan.h) until the
@@ -30,6 +39,17 @@ void pyrt_after_fork(void);
  * workspace_dir: the workspace root as the child sees it (exists, empty); the
  *   cwd is set to it here.
  * On entry fds 0, 1 and 2 are open on /dev/null and chan_fd/tools_fd are the
- * only other fds. Never returns: exits the process with _exit(). */
+ * only other fds. Never returns: exits the process with _exit().
+ *
+ * What it does to the process: chan_fd and tools_fd are made close-on-exec
+ * (and moved off 0-2 if they were there); fds 0-2 are re-pointed at
+ * /dev/null, and during a block fds 1 and 2 are pipes read by a capture
+ * thread; the environment is reduced to the spec 6.4 allowlist (also wiped
+ * from the initial environment block); SIGPIPE and SIGXFSZ are ignored and
+ * SIGINT raises KeyboardInterrupt in user code. It starts threads (the
+ * channel reader, one capture thread per block). /dev/null must be openable.
+ * Exit statuses: 0 channel EOF or write error (the supervisor is gone),
+ * 3 archive or setup error (a `log` error frame was sent first), 4 internal
+ * runtime error (a `log` frame with the traceback was sent first). */
 _Noreturn void pyrt_serve(int chan_fd, int tools_fd, const char *tools_dir,
                           const char *workspace_dir);
