@@ -335,7 +335,7 @@ class RawWS:
         if self.response.status != 101:
             raise ConnectionError(f"handshake failed: {self.response!r}")
         accept = base64.b64encode(hashlib.sha1(
-            (key + "258EAFA5-E914-47DA-95CA-C5AB0DC11B63").encode()).digest()).decode()
+            (key + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11").encode()).digest()).decode()
         assert self.response.headers.get("sec-websocket-accept") == accept
         self.close_code: int | None = None
         self.close_reason = ""

@@ -1,0 +1,300 @@
+"""Archives in both directions (§4, §9.1 item 19, §9.2 archive hardening):
+hostile members are skipped, limits end the turn, bombs are stopped."""
+
+import io
+import os
+import tarfile
+import uuid
+
+import pytest
+
+from fbtest import arun, connect, expect_closed, fc
+
+T = 30
+
+LIST_WS = r'''
+import os, json
+out = []
+for root, dirs, files in os.walk('.'):
+    for n in dirs + files:
+        p = os.path.join(root, n)[2:]
+        st = os.lstat(p)
+        kind = 'l' if os.path.islink(p) else 'd' if os.path.isdir(p) else 'f' if os.path.isfile(p) else 'o'
+        out.append([p, kind, st.st_mode & 0o7777])
+print(json.dumps(sorted(out)))
+'''
+
+
+def member(name, type_=tarfile.REGTYPE, data=b"", mode=0o644, linkname=""):
+    ti = tarfile.TarInfo(name)
+    ti.type = type_
+    ti.mode = mode
+    ti.linkname = linkname
+    if type_ in (tarfile.CHRTYPE, tarfile.BLKTYPE):
+        ti.devmajor, ti.devminor = 1, 3
+    if type_ in (tarfile.REGTYPE, tarfile.AREGTYPE):
+        ti.size = len(data)
+        return (ti, data)
+    return (ti, None)
+
+
+def tar_of(members, fmt=tarfile.PAX_FORMAT):
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz", format=fmt) as tf:
+        for ti, data in members:
+            tf.addfile(ti, io.BytesIO(data) if data is not None else None)
+    return buf.getvalue()
+
+
+async def block(daemon, code, workspace=None, tools_bytes=None, **kw):
+    turn = await connect(daemon, tools_bytes=tools_bytes, **kw)
+    try:
+        return await turn.run(code, workspace=workspace)
+    finally:
+        await turn.shutdown()
+
+
+def test_hostile_workspace_members_are_skipped(daemon):
+    """§9.1.19 / §4.2: links, devices, fifos, absolute and .. paths are skipped
+    without error; good members (normalised) are extracted; setuid is masked."""
+    tag = uuid.uuid4().hex[:8]
+    evil = [f"/tmp/fb_abs_{tag}.txt", f"../fb_up_{tag}.txt", f"a/../../fb_up2_{tag}.txt",
+            f"sub/../../../fb_up3_{tag}.txt"]
+    members = [member(n, data=b"evil") for n in evil] + [
+        member("sl", tarfile.SYMTYPE, linkname="/etc"),
+        member(f"sl/fb_through_{tag}", data=b"evil"),
+        member("hl", tarfile.LNKTYPE, linkname="/etc/passwd"),
+        member("ok.txt", data=b"ok", mode=0o6755),
+        member("hl2", tarfile.LNKTYPE, linkname="ok.txt"),
+        member("chr", tarfile.CHRTYPE),
+        member("blk", tarfile.BLKTYPE),
+        member("fifo", tarfile.FIFOTYPE),
+        member("dir", tarfile.DIRTYPE, mode=0o755),
+        member("dir/sub.txt", data=b"sub"),
+        member("x/./y//z.txt", data=b"z"),
+        member("p/../q.txt", data=b"q"),
+        member("./dot.txt", data=b"dot"),
+    ]
+    check = LIST_WS + "\n" + f"print([os.path.exists(p) for p in {['/' + e.split('/')[-1] for e in evil[1:]] + [evil[0], f'/etc/fb_through_{tag}']!r}])"
+    r = arun(block(daemon, check, workspace=tar_of(members)), T)
+    assert r.exit_code == 0, r.stderr
+    listing_line, exists_line = r.stdout.splitlines()
+    import json
+    listing = {p: (k, m) for p, k, m in json.loads(listing_line)}
+    files = {p for p, (k, _) in listing.items() if k == "f"}
+    # the symlink "sl" is dropped, so "sl/fb_through_*" lands in a real directory inside
+    assert files == {"ok.txt", "dir/sub.txt", "x/y/z.txt", "q.txt", "dot.txt",
+                     f"sl/fb_through_{tag}"}, listing
+    assert not any(k in ("l", "o") for k, _ in listing.values()), listing
+    assert listing["ok.txt"][1] & 0o6000 == 0, oct(listing["ok.txt"][1])
+    assert exists_line == str([False] * 5)
+    assert set(r.files) == files
+    assert not os.path.exists(f"/tmp/fb_abs_{tag}.txt")
+    for e in evil[1:]:
+        assert not os.path.exists("/" + e.split("/")[-1])
+
+
+def test_file_through_symlink_on_disk_is_skipped(daemon):
+    """§4.2 step 5: a member whose path resolves outside through a symlink the
+    user created in an earlier block is skipped."""
+    tag = uuid.uuid4().hex[:8]
+
+    async def go():
+        turn = await connect(daemon)
+        r1 = await turn.run("import os\nos.symlink('/tmp', 'lnk')\nos.makedirs('/tmp/d', exist_ok=True)\n"
+                            "os.symlink('/tmp/d', 'dl')")
+        ws = fc.make_tar({f"lnk/fb_thru_{tag}.txt": "evil", f"dl/fb_thru2_{tag}.txt": "evil",
+                          "fine.txt": "fine"})
+        r2 = await turn.run(f"import os\nprint(os.path.exists('/tmp/fb_thru_{tag}.txt'), "
+                            f"os.path.exists('/tmp/d/fb_thru2_{tag}.txt'), os.path.islink('lnk'), "
+                            "open('fine.txt').read())", workspace=ws)
+        await turn.shutdown()
+        return r1, r2
+    r1, r2 = arun(go(), T)
+    assert r1.exit_code == 0, r1.stderr
+    assert r2.stdout == "False False True fine\n", r2.stderr
+    assert set(r2.files) == {"fine.txt"}
+    assert not os.path.exists(f"/tmp/fb_thru_{tag}.txt")
+
+
+def test_tar_dialects_and_old_style_dirs(daemon):
+    """§4.1: pax (with x headers), GNU long names and ustar are all read."""
+    long = "long/" + "n" * 150 + ".txt"
+    gnu = tar_of([member(long, data=b"gnu")], fmt=tarfile.GNU_FORMAT)
+    pax = tar_of([member("p/" + "q" * 120 + ".txt", data=b"pax"), member("ü.txt", data=b"u")])
+    ustar = tar_of([member("u.txt", data=b"ustar")], fmt=tarfile.USTAR_FORMAT)
+
+    async def go():
+        turn = await connect(daemon)
+        out = []
+        for ws in (gnu, pax, ustar):
+            out.append(await turn.run("pass", workspace=ws))
+        await turn.shutdown()
+        return out
+    r1, r2, r3 = arun(go(), T)
+    assert r1.files == {long: b"gnu"}
+    assert r2.files == {long: b"gnu", "p/" + "q" * 120 + ".txt": b"pax", "ü.txt": b"u"}
+    assert r3.files.get("u.txt") == b"ustar"
+
+
+def test_hostile_tools_members_are_skipped(daemon):
+    """The tools archive goes through the same filter; the package still imports."""
+    tag = uuid.uuid4().hex[:8]
+    files = fc.render_tools_files(fc.ToolRegistry({"echo": lambda message: message}).tools.values())
+    members = [member(n, data=s.encode()) for n, s in files.items()] + [
+        member(f"../fb_tools_up_{tag}.py", data=b"x = 1"),
+        member(f"/tmp/fb_tools_abs_{tag}.py", data=b"x = 1"),
+        member("lnk.py", tarfile.SYMTYPE, linkname="/etc/passwd"),
+    ]
+    code = (f"import os\nfrom tools import echo\nprint(echo(message='hi'), "
+            f"os.path.exists('/fb_tools_up_{tag}.py'), os.path.exists('/tmp/fb_tools_abs_{tag}.py'), "
+            "os.path.lexists('/tools/lnk.py'))")
+    r = arun(block(daemon, code, tools_bytes=tar_of(members),
+                   tools=fc.ToolRegistry({"echo": lambda message: message})), T)
+    assert r.stdout == "hi False False False\n", r.stderr
+
+
+def sized_archive(target: int, seed: bytes) -> bytes:
+    """A gzip tar of exactly `target` bytes (random, incompressible content)."""
+    rnd = (seed * ((target // len(seed)) + 2))[: target + 4096]
+    lo = max(0, target - 2048)
+    for n in range(lo, target + 2048):
+        data = fc.make_tar({"r.bin": rnd[:n]})
+        if len(data) == target:
+            return data
+    raise AssertionError(f"could not build an archive of {target} bytes")
+
+
+def test_workspace_limit_is_exact(make_daemon):
+    """§4.5: a workspace archive exactly at the limit is accepted; one byte
+    over ends the turn (no done)."""
+    seed = os.urandom(64 * 1024)
+    limit = 40_000
+    at = sized_archive(limit, seed)
+    over = sized_archive(limit + 1, seed)
+    d = make_daemon(["--max-upload-workspace", str(limit)])
+    r = arun(block(d, "import os\nprint(os.path.getsize('r.bin'))", workspace=at), T)
+    assert r.exit_code == 0, r.stderr
+    assert int(r.stdout) > 30_000
+
+    async def go():
+        turn = await connect(d)
+        await turn.ws.send(over)
+        await turn.ws.send(fc.encode_frame({"kind": "run", "code": "print('ran')"}))
+        return await expect_closed(turn.ws, 10)
+    code, reason, msgs = arun(go(), T)
+    assert code in (1009, 1011, 1000), (code, reason)
+    assert not any('"done"' in m for m in msgs if isinstance(m, str))
+
+
+def test_tools_limit_from_env(make_daemon):
+    """ADK_CODE_MODE_MAX_UPLOAD_TOOLS: a tools archive over it ends the turn."""
+    d = make_daemon(env={"ADK_CODE_MODE_MAX_UPLOAD_TOOLS": "2000"})
+    big = fc.make_tar({"__init__.py": "# x\n", "blob.py": "x = %r\n" % os.urandom(6000).hex()})
+    assert len(big) > 2000
+
+    async def go():
+        turn = await connect(d, tools_bytes=big)
+        return await expect_closed(turn.ws, 10)
+    code, reason, msgs = arun(go(), T)
+    assert code in (1009, 1011, 1000), (code, reason)
+    assert not any('"ready"' in m for m in msgs if isinstance(m, str))
+    # and a small one still works on the same daemon
+    r = arun(block(d, "from tools import echo\nprint(echo(message=1))"), T)
+    assert r.stdout == "{'echoed': 1}\n"
+
+
+@pytest.mark.parametrize("which", ["workspace", "tools"])
+def test_gzip_bomb_ends_turn(make_daemon, which):
+    """§9.2: decompressed bytes are capped (--max-unpacked): a small archive that
+    inflates to 64 MiB ends the turn; the daemon keeps serving."""
+    d = make_daemon(["--max-unpacked", "1M"])
+    bomb = fc.make_tar({"__init__.py": "", "zeros.bin": b"\0" * (64 << 20)})
+    assert len(bomb) < 200_000
+
+    async def go():
+        if which == "tools":
+            turn = await connect(d, tools_bytes=bomb)
+        else:
+            turn = await connect(d)
+            await turn.ws.send(bomb)
+            await turn.ws.send(fc.encode_frame({"kind": "run", "code": "print('ran')"}))
+        return await expect_closed(turn.ws, 15)
+    code, reason, msgs = arun(go(), 30)
+    assert code in (1011, 1009, 1000), (code, reason)
+    assert not any('"done"' in m for m in msgs if isinstance(m, str))
+    r = arun(block(d, "print('still serving')"), T)
+    assert r.stdout == "still serving\n"
+
+
+def test_member_count_cap_ends_turn(make_daemon):
+    """§9.2: --max-members caps members per archive."""
+    d = make_daemon(["--max-members", "50"])
+    many = fc.make_tar({f"f{i}.txt": "x" for i in range(500)})
+
+    async def go():
+        turn = await connect(d)
+        await turn.ws.send(many)
+        await turn.ws.send(fc.encode_frame({"kind": "run", "code": "print('ran')"}))
+        return await expect_closed(turn.ws, 15)
+    code, reason, msgs = arun(go(), 30)
+    assert code in (1011, 1009, 1000), (code, reason)
+    assert not any('"done"' in m for m in msgs if isinstance(m, str))
+    r = arun(block(d, "print('still serving')", workspace=fc.make_tar({"a": "1", "b": "2"})), T)
+    assert r.stdout == "still serving\n"
+
+
+@pytest.mark.parametrize("payload", [b"not a gzip stream at all",
+                                     b"\x1f\x8b\x08\x00" + b"\xff" * 64,
+                                     "plain-tar"], ids=["garbage", "corrupt-gzip", "plain-tar"])
+@pytest.mark.parametrize("which", ["tools", "workspace"])
+def test_unreadable_archive_ends_turn(daemon, payload, which):
+    """§2.3: an unreadable tools or workspace archive ends the turn (gzip only, §4.1)."""
+    if payload == "plain-tar":
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tf:
+            ti = tarfile.TarInfo("a.txt")
+            ti.size = 1
+            tf.addfile(ti, io.BytesIO(b"a"))
+        payload = buf.getvalue()
+
+    async def go():
+        if which == "tools":
+            turn = await connect(daemon, tools_bytes=payload)
+        else:
+            turn = await connect(daemon)
+            await turn.ws.send(payload)
+            await turn.ws.send(fc.encode_frame({"kind": "run", "code": "print('ran')"}))
+        return await expect_closed(turn.ws, 10)
+    code, reason, msgs = arun(go(), T)
+    assert code in (1011, 1000), (code, reason)
+    assert not any('"done"' in m for m in msgs if isinstance(m, str))
+    for m in msgs:
+        if isinstance(m, str) and '"log"' in m:
+            assert fc.decode_frame(m)["level"] == "error"
+
+
+def test_large_workspace_round_trip(daemon):
+    """A 12 MiB (incompressible) upload is extracted and comes back in the snapshot."""
+    data = os.urandom(12 << 20)
+    r = arun(block(daemon, "import hashlib\nprint(hashlib.sha256(open('big.bin','rb').read()).hexdigest())",
+                   workspace=fc.make_tar({"big.bin": data})), 60)
+    import hashlib
+    assert r.stdout.strip() == hashlib.sha256(data).hexdigest(), r.stderr
+    assert r.files["big.bin"] == data
+
+
+def test_returned_archive_is_host_readable(daemon):
+    """§4.3/§4.4: the snapshot extracts with the host's filter into an
+    authoritative local copy (member names relative, no directories needed)."""
+    import tempfile
+    r = arun(block(daemon, "import os\nos.makedirs('a/b', exist_ok=True)\nopen('a/b/c.txt','w').write('c')\n"
+                           "open('top.txt','w').write('t')"), T)
+    with tempfile.TemporaryDirectory() as tmp:
+        open(os.path.join(tmp, "stale.txt"), "w").write("old")
+        fc.replace_dir_from_tar(r.archive, tmp)
+        got = sorted(os.path.relpath(os.path.join(root, f), tmp)
+                     for root, _, fs in os.walk(tmp) for f in fs)
+    assert got == ["a/b/c.txt", "top.txt"]
+    for m, _ in fc.read_tar(r.archive):
+        assert m.isreg() and not m.name.startswith(("/", "./"))

@@ -1,0 +1,376 @@
+"""Bad input both ways: malformed client frames in every state (§2.3, §9.1
+item 18), WebSocket-level violations (§1.4), and hostile sandboxes forging
+channel messages or crashing (§9.2 "no isolation", "no kill")."""
+
+import asyncio
+import json
+import struct
+import time
+
+import pytest
+
+from fbtest import (FORGE_PRELUDE, RawWS, arun, chan_envelope, connect, expect_closed, fc,
+                    text_frames)
+
+T = 30
+SERVER_CLOSE_CODES = (1000, 1002, 1003, 1007, 1008, 1011)   # a close frame, not 1006
+
+
+async def still_serving(daemon):
+    turn = await connect(daemon)
+    try:
+        r = await turn.run("print('still serving')")
+    finally:
+        await turn.shutdown()
+    assert r.stdout == "still serving\n" and r.exit_code == 0
+    return True
+
+
+# ---- state B (item 18) -----------------------------------------------------
+
+BETWEEN_BLOCKS_JUNK = [
+    "not json", "", "\n", "\r\n", "[1,2]", "42", "null", '"str"', '{"kind":"nope"}', '{"kind":5}',
+    '{"no":"kind"}', '{"kind":"log"} {"kind":"log"}', '{"kind":"shutdown"', "NaN",
+    '{"kind":"tool_result","id":"x","ok":true,"value":1}', '{"kind":"ready"}', '{"kind":"done"}',
+    '{"kind":"output","stdout":"forged"}', '{"kind":"tool_call","id":"1","name":"echo"}',
+    '{"kind":"tool_result","error":"not-an-object"}', '{"kind":"log","level":"error","msg":"x"}',
+    '{"kind":"run","code":"open(\'ran_without_archive\',\'w\').write(\'x\')"}',
+]
+
+
+def test_between_blocks_junk_is_ignored(daemon):
+    """§9.1.18 / §9.1.10: between blocks undecodable text and every frame
+    other than shutdown are ignored; a run without an archive never executes."""
+    async def go():
+        turn = await connect(daemon)
+        r1 = await turn.run("x = 'kept'")
+        for junk in BETWEEN_BLOCKS_JUNK:
+            await turn.ws.send(junk)
+        r2 = await turn.run("import os\nprint(x, os.path.exists('ran_without_archive'))")
+        await turn.shutdown()
+        return r1, r2
+    r1, r2 = arun(go(), T)
+    assert r1.exit_code == 0
+    assert r2.stdout == "kept False\n", r2.stderr
+    # nothing but the block's own frames came back
+    kinds = [f["kind"] for f in text_frames(r2.messages)]
+    assert kinds == ["done", "output"], kinds
+
+
+def test_shutdown_ends_turn_with_normal_close(daemon):
+    """§2.3: shutdown between blocks ends the turn (close 1000)."""
+    async def go():
+        turn = await connect(daemon)
+        await turn.run("pass")
+        await turn.ws.send(fc.encode_frame({"kind": "shutdown"}))
+        return await expect_closed(turn.ws, 5)
+    code, reason, msgs = arun(go(), T)
+    assert code == 1000, (code, reason)
+    assert msgs == []
+
+
+# ---- state T and R ---------------------------------------------------------
+
+@pytest.mark.parametrize("first", ['{"kind":"run","code":"print(1)"}', '{"kind":"shutdown"}',
+                                   "garbage"], ids=["run", "shutdown", "garbage"])
+def test_text_as_first_message_ends_turn(daemon, first):
+    """§2.3 state T: text instead of the tools archive ends the turn (no ready)."""
+    async def go():
+        turn = await connect(daemon, send_tools=False)
+        await turn.ws.send(first)
+        return await expect_closed(turn.ws, 5)
+    code, reason, msgs = arun(go(), T)
+    assert code in SERVER_CLOSE_CODES, (code, reason)
+    assert not any('"ready"' in m for m in msgs if isinstance(m, str))
+    assert arun(still_serving(daemon), T)
+
+
+@pytest.mark.parametrize("second", ["undecodable {", b"\x1f\x8b binary", '{"kind":"shutdown"}',
+                                    '{"kind":"tool_result","id":"x"}', '{"kind":"log"}'],
+                         ids=["undecodable", "binary", "shutdown", "tool_result", "log"])
+def test_state_r_anything_but_run_ends_turn(daemon, second):
+    """§2.3 state R (archive received, awaiting run): anything else ends the turn."""
+    async def go():
+        turn = await connect(daemon)
+        await turn.run("pass")
+        await turn.ws.send(fc.empty_tar())
+        await turn.ws.send(second)
+        await turn.ws.send(fc.encode_frame({"kind": "run", "code": "print('ran')"}))
+        return await expect_closed(turn.ws, 5)
+    code, reason, msgs = arun(go(), T)
+    assert code in SERVER_CLOSE_CODES, (code, reason)
+    assert not any('"done"' in m for m in msgs if isinstance(m, str))
+    assert arun(still_serving(daemon), T)
+
+
+# ---- state X ---------------------------------------------------------------
+
+def test_block_running_ignores_run_shutdown_binary_and_garbage(daemon):
+    """§2.3 state X: other valid frames (run, shutdown), binary messages and
+    (RECOMMENDED) undecodable text are dropped; the tool call still works and
+    the turn continues normally."""
+    async def go():
+        turn = await connect(daemon)
+        await turn.ws.send(fc.empty_tar())
+        await turn.ws.send(fc.encode_frame({"kind": "run", "code":
+                                            "import time\ntime.sleep(0.5)\nfrom tools import echo\n"
+                                            "print(echo(message='after junk'))"}))
+        for junk in (fc.encode_frame({"kind": "run", "code": "print('second run')"}),
+                     fc.encode_frame({"kind": "shutdown"}), fc.empty_tar(), b"", "garbage{",
+                     '{"kind":"ready"}'):
+            await turn.ws.send(junk)
+        # now read the block like the host (run() without sending anything)
+        r = await read_block(turn)
+        r2 = await turn.run("print('next block')")
+        await turn.shutdown()
+        return r, r2
+    r, r2 = arun(go(), T)
+    assert r.stdout == "{'echoed': 'after junk'}\n", r.stderr
+    assert r2.stdout == "next block\n"
+
+
+async def read_block(turn):
+    """Read one block's frames (the run was sent by hand), answering tool calls."""
+    msgs, calls = [], []
+    while True:
+        m = await turn.ws.recv()
+        msgs.append(m)
+        if isinstance(m, bytes):
+            continue
+        f = fc.decode_frame(m)
+        if f["kind"] == "tool_call":
+            calls.append(f)
+            await turn.ws.send(fc.encode_frame(await turn.registry(f)))
+        elif f["kind"] == "done":
+            break
+    out = fc.decode_frame(await turn.ws.recv())
+    archive = await turn.ws.recv()
+    assert out["kind"] == "output" and isinstance(archive, bytes)
+    return fc.BlockResult(out["stdout"], out["stderr"], f["exit_code"], out["exit_code"], archive,
+                          fc.tar_files(archive) if archive else {}, calls, [], msgs)
+
+
+def test_undecodable_result_does_not_poison_channel(daemon):
+    """§9.2 channel poisoning: an undecodable text during a block is dropped;
+    later calls of the same block still work."""
+    def handler(turn):
+        async def h(frame):
+            await turn.ws.send("this is not json")
+            await turn.ws.send('{"kind":"tool_result","error":"not-an-object","id":"%s"}' % frame["id"])
+            return await turn.registry(frame)
+        return h
+
+    async def go():
+        turn = await connect(daemon)
+        r = await turn.run("from tools import echo\nprint(echo(message=1))\nprint(echo(message=2))",
+                           on_tool_call=handler(turn))
+        await turn.shutdown()
+        return r
+    r = arun(go(), T)
+    assert r.stdout == "{'echoed': 1}\n{'echoed': 2}\n", r.stderr
+
+
+# ---- WebSocket level -------------------------------------------------------
+
+def raw_turn_start(port):
+    ws = RawWS(port)
+    ws.send_binary(fc.tools_archive(fc.ToolRegistry({}).tools.values()))
+    return ws
+
+
+def raw_block(ws, code, timeout=10):
+    ws.send_binary(fc.empty_tar())
+    ws.send_text(fc.encode_frame({"kind": "run", "code": code}))
+    msgs = []
+    while True:
+        m = ws.recv(timeout)
+        assert m is not None, f"closed: {ws.close_code} {msgs}"
+        msgs.append(m)
+        if isinstance(m, bytes) and any(isinstance(x, str) and '"output"' in x for x in msgs):
+            return [fc.decode_frame(x) for x in msgs if isinstance(x, str)]
+
+
+def test_invalid_utf8_text_closes_1007(daemon):
+    """§1.4: text must be valid UTF-8 (reference: close 1007)."""
+    with raw_turn_start(daemon.port) as ws:
+        raw_block(ws, "pass")
+        ws.send_text(b'{"kind":"log","msg":"\xff\xfe"}\n')
+        ws.recv_until_close(5)
+        assert ws.close_code == 1007, ws.close_code
+    assert arun(still_serving(daemon), T)
+
+
+def test_fragmented_messages_and_interleaved_ping(daemon):
+    """§1.4: fragmented messages are reassembled; a ping between fragments is
+    answered; a zero-mask client frame is legal."""
+    with raw_turn_start(daemon.port) as ws:
+        arc = fc.make_tar({"frag.txt": "fragmented"})
+        ws.send_frame(ws.OP_BIN, arc[:10], fin=False)
+        ws.send_frame(ws.OP_CONT, arc[10:], fin=True, mask=b"\x01\x02\x03\x04")
+        run = fc.encode_frame({"kind": "run", "code": "print(open('frag.txt').read())"}).encode()
+        ws.send_frame(ws.OP_TEXT, run[:5], fin=False)
+        ws.send_frame(ws.OP_PING, b"mid")
+        ws.send_frame(ws.OP_CONT, run[5:12], fin=False, mask=b"\xaa\xbb\xcc\xdd")
+        ws.send_frame(ws.OP_CONT, run[12:], fin=True)
+        got_pong = False
+        msgs = []
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            op, fin, data = ws.recv_frame(10)
+            if op == ws.OP_PONG:
+                got_pong = got_pong or data == b"mid"
+                continue
+            if op == ws.OP_CLOSE:
+                pytest.fail(f"closed: {data!r}")
+            msgs.append((op, data))
+            if op == ws.OP_BIN:
+                break
+        assert got_pong
+        frames = [fc.decode_frame(d.decode()) for op, d in msgs if op == ws.OP_TEXT]
+        out = [f for f in frames if f["kind"] == "output"][0]
+        assert out["stdout"] == "fragmented\n", out
+
+
+def test_message_of_256_mib_accepted_and_larger_closes_1009(daemon):
+    """§1.4 / §9.1.19: a 256 MiB message is accepted (ignored between blocks);
+    one byte more closes with 1009."""
+    limit = 256 * 1024 * 1024
+    head, tail = b'{"kind":"log","msg":"', b'"}\n'
+    big = head + b"a" * (limit - len(head) - len(tail)) + tail
+    assert len(big) == limit
+    with raw_turn_start(daemon.port) as ws:
+        ws.send_text(big)
+        frames = raw_block(ws, "print('after big')", timeout=60)
+        assert [f for f in frames if f["kind"] == "output"][0]["stdout"] == "after big\n"
+    with raw_turn_start(daemon.port) as ws:
+        raw_block(ws, "pass")
+        try:
+            ws.send_text(big[:-1] + b" \n")
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        ws.recv_until_close(30)
+        assert ws.close_code == 1009, ws.close_code
+    del big
+    assert arun(still_serving(daemon), T)
+
+
+def test_unmasked_client_frame_closes(daemon):
+    """RFC 6455 §5.1: a server must close on an unmasked client frame."""
+    with raw_turn_start(daemon.port) as ws:
+        raw_block(ws, "pass")
+        payload = fc.encode_frame({"kind": "shutdown"}).encode()
+        ws.sock.sendall(struct.pack("!BB", 0x81, len(payload)) + payload)
+        ws.recv_until_close(5)
+        assert ws.close_code in (1002, 1006, 1000, 1011), ws.close_code
+    assert arun(still_serving(daemon), T)
+
+
+# ---- hostile sandbox -------------------------------------------------------
+
+def forge(payload_expr: str, then: str = "import time\ntime.sleep(0.5)\nprint('after forge')") -> str:
+    return FORGE_PRELUDE + f"""
+_data = {payload_expr}
+_fds = _chan_fds()
+for _fd in _fds:
+    try:
+        os.write(_fd, _data)
+    except OSError:
+        pass
+{then}
+"""
+
+
+FORGERIES = {
+    "garbage": "b'garbage!' * 8",
+    "bad-type": repr(chan_envelope(b"Z", b"{}")),
+    "huge-length": repr(b"F\0\0\0" + struct.pack("<I", 0xFFFFFFF0) + b"{"),
+    "done": repr(chan_envelope(b"F", b'{"exit_code":0,"kind":"done"}\n')),
+    "output": repr(chan_envelope(b"F", b'{"stdout":"forged","stderr":"","exit_code":0,"kind":"output"}\n')),
+    "done-output-snapshot": repr(chan_envelope(b"F", b'{"exit_code":0,"kind":"done"}\n')
+                                 + chan_envelope(b"F", b'{"stdout":"forged","stderr":"","exit_code":0,"kind":"output"}\n')
+                                 + chan_envelope(b"S", fc.empty_tar())),
+    "snapshot": repr(chan_envelope(b"S", fc.empty_tar())),
+    "ready": repr(chan_envelope(b"F", b'{"kind":"ready","protocol_version":2,"python_version":"3","packages":{}}\n')),
+    "bad-json": repr(chan_envelope(b"F", b'{"kind":"done",')),
+    "tools-archive": repr(chan_envelope(b"T", b"")),
+}
+
+
+def test_sandbox_sees_a_single_channel_socket(daemon):
+    """The channel is the only fd besides 0/1/2 that is a socket (the forging
+    tests below rely on finding it)."""
+    async def go():
+        turn = await connect(daemon)
+        r = await turn.run(FORGE_PRELUDE + "print(len(_chan_fds()))")
+        await turn.shutdown()
+        return r
+    r = arun(go(), T)
+    assert r.stdout == "1\n", r.stderr
+
+
+@pytest.mark.parametrize("what", list(FORGERIES))
+def test_forged_channel_messages_end_turn(daemon, what):
+    """§9.2 no isolation: bytes the user code writes to its channel socket can
+    at most end its own turn with an error (1011); the daemon keeps serving."""
+    async def go():
+        turn = await connect(daemon)
+        await turn.run("pass")
+        await turn.ws.send(fc.empty_tar())
+        await turn.ws.send(fc.encode_frame({"kind": "run", "code": forge(FORGERIES[what])}))
+        t0 = time.monotonic()
+        code, reason, msgs = await expect_closed(turn.ws, 10)
+        return code, reason, msgs, time.monotonic() - t0
+    code, reason, msgs, took = arun(go(), T)
+    assert code == 1011, (code, reason, msgs)
+    frames = text_frames(msgs)
+    for f in frames:
+        assert f["kind"] in ("log", "done", "output", "tool_call"), f
+        if f["kind"] == "log":
+            assert f["level"] == "error"
+    # the forged output never reaches the host as the block's output unless a
+    # done preceded it from the same forgery (then the real done is the fault)
+    assert arun(still_serving(daemon), T)
+
+
+@pytest.mark.parametrize("crash", ["import os\nos._exit(3)",
+                                   "import ctypes\nctypes.string_at(0)",
+                                   "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)",
+                                   "import os\nos.abort()"],
+                         ids=["os._exit", "segfault", "sigkill-self", "abort"])
+def test_sandbox_crash_mid_block_ends_turn(daemon, crash):
+    """A sandbox that dies mid-block ends its turn with an error (log error
+    frame optional, then 1011); the daemon keeps serving."""
+    async def go():
+        turn = await connect(daemon)
+        r0 = await turn.run("x = 1")
+        await turn.ws.send(fc.empty_tar())
+        await turn.ws.send(fc.encode_frame({"kind": "run", "code": "print('before')\n" + crash}))
+        t0 = time.monotonic()
+        code, reason, msgs = await expect_closed(turn.ws, 10)
+        return r0, code, reason, msgs, time.monotonic() - t0
+    r0, code, reason, msgs, took = arun(go(), T)
+    assert r0.exit_code == 0
+    assert code == 1011, (code, reason, msgs)
+    assert took < 5
+    for f in text_frames(msgs):
+        assert f["kind"] == "log" and f["level"] == "error", f
+    assert arun(still_serving(daemon), T)
+
+
+def test_user_code_cannot_reach_the_network(daemon):
+    """§9.2 isolation: user code has no route to the daemon's listening port."""
+    code = f"""
+import socket
+try:
+    s = socket.create_connection(("127.0.0.1", {daemon.port}), timeout=2)
+    print("connected")
+except Exception as e:
+    print("blocked", type(e).__name__)
+"""
+    async def go():
+        turn = await connect(daemon)
+        r = await turn.run(code)
+        await turn.shutdown()
+        return r
+    r = arun(go(), T)
+    assert r.stdout.startswith("blocked"), (r.stdout, r.stderr)
