@@ -222,6 +222,38 @@ def archive_inputs():
     return out
 
 
+# -------------------------------------------------------------------- policy
+POLICY = {
+    "minimal": "default deny EPERM\nallow read write exit_group\n",
+    "groups": (
+        "# comment\ndefault errno EPERM\n"
+        "group @more { dup dup2 }\n"
+        "group @io { read write\n  close @more }\nallow @io\n"
+        "group @io2 {\n read pread64\n}\nallow @io2 getpid\n"
+    ),
+    "when": (
+        "default kill\ndefine MYFLAG 0x10|0x20\n"
+        "allow socket when arg0 == AF_UNIX\n"
+        "errno EAFNOSUPPORT socket when arg0 != AF_UNIX\n"
+        "allow ioctl\ndeny EPERM ioctl when arg1 & 0xffffffff == TIOCSTI\n"
+        "allow clone when arg0 & CLONE_NEWUSER|CLONE_NEWNS == 0 and arg1 <= MYFLAG\n"
+        "allow prctl when arg0 >= 1 and arg1 > 2 and arg2 < 3\n"
+    ),
+    "conflict": "default deny EPERM\nallow read\ndeny EPERM read\n",
+    "duplicate": "default deny EPERM\nallow read\nallow read\n",
+    "default-allow": "default allow\n",
+    "no-default": "allow read\n",
+    "two-defaults": "default kill\ndefault deny EPERM\n",
+    "unclosed": "default kill\ngroup @g { read\n",
+    "unknown-syscall": "default kill\nallow not_a_syscall\n",
+    "foreign": "default kill\nallow socketcall read\n",
+    "same-arg": "default kill\nallow kill when arg0 == 1 and arg0 == 2\n",
+    "bad-errno": "default deny ENOTANERRNO\n",
+    "numeric-errno": "default deny 1\nerrno 38 clone3\n",
+    "crlf": "default deny EPERM\r\nallow read\r\n",
+}
+
+
 def main():
     for name, data in FRAMES.items():
         write("frame", name, data)
@@ -232,6 +264,10 @@ def main():
         write("ws", name, data)
     for name, data in archive_inputs().items():
         write("archive", name, data)
+    for name, data in POLICY.items():
+        write("policy", name, data)
+    with open(os.path.join(ROOT, "..", "..", "policy", "default.policy"), "rb") as f:
+        write("policy", "default.policy", f.read())
     return 0
 
 
