@@ -334,9 +334,10 @@ def test_forged_channel_messages_end_turn(daemon, what):
 
 @pytest.mark.parametrize("crash", ["import os\nos._exit(3)",
                                    "import ctypes\nctypes.string_at(0)",
-                                   "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)",
+                                   "import os, threading, time\n"
+                                   "threading.Thread(target=lambda: os._exit(0)).start()\ntime.sleep(2)",
                                    "import os\nos.abort()"],
-                         ids=["os._exit", "segfault", "sigkill-self", "abort"])
+                         ids=["os._exit", "segfault", "exit-0-from-thread", "abort"])
 def test_sandbox_crash_mid_block_ends_turn(daemon, crash):
     """A sandbox that dies mid-block ends its turn with an error (log error
     frame optional, then 1011); the daemon keeps serving."""
@@ -354,6 +355,27 @@ def test_sandbox_crash_mid_block_ends_turn(daemon, crash):
     assert took < 5
     for f in text_frames(msgs):
         assert f["kind"] == "log" and f["level"] == "error", f
+    assert arun(still_serving(daemon), T)
+
+
+def test_sigkill_self_is_harmless(daemon):
+    """SIGKILL to itself: the sandbox is pid 1 of its pid namespace, so the
+    kernel ignores it and the block completes; either way the turn stays sane
+    and the daemon keeps serving."""
+    async def go():
+        turn = await connect(daemon)
+        try:
+            r = await turn.run("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\nprint('alive')")
+        except fc.TurnClosed as e:
+            return e.code, None
+        finally:
+            await turn.shutdown()
+        return None, r
+    code, r = arun(go(), T)
+    if r is not None:
+        assert (r.stdout, r.exit_code) == ("alive\n", 0)
+    else:
+        assert code == 1011
     assert arun(still_serving(daemon), T)
 
 
