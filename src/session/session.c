@@ -26,12 +26,13 @@
 #include "session/session.h"
 
 #define REPLY_LINGER_MS 1000   /* after a non-101 reply: wait for the peer's EOF */
-#define CLOSE_LINGER_MS 2000   /* after our close frame: wait for the handshake */
+#define CLOSE_LINGER_MS 5000   /* ending a turn: flush what is queued, then close */
 #define CHAN_READ_BUDGET (1 * MiB) /* bytes read from a sandbox per wakeup */
 
 static void update_interest(struct session *s);
 static void kill_sandbox(struct session *s);
 static void mark_dead(struct session *s);
+static void send_close_when_flushed(struct session *s);
 
 static const char *turn_state_name(enum turn_state t)
 {
@@ -615,8 +616,11 @@ static void on_client_io(struct loop_watch *w, uint32_t events)
             mark_dead(s); /* the client is gone, or the close handshake is over */
             break;
         }
-        if (s->phase == PHASE_CLOSING && ws_conn_finished(s->ws))
-            mark_dead(s);
+        if (s->phase == PHASE_CLOSING) {
+            send_close_when_flushed(s);
+            if (!s->close_pending && ws_conn_finished(s->ws))
+                mark_dead(s);
+        }
         break;
     }
     case PHASE_DEAD:
@@ -686,6 +690,15 @@ struct session *session_new(struct server *srv, int fd)
     return s;
 }
 
+/* Queue the pending close once every message queued before it is out. */
+static void send_close_when_flushed(struct session *s)
+{
+    if (!s->close_pending || ws_conn_queued(s->ws) > 0)
+        return;
+    s->close_pending = false;
+    ws_conn_close(s->ws, s->close_code, s->close_reason);
+}
+
 static void mark_dead(struct session *s)
 {
     if (s->phase == PHASE_DEAD)
@@ -712,10 +725,11 @@ void session_fail(struct session *s, uint16_t code, const char *reason)
         send_error_log(s, reason);
     kill_sandbox(s);
     server_release_slot(s->srv, s);
-    /* RFC 6455 limits a close reason to 123 bytes. */
-    char short_reason[124];
-    snprintf(short_reason, sizeof short_reason, "%s", reason ? reason : "");
-    ws_conn_close(s->ws, code, short_reason);
+    /* RFC 6455 limits a close reason to 123 bytes (ws_conn_close trims). */
+    s->close_pending = true;
+    s->close_code = code;
+    snprintf(s->close_reason, sizeof s->close_reason, "%s", reason ? reason : "");
+    send_close_when_flushed(s);
     s->phase = PHASE_CLOSING;
     s->deadline_ms = now_ms() + CLOSE_LINGER_MS;
     update_interest(s);

@@ -81,6 +81,11 @@ struct session {
     bool ping_outstanding;
     int64_t done_exit_code;
     bool ready_seen, tools_sent;
+    /* wslay sends control frames ahead of queued messages, so a close is
+     * held back until everything queued before it has been written. */
+    bool close_pending;
+    uint16_t close_code;
+    char close_reason[124];
 
     /* the sandbox */
     bool spawn_pending;           /* request sent, reply not yet received */
