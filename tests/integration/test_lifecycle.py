@@ -7,8 +7,10 @@ import os
 import subprocess
 import time
 
+import pytest
+
 from fbtest import (SRCDIR, arun, connect, expect_closed, fc, get_health, http_raw, pid_alive,
-                    upgrade_request, wait_until, websockets)
+                    text_frames, upgrade_request, wait_until, websockets)
 
 T = 30
 SPIN = "open('started.txt', 'w').write('x')\nwhile True:\n    pass"
@@ -224,11 +226,17 @@ def test_block_timeout(make_daemon):
     async def go():
         turn = await connect(d)
         t0 = time.monotonic()
-        r = await turn.run(SPIN)
+        try:
+            r = await turn.run(SPIN)
+        except fc.TurnClosed as e:
+            return e, time.monotonic() - t0, e.code, e.messages
         took = time.monotonic() - t0
         code, reason, msgs = await expect_closed(turn.ws, 10)
         return r, took, code, msgs
     r, took, code, msgs = arun(go(), T)
+    if isinstance(r, fc.TurnClosed):
+        pytest.fail(f"turn closed after {took:.1f}s (code {r.code}, reason {r.reason!r}) "
+                    f"without done/output/archive; got {[f['kind'] for f in text_frames(r.messages)]}")
     assert 1.5 < took < 8, took
     assert r.exit_code != 0 and r.output_exit_code == r.exit_code
     assert "time" in r.stderr.lower(), r.stderr
@@ -250,6 +258,31 @@ def test_idle_timeout_ends_turn(make_daemon):
     took, code = arun(go(), T)
     assert 1.5 < took < 6, took
     assert code in (1000, 1001, 1011), code
+
+
+def test_no_sandbox_left_behind_after_many_turns(make_daemon):
+    """Every ended turn's sandbox is reaped: after 25 turns (normal shutdown,
+    plain close, abort, error exit) no extra processes remain under forkboxd."""
+    d = make_daemon(["--pool", "0"])
+    baseline = d.descendants()
+
+    async def go():
+        for i in range(25):
+            turn = await connect(d)
+            await turn.run(f"x = {i}\nopen('f','w').write('x')")
+            if i % 4 == 0:
+                await turn.shutdown()
+            elif i % 4 == 1:
+                await turn.ws.close()
+            elif i % 4 == 2:
+                turn.ws.transport.abort()
+            else:
+                await turn.ws.send(fc.empty_tar())
+                await turn.ws.send(fc.encode_frame({"kind": "run", "code": "import os\nos._exit(1)"}))
+                await expect_closed(turn.ws, 10)
+    arun(go(), 60)
+    assert wait_until(lambda: d.descendants() <= baseline, 5), (baseline, d.descendants())
+    assert d.alive()
 
 
 # ---- parallel turns ----------------------------------------------------------

@@ -50,7 +50,8 @@ print(json.dumps(pkgs))
 def test_ready_once_with_version_python_and_packages(daemon):
     """§9.1.5: one ready per turn, integer protocol_version 2, python 3.x,
     packages computed as in §3.4 (compared with the same algorithm run inside)."""
-    turn, (r1, r2, r3) = run_blocks(daemon, "x = 1", "print(x)", PACKAGES_34)
+    turn, (r1, r2, r3, r4) = run_blocks(daemon, "x = 1", "print(x)", PACKAGES_34,
+                                        "import platform; print(platform.python_version())")
     assert turn.ready_count == 1
     raw = turn.ready_raw
     assert raw.endswith("\n")
@@ -58,6 +59,7 @@ def test_ready_once_with_version_python_and_packages(daemon):
     ready = json.loads(raw)
     assert type(ready["protocol_version"]) is int and ready["protocol_version"] == 2
     assert ready["python_version"].startswith("3.")
+    assert r4.stdout == ready["python_version"] + "\n"
     assert isinstance(ready["packages"], dict)
     for imp, dists in ready["packages"].items():
         assert isinstance(imp, str) and isinstance(dists, dict) and dists
