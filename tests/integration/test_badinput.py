@@ -2,8 +2,6 @@
 item 18), WebSocket-level violations (§1.4), and hostile sandboxes forging
 channel messages or crashing (§9.2 "no isolation", "no kill")."""
 
-import asyncio
-import json
 import struct
 import time
 
