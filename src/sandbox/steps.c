@@ -178,6 +178,12 @@ static int step_ids(const struct sbx_plan *p, struct sbx_state *st)
         return set_what(st, "setresgid(0)");
     if (setresuid(0, 0, 0) < 0)
         return set_what(st, "setresuid(0)");
+    /* The id change made us non-dumpable, which hands our /proc/self files
+     * (mem, environ, ...) to host root, unmapped in here: user code could not
+     * read its own memory. Dumpable again, they belong to our uid. No other
+     * sandbox can name our pids (sibling pid namespaces) to ptrace us. */
+    if (prctl(PR_SET_DUMPABLE, 1, 0, 0, 0) < 0)
+        return set_what(st, "PR_SET_DUMPABLE");
     if (unshare(CLONE_NEWCGROUP) < 0)
         return set_what(st, "unshare(CLONE_NEWCGROUP)");
     return 0;

@@ -306,6 +306,16 @@ static void check_isolated(int chan_fd, int tools_fd, const char *tools_dir, con
             pids++;
     say(pids == 1, "only our process in /proc", "%d pids", pids);
 
+    /* Our own /proc/self files stay ours after the id change. */
+    static const char marker[] = "forkbox-self-read";
+    fd = open("/proc/self/mem", O_RDONLY | O_CLOEXEC);
+    ok = fd >= 0 && pread(fd, buf, sizeof marker, (off_t)(uintptr_t)marker) == sizeof marker &&
+         memcmp(buf, marker, sizeof marker) == 0;
+    say(ok, "/proc/self/mem readable by the sandbox itself", "%s", strerror(errno));
+    if (fd >= 0)
+        close(fd);
+    say(prctl(PR_GET_DUMPABLE, 0, 0, 0, 0) == 1, "dumpable (own /proc files owned by us)", NULL);
+
     /* glibc's cached tid was repaired: raise() reaches ourselves. */
     signal(SIGUSR1, on_usr1);
     raise(SIGUSR1);
