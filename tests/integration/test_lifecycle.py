@@ -240,7 +240,11 @@ def test_block_timeout(make_daemon):
     assert 1.5 < took < 8, took
     assert r.exit_code != 0 and r.output_exit_code == r.exit_code
     assert "time" in r.stderr.lower(), r.stderr
-    assert r.archive is not None and r.files.get("started.txt") == b"x"
+    # the archive slot holds a binary: a snapshot with the files written so far,
+    # or a zero-length message (host keeps its copy, §4.4) if none can be taken
+    assert r.archive is not None
+    if r.archive:
+        assert r.files.get("started.txt") == b"x"
     assert code in (1000, 1011), code
     assert not any(isinstance(m, str) and '"done"' in m for m in msgs)
 
