@@ -84,7 +84,18 @@ class Daemon:
         self._reader.start()
         if not self.listen:
             return self
-        if not self._listening.wait(timeout):
+        deadline = time.monotonic() + timeout
+        while not self._listening.wait(0.05):
+            if self.proc.poll() is not None:
+                if self._reader:
+                    self._reader.join(2)
+                if self._listening.is_set():
+                    break
+                raise RuntimeError(f"forkboxd exited with status {self.proc.returncode}; "
+                                   f"argv={argv}\nstderr:\n{self.stderr()[-4000:]}")
+            if time.monotonic() > deadline:
+                break
+        if not self._listening.is_set():
             err = self.stderr()
             self.stop()
             raise RuntimeError(f"forkboxd did not report listening within {timeout}s; "

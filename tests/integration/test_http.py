@@ -239,3 +239,22 @@ def test_slow_client_is_closed_and_holds_no_slot(make_daemon):
 def test_compression_optional(daemon):
     """§1.4: a client without permessage-deflate works too."""
     turn_works(daemon, compression=None)
+
+
+def test_port_env_binds_all_interfaces(make_daemon):
+    """§1.1 / §8.3: PORT without --listen binds 0.0.0.0:$PORT."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    d = make_daemon(env={"PORT": str(port)}, listen=False)
+    assert wait_until(lambda: _health_ok(port), 10), d.stderr()
+    assert "0.0.0.0:%d" % port in d.stderr()
+    d.port = port
+    assert turn_works(d)
+
+
+def _health_ok(port):
+    try:
+        return get_health(port).status == 200
+    except OSError:
+        return False

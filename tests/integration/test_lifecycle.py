@@ -334,3 +334,42 @@ def test_forkbox_run_demo(daemon):
     assert "files: forecast.txt (" in out
     assert "tool calls: 8:" in out
     assert "--- stderr ---\nexit code: 0" in out     # clean stderr
+
+
+# ---- configuration ------------------------------------------------------------
+
+def test_bad_configuration_refuses_to_start(tmp_path):
+    """Operator typos: forkboxd exits non-zero at once and says what is wrong."""
+    from fbtest import Daemon
+    bad_policy = tmp_path / "bad.policy"
+    bad_policy.write_text("this is not a policy line\n")
+    cases = [(["--capacity", "lots"], "capacity"), (["--no-such-flag"], "no-such-flag"),
+             (["--output-cap", "12Q"], "output-cap"), (["--policy", str(bad_policy)], "bad.policy"),
+             (["--policy", str(tmp_path / "missing.policy")], "missing.policy")]
+    for args, needle in cases:
+        d = Daemon(args, policy=False)
+        try:
+            d.start(timeout=5)
+            ok = False
+        except RuntimeError:
+            ok = True
+        rc = d.wait_exit(5) if ok else None
+        err = d.stderr()
+        d.stop()
+        assert ok, f"{args}: daemon started"
+        assert rc not in (0, None), (args, rc)
+        assert needle in err, (args, err[-500:])
+
+
+def test_tools_dir_option(make_daemon, tmp_path):
+    """--tools-dir: the stubs live at that path (basename 'tools') and import."""
+    d = make_daemon(["--tools-dir", "/opt/forkbox-test/tools"])
+
+    async def go():
+        turn = await connect(d)
+        r = await turn.run("import os, tools\nfrom tools import echo\n"
+                           "print(tools.__file__, echo(message=1), os.path.exists('/opt/forkbox-test/tools/echo.py'))")
+        await turn.shutdown()
+        return r
+    r = arun(go(), T)
+    assert r.stdout == "/opt/forkbox-test/tools/__init__.py {'echoed': 1} True\n", r.stderr
