@@ -54,6 +54,7 @@ enum sbx_step {
     SBX_STEP_FDS = 6,
     SBX_STEP_PRIVS = 7,
     SBX_STEP_SECCOMP = 8,
+    SBX_STEP_INIT = 9,
 };
 
 /* The child's mutable state while the steps run. */
@@ -321,6 +322,42 @@ static int step_seccomp(const struct sbx_plan *p, struct sbx_state *st)
     return 0;
 }
 
+/* Pid 1 of the namespace: reap every orphan, and leave with the worker's
+ * status (the kernel then kills what is left in the namespace). Signals sent
+ * from inside the namespace cannot reach a pid 1 that has no handlers, so
+ * user code cannot kill it; the supervisor kills it from outside. */
+_Noreturn static void run_init(pid_t worker)
+{
+    for (;;) {
+        int status;
+        pid_t pid = waitpid(-1, &status, __WALL);
+        if (pid == worker)
+            _exit(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
+        if (pid < 0 && errno != EINTR)
+            _exit(127);
+    }
+}
+
+/* 9. A minimal init as pid 1, the runtime as its child (pid 2). As pid 1 the
+ * runtime would ignore its own kill(getpid(), SIGKILL), and orphans reparented
+ * to it would stay zombies for the rest of the turn, counting against the
+ * pids limit. Last, so both processes carry every restriction above; the
+ * fork is a plain one, which the policy allows. */
+static int step_init(const struct sbx_plan *p, struct sbx_state *st)
+{
+    pid_t worker = fork();
+    if (worker < 0)
+        return set_what(st, "fork");
+    if (worker > 0) {
+        close(st->chan_fd);
+        if (st->tools_fd >= 0)
+            close(st->tools_fd);
+        run_init(worker);
+    }
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    return 0;
+}
+
 /* Non-isolated mode (benchmarks only): no namespaces, mounts, caps or
  * seccomp. The child waits for the parent (cgroups), then runs as the
  * sandbox uid when we are root, in its per-turn dir. */
@@ -366,6 +403,7 @@ static const struct sbx_step_def isolated_steps[] = {
     {SBX_STEP_FDS, "fds", step_fds},
     {SBX_STEP_PRIVS, "privileges", step_privs},
     {SBX_STEP_SECCOMP, "seccomp", step_seccomp},
+    {SBX_STEP_INIT, "init", step_init},
 };
 
 static const struct sbx_step_def plain_steps[] = {

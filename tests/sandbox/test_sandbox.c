@@ -134,7 +134,8 @@ static void check_isolated(int chan_fd, int tools_fd, const char *tools_dir, con
     char buf[4096];
     int r;
 
-    say(getpid() == 1, "pid 1 of a new pid namespace", "getpid() = %d", getpid());
+    say(getpid() == 2 && getppid() == 1, "pid 2 of a new pid namespace, under its init",
+        "getpid() = %d, getppid() = %d", getpid(), getppid());
     say(getuid() == 0 && geteuid() == 0 && getgid() == 0, "uid/gid 0 inside", "uid %d gid %d",
         getuid(), getgid());
     unsigned a, b, c;
@@ -304,7 +305,7 @@ static void check_isolated(int chan_fd, int tools_fd, const char *tools_dir, con
     for (char *t = strtok(buf, " "); t; t = strtok(NULL, " "))
         if (t[0] >= '0' && t[0] <= '9')
             pids++;
-    say(pids == 1, "only our process in /proc", "%d pids", pids);
+    say(pids == 2, "only the sandbox's init and us in /proc", "%d pids", pids);
 
     /* Our own /proc/self files stay ours after the id change. */
     static const char marker[] = "forkbox-self-read";
