@@ -155,13 +155,28 @@ def test_hostile_tools_members_are_skipped(daemon):
 
 
 def sized_archive(target: int, seed: bytes) -> bytes:
-    """A gzip tar of exactly `target` bytes (random, incompressible content)."""
-    rnd = (seed * ((target // len(seed)) + 2))[: target + 4096]
-    lo = max(0, target - 2048)
-    for n in range(lo, target + 2048):
-        data = fc.make_tar({"r.bin": rnd[:n]})
-        if len(data) == target:
+    """A valid gzip tar of exactly `target` bytes: incompressible content gets
+    close below the target, the gzip header's file-name field makes up the rest."""
+    import gzip
+    n = target - 700
+    while n > 0:
+        raw = io.BytesIO()
+        with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tf:
+            ti = tarfile.TarInfo("r.bin")
+            ti.size = n
+            tf.addfile(ti, io.BytesIO(seed[:n]))
+
+        def gz(fname):
+            buf = io.BytesIO()
+            with gzip.GzipFile(filename=fname, mode="wb", fileobj=buf, mtime=0) as g:
+                g.write(raw.getvalue())
+            return buf.getvalue()
+        pad = target - len(gz(""))
+        if pad >= 2:
+            data = gz("a" * (pad - 1))      # the name plus its NUL
+            assert len(data) == target, (len(data), target)
             return data
+        n -= 500
     raise AssertionError(f"could not build an archive of {target} bytes")
 
 
