@@ -183,6 +183,10 @@ static int handle_child_frame(struct session *s, const uint8_t *p, size_t n)
         if (s->turn != TURN_RUNNING) {
             LOG_I("turn %" PRIu64 ": sandbox log: %.*s", s->id, (int)(msg->len > 300 ? 300 : msg->len),
                   msg->json);
+            /* Kept for the close reason if the sandbox then exits (setup and
+             * archive errors arrive this way). */
+            snprintf(s->last_child_error, sizeof s->last_child_error, "%.*s",
+                     (int)(msg->len > 2 ? msg->len - 2 : 0), msg->json + 1);
             frame_free(&f);
             return 0;
         }
@@ -311,12 +315,17 @@ static int chan_read(struct session *s)
 
 static void sandbox_gone(struct session *s)
 {
-    if (s->phase == PHASE_TURN)
-        session_fail(s, 1011, s->turn == TURN_WANT_OUTPUT || s->turn == TURN_WANT_SNAPSHOT
-                                  ? "the sandbox stopped before finishing the block"
-                                  : "the sandbox stopped unexpectedly (crash, os._exit, or a limit)");
-    else
+    if (s->phase != PHASE_TURN) {
         kill_sandbox(s);
+        return;
+    }
+    if (s->last_child_error[0]) {
+        session_fail(s, 1011, s->last_child_error);
+        return;
+    }
+    session_fail(s, 1011, s->turn == TURN_WANT_OUTPUT || s->turn == TURN_WANT_SNAPSHOT
+                              ? "the sandbox stopped before finishing the block"
+                              : "the sandbox stopped unexpectedly (crash, os._exit, or a limit)");
 }
 
 static void on_chan_io(struct loop_watch *w, uint32_t events)

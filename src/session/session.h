@@ -101,6 +101,7 @@ struct session {
     uint32_t chan_body_len, chan_body_got;
     enum chan_type chan_body_type;
     bool chan_body_active;
+    char last_child_error[160];   /* last `log` error the sandbox sent outside a block */
     uint64_t spawn_ns;            /* from the fork server */
     uint64_t accept_ns;           /* when the upgrade was accepted */
 };
