@@ -90,7 +90,6 @@ def unix_connect(addr):
 '''
 
 NETNS_BLOCK = r'''
-R = {}
 R["net_dev"] = try_(lambda: sorted(l.split(":")[0].strip() for l in open("/proc/net/dev").read().splitlines()[2:]))
 R["tcp_table"] = try_(lambda: open("/proc/net/tcp").read() + open("/proc/net/tcp6").read())
 R["unix_socketpair"] = try_(lambda: (lambda a: (a[0].send(b"x"), a[1].recv(1).decode())[1])(socket.socketpair()))

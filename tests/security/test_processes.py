@@ -41,7 +41,7 @@ for name, pid in TARGETS.items():
     R[f"pidfd_open:{name}"] = isolated(lambda: sc(434, pid, 0))
     R[f"getpriority:{name}"] = isolated(lambda: sc(140, 0, pid))
     R[f"sched_getaffinity:{name}"] = isolated(lambda: sc(204, pid, 128, _ct.create_string_buffer(128)))
-    R[f"ptrace_attach:{name}"] = isolated(lambda: sc(101, 16, pid, 0, 0))
+    R[f"ptrace_attach:{name}"] = isolated(lambda: sc(101, 0x4206, pid, 0, 0))   # PTRACE_SEIZE: no stop
     R[f"process_vm_readv:{name}"] = isolated(lambda: process_vm_readv(pid))
 report(R)
 '''
