@@ -33,6 +33,12 @@ def process_vm_readv(pid):
     return sc(310, pid, _ct.byref(l), 1, _ct.byref(r), 1, 0)
 R = {}
 R["getpid"] = os.getpid()
+R["getppid"] = os.getppid()
+R["init_cmdline"] = try_(lambda: open("/proc/1/cmdline", "rb").read().decode("latin-1")[:200])
+R["kill_init"] = try_(lambda: os.kill(1, signal.SIGKILL) or "sent")   # pid-ns init ignores it
+import time
+time.sleep(0.2)
+R["init_alive_after_kill"] = os.path.exists("/proc/1/status") and os.getppid() == 1
 R["proc_pids"] = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
 for name, pid in TARGETS.items():
     R[f"kill0:{name}"] = try_(lambda: os.kill(pid, 0) or "delivered")
@@ -78,9 +84,16 @@ def host_pids(daemon):
     return targets, res.report()
 
 
-def test_sandbox_is_pid1(host_pids):
+def test_sandbox_runs_under_its_own_init(host_pids):
+    """The runtime is pid 2 of its own pid namespace, under the sandbox's init (pid 1)."""
     _, rep = host_pids
-    assert rep["getpid"] == 1, rep["getpid"]
+    assert (rep["getpid"], rep["getppid"]) == (2, 1), rep
+
+
+def test_sandbox_init_cannot_be_killed_from_inside(host_pids):
+    _, rep = host_pids
+    assert rep["kill_init"] == "sent", rep["kill_init"]
+    assert rep["init_alive_after_kill"] is True
 
 
 def test_proc_shows_only_the_sandbox(host_pids):

@@ -205,7 +205,8 @@ CASES = [
     # --- argument-filtered rules
     ("personality_read_implies_exec", "sc(135, 0x0400000)", EPERM),
     ("personality_addr_no_randomize", "sc(135, 0x0040000)", EPERM),
-    ("prctl_set_dumpable", "sc(157, 4, 1, 0, 0, 0)", EPERM),
+    ("prctl_set_ptracer_any", "sc(157, 0x59616d61, 0xffffffffffffffff, 0, 0, 0)", EPERM),
+    ("prctl_set_securebits", "sc(157, 28, 0, 0, 0, 0)", EPERM),
     ("prctl_cap_ambient_raise", "sc(157, 47, 2, 21, 0, 0)", EPERM),
     ("prctl_set_mm", "sc(157, 35, 1, 0, 0, 0)", EPERM),
     ("prlimit64_other_pid", "sc(302, PPID, 7, None, BUF)", EPERM),
@@ -232,6 +233,7 @@ CASES = [
 CONTROLS = [
     ("personality_query", "sc(135, 0xffffffff)", lambda r: r["errno"] is None and r["ret"] >= 0),
     ("prctl_get_no_new_privs", "sc(157, 39, 0, 0, 0, 0)", lambda r: r == {"ret": 1, "errno": None}),
+    ("prctl_set_dumpable", "sc(157, 4, 1, 0, 0, 0)", lambda r: r == {"ret": 0, "errno": None}),
     ("ioctl_fionread_pipe", "fionread()", lambda r: r == {"ret": 0, "errno": None, "n": 3}),
     ("sigaction_query_sigsys", "sigsys_query()", lambda r: r == {"ret": 0, "errno": None}),
     ("getpid_native", "sc(39)", lambda r: r["errno"] is None and r["ret"] > 0),

@@ -1,0 +1,85 @@
+"""A hostile sandbox against the supervisor: model code finds its channel socket
+(the supervisor <-> sandbox socketpair, docs/internals.md) and writes forged or
+malformed messages on it.
+
+The supervisor accepts from a sandbox only legal messages in legal states
+(ready once; tool_call/log during a block; done, output, S in order). Anything
+else, a malformed frame, or a message over the limit ends that turn with a
+`log` error frame and close 1011, kills the sandbox, and the daemon keeps
+serving.
+"""
+
+import json
+import struct
+
+import pytest
+
+import sbx
+
+FIND_CHAN = r'''
+import os, struct, json, time
+def chan_fds():
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+                out.append(int(fd))
+        except OSError:
+            pass
+    return out
+fds = chan_fds()
+assert len(fds) == 1, f"expected one channel socket, found {fds}"
+CHAN = fds[0]
+def send(kind, payload):
+    os.write(CHAN, bytes([ord(kind), 0, 0, 0]) + struct.pack("<I", len(payload)) + payload)
+'''
+
+ATTACKS = {
+    "unknown_type": 'os.write(CHAN, b"Z\\0\\0\\0" + struct.pack("<I", 4) + b"abcd")',
+    "nonzero_padding": 'os.write(CHAN, b"F\\1\\2\\3" + struct.pack("<I", 2) + b"{}")',
+    "huge_length": 'os.write(CHAN, b"F\\0\\0\\0" + struct.pack("<I", 0xFFFFFFFF) + b"x" * 64)',
+    "invalid_utf8": 'send("F", b\'{"level":"info","msg":"\\xff\\xfe","kind":"log"}\\n\')',
+    "invalid_json": 'send("F", b"{not json\\n")',
+    "unknown_kind": 'send("F", b\'{"kind":"pwn"}\\n\')',
+    "second_ready": 'send("F", b\'{"kind":"ready","protocol_version":2,"python_version":"3","packages":{}}\\n\')',
+    "host_only_kind_tool_result": 'send("F", b\'{"id":"x","ok":true,"value":1,"error":null,"kind":"tool_result"}\\n\')',
+    "host_only_kind_run": 'send("F", b\'{"code":"print(1)","kind":"run"}\\n\')',
+    "snapshot_before_done": 'send("S", b"")',
+    "tools_archive_from_child": 'send("T", b"")',
+}
+
+
+@pytest.mark.parametrize("attack", list(ATTACKS))
+def test_forged_channel_message_ends_only_this_turn(daemon, attack):
+    code = sbx.prelude(FIND_CHAN + ATTACKS[attack] + "\ntime.sleep(20)\nprint('still running')\n")
+    r = daemon.run(code, timeout=60)
+    assert r.closed_by_server and r.close_code == 1011, f"{attack}: {r!r}"
+    assert any(f.get("level") == "error" for f in r.logs), f"{attack}: no log error frame: {r!r}"
+    assert not r.last.completed and "still running" not in r.last.stdout, repr(r)
+    assert r.last.elapsed < 15, f"{attack}: turn took {r.last.elapsed:.1f}s to end"
+    ok, why = daemon.fresh_turn_ok()
+    assert ok, why
+
+
+def test_forged_tool_call_is_relayed_as_a_tool_call_only(daemon):
+    """A tool_call frame written directly on the channel during a block is legal;
+    the host sees it as an ordinary tool_call (no other kind can be smuggled)."""
+    code = sbx.prelude(FIND_CHAN + r'''
+send("F", b'{"id":"forged-1","name":"echo","args":{"message":"x"},"timeout":null,"kind":"tool_call"}\n')
+time.sleep(1)
+print("ok")
+''')
+    r = daemon.run(code, timeout=60)
+    b = r.last
+    assert b.completed and b.stdout == "ok\n", repr(r)
+    assert [c["id"] for c in b.tool_calls] == ["forged-1"], b.tool_calls
+    ok, why = daemon.fresh_turn_ok()
+    assert ok, why
+
+
+def test_closing_the_channel_ends_the_turn(daemon):
+    code = sbx.prelude(FIND_CHAN + "import socket\nsocket.socket(fileno=CHAN).shutdown(socket.SHUT_RDWR)\ntime.sleep(20)\n")
+    r = daemon.run(code, timeout=60)
+    assert r.closed_by_server and r.close_code == 1011, repr(r)
+    ok, why = daemon.fresh_turn_ok()
+    assert ok, why
