@@ -104,6 +104,15 @@ def _setuid_copy():
 R["setuid_copy_exec"] = try_(_setuid_copy)
 R["uid_map"] = try_(lambda: open("/proc/self/uid_map").read().split())
 R["gid_map"] = try_(lambda: open("/proc/self/gid_map").read().split())
+def _oom_adj(v):
+    fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY)
+    try:
+        os.write(fd, str(v).encode())
+    finally:
+        os.close(fd)
+    return int(open("/proc/self/oom_score_adj").read())
+R["oom_score_adj_lower"] = isolated(lambda: _oom_adj(-1000))
+R["oom_score_adj_raise"] = isolated(lambda: _oom_adj(500))
 R["sys_visible"] = os.path.exists("/sys/kernel") or os.path.exists("/sys/fs/cgroup")
 report(R)
 '''
@@ -219,3 +228,46 @@ def test_host_root_not_mapped(fsprobe, which):
 
 def test_sys_not_mounted(fsprobe):
     assert fsprobe["sys_visible"] is False
+
+
+def test_oom_score_adj_cannot_be_lowered(fsprobe):
+    """Code may make itself a likelier OOM victim, never a less likely one."""
+    got = fsprobe["oom_score_adj_lower"]
+    assert isinstance(got, dict) and got.get("errno") in {"EACCES", "EPERM"}, got
+
+
+def test_oom_score_adj_can_be_raised(fsprobe):
+    assert fsprobe["oom_score_adj_raise"] == 500
+
+
+SNAPSHOT_TRICKS = r"""
+import os, stat
+os.symlink("/etc/passwd", "/workspace/link-to-passwd")
+os.symlink("/proc/self/environ", "/workspace/link-to-environ")
+os.symlink("/", "/workspace/link-to-root")
+os.mkfifo("/workspace/fifo")
+with open("/workspace/secret-unreadable", "w") as f:
+    f.write("x")
+os.chmod("/workspace/secret-unreadable", 0)
+R = {}
+R["hardlink_to_tools"] = try_(lambda: os.link("/tools/echo.py", "/workspace/hard-echo"))
+R["hardlink_to_usr"] = try_(lambda: os.link(os.path.realpath("/bin/sh"), "/workspace/hard-sh"))
+with open("/workspace/plain.txt", "w") as f:
+    f.write("plain")
+report(R)
+"""
+
+
+def test_snapshot_ignores_links_fifos_and_unreadable_files(daemon):
+    r = daemon.run(sbx.prelude(SNAPSHOT_TRICKS), timeout=60)
+    b = r.last
+    assert b.completed and b.exit_code == 0, repr(r)
+    rep = b.report()
+    assert rep["hardlink_to_tools"].get("errno") in {"EXDEV", "EPERM", "EROFS"}, rep
+    assert rep["hardlink_to_usr"].get("errno") in {"EXDEV", "EPERM", "EROFS"}, rep
+    files = sbx.read_targz(b.archive)
+    assert "plain.txt" in files, sorted(files)
+    for bad in ("link-to-passwd", "link-to-environ", "fifo", "hard-echo", "hard-sh"):
+        assert not any(n == bad or n.startswith(bad + "/") for n in files), f"{bad} in snapshot: {sorted(files)}"
+    assert not any(n.startswith("link-to-root") for n in files), sorted(files)
+    assert b"root:" not in b"".join(files.values()), "host passwd content leaked into the snapshot"

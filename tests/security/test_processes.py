@@ -216,6 +216,50 @@ def test_later_turn_cannot_see_files(cross_turn, how):
     assert rc.report()[how] == [], f"a later turn found turn A's files {how}: {rc.report()[how]}"
 
 
+ABSTRACT_LISTEN = r'''
+import socket
+S = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+S.bind("\0" + MARK)
+S.listen(4)
+print("listening")
+'''
+
+ABSTRACT_CONNECT = r'''
+import socket
+c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+c.settimeout(3)
+report({"connect": try_(lambda: c.connect("\0" + MARK) or "connected")})
+'''
+
+
+def test_concurrent_turn_cannot_reach_abstract_socket(daemon):
+    """Abstract AF_UNIX names are per network namespace: turn B cannot connect to a
+    listener turn A holds open (while A itself can)."""
+    mark = "fbx-abstract-" + uuid.uuid4().hex
+
+    async def go():
+        a = await sbx.Turn.open(daemon)
+        ra = await a.run(f"MARK = {mark!r}\n" + ABSTRACT_LISTEN)
+        self_check = await a.run(sbx.prelude(f"MARK = {mark!r}\n" + ABSTRACT_CONNECT))
+        b = await sbx.Turn.open(daemon)
+        rb = await b.run(sbx.prelude(f"MARK = {mark!r}\n" + ABSTRACT_CONNECT))
+        await b.close()
+        await a.close()
+        return ra, self_check, rb
+    ra, self_check, rb = sbx.arun(go(), 60)
+    assert ra.stdout == "listening\n", repr(ra)
+    assert self_check.report()["connect"] == "connected", repr(self_check)
+    got = rb.report()["connect"]
+    assert isinstance(got, dict) and got["errno"] == "ECONNREFUSED", got
+
+
+def test_sandbox_hostname_is_not_the_hosts(daemon):
+    import socket as _s
+    r = daemon.run("import os\nprint(os.uname().nodename)", timeout=30)
+    assert r.last.completed, repr(r)
+    assert r.last.stdout.strip() not in ("", _s.gethostname()), r.last.stdout
+
+
 def test_sandbox_tmp_is_not_the_hosts(cross_turn):
     mark = cross_turn[0]
     assert not os.path.exists(f"/tmp/{mark}")
@@ -231,6 +275,7 @@ R = {}
 key = bytes(x ^ 0x5A for x in KEY_A)       # first half of the token, decoded here
 tail = bytes(x ^ 0x5A for x in KEY_B)      # second half; never joined to the first in this process
 R["environ_keys"] = sorted(os.environ)
+R["nodename"] = os.uname().nodename
 R["adk_in_proc_environ"] = []
 for p in [d for d in os.listdir("/proc") if d.isdigit()] + ["self"]:
     try:
@@ -284,6 +329,10 @@ def test_token_never_reaches_the_sandbox(daemon):
     assert r.last.completed and r.last.exit_code == 0, repr(r)
     rep = r.last.report()
     assert not [k for k in rep["environ_keys"] if k.startswith("ADK_CODE_MODE")], rep["environ_keys"]
+    allowed = {"PATH", "HOME", "USER", "LANG", "LANGUAGE", "TERM", "TMPDIR", "TEMP", "TMP",
+               "PYTHONHASHSEED", "PYTHONDONTWRITEBYTECODE"}
+    extra = [k for k in rep["environ_keys"] if k not in allowed and not k.startswith("LC_")]
+    assert not extra, f"environment beyond the allowlist (spec 6.4): {extra}"
     assert rep["adk_in_proc_environ"] == [], rep["adk_in_proc_environ"]
     mem = rep["memory"]
     assert isinstance(mem, dict) and "hits" in mem, mem

@@ -314,3 +314,41 @@ def test_probe_process_survives(probes):
     """The block survived every probe (kills hit only the forked children)."""
     _, b = probes
     assert b.done_exit == 0 and b.exit_code == 0 and b.stderr == "", repr(b)
+
+
+EXEC_CHILD_DENIED = sbx.prelude(textwrap.dedent(r"""
+    import subprocess, sys
+    R = {}
+    CALLS = {
+        "setuid": "os.setuid(0)",
+        "mount": "ctypes.CDLL(None, use_errno=True).mount(b'none', b'/nonexistent-fbx', b'tmpfs', 0, None) == -1 and (_ for _ in ()).throw(OSError(ctypes.get_errno(), 'mount'))",
+        "unshare": "os.unshare(os.CLONE_NEWUSER) if hasattr(os, 'unshare') else ctypes.CDLL(None, use_errno=True).unshare(0x10000000) == -1 and (_ for _ in ()).throw(OSError(ctypes.get_errno(), 'unshare'))",
+    }
+    for name, call in CALLS.items():
+        code = ("import os, ctypes, errno\n"
+                "try:\n"
+                f"    {call}\n"
+                "    print('allowed')\n"
+                "except OSError as e:\n"
+                "    print(errno.errorcode.get(e.errno, e.errno))\n")
+        p = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=20)
+        R[name] = {"rc": p.returncode, "out": p.stdout.decode().strip()}
+    report(R)
+"""))
+
+
+@pytest.fixture(scope="module")
+def exec_child(daemon):
+    r = daemon.run(EXEC_CHILD_DENIED, timeout=90)
+    assert r.blocks and r.last.completed, f"block did not complete: {r!r}"
+    return r.last.report()
+
+
+@pytest.mark.parametrize("call", ["setuid", "mount", "unshare"])
+def test_denied_call_in_exec_child_gets_errno(exec_child, call):
+    """policy/default.policy: "Unlisted syscalls fail with EPERM and are counted, so
+    code sees an error it can handle". That must hold for a program the block
+    exec's too (its SIGSYS handler does not survive execve), not only for the
+    embedded interpreter: a refused call must not kill the subprocess."""
+    assert exec_child[call] == {"rc": 0, "out": "EPERM"}, \
+        f"{call} in an exec'd interpreter: {exec_child[call]} (rc -31 = killed by SIGSYS)"
