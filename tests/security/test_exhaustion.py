@@ -17,6 +17,8 @@ Daemon limits here: --memory 256M --pids 64 --tmpfs-size 64M --block-timeout 5
   "[forkbox: N bytes of ... dropped]" note.
 """
 
+import asyncio as asio
+import hashlib
 import re
 
 import pytest
@@ -309,4 +311,31 @@ def test_output_flood_capped(small_daemon, stream, code):
     assert m and m.group(2) == stream, f"no dropped note in {stream}: head {text[:100]!r} tail {text[-200:]!r}"
     assert int(m.group(1)) > 0
     assert len(text.encode()) <= OUTPUT_CAP + 256, f"{stream} is {len(text.encode())} bytes, cap {OUTPUT_CAP}"
+    _after(small_daemon)
+
+
+# --------------------------------------------------------------------------- neighbours
+
+@pytest.mark.parametrize("attack", ["fork_bomb", "memory_bomb", "cpu_spin"])
+def test_noisy_neighbour_does_not_break_another_turn(small_daemon, attack):
+    """While one turn exhausts its limits, a concurrent turn still runs its blocks."""
+    code = {"fork_bomb": FORK_BOMB, "memory_bomb": MEMORY_BOMB, "cpu_spin": "while True: pass"}[attack]
+
+    async def go():
+        victim = await sbx.Turn.open(small_daemon)
+        first = await victim.run("x = 20\nprint('ready')")
+        bad = await sbx.Turn.open(small_daemon)
+        bad_task = asio.ensure_future(bad.run(code))
+        await asio.sleep(1.0)
+        during = await victim.run("import hashlib\nprint(x * 2, hashlib.sha256(b'a' * 1000000).hexdigest()[:8])")
+        await asio.wait_for(bad_task, BLOCK_TIMEOUT + 20)
+        after = await victim.run("print(x + 1)")
+        await victim.close()
+        await bad.close()
+        return first, during, after
+    first, during, after = sbx.arun(go(), BLOCK_TIMEOUT + 60)
+    assert first.stdout == "ready\n", repr(first)
+    want = hashlib.sha256(b"a" * 1000000).hexdigest()[:8]
+    assert during.completed and during.stdout == f"40 {want}\n", repr(during)
+    assert after.completed and after.stdout == "21\n", repr(after)
     _after(small_daemon)
