@@ -1,0 +1,1960 @@
+/* forkbox-bench: load generator and benchmark for forkboxd.
+ *
+ *   forkbox-bench [--quick] [--forkboxd PATH] [--bench-dir DIR] [--python PATH]
+ *                 [--no-baseline] [--only iso|noiso|baseline] [--scale F] [--keep-logs DIR]
+ *
+ * Speaks the Code Mode wire protocol v2 (shared/spec/wire-protocol.md) over real loopback
+ * sockets: its own HTTP upgrade (OpenSSL libcrypto for the key/accept check), WebSocket framing
+ * with wslay on non-blocking sockets driven by one epoll loop, frames parsed with cJSON, gzip tar
+ * archives built with libarchive. It starts every server itself, on 127.0.0.1 port 0:
+ *
+ *   forkboxd (full isolation), forkboxd --no-isolation, each also with --pool 8 and with
+ *   --preload numpy,pandas (shown as n/a where the daemon rejects the flag), and the baseline
+ *   in tools/bench/ (a fresh python3 process per turn: the reference's model minus its container)
+ *
+ * and prints one table: metric | forkbox (isolated) | forkbox (no isolation) | baseline | ratio |
+ * target. Server-side turn-start times come from forkboxd's debug log ("turn N: ready X ms after
+ * the upgrade (spawn Y ms)"). Memory is Pss from /proc/PID/smaps_rollup of every process below
+ * the server. Timing never changes the exit status: it is 0 unless a server could not be started
+ * or a turn broke the protocol (then 1), 2 on usage errors. Every loop is bounded in count and
+ * time; all traffic goes to 127.0.0.1. */
+#include <arpa/inet.h>
+#include <ctype.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <math.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/resource.h>
+#include <sys/select.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/utsname.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <archive.h>
+#include <archive_entry.h>
+#include <cjson/cJSON.h>
+#include <openssl/evp.h>
+#include <wslay/wslay.h>
+
+#ifndef FORKBOX_DAEMON_PATH
+#define FORKBOX_DAEMON_PATH "forkboxd"
+#endif
+#ifndef FORKBOX_BENCH_DIR
+#define FORKBOX_BENCH_DIR "tools/bench"
+#endif
+
+#define MAX_MSG (256u * 1024 * 1024) /* §1.4 */
+#define WS_GUID "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
+#define NS_PER_MS 1000000.0
+
+/* ------------------------------------------------------------------------------------------ */
+/* small helpers                                                                              */
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static void sleep_ms(unsigned ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+        ;
+}
+
+static void *xmalloc(size_t n)
+{
+    void *p = malloc(n ? n : 1);
+    if (!p) {
+        fprintf(stderr, "forkbox-bench: out of memory\n");
+        exit(1);
+    }
+    return p;
+}
+
+static void *xrealloc(void *p, size_t n)
+{
+    p = realloc(p, n ? n : 1);
+    if (!p) {
+        fprintf(stderr, "forkbox-bench: out of memory\n");
+        exit(1);
+    }
+    return p;
+}
+
+static char *xstrdup(const char *s) { return strcpy(xmalloc(strlen(s) + 1), s); }
+
+static void progress(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void progress(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("forkbox-bench: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* samples                                                                                    */
+
+struct samples {
+    double *v;
+    size_t n, cap;
+};
+
+static void samples_add(struct samples *s, double x)
+{
+    if (s->n == s->cap) {
+        s->cap = s->cap ? s->cap * 2 : 64;
+        s->v = xrealloc(s->v, s->cap * sizeof *s->v);
+    }
+    s->v[s->n++] = x;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Nearest-rank percentile over samples [from, n); NAN when there are none. */
+static double samples_pct_from(const struct samples *s, size_t from, double p)
+{
+    if (from >= s->n)
+        return NAN;
+    size_t n = s->n - from;
+    double *c = xmalloc(n * sizeof *c);
+    memcpy(c, s->v + from, n * sizeof *c);
+    qsort(c, n, sizeof *c, cmp_double);
+    size_t k = (size_t)ceil(p / 100.0 * (double)n);
+    double r = c[k ? k - 1 : 0];
+    free(c);
+    return r;
+}
+
+static double samples_pct(const struct samples *s, double p) { return samples_pct_from(s, 0, p); }
+
+static void samples_reset(struct samples *s) { s->n = 0; }
+
+static void samples_free(struct samples *s)
+{
+    free(s->v);
+    memset(s, 0, sizeof *s);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* randomness: WebSocket masks and keys come from getrandom(), a page at a time               */
+
+static uint8_t rnd_pool[4096];
+static size_t rnd_left;
+
+static void rnd_bytes(uint8_t *out, size_t n)
+{
+    while (n) {
+        if (!rnd_left) {
+            size_t got = 0;
+            while (got < sizeof rnd_pool) {
+                ssize_t r = getrandom(rnd_pool + got, sizeof rnd_pool - got, 0);
+                if (r < 0 && errno != EINTR) {
+                    perror("forkbox-bench: getrandom");
+                    exit(1);
+                }
+                got += r > 0 ? (size_t)r : 0;
+            }
+            rnd_left = sizeof rnd_pool;
+        }
+        size_t k = n < rnd_left ? n : rnd_left;
+        memcpy(out, rnd_pool + sizeof rnd_pool - rnd_left, k);
+        rnd_left -= k;
+        out += k;
+        n -= k;
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* archives and frames                                                                        */
+
+struct blob {
+    uint8_t *p;
+    size_t n;
+};
+
+struct member {
+    const char *name, *data;
+};
+
+/* A gzip-compressed pax tar of the members (mode 0644, mtime 0, uid/gid 0; §4.2, §5.1). */
+static int make_targz(const struct member *m, size_t nm, struct blob *out)
+{
+    size_t cap = 1 << 16, used = 0;
+    uint8_t *buf = xmalloc(cap);
+    struct archive *a = archive_write_new();
+    int ok = a && archive_write_add_filter_gzip(a) == ARCHIVE_OK &&
+             archive_write_set_format_pax_restricted(a) == ARCHIVE_OK &&
+             archive_write_open_memory(a, buf, cap, &used) == ARCHIVE_OK;
+    for (size_t i = 0; ok && i < nm; i++) {
+        struct archive_entry *e = archive_entry_new();
+        size_t len = strlen(m[i].data);
+        archive_entry_set_pathname(e, m[i].name);
+        archive_entry_set_filetype(e, AE_IFREG);
+        archive_entry_set_perm(e, 0644);
+        archive_entry_set_size(e, (la_int64_t)len);
+        archive_entry_set_mtime(e, 0, 0);
+        archive_entry_set_uid(e, 0);
+        archive_entry_set_gid(e, 0);
+        ok = archive_write_header(a, e) == ARCHIVE_OK &&
+             archive_write_data(a, m[i].data, len) == (la_ssize_t)len;
+        archive_entry_free(e);
+    }
+    if (a) {
+        if (!ok)
+            fprintf(stderr, "forkbox-bench: libarchive: %s\n", archive_error_string(a));
+        ok = archive_write_close(a) == ARCHIVE_OK && ok;
+        archive_write_free(a);
+    }
+    if (!ok) {
+        free(buf);
+        return -1;
+    }
+    out->p = buf;
+    out->n = used;
+    return 0;
+}
+
+static const char tools_init_py[] = "# Generated by forkbox-bench.\n"
+                                    "from .echo import echo\n"
+                                    "__all__ = ['echo']\n";
+static const char tools_echo_py[] = "from adk_code_mode_sandbox._rpc_client import call as _call\n"
+                                    "\n"
+                                    "def echo(*, message):\n"
+                                    "    return _call('echo', {'message': message})\n";
+
+/* The text of a run frame for this code: compact JSON, one trailing newline (§3.1). */
+static struct blob run_frame(const char *code)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "code", code);
+    cJSON_AddStringToObject(o, "kind", "run");
+    char *s = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    if (!s) {
+        fprintf(stderr, "forkbox-bench: cJSON: out of memory\n");
+        exit(1);
+    }
+    struct blob b = {.n = strlen(s) + 1};
+    b.p = xmalloc(b.n + 1);
+    memcpy(b.p, s, b.n - 1);
+    b.p[b.n - 1] = '\n';
+    b.p[b.n] = 0;
+    cJSON_free(s);
+    return b;
+}
+
+static const char shutdown_frame[] = "{\"kind\":\"shutdown\"}\n";
+
+/* ------------------------------------------------------------------------------------------ */
+/* the client: one epoll loop drives every turn                                              */
+
+enum cstate { C_CONNECTING, C_HTTP, C_OPEN, C_CLOSING };
+/* Within a block: waiting for done, then output, then the workspace archive (§2.4). */
+enum bstate { B_IDLE, B_WANT_DONE, B_WANT_OUTPUT, B_WANT_ARCHIVE };
+
+/* What each turn of a driver does. */
+struct plan {
+    unsigned blocks;       /* blocks per turn, one run each */
+    struct blob run;       /* the run frame of every block */
+    bool pipeline;         /* first block right after the tools archive, like the host */
+    bool hold;             /* after ready and the blocks, stay open until driver_release() */
+    const char *expect;    /* expected stdout of each block, or NULL */
+    bool capture;          /* keep the last output's stdout/stderr in the driver */
+};
+
+struct driver;
+
+struct conn {
+    struct driver *d;
+    struct conn *prev, *next; /* the driver's live list */
+    int fd;
+    uint32_t ev;              /* current epoll interest */
+    enum cstate st;
+    enum bstate bs;
+    wslay_event_context_ptr ws;
+    char req[384];
+    size_t req_len, req_off;
+    char accept[64];           /* expected Sec-WebSocket-Accept */
+    char hbuf[4096];           /* the HTTP response; after the upgrade, bytes past the header */
+    size_t hlen, pre_off;      /* go to wslay first, from pre_off */
+    unsigned blocks_done;
+    bool ready, held, eof, failed, dead;
+    int64_t done_code;
+    unsigned replies;          /* tool_results queued while handling the current event */
+    uint64_t t_start, t_ready, t_block, t_evt;
+    char why[200];
+};
+
+struct driver {
+    int ep;
+    struct sockaddr_in addr;
+    struct plan plan;
+    const struct blob *tools, *empty;
+    /* launching: at most max_active live turns, at most max_pending not yet ready */
+    unsigned long to_launch;
+    uint64_t launch_until;
+    unsigned max_active, max_pending;
+    bool stop_on_fail;
+    struct conn *live, *graveyard;
+    unsigned active, ready_now, held_now;
+    /* results */
+    struct samples turn_start, block_rtt, handling;
+    unsigned long turns_ok, turns_failed, blocks_ok, tool_calls, launched;
+    uint64_t t_first, t_last_done;
+    char first_err[240];
+    char *out_stdout, *out_stderr;
+    int64_t out_code;
+};
+
+static void conn_fail(struct conn *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void conn_fail(struct conn *c, const char *fmt, ...)
+{
+    if (c->failed)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->why, sizeof c->why, fmt, ap);
+    va_end(ap);
+    c->failed = true;
+}
+
+static ssize_t ws_recv_cb(wslay_event_context_ptr ctx, uint8_t *buf, size_t len, int flags,
+                          void *user)
+{
+    struct conn *c = user;
+    if (c->pre_off < c->hlen) { /* frames that arrived with the 101 */
+        size_t k = c->hlen - c->pre_off < len ? c->hlen - c->pre_off : len;
+        memcpy(buf, c->hbuf + c->pre_off, k);
+        c->pre_off += k;
+        return (ssize_t)k;
+    }
+    ssize_t r;
+    while ((r = recv(c->fd, buf, len, 0)) < 0 && errno == EINTR)
+        ;
+    if (r > 0)
+        return r;
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        wslay_event_set_error(ctx, WSLAY_ERR_WOULDBLOCK);
+        return -1;
+    }
+    c->eof = true;
+    if (r < 0 && c->st != C_CLOSING)
+        conn_fail(c, "recv: %s", strerror(errno));
+    wslay_event_set_error(ctx, WSLAY_ERR_CALLBACK_FAILURE);
+    return -1;
+}
+
+static ssize_t ws_send_cb(wslay_event_context_ptr ctx, const uint8_t *data, size_t len,
+                          int flags, void *user)
+{
+    struct conn *c = user;
+    ssize_t r;
+    while ((r = send(c->fd, data, len, MSG_NOSIGNAL)) < 0 && errno == EINTR)
+        ;
+    if (r >= 0)
+        return r;
+    if (errno == EAGAIN || errno == EWOULDBLOCK)
+        wslay_event_set_error(ctx, WSLAY_ERR_WOULDBLOCK);
+    else {
+        if (c->st != C_CLOSING)
+            conn_fail(c, "send: %s", strerror(errno));
+        wslay_event_set_error(ctx, WSLAY_ERR_CALLBACK_FAILURE);
+    }
+    return -1;
+}
+
+static int ws_genmask_cb(wslay_event_context_ptr ctx, uint8_t *buf, size_t len, void *user)
+{
+    rnd_bytes(buf, len);
+    return 0;
+}
+
+static void queue(struct conn *c, uint8_t opcode, const void *p, size_t n)
+{
+    struct wslay_event_msg m = {.opcode = opcode, .msg = p, .msg_length = n};
+    int r = wslay_event_queue_msg(c->ws, &m);
+    if (r != 0)
+        conn_fail(c, "wslay_event_queue_msg: %d", r);
+}
+
+static void start_block(struct conn *c)
+{
+    queue(c, WSLAY_BINARY_FRAME, c->d->empty->p, c->d->empty->n);
+    queue(c, WSLAY_TEXT_FRAME, c->d->plan.run.p, c->d->plan.run.n);
+    c->bs = B_WANT_DONE;
+    c->t_block = now_ns();
+}
+
+static void end_turn(struct conn *c)
+{
+    if (c->st == C_CLOSING)
+        return;
+    if (c->held) {
+        c->held = false;
+        c->d->held_now--;
+    }
+    queue(c, WSLAY_TEXT_FRAME, shutdown_frame, sizeof shutdown_frame - 1);
+    int r = wslay_event_queue_close(c->ws, 1000, NULL, 0);
+    if (r != 0)
+        conn_fail(c, "wslay_event_queue_close: %d", r);
+    c->st = C_CLOSING;
+}
+
+/* The turn is between blocks with nothing left to run: end it or hold it. */
+static void turn_idle(struct conn *c)
+{
+    if (c->d->plan.hold) {
+        if (!c->held) {
+            c->held = true;
+            c->d->held_now++;
+        }
+    } else
+        end_turn(c);
+}
+
+static void reply_tool_call(struct conn *c, cJSON *f)
+{
+    cJSON *id = cJSON_GetObjectItemCaseSensitive(f, "id");
+    cJSON *args = cJSON_GetObjectItemCaseSensitive(f, "args");
+    cJSON *msg = cJSON_GetObjectItemCaseSensitive(args, "message");
+    cJSON *o = cJSON_CreateObject(), *v = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "id", cJSON_IsString(id) ? id->valuestring : "");
+    cJSON_AddTrueToObject(o, "ok");
+    if (cJSON_IsString(msg))
+        cJSON_AddStringToObject(v, "echoed", msg->valuestring);
+    cJSON_AddItemToObject(o, "value", v);
+    cJSON_AddNullToObject(o, "error");
+    cJSON_AddStringToObject(o, "kind", "tool_result");
+    char buf[512];
+    if (!cJSON_PrintPreallocated(o, buf, (int)sizeof buf - 2, 0)) {
+        char *s = cJSON_PrintUnformatted(o);
+        size_t n = s ? strlen(s) : 0;
+        char *t = xmalloc(n + 1);
+        memcpy(t, s ? s : "", n);
+        t[n] = '\n';
+        queue(c, WSLAY_TEXT_FRAME, t, n + 1);
+        free(t);
+        cJSON_free(s);
+    } else {
+        size_t n = strlen(buf);
+        buf[n] = '\n';
+        queue(c, WSLAY_TEXT_FRAME, buf, n + 1);
+    }
+    cJSON_Delete(o);
+    c->replies++;
+    c->d->tool_calls++;
+}
+
+static void on_text(struct conn *c, const uint8_t *p, size_t n)
+{
+    struct driver *d = c->d;
+    while (n && (p[n - 1] == '\n' || p[n - 1] == '\r')) /* §3.2 step 1 */
+        n--;
+    cJSON *f = cJSON_ParseWithLength((const char *)p, n);
+    cJSON *kind = cJSON_GetObjectItemCaseSensitive(f, "kind");
+    if (!cJSON_IsString(kind)) {
+        conn_fail(c, "undecodable text frame: %.60s", (const char *)p);
+        cJSON_Delete(f);
+        return;
+    }
+    const char *k = kind->valuestring;
+    if (!strcmp(k, "ready")) {
+        cJSON *pv = cJSON_GetObjectItemCaseSensitive(f, "protocol_version");
+        if (c->ready)
+            conn_fail(c, "a second ready");
+        else if (!cJSON_IsNumber(pv) || pv->valuedouble != 2)
+            conn_fail(c, "ready with protocol_version other than 2");
+        else {
+            c->ready = true;
+            c->t_ready = now_ns();
+            d->ready_now++;
+            samples_add(&d->turn_start, (double)(c->t_ready - c->t_start) / NS_PER_MS);
+            if (c->bs == B_IDLE) {
+                if (c->blocks_done < d->plan.blocks)
+                    start_block(c);
+                else
+                    turn_idle(c);
+            }
+        }
+    } else if (!strcmp(k, "tool_call")) {
+        if (c->bs != B_WANT_DONE)
+            conn_fail(c, "tool_call outside a block");
+        else
+            reply_tool_call(c, f);
+    } else if (!strcmp(k, "log")) {
+        /* relayed sandbox logs: nothing to do */
+    } else if (!strcmp(k, "done")) {
+        cJSON *ec = cJSON_GetObjectItemCaseSensitive(f, "exit_code");
+        if (c->bs != B_WANT_DONE || !c->ready)
+            conn_fail(c, "done out of order");
+        c->done_code = cJSON_IsNumber(ec) ? (int64_t)ec->valuedouble : 0;
+        c->bs = B_WANT_OUTPUT;
+    } else if (!strcmp(k, "output")) {
+        cJSON *ec = cJSON_GetObjectItemCaseSensitive(f, "exit_code");
+        cJSON *so = cJSON_GetObjectItemCaseSensitive(f, "stdout");
+        cJSON *se = cJSON_GetObjectItemCaseSensitive(f, "stderr");
+        const char *out = cJSON_IsString(so) ? so->valuestring : "";
+        const char *err = cJSON_IsString(se) ? se->valuestring : "";
+        if (c->bs != B_WANT_OUTPUT)
+            conn_fail(c, "output out of order");
+        else if (!cJSON_IsNumber(ec) || (int64_t)ec->valuedouble != c->done_code)
+            conn_fail(c, "output.exit_code differs from done.exit_code");
+        else if (d->plan.expect && (strcmp(out, d->plan.expect) || c->done_code != 0))
+            conn_fail(c, "unexpected output: exit %" PRId64 ", stdout %.40s, stderr %.120s",
+                      c->done_code, out, err);
+        if (d->plan.capture) {
+            free(d->out_stdout);
+            free(d->out_stderr);
+            d->out_stdout = xstrdup(out);
+            d->out_stderr = xstrdup(err);
+            d->out_code = c->done_code;
+        }
+        c->bs = B_WANT_ARCHIVE;
+    } else if (strcmp(k, "tool_result") && strcmp(k, "run") && strcmp(k, "shutdown")) {
+        conn_fail(c, "unknown frame kind %.40s", k);
+    } else {
+        conn_fail(c, "host-side frame kind %s from the server", k);
+    }
+    cJSON_Delete(f);
+}
+
+static void on_binary(struct conn *c)
+{
+    struct driver *d = c->d;
+    if (c->bs == B_WANT_OUTPUT) {
+        conn_fail(c, "binary message in place of output");
+        return;
+    }
+    if (c->bs != B_WANT_ARCHIVE)
+        return; /* the host ignores binary messages before done (§2.4) */
+    uint64_t t = now_ns();
+    /* A pipelined first block also waits for the sandbox to start: not a block round trip. */
+    if (!(d->plan.pipeline && c->blocks_done == 0))
+        samples_add(&d->block_rtt, (double)(t - c->t_block) / NS_PER_MS);
+    c->blocks_done++;
+    d->blocks_ok++;
+    c->bs = B_IDLE;
+    if (c->blocks_done < d->plan.blocks)
+        start_block(c);
+    else
+        turn_idle(c);
+}
+
+static void ws_msg_cb(wslay_event_context_ptr ctx, const struct wslay_event_on_msg_recv_arg *arg,
+                      void *user)
+{
+    struct conn *c = user;
+    if (c->failed)
+        return;
+    if (arg->opcode == WSLAY_TEXT_FRAME)
+        on_text(c, arg->msg, arg->msg_length);
+    else if (arg->opcode == WSLAY_BINARY_FRAME)
+        on_binary(c);
+    else if (arg->opcode == WSLAY_CONNECTION_CLOSE && c->st != C_CLOSING)
+        conn_fail(c, "server closed the turn: %u %.*s", arg->status_code,
+                  (int)(arg->msg_length > 2 && arg->msg_length < 130 ? arg->msg_length - 2 : 0),
+                  arg->msg_length > 2 ? (const char *)arg->msg + 2 : "");
+}
+
+static const struct wslay_event_callbacks ws_callbacks = {
+    .recv_callback = ws_recv_cb,
+    .send_callback = ws_send_cb,
+    .genmask_callback = ws_genmask_cb,
+    .on_msg_recv_callback = ws_msg_cb,
+};
+
+static void conn_set_events(struct conn *c, uint32_t ev)
+{
+    if (ev == c->ev)
+        return;
+    struct epoll_event e = {.events = ev, .data.ptr = c};
+    if (epoll_ctl(c->d->ep, EPOLL_CTL_MOD, c->fd, &e) < 0)
+        conn_fail(c, "epoll_ctl: %s", strerror(errno));
+    c->ev = ev;
+}
+
+/* Ends the turn's connection; the memory goes to the graveyard until the event batch is over. */
+static void conn_finish(struct conn *c)
+{
+    struct driver *d = c->d;
+    if (c->dead)
+        return;
+    c->dead = true;
+    epoll_ctl(d->ep, EPOLL_CTL_DEL, c->fd, NULL);
+    close(c->fd);
+    if (c->ws)
+        wslay_event_context_free(c->ws);
+    c->ws = NULL;
+    if (c->ready)
+        d->ready_now--;
+    if (c->held)
+        d->held_now--;
+    d->active--;
+    if (c->failed || !c->ready) {
+        d->turns_failed++;
+        if (!d->first_err[0])
+            snprintf(d->first_err, sizeof d->first_err, "%s", c->failed ? c->why : "closed early");
+        if (d->stop_on_fail)
+            d->to_launch = 0;
+    } else {
+        d->turns_ok++;
+        d->t_last_done = now_ns();
+    }
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        d->live = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    c->next = d->graveyard;
+    d->graveyard = c;
+}
+
+static void conn_start(struct driver *d)
+{
+    struct conn *c = xmalloc(sizeof *c);
+    memset(c, 0, sizeof *c);
+    c->d = d;
+    c->t_start = now_ns();
+    c->next = d->live;
+    if (d->live)
+        d->live->prev = c;
+    d->live = c;
+    d->active++;
+    d->launched++;
+    if (d->to_launch)
+        d->to_launch--;
+    c->fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (c->fd < 0) {
+        conn_fail(c, "socket: %s", strerror(errno));
+        c->fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+        conn_finish(c);
+        return;
+    }
+    int one = 1;
+    setsockopt(c->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+
+    uint8_t key[16], sha[EVP_MAX_MD_SIZE];
+    char key64[32], cat[96];
+    unsigned shalen = 0;
+    rnd_bytes(key, sizeof key);
+    EVP_EncodeBlock((unsigned char *)key64, key, sizeof key);
+    snprintf(cat, sizeof cat, "%s" WS_GUID, key64);
+    EVP_Digest(cat, strlen(cat), sha, &shalen, EVP_sha1(), NULL);
+    EVP_EncodeBlock((unsigned char *)c->accept, sha, (int)shalen);
+    int n = snprintf(c->req, sizeof c->req,
+                     "GET / HTTP/1.1\r\nHost: 127.0.0.1:%u\r\nUpgrade: websocket\r\n"
+                     "Connection: Upgrade\r\nSec-WebSocket-Key: %s\r\n"
+                     "Sec-WebSocket-Version: 13\r\n\r\n",
+                     ntohs(d->addr.sin_port), key64);
+    c->req_len = (size_t)n;
+
+    struct epoll_event e = {.events = EPOLLOUT, .data.ptr = c};
+    c->ev = EPOLLOUT;
+    if (epoll_ctl(d->ep, EPOLL_CTL_ADD, c->fd, &e) < 0) {
+        conn_fail(c, "epoll_ctl: %s", strerror(errno));
+        conn_finish(c);
+        return;
+    }
+    if (connect(c->fd, (struct sockaddr *)&d->addr, sizeof d->addr) < 0 && errno != EINPROGRESS) {
+        conn_fail(c, "connect: %s", strerror(errno));
+        conn_finish(c);
+    }
+}
+
+/* Reads the 101; on success the connection becomes a wslay client. Returns false while the
+ * response is incomplete. */
+static bool http_response(struct conn *c)
+{
+    for (;;) {
+        if (c->hlen == sizeof c->hbuf - 1) {
+            conn_fail(c, "HTTP response header too long");
+            return false;
+        }
+        ssize_t r = recv(c->fd, c->hbuf + c->hlen, sizeof c->hbuf - 1 - c->hlen, 0);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return false;
+        if (r <= 0) {
+            /* A refusal (503 Busy, 401) comes with Connection: close: report its status line. */
+            c->hbuf[c->hlen] = 0;
+            char *eol = strpbrk(c->hbuf, "\r\n");
+            conn_fail(c, "connection closed before the 101%s%.*s", c->hlen ? ": " : "",
+                      (int)(eol ? eol - c->hbuf : (ptrdiff_t)c->hlen), c->hbuf);
+            return false;
+        }
+        c->hlen += (size_t)r;
+        c->hbuf[c->hlen] = 0;
+        char *end = strstr(c->hbuf, "\r\n\r\n");
+        if (!end)
+            continue;
+        unsigned status = 0;
+        if (sscanf(c->hbuf, "HTTP/1.1 %u", &status) != 1 || status != 101) {
+            char *eol = strpbrk(c->hbuf, "\r\n");
+            conn_fail(c, "upgrade refused: %.*s", (int)(eol - c->hbuf), c->hbuf);
+            return false;
+        }
+        bool accept_ok = false;
+        for (char *line = strstr(c->hbuf, "\r\n") + 2; line < end;) {
+            char *eol = strstr(line, "\r\n");
+            if (!strncasecmp(line, "Sec-WebSocket-Accept:", 21)) {
+                char *v = line + 21;
+                while (*v == ' ' || *v == '\t')
+                    v++;
+                size_t vl = (size_t)(eol - v);
+                while (vl && (v[vl - 1] == ' ' || v[vl - 1] == '\t'))
+                    vl--;
+                accept_ok = vl == strlen(c->accept) && !memcmp(v, c->accept, vl);
+            }
+            line = eol + 2;
+        }
+        if (!accept_ok) {
+            conn_fail(c, "bad or missing Sec-WebSocket-Accept");
+            return false;
+        }
+        c->pre_off = (size_t)(end + 4 - c->hbuf);
+        return true;
+    }
+}
+
+static void conn_open_ws(struct conn *c)
+{
+    struct driver *d = c->d;
+    if (wslay_event_context_client_init(&c->ws, &ws_callbacks, c) != 0) {
+        conn_fail(c, "wslay_event_context_client_init failed");
+        return;
+    }
+    wslay_event_config_set_max_recv_msg_length(c->ws, MAX_MSG);
+    c->st = C_OPEN;
+    queue(c, WSLAY_BINARY_FRAME, d->tools->p, d->tools->n);
+    if (d->plan.pipeline && d->plan.blocks)
+        start_block(c);
+}
+
+/* Lets wslay read (when `readable`) and write, then sets the epoll interest from what it wants. */
+static void conn_pump_ws(struct conn *c, bool readable)
+{
+    c->replies = 0;
+    if (!c->failed && (readable || c->pre_off < c->hlen) && wslay_event_want_read(c->ws)) {
+        int r = wslay_event_recv(c->ws);
+        if (r != 0 && !c->eof)
+            conn_fail(c, "wslay_event_recv: %d", r);
+    }
+    if (!c->failed && !c->eof && wslay_event_want_write(c->ws)) {
+        int r = wslay_event_send(c->ws);
+        if (r != 0)
+            conn_fail(c, "wslay_event_send: %d", r);
+    }
+    if (c->replies) { /* the client's own time to answer a tool_call: read to written */
+        double us = (double)(now_ns() - c->t_evt) / 1000.0;
+        for (unsigned i = 0; i < c->replies; i++)
+            samples_add(&c->d->handling, us);
+    }
+    if (c->failed || c->eof) {
+        if (c->eof && c->st != C_CLOSING && !c->failed)
+            conn_fail(c, "server closed the connection mid-turn");
+        conn_finish(c);
+        return;
+    }
+    bool rd = wslay_event_want_read(c->ws), wr = wslay_event_want_write(c->ws);
+    if (!rd && !wr) { /* close frames exchanged */
+        conn_finish(c);
+        return;
+    }
+    conn_set_events(c, (rd ? EPOLLIN : 0) | (wr ? EPOLLOUT : 0));
+}
+
+static void conn_event(struct conn *c, uint32_t ev)
+{
+    c->t_evt = now_ns();
+    if (c->st == C_CONNECTING) {
+        int err = 0;
+        socklen_t len = sizeof err;
+        getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &err, &len);
+        if (err) {
+            conn_fail(c, "connect: %s", strerror(err));
+            conn_finish(c);
+            return;
+        }
+        c->st = C_HTTP;
+        ev |= EPOLLOUT;
+    }
+    if (c->st == C_HTTP) {
+        while (c->req_off < c->req_len) {
+            ssize_t r = send(c->fd, c->req + c->req_off, c->req_len - c->req_off, MSG_NOSIGNAL);
+            if (r < 0 && errno == EINTR)
+                continue;
+            if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+                break;
+            if (r < 0) {
+                conn_fail(c, "send: %s", strerror(errno));
+                conn_finish(c);
+                return;
+            }
+            c->req_off += (size_t)r;
+        }
+        if (ev & (EPOLLIN | EPOLLHUP | EPOLLERR) && http_response(c))
+            conn_open_ws(c);
+        if (c->failed) {
+            conn_finish(c);
+            return;
+        }
+        if (c->st == C_HTTP) {
+            conn_set_events(c, EPOLLIN | (c->req_off < c->req_len ? EPOLLOUT : 0));
+            return;
+        }
+        ev |= EPOLLIN; /* bytes after the 101 may already be buffered: read now */
+    }
+    conn_pump_ws(c, ev & (EPOLLIN | EPOLLHUP | EPOLLERR));
+}
+
+static int driver_init(struct driver *d, uint16_t port, const struct blob *tools,
+                       const struct blob *empty)
+{
+    memset(d, 0, sizeof *d);
+    d->ep = epoll_create1(EPOLL_CLOEXEC);
+    if (d->ep < 0)
+        return -1;
+    d->addr.sin_family = AF_INET;
+    d->addr.sin_port = htons(port);
+    d->addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    d->tools = tools;
+    d->empty = empty;
+    d->max_active = 1;
+    d->max_pending = 1;
+    d->launch_until = UINT64_MAX;
+    return 0;
+}
+
+static void driver_bury(struct driver *d)
+{
+    while (d->graveyard) {
+        struct conn *c = d->graveyard;
+        d->graveyard = c->next;
+        free(c);
+    }
+}
+
+/* Runs until nothing is left to launch and every live turn is held idle (or gone), or until
+ * the deadline, when every turn still busy is failed. */
+static void driver_run(struct driver *d, uint64_t deadline)
+{
+    struct epoll_event evs[256];
+    if (!d->t_first)
+        d->t_first = now_ns();
+    for (;;) {
+        uint64_t t = now_ns();
+        while (d->to_launch && t < d->launch_until && d->active < d->max_active &&
+               d->active - d->ready_now < d->max_pending)
+            conn_start(d);
+        driver_bury(d);
+        bool launching = d->to_launch && t < d->launch_until;
+        if (!launching && d->active == d->held_now)
+            return;
+        if (t >= deadline) {
+            for (struct conn *c = d->live; c; c = d->live) {
+                conn_fail(c, "timed out (bench deadline)");
+                conn_finish(c);
+            }
+            driver_bury(d);
+            return;
+        }
+        uint64_t wait_ms = (deadline - t) / 1000000 + 1;
+        int n = epoll_wait(d->ep, evs, 256, wait_ms > 100 ? 100 : (int)wait_ms);
+        for (int i = 0; i < n; i++) {
+            struct conn *c = evs[i].data.ptr;
+            if (!c->dead)
+                conn_event(c, evs[i].events);
+        }
+    }
+}
+
+/* Ends every held turn (shutdown + close 1000) and waits for them to finish. */
+static void driver_release(struct driver *d, uint64_t deadline)
+{
+    d->plan.hold = false;
+    for (struct conn *c = d->live, *next; c; c = next) {
+        next = c->next;
+        if (c->held) {
+            end_turn(c);
+            c->t_evt = now_ns();
+            conn_pump_ws(c, false);
+        }
+    }
+    driver_run(d, deadline);
+}
+
+static void driver_free(struct driver *d)
+{
+    for (struct conn *c = d->live; c; c = d->live)
+        conn_finish(c);
+    driver_bury(d);
+    if (d->ep >= 0)
+        close(d->ep);
+    samples_free(&d->turn_start);
+    samples_free(&d->block_rtt);
+    samples_free(&d->handling);
+    free(d->out_stdout);
+    free(d->out_stderr);
+    free(d->plan.run.p);
+    d->ep = -1;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* servers                                                                                    */
+
+struct server {
+    char name[64];
+    pid_t pid;   /* forkboxd, or the baseline launcher; each leads its own process group */
+    int log_fd;  /* memfd with the server's stdout and stderr */
+    uint16_t port;
+    bool baseline;
+    char cmd[1024];
+};
+
+static struct server *live_servers[8];
+
+static void on_fatal_signal(int sig)
+{
+    for (size_t i = 0; i < sizeof live_servers / sizeof *live_servers; i++)
+        if (live_servers[i] && live_servers[i]->pid > 0)
+            kill(-live_servers[i]->pid, SIGKILL);
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+/* The log from byte `from` to its current end, NUL-terminated. */
+static char *server_log(const struct server *s, size_t from, size_t *len)
+{
+    struct stat st;
+    size_t n = fstat(s->log_fd, &st) == 0 && (size_t)st.st_size > from ? (size_t)st.st_size - from
+                                                                          : 0;
+    char *buf = xmalloc(n + 1);
+    ssize_t r = n ? pread(s->log_fd, buf, n, (off_t)from) : 0;
+    n = r > 0 ? (size_t)r : 0;
+    buf[n] = 0;
+    if (len)
+        *len = n;
+    return buf;
+}
+
+static size_t server_log_mark(const struct server *s)
+{
+    struct stat st;
+    return fstat(s->log_fd, &st) == 0 ? (size_t)st.st_size : 0;
+}
+
+static void server_stop(struct server *s)
+{
+    if (s->pid <= 0)
+        return;
+    kill(s->baseline ? -s->pid : s->pid, SIGTERM);
+    int status;
+    bool gone = false;
+    for (int i = 0; i < 1000 && !gone; i++) { /* up to 10 s for an orderly exit */
+        if (waitpid(s->pid, &status, WNOHANG) == s->pid)
+            gone = true;
+        else
+            sleep_ms(10);
+    }
+    /* Whatever is left of the group (fork server, sandboxes, baseline turns) goes too. */
+    kill(-s->pid, SIGKILL);
+    if (!gone)
+        waitpid(s->pid, &status, 0);
+    for (size_t i = 0; i < sizeof live_servers / sizeof *live_servers; i++)
+        if (live_servers[i] == s)
+            live_servers[i] = NULL;
+    s->pid = 0;
+}
+
+/* Starts argv with stdout/stderr in a memfd, in its own process group, and waits (at most
+ * 30 s) for its "listening on 127.0.0.1:PORT" line. On failure, `why` holds the reason (for a
+ * rejected flag: the server's own message). */
+static int server_start(struct server *s, const char *name, bool baseline, char *const argv[],
+                        char *why, size_t whylen)
+{
+    memset(s, 0, sizeof *s);
+    snprintf(s->name, sizeof s->name, "%s", name);
+    s->baseline = baseline;
+    size_t off = 0;
+    for (size_t i = 0; argv[i] && off < sizeof s->cmd; i++)
+        off += (size_t)snprintf(s->cmd + off, sizeof s->cmd - off, "%s%s", i ? " " : "", argv[i]);
+    s->log_fd = memfd_create("forkbox-bench-log", MFD_CLOEXEC);
+    if (s->log_fd < 0) {
+        snprintf(why, whylen, "memfd_create: %s", strerror(errno));
+        return -1;
+    }
+    pid_t pid = fork();
+    if (pid < 0) {
+        snprintf(why, whylen, "fork: %s", strerror(errno));
+        return -1;
+    }
+    if (pid == 0) {
+        setpgid(0, 0);
+        int null = open("/dev/null", O_RDONLY);
+        dup2(null, 0);
+        dup2(s->log_fd, 1);
+        dup2(s->log_fd, 2);
+        signal(SIGPIPE, SIG_DFL);
+        execv(argv[0], argv);
+        dprintf(2, "exec %s: %s\n", argv[0], strerror(errno));
+        _exit(127);
+    }
+    setpgid(pid, pid);
+    s->pid = pid;
+    for (size_t i = 0; i < sizeof live_servers / sizeof *live_servers; i++)
+        if (!live_servers[i]) {
+            live_servers[i] = s;
+            break;
+        }
+    uint64_t deadline = now_ns() + 30ull * 1000000000u;
+    while (now_ns() < deadline) {
+        char *log = server_log(s, 0, NULL);
+        char *l = strstr(log, "listening on 127.0.0.1:");
+        unsigned port = 0;
+        if (l && sscanf(l, "listening on 127.0.0.1:%u", &port) == 1 && port && port < 65536) {
+            s->port = (uint16_t)port;
+            free(log);
+            return 0;
+        }
+        int status;
+        if (waitpid(pid, &status, WNOHANG) == pid) {
+            /* the last non-empty line says why */
+            size_t n = strlen(log);
+            while (n && (log[n - 1] == '\n' || log[n - 1] == ' '))
+                log[--n] = 0;
+            char *last = strrchr(log, '\n');
+            snprintf(why, whylen, "exited with status %d: %s", WIFEXITED(status) ?
+                     WEXITSTATUS(status) : 128 + WTERMSIG(status), last ? last + 1 : log);
+            free(log);
+            s->pid = 0;
+            server_stop(s);
+            return -1;
+        }
+        free(log);
+        sleep_ms(5);
+    }
+    snprintf(why, whylen, "no \"listening on\" line within 30 s");
+    server_stop(s);
+    return -1;
+}
+
+/* Server-side turn start from forkboxd's debug log after `mark`. */
+static void server_ready_times(const struct server *s, size_t mark, struct samples *ready,
+                               struct samples *spawn)
+{
+    char *log = server_log(s, mark, NULL);
+    for (char *p = log; (p = strstr(p, ": ready ")) != NULL; p++) {
+        double r, sp;
+        if (sscanf(p, ": ready %lf ms after the upgrade (spawn %lf ms)", &r, &sp) == 2) {
+            samples_add(ready, r);
+            samples_add(spawn, sp);
+        }
+    }
+    free(log);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* /proc                                                                                      */
+
+struct proc_table {
+    pid_t *pid, *ppid;
+    size_t n;
+};
+
+static void proc_scan(struct proc_table *t)
+{
+    size_t cap = 1024;
+    t->n = 0;
+    t->pid = xmalloc(cap * sizeof *t->pid);
+    t->ppid = xmalloc(cap * sizeof *t->ppid);
+    DIR *dir = opendir("/proc");
+    struct dirent *de;
+    while (dir && (de = readdir(dir)) != NULL) {
+        if (!isdigit((unsigned char)de->d_name[0]))
+            continue;
+        char path[300], buf[512];
+        snprintf(path, sizeof path, "/proc/%s/stat", de->d_name);
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+            continue;
+        ssize_t r = read(fd, buf, sizeof buf - 1);
+        close(fd);
+        if (r <= 0)
+            continue;
+        buf[r] = 0;
+        char *rp = strrchr(buf, ')'); /* the comm may hold spaces and parentheses */
+        int ppid;
+        char state;
+        if (!rp || sscanf(rp + 1, " %c %d", &state, &ppid) != 2)
+            continue;
+        if (t->n == cap) {
+            cap *= 2;
+            t->pid = xrealloc(t->pid, cap * sizeof *t->pid);
+            t->ppid = xrealloc(t->ppid, cap * sizeof *t->ppid);
+        }
+        t->pid[t->n] = (pid_t)atoi(de->d_name);
+        t->ppid[t->n] = (pid_t)ppid;
+        t->n++;
+    }
+    if (dir)
+        closedir(dir);
+}
+
+/* Every descendant of `root` (not root itself), breadth first; returns how many. */
+static size_t proc_descendants(const struct proc_table *t, pid_t root, pid_t **out)
+{
+    size_t n = 0, cap = 64, head = 0;
+    pid_t *v = xmalloc(cap * sizeof *v);
+    pid_t cur = root;
+    for (;;) {
+        for (size_t i = 0; i < t->n; i++)
+            if (t->ppid[i] == cur) {
+                if (n == cap)
+                    v = xrealloc(v, (cap *= 2) * sizeof *v);
+                v[n++] = t->pid[i];
+            }
+        if (head == n)
+            break;
+        cur = v[head++];
+    }
+    *out = v;
+    return n;
+}
+
+static void proc_free(struct proc_table *t)
+{
+    free(t->pid);
+    free(t->ppid);
+}
+
+/* Pss of one process in kB, from smaps_rollup; -1 if it is gone. */
+static long pss_kb(pid_t pid)
+{
+    char path[64], buf[4096];
+    snprintf(path, sizeof path, "/proc/%d/smaps_rollup", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    ssize_t r = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (r <= 0)
+        return -1;
+    buf[r] = 0;
+    char *p = strstr(buf, "\nPss:");
+    return p ? strtol(p + 5, NULL, 10) : -1;
+}
+
+static long meminfo_kb(const char *key)
+{
+    char buf[4096];
+    int fd = open("/proc/meminfo", O_RDONLY | O_CLOEXEC);
+    ssize_t r = fd < 0 ? -1 : read(fd, buf, sizeof buf - 1);
+    if (fd >= 0)
+        close(fd);
+    if (r <= 0)
+        return -1;
+    buf[r] = 0;
+    char *p = strstr(buf, key);
+    return p ? strtol(p + strlen(key), NULL, 10) : -1;
+}
+
+/* The processes that serve turns: below forkboxd's fork server (every child of forkboxd), or
+ * below the baseline launcher. `top` gets the fork server(s) or the launcher itself. */
+struct tree {
+    pid_t *turns;
+    size_t nturns;
+    pid_t *top;
+    size_t ntop;
+};
+
+static void server_tree(const struct server *s, struct tree *tr)
+{
+    struct proc_table t;
+    proc_scan(&t);
+    memset(tr, 0, sizeof *tr);
+    if (s->baseline) {
+        tr->top = xmalloc(sizeof *tr->top);
+        tr->top[0] = s->pid;
+        tr->ntop = 1;
+        tr->nturns = proc_descendants(&t, s->pid, &tr->turns);
+    } else {
+        tr->top = xmalloc(t.n * sizeof *tr->top + 1);
+        for (size_t i = 0; i < t.n; i++)
+            if (t.ppid[i] == s->pid)
+                tr->top[tr->ntop++] = t.pid[i];
+        tr->turns = xmalloc(sizeof *tr->turns);
+        for (size_t i = 0; i < tr->ntop; i++) {
+            pid_t *d;
+            size_t n = proc_descendants(&t, tr->top[i], &d);
+            tr->turns = xrealloc(tr->turns, (tr->nturns + n + 1) * sizeof *tr->turns);
+            memcpy(tr->turns + tr->nturns, d, n * sizeof *d);
+            tr->nturns += n;
+            free(d);
+        }
+    }
+    proc_free(&t);
+}
+
+static void tree_free(struct tree *tr)
+{
+    free(tr->turns);
+    free(tr->top);
+}
+
+/* Waits (bounded) until no turn process is left below the server, so that one measurement's
+ * teardown does not run into the next one. */
+static void server_wait_quiet(const struct server *s, unsigned max_ms)
+{
+    for (unsigned waited = 0; waited < max_ms; waited += 20) {
+        struct tree tr;
+        server_tree(s, &tr);
+        size_t n = tr.nturns;
+        tree_free(&tr);
+        if (n == 0)
+            return;
+        sleep_ms(20);
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* the measurements                                                                           */
+
+struct counts {
+    unsigned start_turns, py_turns, rtt_blocks, calls, pss_small, pss_big, import_turns;
+    double tp_secs;
+};
+
+struct bench {
+    struct blob tools, empty;
+    struct counts fb, bl; /* forkbox and baseline */
+    const char *bench_dir, *python;
+    bool failed;          /* a turn broke the protocol somewhere */
+};
+
+static double ms_since(uint64_t t0) { return (double)(now_ns() - t0) / NS_PER_MS; }
+
+static void report_failures(struct bench *b, const struct server *s, const char *what,
+                            const struct driver *d, bool fatal)
+{
+    if (!d->turns_failed)
+        return;
+    progress("[%s] %s: %lu of %lu turns failed; first: %s", s->name, what, d->turns_failed,
+             d->turns_failed + d->turns_ok, d->first_err);
+    if (fatal)
+        b->failed = true;
+}
+
+/* Turn start, one turn at a time: connect -> 101 -> tools archive -> ready, then shutdown and
+ * close. Client-side samples in `cli`, server-side (forkboxd only) in `srv`/`spawn`. */
+static void measure_turn_start(struct bench *b, struct server *s, unsigned n, struct samples *cli,
+                               struct samples *srv, struct samples *spawn)
+{
+    struct driver d;
+    driver_init(&d, s->port, &b->tools, &b->empty);
+    d.to_launch = 3; /* warm-up, not counted */
+    driver_run(&d, now_ns() + 60ull * 1000000000u);
+    samples_reset(&d.turn_start);
+    if (!s->baseline)
+        server_wait_quiet(s, 2000);
+    size_t mark = server_log_mark(s);
+    uint64_t t0 = now_ns();
+    d.to_launch = n;
+    driver_run(&d, now_ns() + (s->baseline ? 120ull : 60ull) * 1000000000u);
+    for (size_t i = 0; i < d.turn_start.n; i++)
+        samples_add(cli, d.turn_start.v[i]);
+    if (srv && !s->baseline)
+        server_ready_times(s, mark, srv, spawn);
+    progress("[%s] turn start: %zu turns in %.0f ms, p50 %.3f ms", s->name, d.turn_start.n,
+             ms_since(t0), samples_pct(cli, 50));
+    report_failures(b, s, "turn start", &d, true);
+    driver_free(&d);
+}
+
+/* Turn start as a Python (websockets) client sees it: tools/bench/py_turnstart.py. */
+static double measure_py_turn_start(struct bench *b, struct server *s, unsigned n)
+{
+    char script[PATH_MAX], url[64], count[16];
+    snprintf(script, sizeof script, "%s/py_turnstart.py", b->bench_dir);
+    snprintf(url, sizeof url, "ws://127.0.0.1:%u/", s->port);
+    snprintf(count, sizeof count, "%u", n + 3);
+    int pfd[2];
+    if (pipe2(pfd, O_CLOEXEC) < 0)
+        return NAN;
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(pfd[1], 1);
+        char *argv[] = {(char *)b->python, script, url, count, "90", NULL};
+        execv(b->python, argv);
+        _exit(127);
+    }
+    close(pfd[1]);
+    struct samples sm = {0};
+    char buf[8192];
+    size_t len = 0;
+    uint64_t deadline = now_ns() + 120ull * 1000000000u;
+    for (;;) {
+        struct timeval tv = {1, 0};
+        fd_set rs;
+        FD_ZERO(&rs);
+        FD_SET(pfd[0], &rs);
+        if (now_ns() > deadline) {
+            kill(pid, SIGKILL);
+            break;
+        }
+        if (select(pfd[0] + 1, &rs, NULL, NULL, &tv) <= 0)
+            continue;
+        ssize_t r = read(pfd[0], buf + len, sizeof buf - 1 - len);
+        if (r <= 0)
+            break;
+        len += (size_t)r;
+        buf[len] = 0;
+        char *nl;
+        while ((nl = strchr(buf, '\n')) != NULL) {
+            *nl = 0;
+            samples_add(&sm, atof(buf));
+            len -= (size_t)(nl + 1 - buf);
+            memmove(buf, nl + 1, len + 1);
+        }
+        if (len == sizeof buf - 1)
+            len = 0;
+    }
+    close(pfd[0]);
+    int status;
+    waitpid(pid, &status, 0);
+    double p50 = samples_pct_from(&sm, 3, 50); /* the first three warm up */
+    progress("[%s] Python client turn start: %zu turns, p50 %.3f ms", s->name,
+             sm.n > 3 ? sm.n - 3 : 0, p50);
+    samples_free(&sm);
+    return p50;
+}
+
+/* Empty-block round trip: one turn, `n` blocks of `pass` after ready (empty archive + run, until
+ * the workspace archive after output). */
+static void measure_rtt(struct bench *b, struct server *s, unsigned n, double *p50, double *p99)
+{
+    struct driver d;
+    driver_init(&d, s->port, &b->tools, &b->empty);
+    d.plan.blocks = n + 10;
+    d.plan.run = run_frame("pass");
+    d.plan.expect = "";
+    d.to_launch = 1;
+    driver_run(&d, now_ns() + 120ull * 1000000000u);
+    *p50 = samples_pct_from(&d.block_rtt, 10, 50);
+    *p99 = samples_pct_from(&d.block_rtt, 10, 99);
+    progress("[%s] empty block: %zu blocks, p50 %.3f ms, p99 %.3f ms", s->name,
+             d.block_rtt.n > 10 ? d.block_rtt.n - 10 : 0, *p50, *p99);
+    report_failures(b, s, "empty blocks", &d, true);
+    driver_free(&d);
+}
+
+/* Tool-call round trip timed inside the sandbox; the client answers every call at once and
+ * times its own answer (read to written). */
+static void measure_tool_call(struct bench *b, struct server *s, unsigned calls, double *inside_us,
+                              double *client_us)
+{
+    char code[512];
+    snprintf(code, sizeof code,
+             "import time\n"
+             "from tools import echo\n"
+             "for _ in range(50):\n"
+             "    echo(message='x')\n"
+             "n = %u\n"
+             "t = time.perf_counter()\n"
+             "for _ in range(n):\n"
+             "    echo(message='x')\n"
+             "print((time.perf_counter() - t) / n * 1e6)\n",
+             calls);
+    struct driver d;
+    driver_init(&d, s->port, &b->tools, &b->empty);
+    d.plan.blocks = 1;
+    d.plan.run = run_frame(code);
+    d.plan.capture = true;
+    d.to_launch = 1;
+    driver_run(&d, now_ns() + 120ull * 1000000000u);
+    *inside_us = NAN;
+    if (d.out_stdout && d.out_code == 0)
+        *inside_us = atof(d.out_stdout);
+    else if (d.out_stderr)
+        progress("[%s] tool-call block failed: %.300s", s->name, d.out_stderr);
+    *client_us = samples_pct_from(&d.handling, 50, 50);
+    progress("[%s] tool calls: %lu answered, %.1f us each inside, client %.1f us", s->name,
+             d.tool_calls, *inside_us, *client_us);
+    report_failures(b, s, "tool calls", &d, true);
+    driver_free(&d);
+}
+
+/* Throughput: `conc` turns in flight, each `k` blocks of print(1) (pipelined like the host: tools,
+ * archive and run back to back), a new turn as soon as one ends; new turns for `secs`, then the
+ * ones in flight finish. Rates are over the time to the last completed turn. */
+static void measure_throughput(struct bench *b, struct server *s, unsigned conc, unsigned k,
+                               double secs, double *turns_s, double *blocks_s)
+{
+    struct driver d;
+    driver_init(&d, s->port, &b->tools, &b->empty);
+    d.plan.blocks = k;
+    d.plan.run = run_frame("print(1)");
+    d.plan.expect = "1\n";
+    d.plan.pipeline = true;
+    d.max_active = d.max_pending = conc;
+    d.to_launch = 1000000;
+    uint64_t t0 = now_ns();
+    d.t_first = t0;
+    d.launch_until = t0 + (uint64_t)(secs * 1e9);
+    driver_run(&d, d.launch_until + 60ull * 1000000000u);
+    double el = d.t_last_done > t0 ? (double)(d.t_last_done - t0) / 1e9 : NAN;
+    *turns_s = (double)d.turns_ok / el;
+    *blocks_s = (double)d.blocks_ok / el;
+    progress("[%s] throughput %ux%u: %lu turns in %.2f s: %.1f turns/s, %.1f blocks/s", s->name,
+             conc, k, d.turns_ok, el, *turns_s, *blocks_s);
+    report_failures(b, s, "throughput", &d, true);
+    driver_free(&d);
+    if (!s->baseline)
+        server_wait_quiet(s, 10000);
+}
+
+/* Memory per idle turn: open n turns (each after ready, between blocks) at most 16 starting at
+ * once, then sum Pss over every process that serves them. */
+static void measure_pss(struct bench *b, struct server *s, unsigned n, double *per_turn_mb,
+                        double *held, double *top_mb, double *kernel_mb, char *why, size_t whylen)
+{
+    struct driver d;
+    driver_init(&d, s->port, &b->tools, &b->empty);
+    d.plan.hold = true;
+    d.max_active = UINT_MAX;
+    d.max_pending = 16;
+    d.stop_on_fail = true;
+    d.to_launch = n;
+    long avail0 = meminfo_kb("MemAvailable:");
+    uint64_t t0 = now_ns();
+    driver_run(&d, now_ns() + 240ull * 1000000000u);
+    double open_ms = ms_since(t0);
+    sleep_ms(300); /* let the last sandboxes settle after ready */
+    long avail1 = meminfo_kb("MemAvailable:");
+    struct tree tr;
+    server_tree(s, &tr);
+    long sum = 0, top = 0;
+    for (size_t i = 0; i < tr.nturns; i++) {
+        long kb = pss_kb(tr.turns[i]);
+        sum += kb > 0 ? kb : 0;
+    }
+    for (size_t i = 0; i < tr.ntop; i++) {
+        long kb = pss_kb(tr.top[i]);
+        top += kb > 0 ? kb : 0;
+    }
+    *held = d.held_now;
+    *per_turn_mb = d.held_now ? (double)sum / 1024.0 / d.held_now : NAN;
+    *top_mb = (double)top / 1024.0;
+    *kernel_mb = d.held_now && avail0 > 0 && avail1 > 0
+                     ? (double)(avail0 - avail1) / 1024.0 / d.held_now
+                     : NAN;
+    if (why && d.turns_failed)
+        snprintf(why, whylen, "%s", d.first_err);
+    progress("[%s] idle turns: %u of %u open in %.0f ms (%zu processes), Pss %.2f MB per turn, "
+             "server top %.1f MB, MemAvailable drop %.2f MB per turn",
+             s->name, d.held_now, n, open_ms, tr.nturns, *per_turn_mb, *top_mb, *kernel_mb);
+    tree_free(&tr);
+    report_failures(b, s, "idle turns", &d, false);
+    driver_release(&d, now_ns() + 120ull * 1000000000u);
+    report_failures(b, s, "idle turns (release)", &d, true);
+    driver_free(&d);
+    server_wait_quiet(s, 30000);
+}
+
+/* `import MODULE` timed inside a block of a fresh turn, median over `turns` turns (ms). */
+static double measure_import(struct bench *b, struct server *s, const char *module, unsigned turns)
+{
+    char code[256];
+    snprintf(code, sizeof code,
+             "import time\nt = time.perf_counter()\nimport %s\n"
+             "print((time.perf_counter() - t) * 1e3)\n",
+             module);
+    struct samples sm = {0};
+    for (unsigned i = 0; i < turns; i++) {
+        struct driver d;
+        driver_init(&d, s->port, &b->tools, &b->empty);
+        d.plan.blocks = 1;
+        d.plan.run = run_frame(code);
+        d.plan.capture = true;
+        d.to_launch = 1;
+        driver_run(&d, now_ns() + 60ull * 1000000000u);
+        if (d.out_stdout && d.out_code == 0)
+            samples_add(&sm, atof(d.out_stdout));
+        else if (d.out_stderr)
+            progress("[%s] import %s failed: %.300s", s->name, module, d.out_stderr);
+        report_failures(b, s, "imports", &d, true);
+        driver_free(&d);
+    }
+    double r = samples_pct(&sm, 50);
+    progress("[%s] import %s: %.2f ms (median of %zu)", s->name, module, r, sm.n);
+    samples_free(&sm);
+    return r;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* the table                                                                                  */
+
+enum col { COL_ISO, COL_NOISO, COL_BASE, NCOLS };
+
+enum row {
+    R_SRV_P50, R_SRV_P99, R_SPAWN_P50, R_CLI_P50, R_CLI_P99, R_PY_P50,
+    R_POOL_SRV_P50, R_POOL_SRV_P99, R_POOL_CLI_P50, R_POOL_PY_P50,
+    R_PRE_SRV_P50, R_PRE_CLI_P50,
+    R_RTT_P50, R_RTT_P99,
+    R_TC_INSIDE, R_TC_CLIENT, R_TC_ADDED,
+    R_TP4, R_TP16, R_TP64, R_TP4x5, R_BP4x5, R_TP16x5, R_BP16x5,
+    R_PSS_S, R_PSS_B, R_HELD_B, R_KMEM_B, R_TOP_PSS, R_PRE_PSS_S, R_PRE_TOP_PSS,
+    R_NUMPY, R_PANDAS, R_NUMPY_PRE, R_PANDAS_PRE,
+    NROWS
+};
+
+struct rowdef {
+    char name[64];
+    int higher_better;   /* for the ratio: rates are forkbox/baseline, the rest baseline/forkbox */
+    const char *target;  /* printed as is */
+    int cmp;             /* 0: no check; -1: value <= thr; +1: value >= thr */
+    double thr;
+    enum row base_row;   /* where the baseline value comes from (rows the baseline lacks) */
+    int prec;            /* decimals */
+};
+
+static struct rowdef rows[NROWS];
+static double val[NROWS][NCOLS];
+
+static void row_def(enum row r, const char *name, int hb, const char *target, int cmp,
+                    double thr, int prec)
+{
+    snprintf(rows[r].name, sizeof rows[r].name, "%s", name);
+    rows[r].higher_better = hb;
+    rows[r].target = target;
+    rows[r].cmp = cmp;
+    rows[r].thr = thr;
+    rows[r].base_row = r;
+    rows[r].prec = prec;
+}
+
+static void rows_init(const struct counts *fb)
+{
+    char n1[64], n2[64], n3[64], n4[64], n5[64];
+    row_def(R_SRV_P50, "turn start p50, server: upgrade->ready [ms]", 0, "<= 2", -1, 2, 3);
+    row_def(R_SRV_P99, "turn start p99, server [ms]", 0, "<= 10", -1, 10, 3);
+    row_def(R_SPAWN_P50, "  of which spawn (clone+isolation) p50 [ms]", 0, "", 0, 0, 3);
+    row_def(R_CLI_P50, "turn start p50, C client: connect->ready [ms]", 0, "", 0, 0, 3);
+    row_def(R_CLI_P99, "turn start p99, C client [ms]", 0, "<= 10", -1, 10, 3);
+    row_def(R_PY_P50, "turn start p50, Python websockets client [ms]", 0, "<= 3", -1, 3, 3);
+    row_def(R_POOL_SRV_P50, "turn start p50, server, --pool 8 [ms]", 0, "<= 2", -1, 2, 3);
+    row_def(R_POOL_SRV_P99, "turn start p99, server, --pool 8 [ms]", 0, "<= 10", -1, 10, 3);
+    row_def(R_POOL_CLI_P50, "turn start p50, C client, --pool 8 [ms]", 0, "", 0, 0, 3);
+    row_def(R_POOL_PY_P50, "turn start p50, Python client, --pool 8 [ms]", 0, "<= 3", -1, 3,
+           3);
+    row_def(R_PRE_SRV_P50, "turn start p50, server, --preload numpy,pandas [ms]", 0, "", 0, 0,
+           3);
+    row_def(R_PRE_CLI_P50, "turn start p50, C client, --preload numpy,pandas [ms]", 0, "", 0, 0,
+           3);
+    row_def(R_RTT_P50, "empty block round trip p50 [ms]", 0, "", 0, 0, 3);
+    row_def(R_RTT_P99, "empty block round trip p99 [ms]", 0, "", 0, 0, 3);
+    row_def(R_TC_INSIDE, "tool call round trip, timed in the sandbox [us]", 0, "", 0, 0, 1);
+    row_def(R_TC_CLIENT, "  client's own time to answer, p50 [us]", 0, "", 0, 0, 1);
+    row_def(R_TC_ADDED, "  added by the server (inside - client) [us]", 0, "<= 100", -1, 100,
+           1);
+    row_def(R_TP4, "throughput 4 x 1 block [turns/s]", 1, ">= 500", +1, 500, 0);
+    row_def(R_TP16, "throughput 16 x 1 block [turns/s]", 1, ">= 500", +1, 500, 0);
+    row_def(R_TP64, "throughput 64 x 1 block [turns/s]", 1, ">= 500", +1, 500, 0);
+    row_def(R_TP4x5, "throughput 4 x 5 blocks [turns/s]", 1, "", 0, 0, 1);
+    row_def(R_BP4x5, "throughput 4 x 5 blocks [blocks/s]", 1, "", 0, 0, 0);
+    row_def(R_TP16x5, "throughput 16 x 5 blocks [turns/s]", 1, "", 0, 0, 1);
+    row_def(R_BP16x5, "throughput 16 x 5 blocks [blocks/s]", 1, "", 0, 0, 0);
+    snprintf(n1, sizeof n1, "Pss per idle turn, %u open [MB]", fb->pss_small);
+    snprintf(n2, sizeof n2, "Pss per idle turn, %u open [MB]", fb->pss_big);
+    snprintf(n3, sizeof n3, "idle turns held (of %u)", fb->pss_big);
+    snprintf(n4, sizeof n4, "MemAvailable drop per idle turn, %u open [MB]", fb->pss_big);
+    snprintf(n5, sizeof n5, "Pss per idle turn, %u open, pandas preloaded [MB]", fb->pss_small);
+    row_def(R_PSS_S, n1, 0, "<= 2", -1, 2, 3);
+    row_def(R_PSS_B, n2, 0, "<= 2", -1, 2, 3);
+    row_def(R_HELD_B, n3, 1, ">= 2000", +1, 2000, 0);
+    row_def(R_KMEM_B, n4, 0, "", 0, 0, 3);
+    row_def(R_TOP_PSS, "Pss of the fork server / launcher [MB]", 0, "", 0, 0, 1);
+    row_def(R_PRE_PSS_S, n5, 0, "<= 2", -1, 2, 3);
+    row_def(R_PRE_TOP_PSS, "Pss of the fork server, pandas preloaded [MB]", 0, "", 0, 0, 1);
+    row_def(R_NUMPY, "import numpy in a turn [ms]", 0, "", 0, 0, 2);
+    row_def(R_PANDAS, "import pandas in a turn [ms]", 0, "", 0, 0, 2);
+    row_def(R_NUMPY_PRE, "import numpy, --preload numpy,pandas [ms]", 0, "", 0, 0, 3);
+    row_def(R_PANDAS_PRE, "import pandas, --preload numpy,pandas [ms]", 0, "<= 1", -1, 1, 3);
+    /* the baseline cannot pool or preload: compare those rows with its plain numbers */
+    rows[R_POOL_SRV_P50].base_row = R_SRV_P50;
+    rows[R_POOL_SRV_P99].base_row = R_SRV_P99;
+    rows[R_POOL_CLI_P50].base_row = R_CLI_P50;
+    rows[R_POOL_PY_P50].base_row = R_PY_P50;
+    rows[R_PRE_SRV_P50].base_row = R_SRV_P50;
+    rows[R_PRE_CLI_P50].base_row = R_CLI_P50;
+    rows[R_PRE_PSS_S].base_row = R_PSS_S;
+    rows[R_PRE_TOP_PSS].base_row = R_TOP_PSS;
+    rows[R_NUMPY_PRE].base_row = R_NUMPY;
+    rows[R_PANDAS_PRE].base_row = R_PANDAS;
+    for (int r = 0; r < NROWS; r++)
+        for (int c = 0; c < NCOLS; c++)
+            val[r][c] = NAN;
+}
+
+static void fmt_val(char *out, size_t n, enum row r, double v, bool borrowed)
+{
+    if (isnan(v))
+        snprintf(out, n, "n/a");
+    else {
+        snprintf(out, n, "%.*f", rows[r].prec, v);
+        if (borrowed)
+            strncat(out, "*", n - strlen(out) - 1);
+    }
+}
+
+static void print_table(void)
+{
+    printf("| %-52s | %-18s | %-22s | %-10s | %-8s | %-14s |\n", "metric", "forkbox (isolated)",
+           "forkbox (no isolation)", "baseline", "ratio", "target");
+    printf("|%s|%s|%s|%s|%s|%s|\n", "------------------------------------------------------",
+           "--------------------", "------------------------", "------------", "----------",
+           "----------------");
+    for (int r = 0; r < NROWS; r++) {
+        char a[32], b2[32], c[32], ratio[32] = "", target[40] = "";
+        enum row br = rows[r].base_row;
+        double base = val[br][COL_BASE], iso = val[r][COL_ISO];
+        fmt_val(a, sizeof a, r, iso, false);
+        fmt_val(b2, sizeof b2, r, val[r][COL_NOISO], false);
+        fmt_val(c, sizeof c, br, base, br != (enum row)r && !isnan(base));
+        if (!isnan(base) && !isnan(iso) && iso > 0 && base > 0 && r != R_HELD_B &&
+            r != R_TC_CLIENT && r != R_TOP_PSS && r != R_PRE_TOP_PSS)
+            snprintf(ratio, sizeof ratio, "%.1fx",
+                     rows[r].higher_better ? iso / base : base / iso);
+        if (rows[r].target[0]) {
+            const char *mark = "";
+            if (rows[r].cmp && !isnan(iso))
+                mark = (rows[r].cmp < 0 ? iso <= rows[r].thr : iso >= rows[r].thr) ? " ok"
+                                                                                   : " MISS";
+            snprintf(target, sizeof target, "%s%s", rows[r].target, mark);
+        }
+        printf("| %-52s | %18s | %22s | %10s | %8s | %-14s |\n", rows[r].name, a, b2, c, ratio,
+               target);
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* running one server configuration                                                           */
+
+static int start_forkboxd(struct server *s, const char *name, const char *daemon, bool iso,
+                          const char *extra1, const char *extra2, unsigned capacity, char *why,
+                          size_t whylen)
+{
+    char cap[32];
+    snprintf(cap, sizeof cap, "--capacity=%u", capacity);
+    char *argv[12];
+    int n = 0;
+    argv[n++] = (char *)daemon;
+    argv[n++] = "--listen=127.0.0.1:0";
+    argv[n++] = "--log-level=debug";
+    argv[n++] = cap;
+    if (!iso)
+        argv[n++] = "--no-isolation";
+    if (extra1)
+        argv[n++] = (char *)extra1;
+    if (extra2)
+        argv[n++] = (char *)extra2;
+    argv[n] = NULL;
+    int r = server_start(s, name, false, argv, why, whylen);
+    if (r == 0)
+        progress("[%s] %s (port %u)", name, s->cmd, s->port);
+    else
+        progress("[%s] %s: %s", name, s->cmd, why);
+    return r;
+}
+
+/* Everything measured on a plain server (forkboxd or the baseline) into column `col`. */
+static void measure_all(struct bench *b, struct server *s, enum col col, const struct counts *n)
+{
+    struct samples cli = {0}, srv = {0}, spawn = {0};
+    measure_turn_start(b, s, n->start_turns, &cli, &srv, &spawn);
+    val[R_CLI_P50][col] = samples_pct(&cli, 50);
+    val[R_CLI_P99][col] = samples_pct(&cli, 99);
+    val[R_SRV_P50][col] = samples_pct(&srv, 50);
+    val[R_SRV_P99][col] = samples_pct(&srv, 99);
+    val[R_SPAWN_P50][col] = samples_pct(&spawn, 50);
+    samples_free(&cli);
+    samples_free(&srv);
+    samples_free(&spawn);
+    val[R_PY_P50][col] = measure_py_turn_start(b, s, n->py_turns);
+
+    measure_rtt(b, s, n->rtt_blocks, &val[R_RTT_P50][col], &val[R_RTT_P99][col]);
+    measure_tool_call(b, s, n->calls, &val[R_TC_INSIDE][col], &val[R_TC_CLIENT][col]);
+    val[R_TC_ADDED][col] = val[R_TC_INSIDE][col] - val[R_TC_CLIENT][col];
+
+    double dummy;
+    measure_throughput(b, s, 4, 1, n->tp_secs, &val[R_TP4][col], &dummy);
+    measure_throughput(b, s, 16, 1, n->tp_secs, &val[R_TP16][col], &dummy);
+    measure_throughput(b, s, 64, 1, n->tp_secs, &val[R_TP64][col], &dummy);
+    measure_throughput(b, s, 4, 5, n->tp_secs, &val[R_TP4x5][col], &val[R_BP4x5][col]);
+    measure_throughput(b, s, 16, 5, n->tp_secs, &val[R_TP16x5][col], &val[R_BP16x5][col]);
+
+    double held, kmem;
+    measure_pss(b, s, n->pss_small, &val[R_PSS_S][col], &held, &val[R_TOP_PSS][col], &kmem, NULL,
+                0);
+    if (n->pss_big) {
+        char why[240] = "";
+        measure_pss(b, s, n->pss_big, &val[R_PSS_B][col], &val[R_HELD_B][col], &dummy,
+                    &val[R_KMEM_B][col], why, sizeof why);
+        if (val[R_HELD_B][col] < n->pss_big)
+            printf("note: %s held %.0f of %u idle turns: %s\n", s->name, val[R_HELD_B][col],
+                   n->pss_big, why[0] ? why : "(no failure reported)");
+    }
+    val[R_NUMPY][col] = measure_import(b, s, "numpy", n->import_turns);
+    val[R_PANDAS][col] = measure_import(b, s, "pandas", n->import_turns);
+}
+
+static void run_forkbox(struct bench *b, const char *daemon, bool iso, enum col col,
+                        const char *tag)
+{
+    struct server s;
+    char why[512], name[64];
+    unsigned cap = b->fb.pss_big + 64 > 4096 ? b->fb.pss_big + 64 : 4096;
+    if (start_forkboxd(&s, tag, daemon, iso, NULL, NULL, cap, why, sizeof why) < 0) {
+        b->failed = true;
+        return;
+    }
+    measure_all(b, &s, col, &b->fb);
+    server_stop(&s);
+    close(s.log_fd);
+
+    snprintf(name, sizeof name, "%s pool", tag);
+    if (start_forkboxd(&s, name, daemon, iso, "--pool=8", NULL, 256, why, sizeof why) == 0) {
+        sleep_ms(300); /* let the pool fill */
+        struct samples cli = {0}, srv = {0}, spawn = {0};
+        measure_turn_start(b, &s, b->fb.start_turns, &cli, &srv, &spawn);
+        val[R_POOL_CLI_P50][col] = samples_pct(&cli, 50);
+        val[R_POOL_SRV_P50][col] = samples_pct(&srv, 50);
+        val[R_POOL_SRV_P99][col] = samples_pct(&srv, 99);
+        samples_free(&cli);
+        samples_free(&srv);
+        samples_free(&spawn);
+        val[R_POOL_PY_P50][col] = measure_py_turn_start(b, &s, b->fb.py_turns);
+        server_stop(&s);
+        close(s.log_fd);
+    } else
+        printf("note: %s: --pool 8 not available: %s\n", tag, why);
+
+    snprintf(name, sizeof name, "%s preload", tag);
+    if (start_forkboxd(&s, name, daemon, iso, "--preload=numpy,pandas", NULL, 256, why,
+                       sizeof why) == 0) {
+        struct samples cli = {0}, srv = {0}, spawn = {0};
+        measure_turn_start(b, &s, b->fb.start_turns / 2, &cli, &srv, &spawn);
+        val[R_PRE_CLI_P50][col] = samples_pct(&cli, 50);
+        val[R_PRE_SRV_P50][col] = samples_pct(&srv, 50);
+        samples_free(&cli);
+        samples_free(&srv);
+        samples_free(&spawn);
+        val[R_NUMPY_PRE][col] = measure_import(b, &s, "numpy", b->fb.import_turns);
+        val[R_PANDAS_PRE][col] = measure_import(b, &s, "pandas", b->fb.import_turns);
+        double held, kmem;
+        measure_pss(b, &s, b->fb.pss_small, &val[R_PRE_PSS_S][col], &held,
+                    &val[R_PRE_TOP_PSS][col], &kmem, NULL, 0);
+        server_stop(&s);
+        close(s.log_fd);
+    } else
+        printf("note: %s: --preload numpy,pandas not available: %s\n", tag, why);
+}
+
+static void run_baseline(struct bench *b)
+{
+    char launcher[PATH_MAX], why[512];
+    snprintf(launcher, sizeof launcher, "%s/baseline-server", b->bench_dir);
+    char *argv[] = {(char *)b->python, launcher, "--python", (char *)b->python, NULL};
+    struct server s;
+    if (server_start(&s, "baseline", true, argv, why, sizeof why) < 0) {
+        progress("[baseline] %s: %s", launcher, why);
+        b->failed = true;
+        return;
+    }
+    progress("[baseline] %s (port %u)", s.cmd, s.port);
+    measure_all(b, &s, COL_BASE, &b->bl);
+    server_stop(&s);
+    close(s.log_fd);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: forkbox-bench [options]\n"
+            "  --forkboxd PATH   daemon to start (default: %s, or $FORKBOXD)\n"
+            "  --bench-dir DIR   baseline server and helpers (default: %s)\n"
+            "  --python PATH     interpreter for the baseline and the Python client "
+            "(/usr/bin/python3)\n"
+            "  --quick           smaller counts (about a minute)\n"
+            "  --scale F         multiply every count by F (after --quick)\n"
+            "  --no-baseline     skip the baseline\n"
+            "  --only WHICH      iso, noiso or baseline: measure only that column\n",
+            FORKBOX_DAEMON_PATH, FORKBOX_BENCH_DIR);
+}
+
+static unsigned scale_u(unsigned v, double f)
+{
+    double x = (double)v * f;
+    return x < 1 ? 1 : (unsigned)x;
+}
+
+int main(int argc, char **argv)
+{
+    enum { O_DAEMON = 256, O_DIR, O_PY, O_QUICK, O_SCALE, O_NOBASE, O_ONLY, O_HELP };
+    static const struct option opts[] = {
+        {"forkboxd", required_argument, NULL, O_DAEMON},
+        {"bench-dir", required_argument, NULL, O_DIR},
+        {"python", required_argument, NULL, O_PY},
+        {"quick", no_argument, NULL, O_QUICK},
+        {"scale", required_argument, NULL, O_SCALE},
+        {"no-baseline", no_argument, NULL, O_NOBASE},
+        {"only", required_argument, NULL, O_ONLY},
+        {"help", no_argument, NULL, O_HELP},
+        {NULL, 0, NULL, 0},
+    };
+    const char *daemon = getenv("FORKBOXD") ? getenv("FORKBOXD") : FORKBOX_DAEMON_PATH;
+    const char *only = NULL;
+    bool quick = false, baseline = true;
+    double scale = 1;
+    struct bench b = {.bench_dir = FORKBOX_BENCH_DIR, .python = "/usr/bin/python3"};
+    int o;
+    while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (o) {
+        case O_DAEMON: daemon = optarg; break;
+        case O_DIR: b.bench_dir = optarg; break;
+        case O_PY: b.python = optarg; break;
+        case O_QUICK: quick = true; break;
+        case O_SCALE:
+            scale = atof(optarg);
+            if (!(scale > 0 && scale <= 100)) {
+                fprintf(stderr, "forkbox-bench: --scale: expected a number in (0, 100]\n");
+                return 2;
+            }
+            break;
+        case O_NOBASE: baseline = false; break;
+        case O_ONLY:
+            only = optarg;
+            if (strcmp(only, "iso") && strcmp(only, "noiso") && strcmp(only, "baseline")) {
+                fprintf(stderr, "forkbox-bench: --only: iso, noiso or baseline\n");
+                return 2;
+            }
+            break;
+        case O_HELP: usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (optind < argc) {
+        usage(stderr);
+        return 2;
+    }
+
+    /* counts: forkbox / baseline (the baseline spends ~100 ms of CPU per turn) */
+    b.fb = (struct counts){.start_turns = 200, .py_turns = 50, .rtt_blocks = 500, .calls = 2000,
+                           .pss_small = 100, .pss_big = 2000, .import_turns = 3, .tp_secs = 3};
+    b.bl = (struct counts){.start_turns = 30, .py_turns = 10, .rtt_blocks = 500, .calls = 1000,
+                           .pss_small = 100, .pss_big = 0, .import_turns = 3, .tp_secs = 3};
+    if (quick) {
+        b.fb = (struct counts){.start_turns = 60, .py_turns = 20, .rtt_blocks = 150,
+                               .calls = 500, .pss_small = 50, .pss_big = 500,
+                               .import_turns = 1, .tp_secs = 1};
+        b.bl = (struct counts){.start_turns = 10, .py_turns = 5, .rtt_blocks = 150, .calls = 300,
+                               .pss_small = 20, .pss_big = 0, .import_turns = 1, .tp_secs = 1.5};
+    }
+    struct counts *cs[] = {&b.fb, &b.bl};
+    for (int i = 0; i < 2 && scale != 1; i++) {
+        struct counts *c = cs[i];
+        c->start_turns = scale_u(c->start_turns, scale);
+        c->py_turns = scale_u(c->py_turns, scale);
+        c->rtt_blocks = scale_u(c->rtt_blocks, scale);
+        c->calls = scale_u(c->calls, scale);
+        c->pss_small = scale_u(c->pss_small, scale);
+        c->pss_big = c->pss_big ? scale_u(c->pss_big, scale) : 0;
+        c->import_turns = scale_u(c->import_turns, scale);
+        c->tp_secs *= scale;
+    }
+
+    signal(SIGPIPE, SIG_IGN);
+    signal(SIGINT, on_fatal_signal);
+    signal(SIGTERM, on_fatal_signal);
+    /* 2000 idle turns need ~2000 sockets here and ~3 fds each in forkboxd, which inherits this */
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &rl);
+    }
+    struct member tools[] = {{"__init__.py", tools_init_py}, {"echo.py", tools_echo_py}};
+    if (make_targz(tools, 2, &b.tools) < 0 || make_targz(NULL, 0, &b.empty) < 0)
+        return 1;
+    rows_init(&b.fb);
+
+    printf("command:");
+    for (int i = 0; i < argc; i++)
+        printf(" %s", argv[i]);
+    struct utsname u;
+    uname(&u);
+    printf("\nmachine: %ld CPUs, %.1f GiB, Linux %s; forkboxd: %s; archives: tools %zu B, "
+           "empty %zu B\n",
+           sysconf(_SC_NPROCESSORS_ONLN), (double)meminfo_kb("MemTotal:") / 1048576.0, u.release,
+           daemon, b.tools.n, b.empty.n);
+    fflush(stdout);
+
+    uint64_t t0 = now_ns();
+    if (!only || !strcmp(only, "iso"))
+        run_forkbox(&b, daemon, true, COL_ISO, "isolated");
+    if (!only || !strcmp(only, "noiso"))
+        run_forkbox(&b, daemon, false, COL_NOISO, "no-isolation");
+    if (baseline && (!only || !strcmp(only, "baseline")))
+        run_baseline(&b);
+
+    printf("\n");
+    print_table();
+    printf("\nforkbox counts: %u turns for turn start (%u with the Python client), %u empty "
+           "blocks, %u tool calls, throughput %.1f s per row, Pss at %u and %u idle turns, "
+           "imports median of %u turns.\n"
+           "baseline counts: %u turns for turn start (%u Python client), %u empty blocks, %u tool "
+           "calls, throughput %.1f s per row, Pss at %u idle turns.\n",
+           b.fb.start_turns, b.fb.py_turns, b.fb.rtt_blocks, b.fb.calls, b.fb.tp_secs,
+           b.fb.pss_small, b.fb.pss_big, b.fb.import_turns, b.bl.start_turns, b.bl.py_turns,
+           b.bl.rtt_blocks, b.bl.calls, b.bl.tp_secs, b.bl.pss_small);
+    printf("ratio: how many times better forkbox (isolated) is than the baseline: baseline/forkbox "
+           "for times and memory, forkbox/baseline for rates. * = the baseline's number without "
+           "pool/preload (it has neither). Server-side times are forkboxd's own log (upgrade -> "
+           "ready); the baseline has no such log. Targets are checked against the isolated "
+           "column and never change the exit status.\n");
+    printf("total time: %.0f s\n", ms_since(t0) / 1000.0);
+    free(b.tools.p);
+    free(b.empty.p);
+    return b.failed ? 1 : 0;
+}
