@@ -352,3 +352,36 @@ def test_denied_call_in_exec_child_gets_errno(exec_child, call):
     embedded interpreter: a refused call must not kill the subprocess."""
     assert exec_child[call] == {"rc": 0, "out": "EPERM"}, \
         f"{call} in an exec'd interpreter: {exec_child[call]} (rc -31 = killed by SIGSYS)"
+
+
+ALL_TASKS = sbx.prelude(r'''
+import os
+R = {}
+for pid in sorted((p for p in os.listdir("/proc") if p.isdigit()), key=int):
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            st = open(f"/proc/{pid}/task/{tid}/status").read()
+        except OSError as e:
+            R[f"{pid}/{tid}"] = exc(e)
+            continue
+        f = dict(l.split(":", 1) for l in st.splitlines() if ":" in l)
+        R[f"{pid}/{tid}"] = {k: f.get(k, "").strip() for k in ("Name", "Seccomp", "NoNewPrivs", "CapEff", "CapPrm", "CapBnd")}
+report(R)
+''')
+
+
+def test_every_task_in_the_sandbox_is_filtered(daemon):
+    """Every thread of every process in the sandbox (its init, the runtime's own
+    threads, user threads) runs under the seccomp filter with no capabilities: a
+    thread started before the filter was loaded would be an unfiltered way out."""
+    code = "import threading\nev = threading.Event()\nts = [threading.Thread(target=ev.wait) for _ in range(3)]\n" \
+           "[t.start() for t in ts]\n" + ALL_TASKS + "\nev.set()\n[t.join() for t in ts]\n"
+    r = daemon.run(code, timeout=60)
+    assert r.last.completed and r.last.exit_code == 0, repr(r)
+    rep = r.last.report()
+    assert "1/1" in rep and len(rep) >= 5, rep
+    zero = "0000000000000000"
+    bad = {k: v for k, v in rep.items()
+           if not (isinstance(v, dict) and v.get("Seccomp") == "2" and v.get("NoNewPrivs") == "1"
+                   and v.get("CapEff") == zero and v.get("CapPrm") == zero and v.get("CapBnd") == zero)}
+    assert not bad, f"tasks not fully confined: {bad}"
