@@ -323,6 +323,7 @@ struct driver {
     unsigned long to_launch;
     uint64_t launch_until;
     unsigned max_active, max_pending;
+    uint64_t gap_ns;       /* sequential runs: idle time between one turn's end and the next */
     bool stop_on_fail;
     struct conn *live, *graveyard;
     unsigned active, ready_now, held_now;
@@ -875,7 +876,8 @@ static void driver_run(struct driver *d, uint64_t deadline)
     for (;;) {
         uint64_t t = now_ns();
         while (d->to_launch && t < d->launch_until && d->active < d->max_active &&
-               d->active - d->ready_now < d->max_pending)
+               d->active - d->ready_now < d->max_pending &&
+               (!d->gap_ns || !d->t_last_done || t >= d->t_last_done + d->gap_ns))
             conn_start(d);
         driver_bury(d);
         bool launching = d->to_launch && t < d->launch_until;
@@ -890,6 +892,8 @@ static void driver_run(struct driver *d, uint64_t deadline)
             return;
         }
         uint64_t wait_ms = (deadline - t) / 1000000 + 1;
+        if (d->gap_ns && d->to_launch && d->active == 0)
+            wait_ms = 1;
         int n = epoll_wait(d->ep, evs, 256, wait_ms > 100 ? 100 : (int)wait_ms);
         for (int i = 0; i < n; i++) {
             struct conn *c = evs[i].data.ptr;
@@ -1236,14 +1240,15 @@ static void tree_free(struct tree *tr)
  * teardown does not run into the next one. */
 static void server_wait_quiet(const struct server *s, unsigned max_ms)
 {
-    for (unsigned waited = 0; waited < max_ms; waited += 20) {
+    /* A /proc scan with thousands of processes costs tens of ms of CPU: poll gently. */
+    for (unsigned waited = 0, step = 10; waited < max_ms; waited += step, step = step < 200 ? step * 2 : 200) {
         struct tree tr;
         server_tree(s, &tr);
         size_t n = tr.nturns;
         tree_free(&tr);
         if (n == 0)
             return;
-        sleep_ms(20);
+        sleep_ms(step);
     }
 }
 
@@ -1259,10 +1264,35 @@ struct bench {
     struct blob tools, empty;
     struct counts fb, bl; /* forkbox and baseline */
     const char *bench_dir, *python;
+    unsigned gap_ms;      /* idle time between sequential turn-start turns */
     bool failed;          /* a turn broke the protocol somewhere */
 };
 
 static double ms_since(uint64_t t0) { return (double)(now_ns() - t0) / NS_PER_MS; }
+
+/* This process's CPU time (user + system) in seconds: the load generator must not be the
+ * bottleneck of a throughput row. */
+static double self_cpu_s(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+           (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+}
+
+static void loadavg(char *out, size_t n)
+{
+    int fd = open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
+    ssize_t r = fd < 0 ? -1 : read(fd, out, n - 1);
+    if (fd >= 0)
+        close(fd);
+    out[r > 0 ? r : 0] = 0;
+    char *sp = out;
+    for (int i = 0; i < 3 && sp; i++)
+        sp = strchr(sp + 1, ' ');
+    if (sp)
+        *sp = 0;
+}
 
 static void report_failures(struct bench *b, const struct server *s, const char *what,
                             const struct driver *d, bool fatal)
@@ -1289,6 +1319,7 @@ static void measure_turn_start(struct bench *b, struct server *s, unsigned n, st
         server_wait_quiet(s, 2000);
     size_t mark = server_log_mark(s);
     uint64_t t0 = now_ns();
+    d.gap_ns = (uint64_t)b->gap_ms * 1000000u;
     d.to_launch = n;
     driver_run(&d, now_ns() + (s->baseline ? 120ull : 60ull) * 1000000000u);
     for (size_t i = 0; i < d.turn_start.n; i++)
@@ -1429,14 +1460,16 @@ static void measure_throughput(struct bench *b, struct server *s, unsigned conc,
     d.max_active = d.max_pending = conc;
     d.to_launch = 1000000;
     uint64_t t0 = now_ns();
+    double cpu0 = self_cpu_s();
     d.t_first = t0;
     d.launch_until = t0 + (uint64_t)(secs * 1e9);
     driver_run(&d, d.launch_until + 60ull * 1000000000u);
     double el = d.t_last_done > t0 ? (double)(d.t_last_done - t0) / 1e9 : NAN;
     *turns_s = (double)d.turns_ok / el;
     *blocks_s = (double)d.blocks_ok / el;
-    progress("[%s] throughput %ux%u: %lu turns in %.2f s: %.1f turns/s, %.1f blocks/s", s->name,
-             conc, k, d.turns_ok, el, *turns_s, *blocks_s);
+    progress("[%s] throughput %ux%u: %lu turns in %.2f s: %.1f turns/s, %.1f blocks/s "
+             "(load generator CPU %.0f%%)", s->name, conc, k, d.turns_ok, el, *turns_s,
+             *blocks_s, 100.0 * (self_cpu_s() - cpu0) / ms_since(t0) * 1000.0);
     report_failures(b, s, "throughput", &d, true);
     driver_free(&d);
     if (!s->baseline)
@@ -1510,8 +1543,19 @@ static double measure_import(struct bench *b, struct server *s, const char *modu
         driver_run(&d, now_ns() + 60ull * 1000000000u);
         if (d.out_stdout && d.out_code == 0)
             samples_add(&sm, atof(d.out_stdout));
-        else if (d.out_stderr)
-            progress("[%s] import %s failed: %.300s", s->name, module, d.out_stderr);
+        else if (d.out_stderr && i == 0) {
+            /* numpy says why in "Original error was: ..."; otherwise the exception line */
+            const char *why = strstr(d.out_stderr, "Original error was: ");
+            size_t len = strlen(d.out_stderr);
+            while (len && d.out_stderr[len - 1] == '\n')
+                d.out_stderr[--len] = 0;
+            if (why)
+                why += strlen("Original error was: ");
+            else
+                why = strrchr(d.out_stderr, '\n') ? strrchr(d.out_stderr, '\n') + 1 : d.out_stderr;
+            printf("note: %s: import %s failed in the turn: %.*s\n", s->name, module,
+                   (int)strcspn(why, "\n"), why);
+        }
         report_failures(b, s, "imports", &d, true);
         driver_free(&d);
     }
@@ -1639,9 +1683,9 @@ static void fmt_val(char *out, size_t n, enum row r, double v, bool borrowed)
 
 static void print_table(void)
 {
-    printf("| %-52s | %-18s | %-22s | %-10s | %-8s | %-14s |\n", "metric", "forkbox (isolated)",
+    printf("| %-55s | %-18s | %-22s | %-10s | %-8s | %-14s |\n", "metric", "forkbox (isolated)",
            "forkbox (no isolation)", "baseline", "ratio", "target");
-    printf("|%s|%s|%s|%s|%s|%s|\n", "------------------------------------------------------",
+    printf("|%s|%s|%s|%s|%s|%s|\n", "---------------------------------------------------------",
            "--------------------", "------------------------", "------------", "----------",
            "----------------");
     for (int r = 0; r < NROWS; r++) {
@@ -1662,7 +1706,7 @@ static void print_table(void)
                                                                                    : " MISS";
             snprintf(target, sizeof target, "%s%s", rows[r].target, mark);
         }
-        printf("| %-52s | %18s | %22s | %10s | %8s | %-14s |\n", rows[r].name, a, b2, c, ratio,
+        printf("| %-55s | %18s | %22s | %10s | %8s | %-14s |\n", rows[r].name, a, b2, c, ratio,
                target);
     }
 }
@@ -1820,7 +1864,8 @@ static void usage(FILE *f)
             "  --quick           smaller counts (about a minute)\n"
             "  --scale F         multiply every count by F (after --quick)\n"
             "  --no-baseline     skip the baseline\n"
-            "  --only WHICH      iso, noiso or baseline: measure only that column\n",
+            "  --only WHICH      iso, noiso or baseline: measure only that column\n"
+            "  --gap-ms N        idle time between the sequential turn-start turns (0)\n",
             FORKBOX_DAEMON_PATH, FORKBOX_BENCH_DIR);
 }
 
@@ -1832,7 +1877,7 @@ static unsigned scale_u(unsigned v, double f)
 
 int main(int argc, char **argv)
 {
-    enum { O_DAEMON = 256, O_DIR, O_PY, O_QUICK, O_SCALE, O_NOBASE, O_ONLY, O_HELP };
+    enum { O_DAEMON = 256, O_DIR, O_PY, O_QUICK, O_SCALE, O_NOBASE, O_ONLY, O_GAP, O_HELP };
     static const struct option opts[] = {
         {"forkboxd", required_argument, NULL, O_DAEMON},
         {"bench-dir", required_argument, NULL, O_DIR},
@@ -1841,6 +1886,7 @@ int main(int argc, char **argv)
         {"scale", required_argument, NULL, O_SCALE},
         {"no-baseline", no_argument, NULL, O_NOBASE},
         {"only", required_argument, NULL, O_ONLY},
+        {"gap-ms", required_argument, NULL, O_GAP},
         {"help", no_argument, NULL, O_HELP},
         {NULL, 0, NULL, 0},
     };
@@ -1871,6 +1917,7 @@ int main(int argc, char **argv)
                 return 2;
             }
             break;
+        case O_GAP: b.gap_ms = (unsigned)strtoul(optarg, NULL, 10); break;
         case O_HELP: usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -1930,6 +1977,10 @@ int main(int argc, char **argv)
            daemon, b.tools.n, b.empty.n);
     fflush(stdout);
 
+    char la[64];
+    loadavg(la, sizeof la);
+    printf("load average at start: %s\n", la);
+    fflush(stdout);
     uint64_t t0 = now_ns();
     if (!only || !strcmp(only, "iso"))
         run_forkbox(&b, daemon, true, COL_ISO, "isolated");
@@ -1953,7 +2004,9 @@ int main(int argc, char **argv)
            "pool/preload (it has neither). Server-side times are forkboxd's own log (upgrade -> "
            "ready); the baseline has no such log. Targets are checked against the isolated "
            "column and never change the exit status.\n");
-    printf("total time: %.0f s\n", ms_since(t0) / 1000.0);
+    loadavg(la, sizeof la);
+    printf("total time: %.0f s; load average at the end: %s (other work on this machine skews "
+           "every number)\n", ms_since(t0) / 1000.0, la);
     free(b.tools.p);
     free(b.empty.p);
     return b.failed ? 1 : 0;
