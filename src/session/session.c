@@ -86,16 +86,25 @@ static int chan_send(struct session *s, enum chan_type type, const uint8_t *p, s
     return r;
 }
 
-/* Re-encode a decoded frame and queue it for the sandbox. */
+/* Re-encode a decoded frame straight into the sandbox's queue (no copy):
+ * the envelope's length is filled in once the encoding is known. */
 static int chan_send_frame(struct session *s, const struct frame *f)
 {
-    struct buf b;
-    buf_init(&b, CHAN_MAX_MESSAGE_BYTES);
-    int r = frame_encode(f, &b);
+    uint8_t hdr[CHAN_HDR_LEN] = {0};
+    size_t start = s->chan_out.len;
+    int r = buf_append(&s->chan_out, hdr, sizeof hdr);
     if (r == 0)
-        r = chan_send(s, CHAN_FRAME, b.data, b.len);
-    buf_free(&b);
-    return r;
+        r = frame_encode(f, &s->chan_out);
+    size_t n = s->chan_out.len - start - CHAN_HDR_LEN;
+    if (r == 0 && n > CHAN_MAX_MESSAGE_BYTES)
+        r = -EMSGSIZE;
+    if (r < 0) {
+        s->chan_out.len = start; /* drop the partial envelope */
+        return r;
+    }
+    chan_hdr_encode(s->chan_out.data + start, CHAN_FRAME, (uint32_t)n);
+    update_interest(s);
+    return 0;
 }
 
 static int ws_send_frame(struct session *s, const struct frame *f)
