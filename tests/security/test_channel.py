@@ -9,7 +9,9 @@ else, a malformed frame, or a message over the limit ends that turn with a
 serving.
 """
 
+import asyncio
 import json
+import time
 import struct
 
 import pytest
@@ -81,5 +83,73 @@ def test_closing_the_channel_ends_the_turn(daemon):
     code = sbx.prelude(FIND_CHAN + "import socket\nsocket.socket(fileno=CHAN).shutdown(socket.SHUT_RDWR)\ntime.sleep(20)\n")
     r = daemon.run(code, timeout=60)
     assert r.closed_by_server and r.close_code == 1011, repr(r)
+    ok, why = daemon.fresh_turn_ok()
+    assert ok, why
+
+
+FLOOD = r'''
+msg = PAYLOAD
+frame = b"F\0\0\0" + struct.pack("<I", len(msg)) + msg
+t0 = time.time()
+n = 0
+while time.time() - t0 < 6:
+    os.write(CHAN, frame)
+    n += 1
+print("sent", n)
+'''
+
+FLOODS = {
+    "tool_call": b'{"id":"x","name":"echo","args":{"m":"' + b"A" * 60000 + b'"},"timeout":null,"kind":"tool_call"}\n',
+    "log": b'{"level":"info","msg":"' + b"A" * 60000 + b'","kind":"log"}\n',
+}
+
+
+def _rss_mb(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) // 1024
+    return -1
+
+
+@pytest.mark.parametrize("kind", list(FLOODS))
+def test_frame_flood_with_a_stalled_client_is_bounded(daemon, kind):
+    """The sandbox floods legal frames while the client reads nothing: the
+    supervisor must apply backpressure (not buffer without bound) and keep
+    answering /health."""
+    code = sbx.prelude(FIND_CHAN + f"PAYLOAD = {FLOODS[kind]!r}\n" + FLOOD)
+    base = _rss_mb(daemon.pid)
+
+    async def go():
+        t = await sbx.Turn.open(daemon)
+        await t.ws.send(sbx.EMPTY_TGZ)
+        await t.ws.send(json.dumps({"code": code, "kind": "run"}) + "\n")
+        samples = []
+        for _ in range(7):
+            await asyncio.sleep(1)
+            t0 = time.monotonic()
+            st = daemon.health()
+            samples.append((_rss_mb(daemon.pid), st[0], time.monotonic() - t0))
+        b = sbx.BlockResult()
+        # now read everything: the block must still finish normally
+        while True:
+            m = await asyncio.wait_for(t.ws.recv(), 30)
+            if isinstance(m, bytes):
+                if b.done_exit is not None and b.exit_code is not None:
+                    b.completed = True
+                    break
+                continue
+            f = json.loads(m)
+            if f["kind"] == "done":
+                b.done_exit = f["exit_code"]
+            elif f["kind"] == "output":
+                b.exit_code, b.stdout, b.stderr = f["exit_code"], f["stdout"], f["stderr"]
+        await t.close()
+        return samples, b
+    samples, b = sbx.arun(go(), 90)
+    assert all(st == 200 and dt < 1.0 for _, st, dt in samples), samples
+    peak = max(r for r, _, _ in samples)
+    assert peak - base < 64, f"supervisor RSS grew from {base} MB to {peak} MB: {samples}"
+    assert b.completed and b.done_exit == 0 and b.stdout.startswith("sent "), repr(b)
     ok, why = daemon.fresh_turn_ok()
     assert ok, why

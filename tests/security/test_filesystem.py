@@ -293,3 +293,37 @@ def test_snapshot_over_cap_file_left_out(daemon):
     assert files.get("small.txt") == b"small" and "sparse.bin" not in files, sorted(files)
     assert "1 file(s) left out of the workspace snapshot" in b.stderr, b.stderr
     assert len(b.archive) < 1 << 20
+
+
+def _tgz_with_modes(members):
+    import io
+    import tarfile
+    bio = io.BytesIO()
+    with tarfile.open(fileobj=bio, mode="w:gz", format=tarfile.PAX_FORMAT) as tf:
+        for name, mode, data in members:
+            ti = tarfile.TarInfo(name)
+            ti.size = len(data)
+            ti.mode = mode
+            ti.uid = ti.gid = 0
+            tf.addfile(ti, io.BytesIO(data))
+    return bio.getvalue()
+
+
+def test_workspace_archive_setuid_bits_masked(daemon):
+    """Modes from an incoming workspace archive are masked (spec 9.2 fix:
+    0777 & ~022): no setuid/setgid/sticky file appears in the sandbox."""
+    ws = _tgz_with_modes([("suid.sh", 0o6777, b"#!/bin/sh\nid\n"), ("plain.txt", 0o644, b"x")])
+    code = ("import os, stat\n"
+            "for n in ('suid.sh', 'plain.txt'):\n"
+            "    print(n, oct(stat.S_IMODE(os.stat(n).st_mode)))\n")
+
+    async def go():
+        t = await sbx.Turn.open(daemon)
+        b = await t.run(code, workspace=ws)
+        await t.close()
+        return b
+    b = sbx.arun(go(), 60)
+    assert b.completed and b.exit_code == 0, repr(b)
+    modes = dict(line.split() for line in b.stdout.splitlines())
+    assert int(modes["suid.sh"], 8) & 0o7000 == 0, modes
+    assert int(modes["suid.sh"], 8) & 0o022 == 0, modes
