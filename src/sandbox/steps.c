@@ -1,9 +1,9 @@
 /* Spawning one sandbox (see steps.h).
  *
- * Parent (fork server):  socketpair + sync pipe -> ONE clone() with every
- *   namespace flag and CLONE_PIDFD -> write setgroups/uid_map/gid_map ->
- *   cgroup placement -> "go" byte (sync 1) -> hand the channel end and the
- *   pidfd to the caller.
+ * Parent (fork server):  socketpair + sync pipe (+ the warm socket for a
+ *   pooled spawn) -> ONE clone() with every namespace flag and CLONE_PIDFD ->
+ *   write setgroups/uid_map/gid_map -> cgroup placement -> "go" byte
+ *   (sync 1) -> hand the channel end and the pidfd to the caller.
  * Child: the ordered step table below, then hooks->serve(). A failing step
  *   writes a `log` error frame on the channel and exits 70 + step (habit 4),
  *   so the supervisor can tell "setup failed" from "user code failed".
@@ -41,6 +41,7 @@
 #define SBX_HOSTNAME "forkbox"
 #define SBX_WORKSPACE "/workspace"
 #define SBX_GO 'G'
+#define SBX_NO_GO 'E' /* followed by one byte: the errno of the failed placement */
 #define SBX_UNSHARED 'U'
 
 /* Step numbers are part of the exit status (70 + step): keep them stable. */
@@ -62,6 +63,7 @@ struct sbx_state {
     int chan_fd;        /* the child's end of the channel */
     int sync_fd;        /* read end of the parent's "go" pipe; -1 once consumed */
     int tools_fd;       /* writable tools dir (O_DIRECTORY), from step 3 */
+    int warm_fd;        /* pooled spawns: the child's end of the warm socket, else -1 */
     const char *tools_dir;
     const char *workspace_dir;
     char what[256];     /* what failed, for the error frame */
@@ -156,13 +158,24 @@ static int step_signals(const struct sbx_plan *p, struct sbx_state *st)
  * that its root is the turn's cgroup, which the parent has just attached. */
 static int wait_go(struct sbx_state *st)
 {
-    char c = 0;
+    unsigned char c[2] = {0, 0};
     ssize_t r;
     do
-        r = read(st->sync_fd, &c, 1);
+        r = read(st->sync_fd, c, 2);
     while (r < 0 && errno == EINTR);
+    if (r == 1 && c[0] == SBX_NO_GO) { /* both bytes come in one write */
+        ssize_t r2;
+        do
+            r2 = read(st->sync_fd, c + 1, 1);
+        while (r2 < 0 && errno == EINTR);
+        r += r2 > 0 ? r2 : 0;
+    }
     close_and_reset(&st->sync_fd);
-    if (r != 1 || c != SBX_GO) {
+    if (r == 2 && c[0] == SBX_NO_GO) {
+        errno = c[1] ? c[1] : EIO;
+        return set_what(st, "cgroup placement (by the fork server)");
+    }
+    if (r != 1 || c[0] != SBX_GO) {
         errno = r < 0 ? errno : ECHILD;
         return set_what(st, "waiting for the fork server's go");
     }
@@ -171,8 +184,9 @@ static int wait_go(struct sbx_state *st)
 
 static int step_ids(const struct sbx_plan *p, struct sbx_state *st)
 {
-    if (st->sync_fd >= 0 && wait_go(st) < 0)
-        return -ECHILD;
+    int r = st->sync_fd >= 0 ? wait_go(st) : 0;
+    if (r < 0)
+        return r;
     /* gid first: after setresuid we could no longer change it. Groups were
      * cleared by the fork server (setgroups is denied in here). */
     if (setresgid(0, 0, 0) < 0)
@@ -257,7 +271,8 @@ static int step_rlimits(const struct sbx_plan *p, struct sbx_state *st)
 
 /* 6. After the mounts (our /dev/null is the new root's): nothing of the
  * fork server's may survive into user code — its control socket, signalfd,
- * stdio. Keep exactly the channel and the tools fd; 0/1/2 on /dev/null. */
+ * stdio, other pooled children's fds. Keep exactly the channel, the tools fd
+ * and (pooled) the warm socket; 0/1/2 on /dev/null. */
 static int move_above_stdio(int *fd)
 {
     if (*fd < 0 || *fd > 2)
@@ -272,16 +287,28 @@ static int move_above_stdio(int *fd)
 
 static int step_fds(const struct sbx_plan *p, struct sbx_state *st)
 {
-    if (move_above_stdio(&st->chan_fd) < 0 || move_above_stdio(&st->tools_fd) < 0)
+    if (move_above_stdio(&st->chan_fd) < 0 || move_above_stdio(&st->tools_fd) < 0 ||
+        move_above_stdio(&st->warm_fd) < 0)
         return set_what(st, "move fds above stdio");
-    int lo = st->chan_fd < st->tools_fd || st->tools_fd < 0 ? st->chan_fd : st->tools_fd;
-    int hi = st->chan_fd < st->tools_fd ? st->tools_fd : st->chan_fd;
-    if (lo > 3 && close_range(3, (unsigned)lo - 1, 0) < 0)
-        return set_what(st, "close_range");
-    if (hi != lo && hi > lo + 1 && close_range((unsigned)lo + 1, (unsigned)hi - 1, 0) < 0)
-        return set_what(st, "close_range");
-    if (close_range((unsigned)hi + 1, ~0u, 0) < 0)
-        return set_what(st, "close_range");
+    /* The kept fds in ascending order; close every gap above stdio. */
+    int keep[3], n = 0;
+    for (int i = 0; i < 3; i++) {
+        int fd = i == 0 ? st->chan_fd : i == 1 ? st->tools_fd : st->warm_fd;
+        if (fd < 0)
+            continue;
+        int j = n++;
+        for (; j > 0 && keep[j - 1] > fd; j--)
+            keep[j] = keep[j - 1];
+        keep[j] = fd;
+    }
+    unsigned from = 3;
+    for (int i = 0; i <= n; i++) {
+        unsigned to = i < n ? (unsigned)keep[i] : ~0u; /* close [from, to) */
+        if (to > from && close_range(from, i < n ? to - 1 : ~0u, 0) < 0)
+            return set_what(st, "close_range");
+        if (i < n)
+            from = (unsigned)keep[i] + 1;
+    }
     int null = open("/dev/null", O_RDWR); /* lands on 0 if 0 was free */
     if (null < 0)
         return set_what(st, "open /dev/null");
@@ -352,6 +379,8 @@ static int step_init(const struct sbx_plan *p, struct sbx_state *st)
         close(st->chan_fd);
         if (st->tools_fd >= 0)
             close(st->tools_fd);
+        if (st->warm_fd >= 0)
+            close(st->warm_fd);
         run_init(worker);
     }
     prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -363,8 +392,9 @@ static int step_init(const struct sbx_plan *p, struct sbx_state *st)
  * sandbox uid when we are root, in its per-turn dir. */
 static int step_ids_plain(const struct sbx_plan *p, struct sbx_state *st)
 {
-    if (st->sync_fd >= 0 && wait_go(st) < 0)
-        return -ECHILD;
+    int r = st->sync_fd >= 0 ? wait_go(st) : 0;
+    if (r < 0)
+        return r;
     if (geteuid() != 0)
         return 0;
     if (setresgid(p->cfg->sandbox_gid, p->cfg->sandbox_gid, p->cfg->sandbox_gid) < 0)
@@ -438,7 +468,7 @@ _Noreturn static void child_main(const struct sbx_plan *p, struct sbx_state *st)
         if (r < 0)
             setup_failed(st->chan_fd, steps[i].id, steps[i].name, st->what, -r);
     }
-    p->hooks->serve(st->chan_fd, st->tools_fd, st->tools_dir, st->workspace_dir);
+    p->hooks->serve(st->chan_fd, st->tools_fd, st->warm_fd, st->tools_dir, st->workspace_dir);
     _exit(SBX_EXIT_STEP_BASE); /* not reached: serve never returns */
 }
 
@@ -537,11 +567,26 @@ static int send_go(int fd)
     return w == 1 ? 0 : -EPIPE;
 }
 
-/* Parent-side work between clone and "go": maps (isolated) and cgroups. */
-static int place_child(const struct sbx_plan *p, pid_t pid, bool maps, char *err, size_t errlen)
+int sbx_child_go(int go_fd, int err)
+{
+    unsigned char c[2] = {SBX_NO_GO, (unsigned char)(err > 0 && err < 256 ? err : EIO)};
+    ssize_t w;
+    do
+        w = err ? write(go_fd, c, 2) : write(go_fd, &(char){SBX_GO}, 1);
+    while (w < 0 && errno == EINTR);
+    int e = errno;
+    close(go_fd);
+    errno = e;
+    return w == (err ? 2 : 1) ? 0 : -EPIPE;
+}
+
+/* Parent-side work between clone and "go": maps (isolated) and cgroups
+ * (unless deferred to whoever calls sbx_child_go). */
+static int place_child(const struct sbx_plan *p, pid_t pid, bool maps, bool cgroups, char *err,
+                       size_t errlen)
 {
     int r = maps ? write_maps(pid, p->cfg, err, errlen) : 0;
-    if (r == 0 && p->cgroups) {
+    if (r == 0 && cgroups && p->cgroups) {
         r = limits_cgroups_attach(p->cgroups, pid, p->cfg);
         if (r < 0)
             snprintf(err, errlen, "cgroup placement of %d: %s", (int)pid, strerror(-r));
@@ -607,8 +652,8 @@ _Noreturn static void middle_main(const struct sbx_plan *p, struct sbx_state *st
     _exit(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
 }
 
-static int spawn_forked(const struct sbx_plan *p, struct sbx_child *out, int chan[2],
-                        int sync[2], char *err, size_t errlen)
+static int spawn_forked(const struct sbx_plan *p, unsigned spawn_flags, struct sbx_child *out,
+                        int chan[2], int sync[2], int warm_child, char *err, size_t errlen)
 {
     int ack[2];
     if (pipe2(ack, O_CLOEXEC) < 0) {
@@ -628,7 +673,10 @@ static int spawn_forked(const struct sbx_plan *p, struct sbx_child *out, int cha
         close(ack[0]);
         close(sync[1]);
         close(chan[0]);
-        struct sbx_state st = {.chan_fd = chan[1], .sync_fd = sync[0], .tools_fd = -1};
+        if (out->warm_fd >= 0)
+            close(out->warm_fd);
+        struct sbx_state st = {.chan_fd = chan[1], .sync_fd = sync[0], .tools_fd = -1,
+                               .warm_fd = warm_child};
         middle_main(p, &st, ack[1]);
     }
     close(ack[1]);
@@ -644,9 +692,14 @@ static int spawn_forked(const struct sbx_plan *p, struct sbx_child *out, int cha
         snprintf(err, errlen, "fork path: the child did not unshare");
         return -ECHILD;
     }
-    int ret = place_child(p, pid, true, err, errlen);
-    if (ret == 0 && (ret = send_go(sync[1])) < 0)
+    bool defer = spawn_flags & SBX_SPAWN_DEFER_GO;
+    int ret = place_child(p, pid, true, !defer, err, errlen);
+    if (ret == 0 && defer) {
+        out->go_fd = sync[1];
+        sync[1] = -1;
+    } else if (ret == 0 && (ret = send_go(sync[1])) < 0) {
         snprintf(err, errlen, "releasing the child: %s", strerror(-ret));
+    }
     out->spawn_ns = mono_ns() - t0;
     return ret;
 }
@@ -721,9 +774,10 @@ static void drop_turn_dir(struct sbx_child *c)
     }
 }
 
-int sbx_spawn(const struct sbx_plan *p, struct sbx_child *out, char *err, size_t errlen)
+int sbx_spawn(const struct sbx_plan *p, unsigned spawn_flags, struct sbx_child *out, char *err,
+              size_t errlen)
 {
-    *out = (struct sbx_child){.pid = 0, .pidfd = -1, .chan_fd = -1};
+    *out = (struct sbx_child){.pid = 0, .pidfd = -1, .chan_fd = -1, .warm_fd = -1, .go_fd = -1};
     const struct config *cfg = p->cfg;
     if (cfg->isolate && !p->mounts) {
         snprintf(err, errlen, "no mount plan");
@@ -739,7 +793,7 @@ int sbx_spawn(const struct sbx_plan *p, struct sbx_child *out, char *err, size_t
         snprintf(workspace_dir, sizeof workspace_dir, "%s/workspace", out->turn_dir);
     }
 
-    int chan[2], sync[2];
+    int chan[2], sync[2], warm[2] = {-1, -1};
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, chan) < 0) {
         int e = errno;
         snprintf(err, errlen, "socketpair: %s", strerror(e));
@@ -754,10 +808,25 @@ int sbx_spawn(const struct sbx_plan *p, struct sbx_child *out, char *err, size_t
         drop_turn_dir(out);
         return -e;
     }
+    /* Pooled: a socket (not a pipe: the child sends with MSG_NOSIGNAL, and
+     * the fork server may close its end first, when it hands the child out
+     * before the warm-up is over). */
+    if ((spawn_flags & SBX_SPAWN_POOLED) &&
+        socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, warm) < 0) {
+        int e = errno;
+        close(chan[0]);
+        close(chan[1]);
+        close(sync[0]);
+        close(sync[1]);
+        snprintf(err, errlen, "socketpair: %s", strerror(e));
+        drop_turn_dir(out);
+        return -e;
+    }
+    out->warm_fd = warm[0];
 
     int ret;
     if (cfg->isolate && (!p->tid_addr || (p->flags & SBX_PLAN_FORCE_FORK))) {
-        ret = spawn_forked(p, out, chan, sync, err, errlen);
+        ret = spawn_forked(p, spawn_flags, out, chan, sync, warm[1], err, errlen);
     } else {
         /* ONE clone: every namespace at once is far cheaper than fork +
          * unshare + fork (ARCHITECTURE.md). CLONE_CHILD_SETTID repairs
@@ -782,8 +851,11 @@ int sbx_spawn(const struct sbx_plan *p, struct sbx_child *out, char *err, size_t
         if (pid == 0) {
             close(sync[1]);
             close(chan[0]);
+            if (warm[0] >= 0)
+                close(warm[0]);
             struct sbx_state st = {.chan_fd = chan[1], .sync_fd = sync[0], .tools_fd = -1,
-                                   .tools_dir = tools_dir, .workspace_dir = workspace_dir};
+                                   .warm_fd = warm[1], .tools_dir = tools_dir,
+                                   .workspace_dir = workspace_dir};
             child_main(p, &st);
         }
         if (pid < 0) {
@@ -792,19 +864,29 @@ int sbx_spawn(const struct sbx_plan *p, struct sbx_child *out, char *err, size_t
         } else {
             out->pid = (pid_t)pid;
             out->pidfd = pidfd;
-            /* sync 1: maps and cgroup in place -> go. */
-            ret = place_child(p, out->pid, cfg->isolate, err, errlen);
-            if (ret == 0 && (ret = send_go(sync[1])) < 0)
+            /* sync 1: maps and cgroup in place -> go (or deferred: the
+             * caller places and releases it). */
+            bool defer = spawn_flags & SBX_SPAWN_DEFER_GO;
+            ret = place_child(p, out->pid, cfg->isolate, !defer, err, errlen);
+            if (ret == 0 && defer) {
+                out->go_fd = sync[1];
+                sync[1] = -1;
+            } else if (ret == 0 && (ret = send_go(sync[1])) < 0) {
                 snprintf(err, errlen, "releasing the child: %s", strerror(-ret));
+            }
             out->spawn_ns = mono_ns() - t0;
         }
     }
     close(sync[0]);
-    close(sync[1]);
+    if (sync[1] >= 0)
+        close(sync[1]);
     close(chan[1]);
+    if (warm[1] >= 0)
+        close(warm[1]);
     if (ret < 0) {
         kill_child(out);
         close(chan[0]);
+        close_and_reset(&out->warm_fd);
         if (out->pid <= 0)
             drop_turn_dir(out);
         return ret;
@@ -819,5 +901,7 @@ void sbx_child_release(const struct sbx_plan *p, struct sbx_child *c)
         limits_cgroups_release(p->cgroups, c->pid);
     close_and_reset(&c->pidfd);
     close_and_reset(&c->chan_fd);
+    close_and_reset(&c->warm_fd);
+    close_and_reset(&c->go_fd);
     drop_turn_dir(c);
 }

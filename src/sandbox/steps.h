@@ -24,8 +24,11 @@ struct sbx_hooks {
      * thread state, locks). NULL = nothing. */
     void (*after_fork)(void);
     /* After the last step: serve the turn; never returns. Signature and fd
-     * contract as pyrt_serve() (pyrt.h). */
-    void (*serve)(int chan_fd, int tools_fd, const char *tools_dir,
+     * contract as pyrt_serve() (pyrt.h). warm_fd is -1 for a fresh spawn; for
+     * a pooled one (SBX_SPAWN_POOLED) it is the child's end of the warm
+     * socket: warm up, send one byte on it and close it, then wait for the
+     * tools archive. */
+    void (*serve)(int chan_fd, int tools_fd, int warm_fd, const char *tools_dir,
                   const char *workspace_dir) __attribute__((noreturn));
 };
 
@@ -45,11 +48,25 @@ struct sbx_plan {
     unsigned flags;    /* enum sbx_plan_flags */
 };
 
+enum sbx_spawn_flags {
+    /* For the fork server's pool: the child gets a warm socket (see
+     * sbx_hooks.serve) and reports on it when it is warmed up and waiting. */
+    SBX_SPAWN_POOLED = 1u << 0,
+    /* No cgroup placement and no release here: the child waits at sync 1
+     * until someone attaches it to its cgroups and calls sbx_child_go() on
+     * out->go_fd (the fork server hands both to its cgroup helper, so the
+     * slow cgroup write never blocks it). */
+    SBX_SPAWN_DEFER_GO = 1u << 1,
+};
+
 /* One spawned sandbox, as the fork server keeps it. */
 struct sbx_child {
     pid_t pid;         /* host pid; > 0 whenever a process exists to be reaped */
     int pidfd;         /* owned; -1 after hand-off */
     int chan_fd;       /* owned: the supervisor's end of the channel; -1 after hand-off */
+    int warm_fd;       /* owned, pooled spawns only (else -1): SOCK_SEQPACKET, one byte
+                          arrives once the child is warmed up and waits for its tools */
+    int go_fd;         /* owned, SBX_SPAWN_DEFER_GO only (else -1): see sbx_child_go() */
     char *turn_dir;    /* owned; non-isolated mode: per-turn dir to remove at reap */
     uint64_t spawn_ns; /* clone until the child was released */
 };
@@ -59,10 +76,18 @@ struct sbx_child {
  * set, or -ENOENT/-EEXIST (none / ambiguous: use the fork path). */
 int sbx_tid_probe(pid_t **out);
 
-/* Spawn one sandbox per plan. 0 with *out filled, or -errno with a reason in
- * err. Even on failure out->pid may be > 0: that child has been killed but
- * still has to be reaped and released with sbx_child_release(). */
-int sbx_spawn(const struct sbx_plan *plan, struct sbx_child *out, char *err, size_t errlen);
+/* Spawn one sandbox per plan; flags: enum sbx_spawn_flags. 0 with *out
+ * filled, or -errno with a reason in err. Even on failure out->pid may be
+ * > 0: that child has been killed but still has to be reaped and released
+ * with sbx_child_release(). */
+int sbx_spawn(const struct sbx_plan *plan, unsigned flags, struct sbx_child *out, char *err,
+              size_t errlen);
+
+/* Release a child spawned with SBX_SPAWN_DEFER_GO once its cgroups are in
+ * place (err == 0), or make it fail its setup with err (an errno: "cgroup
+ * placement" and strerror(err) in its log frame, exit 72). Closes go_fd.
+ * 0, or -EPIPE if the child is gone. Async-signal-safe. */
+int sbx_child_go(int go_fd, int err);
 
 /* After out->pid was reaped: remove its cgroups and turn dir, close what is
  * still owned. */

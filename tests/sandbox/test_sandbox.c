@@ -326,7 +326,7 @@ static void check_isolated(int chan_fd, int tools_fd, const char *tools_dir, con
 
 static uint64_t g_serve_ns;
 
-__attribute__((noreturn)) static void serve_checks(int chan_fd, int tools_fd,
+__attribute__((noreturn)) static void serve_checks(int chan_fd, int tools_fd, int warm_fd,
                                                     const char *tools_dir, const char *ws)
 {
     g_serve_ns = mono_ns();
@@ -341,7 +341,7 @@ __attribute__((noreturn)) static void serve_checks(int chan_fd, int tools_fd,
 
 /* Forked fallback: the same checks; only the tid probe differs. */
 
-__attribute__((noreturn)) static void serve_plain(int chan_fd, int tools_fd,
+__attribute__((noreturn)) static void serve_plain(int chan_fd, int tools_fd, int warm_fd,
                                                    const char *tools_dir, const char *ws)
 {
     g_serve_ns = mono_ns();
@@ -368,7 +368,7 @@ __attribute__((noreturn)) static void serve_plain(int chan_fd, int tools_fd,
     _exit(0);
 }
 
-__attribute__((noreturn)) static void serve_ready(int chan_fd, int tools_fd,
+__attribute__((noreturn)) static void serve_ready(int chan_fd, int tools_fd, int warm_fd,
                                                    const char *tools_dir, const char *ws)
 {
     uint64_t t = mono_ns();
@@ -377,7 +377,7 @@ __attribute__((noreturn)) static void serve_ready(int chan_fd, int tools_fd,
     _exit(0);
 }
 
-__attribute__((noreturn)) static void serve_hang(int chan_fd, int tools_fd,
+__attribute__((noreturn)) static void serve_hang(int chan_fd, int tools_fd, int warm_fd,
                                                   const char *tools_dir, const char *ws)
 {
     /* A grandchild that would outlive us if the pid namespace did not die. */
@@ -390,12 +390,54 @@ __attribute__((noreturn)) static void serve_hang(int chan_fd, int tools_fd,
         pause();
 }
 
+/* A pooled sandbox: exactly stdio, the channel, the tools fd and the warm
+ * socket are open; report, then send the warm byte. */
+__attribute__((noreturn)) static void serve_warm(int chan_fd, int tools_fd, int warm_fd,
+                                                  const char *tools_dir, const char *ws)
+{
+    g_out = chan_fd;
+    char buf[256], want[64];
+    int dfd = open("/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    int fds[4] = {chan_fd, tools_fd, warm_fd, dfd};
+    for (int i = 1; i < 4; i++) /* insertion sort */
+        for (int j = i; j > 0 && fds[j - 1] > fds[j]; j--) {
+            int t = fds[j];
+            fds[j] = fds[j - 1];
+            fds[j - 1] = t;
+        }
+    snprintf(want, sizeof want, "0 1 2 %d %d %d %d", fds[0], fds[1], fds[2], fds[3]);
+    close(dfd);
+    list_dir("/proc/self/fd", buf, sizeof buf);
+    /* list_dir sorts by name: compare as sets of numbers by sorting ours the same way */
+    char *names[8];
+    int n = 0;
+    char copy[64];
+    snprintf(copy, sizeof copy, "%s", want);
+    for (char *t = strtok(copy, " "); t && n < 8; t = strtok(NULL, " "))
+        names[n++] = t;
+    qsort(names, (size_t)n, sizeof *names, cmp_str);
+    char sorted[64] = "";
+    for (int i = 0; i < n; i++)
+        snprintf(sorted + strlen(sorted), sizeof sorted - strlen(sorted), "%s%s", i ? " " : "",
+                 names[i]);
+    say(warm_fd > 2 && strcmp(buf, sorted) == 0, "pooled: stdio, channel, tools fd and warm socket only",
+        "fds %s, want %s", buf, sorted);
+    say(getpid() == 2, "pooled: fully isolated (pid 2 under init)", "pid %d", getpid());
+    if (send(warm_fd, "W", 1, MSG_NOSIGNAL) != 1)
+        _exit(97);
+    close(warm_fd);
+    if (write(chan_fd, "T 1\n", 4) != 4)
+        _exit(98);
+    _exit(0);
+}
+
 /* ---------------------------- in the parent ------------------------------- */
 
 static const struct sbx_hooks hooks_checks = {.serve = serve_checks};
 static const struct sbx_hooks hooks_plain = {.serve = serve_plain};
 static const struct sbx_hooks hooks_ready = {.serve = serve_ready};
 static const struct sbx_hooks hooks_hang = {.serve = serve_hang};
+static const struct sbx_hooks hooks_warm = {.serve = serve_warm};
 
 /* Read everything the child sends until EOF (bounded). */
 static size_t slurp(int fd, char *buf, size_t len)
@@ -495,7 +537,7 @@ static void bench(const char *label, const struct sbx_plan *plan)
         struct sbx_child c;
         char err[256];
         uint64_t t0 = mono_ns();
-        if (sbx_spawn(plan, &c, err, sizeof err) < 0) {
+        if (sbx_spawn(plan, 0, &c, err, sizeof err) < 0) {
             tap(false, "%s: spawn %d: %s", label, i, err);
             return;
         }
@@ -579,7 +621,7 @@ int main(void)
     static char text[65536];
     struct sbx_child c;
     uint64_t t0 = mono_ns();
-    r = sbx_spawn(&plan, &c, err, sizeof err);
+    r = sbx_spawn(&plan, 0, &c, err, sizeof err);
     tap(r == 0 && c.pid > 0 && c.pidfd >= 0 && c.chan_fd >= 0, "spawn (one clone): %s",
         r ? err : "ok");
     if (r == 0) {
@@ -598,7 +640,7 @@ int main(void)
 
     /* 2. The fork()+unshare fallback gives the same sandbox. */
     plan.flags |= SBX_PLAN_FORCE_FORK;
-    r = sbx_spawn(&plan, &c, err, sizeof err);
+    r = sbx_spawn(&plan, 0, &c, err, sizeof err);
     tap(r == 0, "spawn (fork fallback): %s", r ? err : "ok");
     if (r == 0) {
         slurp(c.chan_fd, text, sizeof text);
@@ -614,7 +656,7 @@ int main(void)
 
     /* 3. A failing step reports a log frame and exits 70 + step. */
     plan.flags &= ~SBX_PLAN_NO_SECCOMP; /* and no policy: step 8 must fail */
-    r = sbx_spawn(&plan, &c, err, sizeof err);
+    r = sbx_spawn(&plan, 0, &c, err, sizeof err);
     if (r == 0) {
         size_t n = slurp(c.chan_fd, text, sizeof text);
         bool pidfd_ok;
@@ -634,7 +676,7 @@ int main(void)
 
     /* 4. Killing pid 1 through the pidfd takes its whole namespace along. */
     plan.hooks = &hooks_hang;
-    r = sbx_spawn(&plan, &c, err, sizeof err);
+    r = sbx_spawn(&plan, 0, &c, err, sizeof err);
     if (r == 0) {
         char ch = 0;
         struct pollfd p = {.fd = c.chan_fd, .events = POLLIN};
@@ -665,7 +707,7 @@ int main(void)
     struct config pcfg = cfg;
     pcfg.isolate = false;
     struct sbx_plan pplan = {.cfg = &pcfg, .hooks = &hooks_plain, .tid_addr = tid_addr};
-    r = sbx_spawn(&pplan, &c, err, sizeof err);
+    r = sbx_spawn(&pplan, 0, &c, err, sizeof err);
     tap(r == 0 && c.turn_dir, "spawn (non-isolated): %s", r ? err : "ok");
     if (r == 0) {
         slurp(c.chan_fd, text, sizeof text);
@@ -684,7 +726,60 @@ int main(void)
         tap(no_zombies(), "non-isolated: no zombie left");
     }
 
-    /* 6. Timings (informational). */
+    /* 6. Pooled spawn: the warm socket survives step 6, and only it. */
+    plan.hooks = &hooks_warm;
+    r = sbx_spawn(&plan, SBX_SPAWN_POOLED, &c, err, sizeof err);
+    tap(r == 0 && c.warm_fd >= 0 && c.go_fd < 0, "spawn (pooled): %s", r ? err : "ok");
+    if (r == 0) {
+        char w = 0;
+        struct pollfd p = {.fd = c.warm_fd, .events = POLLIN};
+        tap(poll(&p, 1, 10000) == 1 && recv(c.warm_fd, &w, 1, 0) == 1 && w == 'W',
+            "pooled: warm byte arrives on the warm socket");
+        slurp(c.chan_fd, text, sizeof text);
+        relay_results("", text, NULL);
+        bool pidfd_ok;
+        int st = await_exit(&c, &pidfd_ok);
+        tap(pidfd_ok && WIFEXITED(st) && WEXITSTATUS(st) == 0, "pooled: exit 0 (status 0x%x)",
+            st);
+        sbx_child_release(&plan, &c);
+        tap(c.warm_fd < 0 && no_zombies(), "pooled: released, no zombie");
+    }
+
+    /* 7. Deferred go: the child waits until sbx_child_go(); an error there
+     * makes it fail step 2 with the reason. */
+    plan.hooks = &hooks_ready;
+    r = sbx_spawn(&plan, SBX_SPAWN_DEFER_GO, &c, err, sizeof err);
+    tap(r == 0 && c.go_fd >= 0, "spawn (deferred go): %s", r ? err : "ok");
+    if (r == 0) {
+        struct pollfd p = {.fd = c.chan_fd, .events = POLLIN};
+        tap(poll(&p, 1, 200) == 0, "deferred go: the child waits for it");
+        tap(sbx_child_go(c.go_fd, 0) == 0, "sbx_child_go(0)");
+        c.go_fd = -1;
+        uint64_t t = 0;
+        tap(poll(&p, 1, 10000) == 1 && read(c.chan_fd, &t, sizeof t) == sizeof t && t > 0,
+            "deferred go: the child runs after it");
+        bool pidfd_ok;
+        await_exit(&c, &pidfd_ok);
+        sbx_child_release(&plan, &c);
+    }
+    r = sbx_spawn(&plan, SBX_SPAWN_DEFER_GO, &c, err, sizeof err);
+    if (r == 0) {
+        tap(sbx_child_go(c.go_fd, EPERM) == 0, "sbx_child_go(EPERM)");
+        c.go_fd = -1;
+        slurp(c.chan_fd, text, sizeof text);
+        bool pidfd_ok;
+        int st = await_exit(&c, &pidfd_ok);
+        tap(strstr(text + 8, "sandbox setup: ids: cgroup placement (by the fork server): "
+                             "Operation not permitted") != NULL,
+            "refused go: the log frame names the placement: %s", text + 8);
+        tap(WIFEXITED(st) && WEXITSTATUS(st) == 72, "refused go: exits 72 (status 0x%x)", st);
+        sbx_child_release(&plan, &c);
+    } else {
+        tap(false, "spawn for the refused-go test: %s", err);
+    }
+    tap(no_zombies(), "no zombie after the pool and go tests");
+
+    /* 8. Timings (informational). */
     plan.hooks = &hooks_ready;
     bench("isolated, one clone", &plan);
     plan.flags |= SBX_PLAN_FORCE_FORK;
