@@ -316,6 +316,30 @@ static PyObject *fb_send_snapshot(PyObject *self, PyObject *unused)
     Py_RETURN_NONE;
 }
 
+/* snapshot_discard(): drop the snapshot built last without sending it
+ * (the warm-up of a pooled sandbox). */
+static PyObject *fb_snapshot_discard(PyObject *self, PyObject *unused)
+{
+    buf_free(&g_pyrt.snap);
+    Py_RETURN_NONE;
+}
+
+/* warm_done(): a pooled sandbox tells the fork server it is warmed up, once.
+ * The fork server may already have closed its end (it handed us out before
+ * the warm-up was over): MSG_NOSIGNAL, and any error is fine. */
+static PyObject *fb_warm_done(PyObject *self, PyObject *unused)
+{
+    if (g_pyrt.warm_fd >= 0) {
+        char c = 'W';
+        ssize_t w;
+        do
+            w = send(g_pyrt.warm_fd, &c, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+        while (w < 0 && errno == EINTR);
+        close_and_reset(&g_pyrt.warm_fd);
+    }
+    Py_RETURN_NONE;
+}
+
 static PyObject *fb_snapshot_max(PyObject *self, PyObject *unused)
 {
     return PyLong_FromUnsignedLongLong(g_pyrt.snapshot_max);
@@ -425,6 +449,8 @@ static PyMethodDef fb_methods[] = {
     {"snapshot", fb_snapshot, METH_NOARGS, "Build the workspace snapshot: (over_cap, error)."},
     {"send_snapshot", fb_send_snapshot, METH_NOARGS, "Send the snapshot built last."},
     {"snapshot_max", fb_snapshot_max, METH_NOARGS, "The snapshot data cap in bytes."},
+    {"snapshot_discard", fb_snapshot_discard, METH_NOARGS, "Drop the snapshot built last."},
+    {"warm_done", fb_warm_done, METH_NOARGS, "Pooled sandbox: report the warm-up done."},
     {"sanitize_env", fb_sanitize_env, METH_NOARGS, "Reduce the C environ to the allowlist."},
     {NULL, NULL, 0, NULL},
 };

@@ -27,6 +27,7 @@
 struct pyrt_state g_pyrt = {
     .chan_fd = -1,
     .tools_fd = -1,
+    .warm_fd = -1,
     .ws_fd = -1,
     .devnull_fd = -1,
     .send_lock = PTHREAD_MUTEX_INITIALIZER,
@@ -302,7 +303,7 @@ static int settle_fd(int fd)
     return fd;
 }
 
-_Noreturn void pyrt_serve(int chan_fd, int tools_fd, const char *tools_dir,
+_Noreturn void pyrt_serve(int chan_fd, int tools_fd, int warm_fd, const char *tools_dir,
                           const char *workspace_dir)
 {
     g_pyrt.chan_fd = settle_fd(chan_fd);
@@ -311,6 +312,7 @@ _Noreturn void pyrt_serve(int chan_fd, int tools_fd, const char *tools_dir,
     g_pyrt.tools_fd = settle_fd(tools_fd);
     if (g_pyrt.tools_fd < 0)
         fail("tools dir", EBADF);
+    g_pyrt.warm_fd = warm_fd >= 0 ? settle_fd(warm_fd) : -1;
     pthread_mutex_init(&g_pyrt.send_lock, NULL);
     g_pyrt.in_block = false;
 
@@ -331,8 +333,9 @@ _Noreturn void pyrt_serve(int chan_fd, int tools_fd, const char *tools_dir,
     if (chdir(workspace_dir) < 0)
         fail("chdir to the workspace", errno);
 
-    PyObject *r = PyObject_CallMethod(g_pyrt.runtime, "serve", "ssO", tools_dir,
-                                      workspace_dir, g_pyrt.ready);
+    PyObject *r = PyObject_CallMethod(g_pyrt.runtime, "serve", "ssOO", tools_dir,
+                                      workspace_dir, g_pyrt.ready,
+                                      g_pyrt.warm_fd >= 0 ? Py_True : Py_False);
     /* serve() only comes back on an internal error. */
     Py_XDECREF(r);
     PyErr_Clear();

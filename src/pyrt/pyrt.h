@@ -35,11 +35,22 @@ void pyrt_after_fork(void);
  *   is a read-only bind (the sandbox builds /tools that way, so no privilege
  *   is needed to fill it). pyrt_serve closes it right after extraction, so no
  *   writable path to the tools remains for user code.
+ * warm_fd: -1, or (a pooled sandbox, made before any turn asked for it) a
+ *   socket on which one byte is sent, and which is then closed, once a
+ *   warm-up has run: a representative block compiled and run against a
+ *   throwaway namespace with its output captured and discarded, a tool call
+ *   encoded and refused locally, a result decoded, the output frame encoded
+ *   and an (empty) workspace snapshot built and dropped. Nothing is sent on
+ *   the channel and nothing the warm-up did stays visible to user code (the
+ *   turn's __main__, stdio objects, signal handlers, the workspace and
+ *   sys.modules are as without it); it only takes the copy-on-write faults
+ *   and first-use costs that the first block would otherwise pay. A tools
+ *   archive arriving meanwhile waits until the warm-up is over.
  * tools_dir: the path user code imports and lists (for the `tools` finder).
  * workspace_dir: the workspace root as the child sees it (exists, empty); the
  *   cwd is set to it here.
- * On entry fds 0, 1 and 2 are open on /dev/null and chan_fd/tools_fd are the
- * only other fds. Never returns: exits the process with _exit().
+ * On entry fds 0, 1 and 2 are open on /dev/null and chan_fd/tools_fd (and
+ * warm_fd) are the only other fds. Never returns: exits the process with _exit().
  *
  * What it does to the process: chan_fd and tools_fd are made close-on-exec
  * (and moved off 0-2 if they were there); fds 0-2 are re-pointed at
@@ -51,5 +62,5 @@ void pyrt_after_fork(void);
  * Exit statuses: 0 channel EOF or write error (the supervisor is gone),
  * 3 archive or setup error (a `log` error frame was sent first), 4 internal
  * runtime error (a `log` frame with the traceback was sent first). */
-_Noreturn void pyrt_serve(int chan_fd, int tools_fd, const char *tools_dir,
+_Noreturn void pyrt_serve(int chan_fd, int tools_fd, int warm_fd, const char *tools_dir,
                           const char *workspace_dir);

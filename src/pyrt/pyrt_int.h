@@ -57,6 +57,7 @@ struct pyrt_state {
     /* the turn, in the sandbox child */
     int chan_fd;         /* borrowed from the caller of pyrt_serve */
     int tools_fd;        /* owned until the tools archive is extracted */
+    int warm_fd;         /* owned (pooled children): "warmed up" goes here, once */
     int ws_fd;           /* workspace root, O_DIRECTORY (owned) */
     int devnull_fd;      /* /dev/null, O_RDWR (owned) */
     pthread_mutex_t send_lock; /* one message at a time; guards in_block */

@@ -91,7 +91,10 @@ class Block:
 
 
 class Sandbox:
-    def __init__(self, tmp_path, args=(), env=None, tools=None):
+    """warm=True: run as a pooled sandbox (harness --warm FD); the warm byte
+    is awaited (self.warm_byte) before the tools archive is sent."""
+
+    def __init__(self, tmp_path, args=(), env=None, tools=None, warm=False):
         self.tools_dir = str(tmp_path / "tools")
         self.ws_dir = str(tmp_path / "ws")
         os.mkdir(self.tools_dir)
@@ -102,10 +105,21 @@ class Sandbox:
         for k in SANITIZER_ENV:  # sanitizer builds: keep their options
             if k in os.environ:
                 env.setdefault(k, os.environ[k])
+        fds = [child.fileno()]
+        warm_args = []
+        if warm:
+            self.warm_sock, warm_child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            self.warm_sock.settimeout(TIMEOUT)
+            fds.append(warm_child.fileno())
+            warm_args = ["--warm", str(warm_child.fileno())]
         self.proc = subprocess.Popen(
-            [HARNESS, *args, str(child.fileno()), self.tools_dir, self.ws_dir],
-            pass_fds=[child.fileno()], env=env, stderr=subprocess.PIPE)
+            [HARNESS, *args, *warm_args, str(child.fileno()), self.tools_dir, self.ws_dir],
+            pass_fds=fds, env=env, stderr=subprocess.PIPE)
         child.close()
+        self.warm_byte = None
+        if warm:
+            warm_child.close()
+            self.warm_byte = self.warm_sock.recv(16)
         self.ready = None
         self.ready_raw = None
         if tools is not False:

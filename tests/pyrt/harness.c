@@ -2,14 +2,16 @@
  *
  *   pyrt_harness [--output-cap N] [--snapshot-max N] [--max-unpacked N]
  *                [--max-members N] [--preload LIST] [--site DIR] [--clone]
- *                CHAN_FD TOOLS_DIR WORKSPACE_DIR
+ *                [--warm FD] CHAN_FD TOOLS_DIR WORKSPACE_DIR
  *
  * Fills a struct config by hand, runs pyrt_init() as the fork server would,
  * then pyrt_serve() directly in this process on CHAN_FD, an fd inherited from
  * the test. With --clone, the turn runs instead in a child made with the raw
  * clone syscall (as the sandbox does), which calls pyrt_after_fork() first;
- * the harness then exits with the child's status. Exit status 2 means bad
- * usage or a failed pyrt_init (reason on stderr). */
+ * the harness then exits with the child's status. With --warm FD, the turn
+ * runs as a pooled sandbox's does: warm-up first, reported on FD (another
+ * inherited socket). Exit status 2 means bad usage or a failed pyrt_init
+ * (reason on stderr). */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -28,7 +30,7 @@ static int usage(void)
 {
     fprintf(stderr, "usage: pyrt_harness [--output-cap N] [--snapshot-max N] "
                     "[--max-unpacked N] [--max-members N] [--preload LIST] [--site DIR] "
-                    "CHAN_FD TOOLS_DIR WORKSPACE_DIR\n");
+                    "[--clone] [--warm FD] CHAN_FD TOOLS_DIR WORKSPACE_DIR\n");
     return 2;
 }
 
@@ -56,6 +58,7 @@ int main(int argc, char **argv)
 
     int i = 1;
     int use_clone = 0;
+    int warm_fd = -1;
     for (; i < argc && strncmp(argv[i], "--", 2) == 0; i += 2) {
         if (!strcmp(argv[i], "--clone")) {
             use_clone = 1;
@@ -76,7 +79,11 @@ int main(int argc, char **argv)
             bad = parse_num(val, &cfg.max_members);
         else if (!strcmp(opt, "--preload"))
             snprintf(cfg.preload, sizeof(cfg.preload), "%s", val);
-        else if (!strcmp(opt, "--site") && cfg.n_site_dirs < CONFIG_MAX_SITE_DIRS)
+        else if (!strcmp(opt, "--warm")) {
+            uint64_t w;
+            bad = parse_num(val, &w) || w < 3 || w > 1024;
+            warm_fd = bad ? -1 : (int)w;
+        } else if (!strcmp(opt, "--site") && cfg.n_site_dirs < CONFIG_MAX_SITE_DIRS)
             snprintf(cfg.site_dirs[cfg.n_site_dirs++], sizeof(cfg.site_dirs[0]), "%s", val);
         else
             bad = -1;
@@ -109,15 +116,17 @@ int main(int argc, char **argv)
         }
         if (pid == 0) {
             pyrt_after_fork();
-            pyrt_serve((int)fd64, tools_fd, tools_dir, ws_dir);
+            pyrt_serve((int)fd64, tools_fd, warm_fd, tools_dir, ws_dir);
         }
         close(tools_fd);
         close((int)fd64);
+        if (warm_fd >= 0)
+            close(warm_fd);
         int status;
         while (waitpid((pid_t)pid, &status, 0) < 0)
             if (errno != EINTR)
                 return 2;
         return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     }
-    pyrt_serve((int)fd64, tools_fd, tools_dir, ws_dir);
+    pyrt_serve((int)fd64, tools_fd, warm_fd, tools_dir, ws_dir);
 }

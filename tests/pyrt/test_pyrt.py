@@ -634,3 +634,52 @@ def test_preload_starting_a_thread_fails_init(make_sandbox, tmp_path):
     sb = make_sandbox(args=["--site", site, "--preload", "fbtest_thread"], tools=False)
     assert sb.proc.wait(20) == 2
     assert "must stay single-threaded" in sb.proc.stderr.read().decode()
+
+
+# ---- the warm-up of a pooled sandbox ------------------------------------------
+
+PROBE = r'''
+import os, sys, signal, threading, json
+def _fd_kinds():
+    kinds = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            kinds.append(os.readlink("/proc/self/fd/" + fd).split(":")[0].split("/")[-1])
+        except OSError:
+            pass  # the listing's own fd
+    return sorted(kinds)
+print(json.dumps({
+    "globals": sorted(k for k in globals() if k not in ("__builtins__", "_fd_kinds")),
+    "modules": sorted(sys.modules),
+    "fds": _fd_kinds(),  # numbers differ with the harness's inherited fds
+    "cwd_files": sorted(os.listdir(".")),
+    "threads": threading.active_count(),
+    "sigint": repr(signal.getsignal(signal.SIGINT)),
+    "stdio": [type(s).__name__ for s in (sys.stdin, sys.stdout, sys.stderr)],
+    "same_main": sys.modules["__main__"].__dict__ is globals(),
+}, sort_keys=True))
+print("to stderr", file=sys.stderr)
+'''
+
+
+@pytest.mark.parametrize("clone", [False, True])
+def test_warm_up_reports_and_leaves_no_trace(make_sandbox, clone):
+    """A pooled sandbox warms up before its tools arrive, says so once on the
+    warm socket, sends nothing on the channel, and then serves a turn that is
+    indistinguishable from a cold sandbox's (namespace, modules, fds,
+    workspace, threads, handlers, stdio, output)."""
+    extra = ["--clone"] if clone else []
+    warm = make_sandbox(args=extra, warm=True)
+    assert warm.warm_byte == b"W"
+    cold = make_sandbox(args=extra)
+    bw, bc = warm.run(PROBE), cold.run(PROBE)
+    assert bw.exit_code == 0 and bc.exit_code == 0, (bw.stderr, bc.stderr)
+    assert json.loads(bw.stdout) == json.loads(bc.stdout)
+    assert bw.stderr == bc.stderr == "to stderr\n"
+    assert bw.files() == bc.files() == {}
+    # the warm socket is closed by the child once it has reported
+    assert warm.warm_sock.recv(16) == b""
+    # later blocks behave the same, errors included
+    for code in ("x = 1\nprint(x)", "1/0", "import tools\nprint(sorted(dir(tools))[:1])"):
+        w, c = warm.run(code), cold.run(code)
+        assert (w.stdout, w.stderr, w.exit_code) == (c.stdout, c.stderr, c.exit_code)

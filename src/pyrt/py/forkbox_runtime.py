@@ -39,6 +39,35 @@ _SIGNALS = sorted(set(signal.valid_signals()) - {signal.SIGKILL, signal.SIGSTOP}
 
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=True).encode
 
+# The warm-up of a pooled sandbox (see _Turn.warm_up): blocks like the ones
+# agents write, one that succeeds and prints to both streams, one that fails
+# with a traceback. They use only modules the runtime has already imported.
+_WARM_BLOCKS = (
+    """\
+import json, sys
+rows = [{"id": i, "name": f"item {i}", "ok": i % 2 == 0} for i in range(20)]
+total = sum(r["id"] for r in rows if r["ok"])
+text = json.dumps({"rows": rows, "total": total}, indent=2)
+data = json.loads(text)
+print(len(text), data["total"], sorted(data)[:3], f"{total / 3:.2f}")
+try:
+    {}["missing"]
+except KeyError as e:
+    print("error:", repr(e), file=sys.stderr)
+class Point:
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+    def __repr__(self):
+        return f"Point({self.x}, {self.y})"
+print(Point(1, 2), " ".join(str(x) for x in range(5)))
+""",
+    "def f(x):\n    return 1 / x\nf(0)\n",
+)
+# An empty gzip tar, as a host sends for an empty workspace.
+_EMPTY_TGZ = (b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x02\x03\xed\xc1\x01\r\x00\x00\x00\xc2\xa0"
+              b"\xf7Om\x0e7\xa0\x00\x00\x00\x00\x00\x00\x00\x00\x00\x807\x03\x9a\xde\x1d'\x00"
+              b"(\x00\x00")
+
 
 def _frame(obj):
     return (_dumps(obj) + "\n").encode("utf-8")
@@ -159,6 +188,15 @@ def compute_packages():
     return packages
 
 
+def _thread_count():
+    """Threads of this process, native ones included (threading only knows
+    its own)."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return threading.active_count()
+
+
 def init(sources, site_dirs, preload):
     """Called once by pyrt_init(); returns the ready frame (bytes)."""
     sys.meta_path.insert(0, EmbeddedFinder(sources))
@@ -182,6 +220,14 @@ def init(sources, site_dirs, preload):
             sys.stderr.write(f"forkbox: preload {name!r} failed, skipped: "
                              f"{type(e).__name__}: {e}\n")
             sys.stderr.flush()
+        # clone(CLONE_NEWUSER) needs a single-threaded caller, and a thread
+        # would not survive the fork anyway: name the module that started one.
+        threads = _thread_count()
+        if threads > 1:
+            raise RuntimeError(
+                f"preload {name!r} left {threads - 1} thread(s) running in the fork server, "
+                f"which must stay single-threaded (OpenBLAS, OpenMP, MKL, BLIS and numexpr "
+                f"are already pinned to one thread); drop it from --preload")
     # Warm up what every turn uses, so children share it copy-on-write.
     compile("pass", _FILENAME, "exec", _COMPILE_FLAGS, True)
     traceback.format_exception_only(ValueError, ValueError("x"))
@@ -284,6 +330,52 @@ class _Turn:
             elif typ == _CHAN_FRAME and type(item) is self.protocol.Run:
                 self.run_block(item.code)
             # anything else is ignored (the supervisor enforces the states)
+
+    # -- the warm-up of a pooled sandbox ------------------------------------
+    def warm_up(self):
+        """Go through a block's path once before the turn exists: the first
+        block of a forked interpreter otherwise pays for copy-on-write faults
+        and first-use set-up (0.45-1.9 ms for a print(1), ARCHITECTURE.md).
+        Sends nothing on the channel (block_begin is never called, so even a
+        tool call could not be sent) and leaves nothing user code can see:
+        the namespace is thrown away, stdio objects and signal handlers are
+        put back, the workspace stays empty, no module is imported."""
+        saved = (sys.stdin, sys.stdout, sys.stderr, sys.__stdin__, sys.__stdout__,
+                 sys.__stderr__)
+        globs = {"__name__": "__main__", "__builtins__": builtins}
+        try:
+            self.protocol.decode(_frame({"code": "pass", "kind": "run"}))
+            _fb.extract_workspace(_EMPTY_TGZ)
+            _fb.capture_begin()
+            try:
+                self.reset_stdio()
+                for code in _WARM_BLOCKS:
+                    _execute(code, globs, self.stderr, self.restore_handlers)
+                    self.suspend_handlers()
+                rpc = type(self.rpc)(lambda data: False)  # refuses: nothing is sent
+                try:
+                    rpc.call("warm_up", {"n": 1, "s": "x", "l": [None, True, 1.5]})
+                except self.protocol.ProtocolError:
+                    pass
+                rpc.deliver(self.protocol.decode(_frame(
+                    {"id": "0", "ok": True, "value": {"a": [1]}, "error": None,
+                     "kind": "tool_result"})))
+                self.flush_stdio()
+            finally:
+                (oh, ot, od), (eh, et, ed) = _fb.capture_end()
+            _frame({"exit_code": 1, "kind": "done"})
+            _frame({"stdout": _join_stream(oh, ot, od, "stdout"),
+                    "stderr": _join_stream(eh, et, ed, "stderr"), "exit_code": 1,
+                    "kind": "output"})
+            _fb.snapshot()
+            _fb.snapshot_discard()
+        except BaseException:
+            pass  # a warm-up is an optimisation: never a reason to fail the turn
+        finally:
+            (sys.stdin, sys.stdout, sys.stderr, sys.__stdin__, sys.__stdout__,
+             sys.__stderr__) = saved
+            self.stdout = self.stderr = None
+            globs.clear()
 
     # -- one block ---------------------------------------------------------
     def reset_stdio(self):
@@ -429,8 +521,9 @@ def _write(stream, text):
         pass
 
 
-def serve(tools_dir, workspace_dir, ready):
-    """Called by pyrt_serve(); never returns."""
+def serve(tools_dir, workspace_dir, ready, warm):
+    """Called by pyrt_serve(); never returns. warm: a pooled sandbox, to be
+    warmed up (and to say so) before it waits for its tools."""
     try:
         _sanitize_environ()
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # default_int_handler in blocks
@@ -441,6 +534,9 @@ def serve(tools_dir, workspace_dir, ready):
         turn = _Turn(tools_dir, workspace_dir, ready)
         sys.modules["__main__"] = turn.main
         threading.Thread(target=turn.reader, name="forkbox-channel", daemon=True).start()
+        if warm:
+            turn.warm_up()
+            _fb.warm_done()
         turn.loop()
     except BaseException as e:
         try:
