@@ -28,6 +28,7 @@
 
 #include "core/cleanup.h"
 #include "core/log.h"
+#include "proto/chan.h"
 #include "sandbox/limits.h"
 #include "sandbox/mounts.h"
 #include "sandbox/seccomp.h"
@@ -59,12 +60,26 @@ int fs_client_start(const struct config *cfg, char *const argv[], struct fs_clie
     fs->ctl_fd = -1;
     fs->pid = 0;
 
-    /* The fork server gets a fixed environment: ours holds the token. */
+    /* The fork server gets a fixed environment: ours holds the token.
+     * Thread pools that numerical libraries start at import (OpenBLAS, MKL,
+     * BLIS, OpenMP, numexpr, Accelerate) are pinned to one thread: a
+     * preloaded numpy must leave the fork server single-threaded, which
+     * clone(CLONE_NEWUSER) requires and which makes forking it safe. The
+     * libraries read these once, when they load; sandboxes inherit that
+     * setting in the preloaded copies, but not the variables (the runtime
+     * reduces the environment to the spec 6.4 allowlist). */
     char *const envp[] = {
         "PATH=/usr/local/bin:/usr/bin:/bin",
         "LANG=C.UTF-8",
         cfg->isolate ? "HOME=/workspace" : "HOME=/tmp",
         "TMPDIR=/tmp",
+        "OPENBLAS_NUM_THREADS=1",
+        "GOTO_NUM_THREADS=1",
+        "OMP_NUM_THREADS=1",
+        "MKL_NUM_THREADS=1",
+        "BLIS_NUM_THREADS=1",
+        "NUMEXPR_NUM_THREADS=1",
+        "VECLIB_MAXIMUM_THREADS=1",
         NULL,
     };
 
@@ -250,6 +265,16 @@ void fs_client_stop(struct fs_client *fs)
 /* fork server side                                                          */
 /* ------------------------------------------------------------------------ */
 
+/* One pooled sandbox: isolated, warming up or warm, waiting for a turn. */
+struct pool_slot {
+    pid_t pid;
+    int chan_fd;       /* owned until hand-off */
+    int pidfd;         /* owned until hand-off */
+    int warm_fd;       /* owned while the warm-up runs; -1 once warm */
+    uint64_t born_ns;  /* clone time */
+    uint64_t spawn_ns; /* our side of the spawn */
+};
+
 struct forkserver {
     const struct config *cfg;    /* borrowed */
     int ctl_fd;                  /* borrowed (fd 3) */
@@ -258,9 +283,26 @@ struct forkserver {
     struct sbx_policy *policy;   /* owned */
     struct sbx_cgroups *cgroups; /* owned */
     struct mount_plan *mounts;   /* owned */
-    struct sbx_child *kids;      /* owned: live (unreaped) sandboxes */
+    struct sbx_child *kids;      /* owned: live (unreaped) sandboxes, pooled ones too */
     size_t nkids, capkids;
+    struct pool_slot *pool;      /* owned: cfg->pool_size slots, oldest first */
+    size_t npool;
+    unsigned pool_failures;      /* consecutive failed refills / pooled deaths */
+    uint64_t refill_after_ns;    /* back-off after a failure */
+    struct pollfd *pfd;          /* owned: ctl, signalfd, one per warming pooled child */
+    int placer_fd;               /* owned: SEQPACKET to the cgroup helper */
+    pid_t placer_pid;
 };
+
+#define POOL_BACKOFF_MIN_MS 10
+#define POOL_BACKOFF_MAX_MS 5000
+
+static uint64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
 
 static int send_ready(int ctl_fd, int status, uint64_t start_ns, const char *msg)
 {
@@ -325,23 +367,332 @@ static int send_reply(int ctl_fd, const struct fs_reply *rep, int chan_fd, int p
     return n < 0 ? -errno : 0;
 }
 
+static int kids_reserve(struct forkserver *fsv)
+{
+    if (fsv->nkids < fsv->capkids)
+        return 0;
+    size_t cap = fsv->capkids ? fsv->capkids * 2 : 64;
+    struct sbx_child *k = realloc(fsv->kids, cap * sizeof *k);
+    if (!k)
+        return -ENOMEM;
+    fsv->kids = k;
+    fsv->capkids = cap;
+    return 0;
+}
+
+/* --- the cgroup helper ------------------------------------------------------
+ *
+ * Moving a process into a cgroup (the first cgroup.procs write of a spawn)
+ * can wait for an RCU grace period: 5-16 ms on cgroup v1 hosts here, while
+ * everything else a spawn does on our side takes ~0.2 ms. So the writes are
+ * made by a helper process, forked before the interpreter starts: we clone
+ * and write the id maps, then pass the child's pid and the write end of its
+ * "go" pipe to the helper, which attaches it, limits set, and releases it
+ * (or makes it fail with the reason). Removing a reaped sandbox's cgroups
+ * goes the same way. We never wait for either; the helper works through its
+ * queue in order (back-to-back attaches mostly skip the grace period). */
+
+enum placer_op { PLACER_ATTACH = 1, PLACER_RELEASE = 2 };
+
+struct placer_req {
+    uint32_t op;  /* enum placer_op */
+    int32_t pid;  /* ATTACH carries the child's go fd by SCM_RIGHTS */
+};
+
+_Noreturn static void placer_main(const struct config *cfg, struct sbx_cgroups *cg, int fd)
+{
+    signal(SIGPIPE, SIG_IGN); /* a child killed before its go */
+    for (;;) {
+        struct placer_req req;
+        union {
+            char buf[CMSG_SPACE(sizeof(int))];
+            struct cmsghdr align;
+        } cbuf;
+        struct iovec iov = {.iov_base = &req, .iov_len = sizeof req};
+        struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf.buf,
+                             .msg_controllen = sizeof cbuf.buf};
+        ssize_t n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            _exit(0); /* the fork server is gone or done */
+        int go_fd = -1;
+        struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+        if (c && c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS &&
+            c->cmsg_len == CMSG_LEN(sizeof(int)))
+            memcpy(&go_fd, CMSG_DATA(c), sizeof go_fd);
+        if ((size_t)n != sizeof req || req.pid <= 0) {
+            if (go_fd >= 0)
+                close(go_fd);
+            continue;
+        }
+        if (req.op == PLACER_ATTACH && go_fd >= 0) {
+            uint64_t t0 = mono_ns();
+            int r = limits_cgroups_attach(cg, req.pid, cfg);
+            if (r < 0)
+                LOG_W("cgroup placement of %d: %s", (int)req.pid, strerror(-r));
+            else
+                LOG_D("sandbox %d placed in %llu us", (int)req.pid,
+                      (unsigned long long)((mono_ns() - t0) / 1000));
+            sbx_child_go(go_fd, r < 0 ? -r : 0); /* closes go_fd */
+        } else {
+            if (go_fd >= 0)
+                close(go_fd);
+            if (req.op == PLACER_RELEASE)
+                limits_cgroups_release(cg, req.pid);
+        }
+    }
+}
+
+static int placer_start(struct forkserver *fsv, char *err, size_t errlen)
+{
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0) {
+        snprintf(err, errlen, "cgroup helper: socketpair: %s", strerror(errno));
+        return -errno;
+    }
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid < 0) {
+        int e = errno;
+        close(sv[0]);
+        close(sv[1]);
+        snprintf(err, errlen, "cgroup helper: fork: %s", strerror(e));
+        return -e;
+    }
+    if (pid == 0) {
+        if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0 || getppid() != parent)
+            _exit(1);
+        /* Keep stdio (the log) and our socket only: not the control socket. */
+        int fd = sv[1] == 3 ? 3 : dup2(sv[1], 3);
+        if (fd != 3)
+            _exit(1);
+        close_range(4, ~0u, 0);
+        log_init("forkserver/cgroups", fsv->cfg->log_level);
+        placer_main(fsv->cfg, fsv->cgroups, 3);
+    }
+    close(sv[1]);
+    fsv->placer_fd = sv[0];
+    fsv->placer_pid = pid;
+    return 0;
+}
+
+/* Queue one request for the helper (blocking: it drains its queue quickly).
+ * The helper is part of us: if it is gone, stop. */
+_Noreturn static void shutdown_all(struct forkserver *fsv, int code);
+
+static void placer_send(struct forkserver *fsv, enum placer_op op, pid_t pid, int go_fd)
+{
+    struct placer_req req = {.op = op, .pid = pid};
+    union {
+        char buf[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } cbuf;
+    struct iovec iov = {.iov_base = &req, .iov_len = sizeof req};
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
+    if (go_fd >= 0) {
+        memset(&cbuf, 0, sizeof cbuf);
+        msg.msg_control = cbuf.buf;
+        msg.msg_controllen = sizeof cbuf.buf;
+        struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(c), &go_fd, sizeof go_fd);
+    }
+    ssize_t n;
+    do
+        n = sendmsg(fsv->placer_fd, &msg, MSG_NOSIGNAL);
+    while (n < 0 && errno == EINTR);
+    if (n != (ssize_t)sizeof req) {
+        PLOG_E("the cgroup helper is gone");
+        if (go_fd >= 0)
+            close(go_fd);
+        shutdown_all(fsv, 1);
+    }
+}
+
+/* Spawn one sandbox (fresh or pooled): clone and maps here, cgroups and the
+ * release by the helper. Same contract as sbx_spawn(). */
+static int spawn_one(struct forkserver *fsv, unsigned flags, struct sbx_child *c, char *err,
+                     size_t errlen)
+{
+    int r = sbx_spawn(&fsv->plan, flags | SBX_SPAWN_DEFER_GO, c, err, errlen);
+    if (r == 0) {
+        placer_send(fsv, PLACER_ATTACH, c->pid, c->go_fd);
+        close_and_reset(&c->go_fd);
+    }
+    return r;
+}
+
+/* --- the pool --------------------------------------------------------------
+ *
+ * Up to cfg->pool_size sandboxes wait fully isolated (every step done, seccomp
+ * loaded, init running, the runtime warmed up) for their tools archive, i.e.
+ * exactly where a fresh sandbox is when it starts reading the channel. A
+ * spawn request takes the oldest warm one (else the oldest) at once; only an
+ * empty pool makes it wait for a fresh clone. A pooled sandbox serves one
+ * turn, like any other: nothing is ever reused.
+ *
+ * Refills happen one sandbox at a time and only while no request is pending:
+ * before each one the control socket is polled with timeout 0, so a request
+ * never waits behind more than the refill already under way (a clone plus our
+ * side of the cgroup placement). Under sustained load the pool therefore
+ * stays empty and requests are served fresh, in order; it fills again in the
+ * first pause. A pooled sandbox that dies unused (killed from outside, a
+ * failed step) is reaped and replaced; repeated failures back off
+ * exponentially (10 ms .. 5 s) and a sandbox that gets warm resets that. */
+
+static void pool_slot_close(struct pool_slot *sl)
+{
+    close_and_reset(&sl->chan_fd);
+    close_and_reset(&sl->pidfd);
+    close_and_reset(&sl->warm_fd);
+}
+
+static void pool_remove(struct forkserver *fsv, size_t i)
+{
+    memmove(&fsv->pool[i], &fsv->pool[i + 1], (fsv->npool - i - 1) * sizeof *fsv->pool);
+    fsv->npool--;
+}
+
+static void pool_failed(struct forkserver *fsv)
+{
+    unsigned shift = fsv->pool_failures < 16 ? fsv->pool_failures : 16;
+    uint64_t ms = (uint64_t)POOL_BACKOFF_MIN_MS << shift;
+    if (ms > POOL_BACKOFF_MAX_MS)
+        ms = POOL_BACKOFF_MAX_MS;
+    fsv->pool_failures++;
+    fsv->refill_after_ns = mono_ns() + ms * 1000000ull;
+}
+
+/* A pooled sandbox that failed a setup step wrote a `log` frame saying why
+ * before it exited: show it (it has run no user code, and we only print). */
+static void pool_log_death(struct pool_slot *sl, int status)
+{
+    char buf[CHAN_HDR_LEN + 600];
+    ssize_t n = sl->chan_fd >= 0 ? recv(sl->chan_fd, buf, sizeof buf - 1, MSG_DONTWAIT) : -1;
+    const char *why = "";
+    if (n > CHAN_HDR_LEN && buf[0] == CHAN_FRAME) {
+        buf[n] = '\0';
+        for (char *p = buf + CHAN_HDR_LEN; *p; p++)
+            if ((unsigned char)*p < 0x20)
+                *p = ' ';
+        why = buf + CHAN_HDR_LEN;
+    }
+    LOG_W("pool: sandbox %d died unused (%s %d)%s%s", (int)sl->pid,
+          WIFSIGNALED(status) ? "signal" : "status",
+          WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status), *why ? ": " : "", why);
+}
+
+static void pool_refill_one(struct forkserver *fsv)
+{
+    struct sbx_child c;
+    char err[256] = "";
+    if (kids_reserve(fsv) < 0) {
+        pool_failed(fsv);
+        return;
+    }
+    int r = spawn_one(fsv, SBX_SPAWN_POOLED, &c, err, sizeof err);
+    if (r < 0) {
+        if (fsv->pool_failures == 0 || fsv->pool_failures % 16 == 0)
+            LOG_W("pool: spawn failed (%u in a row): %s", fsv->pool_failures + 1, err);
+        pool_failed(fsv);
+        close_and_reset(&c.chan_fd);
+        close_and_reset(&c.pidfd);
+        close_and_reset(&c.warm_fd);
+        if (c.pid > 0 || c.turn_dir)
+            fsv->kids[fsv->nkids++] = c;
+        return;
+    }
+    fsv->pool[fsv->npool++] = (struct pool_slot){
+        .pid = c.pid, .chan_fd = c.chan_fd, .pidfd = c.pidfd, .warm_fd = c.warm_fd,
+        .born_ns = mono_ns() - c.spawn_ns, .spawn_ns = c.spawn_ns};
+    c.chan_fd = c.pidfd = c.warm_fd = -1; /* the slot owns them until hand-off */
+    fsv->kids[fsv->nkids++] = c;
+    LOG_D("pool: sandbox %d spawned in %llu us (%zu/%u)", (int)c.pid,
+          (unsigned long long)(c.spawn_ns / 1000), fsv->npool, fsv->cfg->pool_size);
+}
+
+/* The warm socket of slot i is readable: one byte = warm; EOF = it died or
+ * gave up warming (then the reaper hears about it). */
+static void pool_note_warm(struct forkserver *fsv, struct pool_slot *sl)
+{
+    char c = 0;
+    ssize_t n = recv(sl->warm_fd, &c, 1, MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR))
+        return;
+    close_and_reset(&sl->warm_fd);
+    if (n == 1) {
+        fsv->pool_failures = 0;
+        LOG_D("pool: sandbox %d warm %llu us after its clone", (int)sl->pid,
+              (unsigned long long)((mono_ns() - sl->born_ns) / 1000));
+    }
+}
+
+/* Take a live pooled sandbox: the oldest warm one, else the oldest. */
+static bool pool_take(struct forkserver *fsv, struct pool_slot *out)
+{
+    for (size_t i = 0; i < fsv->npool; i++)
+        if (fsv->pool[i].warm_fd >= 0)
+            pool_note_warm(fsv, &fsv->pool[i]);
+    while (fsv->npool) {
+        size_t pick = 0;
+        for (size_t i = 0; i < fsv->npool; i++) {
+            if (fsv->pool[i].warm_fd < 0) {
+                pick = i;
+                break;
+            }
+        }
+        struct pool_slot sl = fsv->pool[pick];
+        pool_remove(fsv, pick);
+        /* Died meanwhile (its SIGCHLD not handled yet)? The reaper releases
+         * it; the turn gets another one. */
+        struct pollfd p = {.fd = sl.pidfd, .events = POLLIN};
+        if (poll(&p, 1, 0) != 0) {
+            pool_slot_close(&sl);
+            pool_failed(fsv);
+            continue;
+        }
+        *out = sl;
+        return true;
+    }
+    return false;
+}
+
 static void handle_spawn(struct forkserver *fsv, const struct fs_request *req)
 {
     struct fs_reply rep = {.turn_id = req->turn_id};
-    if (fsv->nkids == fsv->capkids) {
-        size_t cap = fsv->capkids ? fsv->capkids * 2 : 64;
-        struct sbx_child *k = realloc(fsv->kids, cap * sizeof *k);
-        if (!k) {
-            rep.status = -ENOMEM;
-            send_reply(fsv->ctl_fd, &rep, -1, -1);
-            return;
+    uint64_t t0 = mono_ns();
+    struct pool_slot sl;
+    if (pool_take(fsv, &sl)) {
+        /* If it is still warming up, it finds our end closed: fine. */
+        bool warm = sl.warm_fd < 0;
+        close_and_reset(&sl.warm_fd);
+        rep.pid = sl.pid;
+        rep.spawn_ns = mono_ns() - t0;
+        int sr = send_reply(fsv->ctl_fd, &rep, sl.chan_fd, sl.pidfd);
+        if (sr < 0) {
+            errno = -sr;
+            PLOG_E("reply for turn %llu", (unsigned long long)req->turn_id);
+            kill(sl.pid, SIGKILL); /* reaped and released on SIGCHLD */
         }
-        fsv->kids = k;
-        fsv->capkids = cap;
+        LOG_D("turn %llu: pooled sandbox %d (%s, %llu ms old) in %llu us",
+              (unsigned long long)req->turn_id, (int)sl.pid, warm ? "warm" : "still warming up",
+              (unsigned long long)((t0 - sl.born_ns) / 1000000),
+              (unsigned long long)(rep.spawn_ns / 1000));
+        pool_slot_close(&sl);
+        return;
+    }
+
+    if (kids_reserve(fsv) < 0) {
+        rep.status = -ENOMEM;
+        send_reply(fsv->ctl_fd, &rep, -1, -1);
+        return;
     }
     struct sbx_child c;
     char err[256] = "";
-    int r = sbx_spawn(&fsv->plan, &c, err, sizeof err);
+    int r = spawn_one(fsv, 0, &c, err, sizeof err);
     rep.status = r;
     rep.pid = c.pid;
     rep.spawn_ns = c.spawn_ns;
@@ -365,7 +716,8 @@ static void handle_spawn(struct forkserver *fsv, const struct fs_request *req)
 }
 
 /* No zombies, ever: reap everything that has exited and release what each
- * sandbox held (cgroups, non-isolated turn dirs). */
+ * sandbox held (cgroups, non-isolated turn dirs). A pooled sandbox that
+ * exited unused leaves the pool (and is replaced by the refill). */
 static void reap(struct forkserver *fsv)
 {
     for (;;) {
@@ -375,10 +727,25 @@ static void reap(struct forkserver *fsv)
             continue;
         if (pid <= 0)
             return;
+        for (size_t i = 0; i < fsv->npool; i++) {
+            if (fsv->pool[i].pid != pid)
+                continue;
+            pool_log_death(&fsv->pool[i], status);
+            pool_slot_close(&fsv->pool[i]);
+            pool_remove(fsv, i);
+            pool_failed(fsv);
+            break;
+        }
+        if (pid == fsv->placer_pid) {
+            LOG_E("the cgroup helper exited (status 0x%x)", (unsigned)status);
+            fsv->placer_pid = 0;
+            shutdown_all(fsv, 1);
+        }
         for (size_t i = 0; i < fsv->nkids; i++) {
             if (fsv->kids[i].pid != pid)
                 continue;
-            sbx_child_release(&fsv->plan, &fsv->kids[i]);
+            placer_send(fsv, PLACER_RELEASE, pid, -1);
+            sbx_child_release(&fsv->plan, &fsv->kids[i]); /* plan.cgroups is NULL */
             fsv->kids[i] = fsv->kids[--fsv->nkids];
             break;
         }
@@ -387,19 +754,63 @@ static void reap(struct forkserver *fsv)
 
 _Noreturn static void shutdown_all(struct forkserver *fsv, int code)
 {
+    static bool once;
+    if (once)
+        _exit(code); /* the helper vanished while we were shutting down */
+    once = true;
+    for (size_t i = 0; i < fsv->npool; i++)
+        pool_slot_close(&fsv->pool[i]);
+    fsv->npool = 0;
     for (size_t i = 0; i < fsv->nkids; i++)
         if (fsv->kids[i].pid > 0)
             kill(fsv->kids[i].pid, SIGKILL);
     while (fsv->nkids) {
         struct sbx_child *c = &fsv->kids[fsv->nkids - 1];
         int status;
-        if (c->pid > 0)
+        if (c->pid > 0) {
             reap_blocking(c->pid, &status);
+            if (fsv->placer_pid > 0)
+                placer_send(fsv, PLACER_RELEASE, c->pid, -1);
+        }
         sbx_child_release(&fsv->plan, c);
         fsv->nkids--;
     }
-    reap(fsv);
+    /* The helper removes the cgroups queued above, then sees EOF. */
+    close_and_reset(&fsv->placer_fd);
+    if (fsv->placer_pid > 0) {
+        int status;
+        reap_blocking(fsv->placer_pid, &status);
+    }
     _exit(code);
+}
+
+/* Handle every request already queued on the control socket. false when the
+ * supervisor is gone. */
+static bool handle_requests(struct forkserver *fsv)
+{
+    for (;;) {
+        struct fs_request req = {0};
+        ssize_t n = recv(fsv->ctl_fd, &req, sizeof req, MSG_DONTWAIT);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && errno == EAGAIN)
+            return true;
+        if (n <= 0)
+            return false;
+        if ((size_t)n != sizeof req || req.op != FS_OP_SPAWN) {
+            LOG_E("bad control record (%zd bytes, op %u)", n, (unsigned)req.op);
+            struct fs_reply rep = {.status = -EPROTO, .turn_id = req.turn_id};
+            send_reply(fsv->ctl_fd, &rep, -1, -1);
+            continue;
+        }
+        handle_spawn(fsv, &req);
+    }
+}
+
+static bool request_pending(int ctl_fd)
+{
+    struct pollfd p = {.fd = ctl_fd, .events = POLLIN};
+    return poll(&p, 1, 0) != 0;
 }
 
 _Noreturn void forkserver_main(const struct config *cfg, int ctl_fd)
@@ -419,7 +830,7 @@ _Noreturn void forkserver_main(const struct config *cfg, int ctl_fd)
         _exit(1);
     umask(022);
 
-    struct forkserver fsv = {.cfg = cfg, .ctl_fd = ctl_fd, .sig_fd = -1};
+    struct forkserver fsv = {.cfg = cfg, .ctl_fd = ctl_fd, .sig_fd = -1, .placer_fd = -1};
 
     /* Supplementary groups would follow every sandbox (it cannot drop them:
      * setgroups is denied inside), and ours as root include gid 0. */
@@ -449,6 +860,11 @@ _Noreturn void forkserver_main(const struct config *cfg, int ctl_fd)
         snprintf(err, sizeof err, "cgroups: %s", strerror(-r));
         fail_start(ctl_fd, r, err);
     }
+
+    /* Before the interpreter exists: the helper stays small. */
+    r = placer_start(&fsv, err, sizeof err);
+    if (r < 0)
+        fail_start(ctl_fd, r, err);
 
     pid_t *tid_addr = NULL;
     r = sbx_tid_probe(&tid_addr);
@@ -480,30 +896,57 @@ _Noreturn void forkserver_main(const struct config *cfg, int ctl_fd)
     fsv.plan = (struct sbx_plan){
         .cfg = cfg,
         .policy = fsv.policy,
-        .cgroups = fsv.cgroups,
+        .cgroups = NULL, /* placed and removed by the helper (placer_send) */
         .mounts = fsv.mounts,
         .hooks = &sbx_runtime_hooks,
         .tid_addr = tid_addr,
     };
 
+    fsv.pool = calloc(cfg->pool_size ? cfg->pool_size : 1, sizeof *fsv.pool);
+    fsv.pfd = calloc(2 + (size_t)cfg->pool_size, sizeof *fsv.pfd);
+    if (!fsv.pool || !fsv.pfd)
+        fail_start(ctl_fd, -ENOMEM, "out of memory for the pool");
+
     struct timespec t1;
     clock_gettime(CLOCK_MONOTONIC, &t1);
     uint64_t start_ns = (uint64_t)(t1.tv_sec - t0.tv_sec) * 1000000000ull +
                         (uint64_t)(t1.tv_nsec - t0.tv_nsec);
-    LOG_I("ready in %llu ms: %s, %zu mount ops, seccomp %zu insns, %s clone",
+    LOG_I("ready in %llu ms: %s, %zu mount ops, seccomp %zu insns, %s clone, pool %u",
           (unsigned long long)(start_ns / 1000000), cfg->isolate ? "isolated" : "NOT isolated",
-          mounts_len(fsv.mounts), policy_bpf_len(fsv.policy), tid_addr ? "one" : "fork-path");
+          mounts_len(fsv.mounts), policy_bpf_len(fsv.policy), tid_addr ? "one" : "fork-path",
+          cfg->pool_size);
     if (send_ready(ctl_fd, 0, start_ns, NULL) < 0)
         _exit(1);
 
     for (;;) {
-        struct pollfd pfd[2] = {{.fd = ctl_fd, .events = POLLIN},
-                                {.fd = fsv.sig_fd, .events = POLLIN}};
-        if (poll(pfd, 2, -1) < 0) {
+        bool refill = fsv.npool < cfg->pool_size;
+        int timeout = -1;
+        if (refill) {
+            uint64_t now = mono_ns();
+            timeout = now >= fsv.refill_after_ns
+                          ? 0
+                          : (int)((fsv.refill_after_ns - now + 999999) / 1000000);
+        }
+        struct pollfd *pfd = fsv.pfd;
+        pfd[0] = (struct pollfd){.fd = ctl_fd, .events = POLLIN};
+        pfd[1] = (struct pollfd){.fd = fsv.sig_fd, .events = POLLIN};
+        nfds_t nfds = 2;
+        for (size_t i = 0; i < fsv.npool; i++)
+            if (fsv.pool[i].warm_fd >= 0)
+                pfd[nfds++] = (struct pollfd){.fd = fsv.pool[i].warm_fd, .events = POLLIN};
+        int n = poll(pfd, nfds, timeout);
+        if (n < 0) {
             if (errno == EINTR)
                 continue;
             PLOG_E("poll");
             shutdown_all(&fsv, 1);
+        }
+        /* Requests first: nothing we can postpone goes before them. */
+        if (pfd[0].revents & POLLIN) {
+            if (!handle_requests(&fsv))
+                shutdown_all(&fsv, 0); /* the supervisor is gone */
+        } else if (pfd[0].revents & (POLLHUP | POLLERR)) {
+            shutdown_all(&fsv, 0);
         }
         if (pfd[1].revents & POLLIN) {
             struct signalfd_siginfo si[8];
@@ -511,22 +954,16 @@ _Noreturn void forkserver_main(const struct config *cfg, int ctl_fd)
                 ;
             reap(&fsv);
         }
-        if (pfd[0].revents & POLLIN) {
-            struct fs_request req = {0};
-            ssize_t n = recv(ctl_fd, &req, sizeof req, MSG_DONTWAIT);
-            if (n < 0 && (errno == EINTR || errno == EAGAIN))
+        for (nfds_t k = 2; k < nfds; k++) {
+            if (!pfd[k].revents)
                 continue;
-            if (n <= 0)
-                shutdown_all(&fsv, 0); /* the supervisor is gone */
-            if ((size_t)n != sizeof req || req.op != FS_OP_SPAWN) {
-                LOG_E("bad control record (%zd bytes, op %u)", n, (unsigned)req.op);
-                struct fs_reply rep = {.status = -EPROTO, .turn_id = req.turn_id};
-                send_reply(ctl_fd, &rep, -1, -1);
-                continue;
-            }
-            handle_spawn(&fsv, &req);
-        } else if (pfd[0].revents & (POLLHUP | POLLERR)) {
-            shutdown_all(&fsv, 0);
+            for (size_t i = 0; i < fsv.npool; i++)
+                if (fsv.pool[i].warm_fd == pfd[k].fd)
+                    pool_note_warm(&fsv, &fsv.pool[i]);
         }
+        /* One refill, and only if no request came in meanwhile. */
+        if (fsv.npool < cfg->pool_size && mono_ns() >= fsv.refill_after_ns &&
+            !request_pending(ctl_fd))
+            pool_refill_one(&fsv);
     }
 }
