@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "config/config.h"
@@ -22,6 +23,40 @@
 
 #define TOKEN_ENV "ADK_CODE_MODE_AUTH_TOKEN"
 #define TOKEN_MAX 4096
+#define NOFILE_WANT (1u << 20)
+
+/* Thousands of idle turns need fds: the supervisor holds three per turn
+ * (client socket, channel, pidfd), the fork server three per pooled sandbox.
+ * Raise the soft RLIMIT_NOFILE to the hard one, and as root the hard one to
+ * 1M (capped by fs.nr_open). Sandboxes lower theirs again (limits.c). Runs
+ * in both processes: the fork server is this binary too. */
+static void raise_nofile(void)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) < 0)
+        return;
+    rlim_t want = NOFILE_WANT;
+    if (geteuid() == 0 && rl.rlim_max != RLIM_INFINITY && rl.rlim_max < want) {
+        FILE *f = fopen("/proc/sys/fs/nr_open", "re");
+        unsigned long nr_open = 0;
+        if (f) {
+            if (fscanf(f, "%lu", &nr_open) != 1)
+                nr_open = 0;
+            fclose(f);
+        }
+        if (nr_open && nr_open < want)
+            want = nr_open;
+        if (want > rl.rlim_max) {
+            struct rlimit up = {.rlim_cur = want, .rlim_max = want};
+            if (setrlimit(RLIMIT_NOFILE, &up) == 0)
+                return;
+        }
+    }
+    if (rl.rlim_cur != rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &rl);
+    }
+}
 
 /* Read the bearer token. Returns 0 with *token NULL when none is configured,
  * 0 with an owned copy, or -errno with a message. */
@@ -88,6 +123,7 @@ static int run_forkserver(int argc, char **argv)
 
 int main(int argc, char **argv)
 {
+    raise_nofile();
     if (argc > 1 && strcmp(argv[1], "--internal-forkserver") == 0)
         return run_forkserver(argc - 1, argv + 1);
 
@@ -102,6 +138,12 @@ int main(int argc, char **argv)
         return 2;
     }
     log_init("forkboxd", cfg.log_level);
+    struct rlimit nofile;
+    if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 &&
+        (rlim_t)cfg.capacity * 3 + 64 > nofile.rlim_cur)
+        LOG_W("--capacity %u needs about %u fds (3 per turn); RLIMIT_NOFILE is %llu: raise "
+              "the hard limit (ulimit -Hn, LimitNOFILE=)", cfg.capacity, cfg.capacity * 3 + 64,
+              (unsigned long long)nofile.rlim_cur);
 
     char **fs_argv = config_to_argv(&cfg, "forkboxd", "--internal-forkserver");
     struct fs_client fs;
