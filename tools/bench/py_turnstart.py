@@ -1,11 +1,11 @@
 """Turn start as seen by a Python client: forkbox-bench runs this to time connect -> ready.
 
-    python3 py_turnstart.py URL N [DEADLINE_S]
+    python3 py_turnstart.py URL N [DEADLINE_S [GAP_MS]]
 
 Connects like adk-code-mode's RemoteBackend (python3-websockets 10.4 asyncio client, 256 MiB
 max_size, the default permessage-deflate offer), sends a tools archive with one `echo` stub right
 after the 101, waits for `ready`, sends `shutdown` and closes; N turns one after another, at most
-DEADLINE_S seconds in all. Prints one line per turn: milliseconds from before connect() to ready.
+DEADLINE_S seconds in all, GAP_MS apart (default 0). Prints one line per turn: milliseconds from before connect() to ready.
 """
 import asyncio
 import io
@@ -47,11 +47,14 @@ async def one(url, archive):
 async def main():
     url, n = sys.argv[1], int(sys.argv[2])
     deadline = time.monotonic() + (float(sys.argv[3]) if len(sys.argv) > 3 else 60.0)
+    gap = float(sys.argv[4]) / 1e3 if len(sys.argv) > 4 else 0.0
     archive = tools_archive()
     for _ in range(n):
         if time.monotonic() > deadline:
             break
         print(f"{await one(url, archive):.4f}", flush=True)
+        if gap:
+            await asyncio.sleep(gap)
 
 
 if __name__ == "__main__":
