@@ -1,0 +1,246 @@
+"""The pre-forked pool (--pool), preloads (--preload) and extra package dirs
+(--site-packages), through the real daemon.
+
+Outcomes only, never timings: every turn gets a sandbox of its own (pooled
+or fresh), nothing of one turn is visible in the next, pooled sandboxes that
+die unused are replaced, and preloaded / extra packages are importable,
+read-only and listed in ready.packages."""
+
+import asyncio
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+
+import pytest
+
+from fbtest import arun, connect, pid_alive, wait_until
+
+T = 60
+
+
+def forkserver_pid(d):
+    """The fork server: the daemon's child that runs --internal-forkserver
+    (its sandboxes and helper are clones of it, one level further down)."""
+    for pid in children(d.pid):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                if b"--internal-forkserver" in fh.read():
+                    return pid
+        except OSError:
+            pass
+    raise AssertionError("no fork server under the daemon")
+
+
+def children(pid):
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as fh:
+            return [int(x) for x in fh.read().split()]
+    except OSError:
+        return []
+
+
+def idle_sandboxes(d):
+    """Sandboxes under the fork server (each an init with the runtime below
+    it; the fork server's cgroup helper has no child), with no turn running."""
+    return {p for p in children(forkserver_pid(d)) if pid_alive(p) and children(p)}
+
+
+def sandbox_pids_in_log(d):
+    return [int(p) for p in re.findall(r"turn \d+: sandbox pid (\d+)", d.stderr())]
+
+
+async def one_turn(d, *codes):
+    turn = await connect(d)
+    try:
+        return turn, [await turn.run(c) for c in codes]
+    finally:
+        await turn.shutdown()
+
+
+MARK = r'''
+import builtins, os, sys
+seen = {"marker": getattr(builtins, "_fb_marker", None),
+        "tmp": sorted(os.listdir("/tmp")), "ws": sorted(os.listdir("."))}
+builtins._fb_marker = "set by an earlier turn"
+open("/tmp/left-behind", "w").write("x")
+open("left-behind.txt", "w").write("x")
+print(seen)
+'''
+CLEAN = "{'marker': None, 'tmp': [], 'ws': []}\n"
+
+
+# ---- the pool -----------------------------------------------------------------
+
+def test_pool_turns_in_a_row_get_fresh_sandboxes(make_daemon):
+    """--pool 2: several turns in a row each run in a sandbox of their own
+    (different host pids, nothing left from the turn before)."""
+    d = make_daemon(["--pool", "2", "--log-level", "debug"])
+    assert wait_until(lambda: len(idle_sandboxes(d)) == 2, 20), idle_sandboxes(d)
+
+    async def go():
+        return [await one_turn(d, MARK, "print(_fb_marker if '_fb_marker' in dir() else 1)")
+                for _ in range(6)]
+    results = arun(go(), T)
+    for turn, (r1, r2) in results:
+        assert r1.exit_code == 0, r1.stderr
+        assert r1.stdout == CLEAN
+        assert r2.stdout == "1\n"
+        assert turn.ready_count == 1
+    pids = sandbox_pids_in_log(d)
+    assert len(pids) == 6 and len(set(pids)) == 6, pids
+    assert "pooled sandbox" in d.stderr()          # the pool served some of them
+    assert wait_until(lambda: len(idle_sandboxes(d)) == 2, 20)  # and was refilled
+    assert d.alive()
+
+
+def test_pool_parallel_turns_more_than_the_pool(make_daemon):
+    """More turns at once than pooled sandboxes: the rest are spawned fresh;
+    every turn is isolated from the others."""
+    d = make_daemon(["--pool", "2", "--log-level", "debug"])
+    assert wait_until(lambda: len(idle_sandboxes(d)) == 2, 20)
+    n = 6
+
+    async def one(i):
+        turn = await connect(d)
+        try:
+            r1 = await turn.run(MARK)
+            await asyncio.sleep(0.2)  # all turns alive at once
+            r2 = await turn.run(f"import os\nprint(sorted(os.listdir('.')), {i})")
+            return r1, r2
+        finally:
+            await turn.shutdown()
+
+    async def go():
+        return await asyncio.gather(*(one(i) for i in range(n)))
+    for i, (r1, r2) in enumerate(arun(go(), T)):
+        assert r1.stdout == CLEAN, r1.stderr
+        assert r2.stdout == f"['left-behind.txt'] {i}\n"
+    pids = sandbox_pids_in_log(d)
+    assert len(pids) == n and len(set(pids)) == n, pids
+
+
+def test_pool_replaces_sandboxes_killed_from_outside(make_daemon):
+    """A pooled sandbox that dies unused is reaped, logged and replaced; turns
+    keep working."""
+    d = make_daemon(["--pool", "2", "--log-level", "debug"])
+    assert wait_until(lambda: len(idle_sandboxes(d)) == 2, 20)
+    first = idle_sandboxes(d)
+    for pid in first:
+        os.kill(pid, signal.SIGKILL)
+    assert wait_until(lambda: len(idle_sandboxes(d)) == 2 and not idle_sandboxes(d) & first, 20), \
+        (first, idle_sandboxes(d))
+    assert all(not pid_alive(p) for p in first)
+    assert d.stderr().count("died unused") >= 2, d.stderr()[-2000:]
+    _, (r,) = arun(one_turn(d, MARK), T)
+    assert r.stdout == CLEAN, r.stderr
+    assert d.alive()
+
+
+def test_pool_zero_spawns_fresh(make_daemon):
+    """--pool 0: no sandbox waits while idle; turns are spawned on demand."""
+    d = make_daemon(["--pool", "0"])
+    _, (r1,) = arun(one_turn(d, MARK), T)
+    _, (r2,) = arun(one_turn(d, MARK), T)
+    assert r1.stdout == r2.stdout == CLEAN
+    assert wait_until(lambda: not idle_sandboxes(d), 5), idle_sandboxes(d)
+
+
+# ---- preloads -----------------------------------------------------------------
+
+def test_preload_and_a_bad_name(make_daemon):
+    """--preload: modules are in sys.modules before the turn's code runs; a
+    name that does not import is logged and skipped, the daemon serves."""
+    d = make_daemon(["--pool", "1", "--preload", "csv,no_such_module_fbx, decimal"])
+    assert re.search(r"preload 'no_such_module_fbx' failed, skipped: ModuleNotFoundError",
+                     d.stderr()), d.stderr()[-2000:]
+    _, (r,) = arun(one_turn(d, "import sys\nprint('csv' in sys.modules, 'decimal' in sys.modules)"), T)
+    assert r.stdout == "True True\n", r.stderr
+
+
+def test_preload_that_starts_a_thread_stops_the_daemon(make_daemon, site_dir):
+    """A preload that leaves a thread in the fork server would break every
+    clone: forkboxd refuses to start and names it."""
+    with open(os.path.join(site_dir, "fbx_threads.py"), "w") as fh:
+        fh.write("import threading, time\n"
+                 "threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n")
+    with pytest.raises(RuntimeError) as e:
+        make_daemon(["--site-packages", site_dir, "--preload", "fbx_threads"])
+    assert "preload 'fbx_threads' left 1 thread(s)" in str(e.value)
+
+
+def _have(mod):
+    return subprocess.run(["/usr/bin/python3", "-c", f"import {mod}"],
+                          capture_output=True).returncode == 0
+
+
+@pytest.mark.skipif(not (_have("numpy") and _have("pandas")),
+                    reason="python3-numpy / python3-pandas not installed")
+def test_preload_numpy_pandas(make_daemon):
+    """Debian's numpy and pandas preload (BLAS pinned to one thread in the
+    fork server), are already imported in the turn, work, and the pinning
+    variables do not leak into the sandbox's environment."""
+    d = make_daemon(["--pool", "1", "--preload", "numpy,pandas"])
+    code = ("import os, sys, threading\n"
+            "print('pandas' in sys.modules, 'numpy' in sys.modules)\n"
+            "import numpy as np, pandas as pd\n"
+            "print(int(pd.DataFrame({'a': [1, 2, 3]}).a.sum()), float(np.ones((3, 3)).dot(np.ones(3))[0]))\n"
+            "print(sorted(k for k in os.environ if 'THREADS' in k))\n")
+    ready_turn, (r,) = arun(one_turn(d, code), T)
+    assert r.stdout == "True True\n6 3.0\n[]\n", r.stderr
+    assert "numpy" in ready_turn.ready["packages"]
+
+
+# ---- --site-packages ----------------------------------------------------------
+
+@pytest.fixture
+def site_dir():
+    """A package dir the sandbox uid can read (pytest's tmp_path is 0700)."""
+    d = tempfile.mkdtemp(prefix="fbx-site-")
+    os.chmod(d, 0o755)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def make_package(site):
+    pkg = os.path.join(site, "fbx_extra")
+    os.mkdir(pkg)
+    with open(os.path.join(pkg, "__init__.py"), "w") as fh:
+        fh.write("VALUE = 42\n")
+    info = os.path.join(site, "fbx_extra-1.2.3.dist-info")
+    os.mkdir(info)
+    with open(os.path.join(info, "METADATA"), "w") as fh:
+        fh.write("Metadata-Version: 2.1\nName: fbx-extra\nVersion: 1.2.3\n")
+    with open(os.path.join(info, "top_level.txt"), "w") as fh:
+        fh.write("fbx_extra\n")
+    for root, dirs, files in os.walk(site):
+        for n in dirs:
+            os.chmod(os.path.join(root, n), 0o755)
+        for n in files:
+            os.chmod(os.path.join(root, n), 0o644)
+
+
+@pytest.mark.parametrize("pool", ["0", "2"])
+def test_site_packages_importable_readonly_listed(make_daemon, site_dir, pool):
+    """--site-packages DIR: importable (and preloadable), read-only inside,
+    listed in ready.packages."""
+    make_package(site_dir)
+    d = make_daemon(["--pool", pool, "--site-packages", site_dir, "--preload", "fbx_extra"])
+    code = ("import sys, os\n"
+            "print('fbx_extra' in sys.modules)\n"
+            "import fbx_extra\n"
+            "print(fbx_extra.VALUE, fbx_extra.__file__.startswith(%r))\n"
+            "try:\n"
+            "    open(os.path.join(%r, 'new.py'), 'w')\n"
+            "except OSError as e:\n"
+            "    print(type(e).__name__, e.errno)\n" % (site_dir, site_dir))
+    turn, (r,) = arun(one_turn(d, code), T)
+    assert r.exit_code == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[:2] == ["True", "42 True"], r.stdout
+    assert lines[2] in ("OSError 30", "PermissionError 13"), lines[2]  # EROFS (or EACCES)
+    assert not os.path.exists(os.path.join(site_dir, "new.py"))
+    assert turn.ready["packages"]["fbx_extra"] == {"fbx-extra": "1.2.3"}
