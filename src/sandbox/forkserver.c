@@ -289,6 +289,7 @@ struct forkserver {
     size_t npool;
     unsigned pool_failures;      /* consecutive failed refills / pooled deaths */
     uint64_t refill_after_ns;    /* back-off after a failure */
+    uint64_t quiet_until_ns;     /* last request + POOL_QUIET_US */
     struct pollfd *pfd;          /* owned: ctl, signalfd, one per warming pooled child */
     int placer_fd;               /* owned: SEQPACKET to the cgroup helper */
     pid_t placer_pid;
@@ -296,6 +297,13 @@ struct forkserver {
 
 #define POOL_BACKOFF_MIN_MS 10
 #define POOL_BACKOFF_MAX_MS 5000
+/* While the pool still holds a sandbox, a refill waits until no request came
+ * for this long: a clone (1-3 ms of our time) and the new sandbox's set-up
+ * would otherwise compete for the CPU with the turn just handed out (which
+ * is then reading its tools), and delay the next request of a burst.
+ * Measured: request -> ready p50 2.2 ms without, 0.5 ms with. An empty pool
+ * refills at once (between requests): the next request would be fresh. */
+#define POOL_QUIET_US 5000
 
 static uint64_t mono_ns(void)
 {
@@ -536,10 +544,12 @@ static int spawn_one(struct forkserver *fsv, unsigned flags, struct sbx_child *c
  *
  * Refills happen one sandbox at a time and only while no request is pending:
  * before each one the control socket is polled with timeout 0, so a request
- * never waits behind more than the refill already under way (a clone plus our
- * side of the cgroup placement). Under sustained load the pool therefore
- * stays empty and requests are served fresh, in order; it fills again in the
- * first pause. A pooled sandbox that dies unused (killed from outside, a
+ * never waits behind more than the refill already under way (a clone and the
+ * id maps, 1-3 ms; the cgroup placement is the helper's, below). While the
+ * pool is not empty, a refill also waits for 5 ms without requests
+ * (POOL_QUIET_US). Under sustained load the pool therefore runs down to one
+ * sandbox or none, requests beyond it are served fresh, in order, and it
+ * fills again in the first pause. A pooled sandbox that dies unused (killed from outside, a
  * failed step) is reaped and replaced; repeated failures back off
  * exponentially (10 ms .. 5 s) and a sandbox that gets warm resets that. */
 
@@ -804,7 +814,17 @@ static bool handle_requests(struct forkserver *fsv)
             continue;
         }
         handle_spawn(fsv, &req);
+        fsv->quiet_until_ns = mono_ns() + POOL_QUIET_US * 1000ull;
     }
+}
+
+/* When the next refill may start (see POOL_QUIET_US). */
+static uint64_t refill_time(const struct forkserver *fsv)
+{
+    uint64_t t = fsv->refill_after_ns;
+    if (fsv->npool > 0 && fsv->quiet_until_ns > t)
+        t = fsv->quiet_until_ns;
+    return t;
 }
 
 static bool request_pending(int ctl_fd)
@@ -923,9 +943,8 @@ _Noreturn void forkserver_main(const struct config *cfg, int ctl_fd)
         int timeout = -1;
         if (refill) {
             uint64_t now = mono_ns();
-            timeout = now >= fsv.refill_after_ns
-                          ? 0
-                          : (int)((fsv.refill_after_ns - now + 999999) / 1000000);
+            uint64_t when = refill_time(&fsv);
+            timeout = now >= when ? 0 : (int)((when - now + 999999) / 1000000);
         }
         struct pollfd *pfd = fsv.pfd;
         pfd[0] = (struct pollfd){.fd = ctl_fd, .events = POLLIN};
@@ -962,7 +981,7 @@ _Noreturn void forkserver_main(const struct config *cfg, int ctl_fd)
                     pool_note_warm(&fsv, &fsv.pool[i]);
         }
         /* One refill, and only if no request came in meanwhile. */
-        if (fsv.npool < cfg->pool_size && mono_ns() >= fsv.refill_after_ns &&
+        if (fsv.npool < cfg->pool_size && mono_ns() >= refill_time(&fsv) &&
             !request_pending(ctl_fd))
             pool_refill_one(&fsv);
     }
