@@ -22,7 +22,9 @@
  * not run Python code on another thread. */
 int pyrt_init(const struct config *cfg, char *err, size_t errlen);
 
-/* In the child right after clone(): re-arm the interpreter (PyOS_AfterFork_Child:
+/* In the child after clone(), before any Python code runs there (the sandbox
+ * calls it after its isolation steps, in the runtime process, right before
+ * pyrt_serve): re-arm the interpreter (PyOS_AfterFork_Child:
  * GIL, import lock, thread states, os.register_at_fork child hooks such as
  * random's reseed). Does not rely on glibc's cached pid/tid. */
 void pyrt_after_fork(void);

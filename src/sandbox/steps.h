@@ -20,8 +20,9 @@ struct mount_plan;
 
 /* What runs in the child around the isolation steps. */
 struct sbx_hooks {
-    /* Right after clone, before step 1 (re-arms the inherited interpreter:
-     * thread state, locks). NULL = nothing. */
+    /* In the runtime process after the last step (init has forked off),
+     * right before serve: re-arms the inherited interpreter (thread state,
+     * locks). The steps must not touch the interpreter. NULL = nothing. */
     void (*after_fork)(void);
     /* After the last step: serve the turn; never returns. Signature and fd
      * contract as pyrt_serve() (pyrt.h). warm_fd is -1 for a fresh spawn; for
