@@ -29,6 +29,7 @@ int main(void)
     is_str(c.tools_dir, "/tools", "default tools dir");
     is_int(c.idle_timeout_ms, 600000, "default idle 600 s");
     ok(c.isolate, "isolated by default");
+    is_int(c.pool_size, 4, "four pre-forked sandboxes by default");
 
     setenv("PORT", "9999", 1);
     is_int(parse(&c, err, 1, a0), 0, "PORT alone");
