@@ -14,7 +14,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import sbx  # noqa: E402
 
 # Limits for the modules that only probe (they must not trip resource limits).
-DEFAULT_ARGS = ["--capacity", "16", "--block-timeout", "60", "--turn-timeout", "180"]
+# --pool 0: process-accounting tests compare descendants before and after a turn,
+# and a pool refill would add one; test_pool.py covers pooled sandboxes.
+DEFAULT_ARGS = ["--capacity", "16", "--block-timeout", "60", "--turn-timeout", "180", "--pool", "0"]
 
 
 @pytest.fixture(scope="module")

@@ -31,7 +31,7 @@ TMPFS = 64 << 20
 BLOCK_TIMEOUT = 5
 OUTPUT_CAP = 64 << 10
 ARGS = ["--capacity", "8", "--memory", "256M", "--pids", str(PIDS), "--tmpfs-size", "64M",
-        "--block-timeout", str(BLOCK_TIMEOUT), "--turn-timeout", "60", "--output-cap", "64K"]
+        "--block-timeout", str(BLOCK_TIMEOUT), "--turn-timeout", "60", "--output-cap", "64K", "--pool", "0"]
 TIME_LIMIT_RE = re.compile(r"time limit", re.I)
 DROPPED_RE = re.compile(r"\[forkbox: (\d+) bytes of (stdout|stderr) dropped\]")
 
