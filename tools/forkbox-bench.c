@@ -1268,6 +1268,38 @@ static void server_find_infra(struct server *s)
     proc_free(&t);
 }
 
+/* CPU seconds used by the server so far: utime + stime + cutime + cstime of the server and every
+ * process below it. Turns that have ended were waited for, so their time is in some ancestor's
+ * cutime/cstime (sandbox processes -> init -> fork server; baseline turns -> launcher). */
+static double server_cpu_s(const struct server *s)
+{
+    struct proc_table t;
+    proc_scan(&t);
+    pid_t *d;
+    size_t n = proc_descendants(&t, s->pid, &d);
+    unsigned long long ticks = 0;
+    for (size_t i = 0; i <= n; i++) {
+        char path[64], buf[1024];
+        snprintf(path, sizeof path, "/proc/%d/stat", (int)(i < n ? d[i] : s->pid));
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+            continue;
+        ssize_t r = read(fd, buf, sizeof buf - 1);
+        close(fd);
+        if (r <= 0)
+            continue;
+        buf[r] = 0;
+        char *rp = strrchr(buf, ')');
+        unsigned long long ut, st, cut, cst;
+        if (rp && sscanf(rp + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu %llu %llu",
+                         &ut, &st, &cut, &cst) == 4)
+            ticks += ut + st + cut + cst;
+    }
+    free(d);
+    proc_free(&t);
+    return (double)ticks / (double)sysconf(_SC_CLK_TCK);
+}
+
 static void tree_free(struct tree *tr)
 {
     free(tr->turns);
@@ -1490,8 +1522,9 @@ static void measure_tool_call(struct bench *b, struct server *s, unsigned calls,
  * archive and run back to back), a new turn as soon as one ends; new turns for `secs`, then the
  * ones in flight finish. Rates are over the time to the last completed turn. */
 static void measure_throughput(struct bench *b, struct server *s, unsigned conc, unsigned k,
-                               double secs, double *turns_s, double *blocks_s)
+                               double secs, double *turns_s, double *blocks_s, double *cpu_ms)
 {
+    double srv_cpu0 = server_cpu_s(s);
     struct driver d;
     driver_init(&d, s->port, &b->tools, &b->empty);
     d.plan.blocks = k;
@@ -1512,9 +1545,13 @@ static void measure_throughput(struct bench *b, struct server *s, unsigned conc,
              "(load generator CPU %.0f%%)", s->name, conc, k, d.turns_ok, el, *turns_s,
              *blocks_s, 100.0 * (self_cpu_s() - cpu0) / ms_since(t0) * 1000.0);
     report_failures(b, s, "throughput", &d, true);
+    server_wait_quiet(s, 10000);
+    /* every turn reaped: the server's CPU per completed turn */
+    double per = d.turns_ok ? (server_cpu_s(s) - srv_cpu0) * 1e3 / (double)d.turns_ok : NAN;
+    if (cpu_ms)
+        *cpu_ms = per;
+    progress("[%s] throughput %ux%u: server CPU %.2f ms per turn", s->name, conc, k, per);
     driver_free(&d);
-    if (!s->baseline)
-        server_wait_quiet(s, 10000);
 }
 
 /* Memory per idle turn: open n turns (each after ready, between blocks) at most 16 starting at
@@ -1618,7 +1655,7 @@ enum row {
     R_PRE_SRV_P50, R_PRE_CLI_P50,
     R_RTT_P50, R_RTT_P99,
     R_TC_INSIDE, R_TC_CLIENT, R_TC_ADDED,
-    R_TP4, R_TP16, R_TP64, R_TP4x5, R_BP4x5, R_TP16x5, R_BP16x5,
+    R_TP4, R_TP16, R_TP64, R_TP4x5, R_BP4x5, R_TP16x5, R_BP16x5, R_CPU1, R_CPU5,
     R_PSS_S, R_PSS_B, R_HELD_B, R_KMEM_B, R_TOP_PSS, R_PRE_PSS_S, R_PRE_TOP_PSS,
     R_NUMPY, R_PANDAS, R_NUMPY_PRE, R_PANDAS_PRE,
     NROWS
@@ -1685,6 +1722,8 @@ static void rows_init(const struct counts *fb)
     row_def(R_BP4x5, "throughput 4 x 5 blocks [blocks/s]", 1, "", 0, 0, 0);
     row_def(R_TP16x5, "throughput 16 x 5 blocks [turns/s]", 1, "", 0, 0, 1);
     row_def(R_BP16x5, "throughput 16 x 5 blocks [blocks/s]", 1, "", 0, 0, 0);
+    row_def(R_CPU1, "server CPU per 1-block turn (at 16 x 1) [ms]", 0, "", 0, 0, 2);
+    row_def(R_CPU5, "server CPU per 5-block turn (at 16 x 5) [ms]", 0, "", 0, 0, 2);
     snprintf(n1, sizeof n1, "Pss per idle turn, %u open [MB]", fb->pss_small);
     snprintf(n2, sizeof n2, "Pss per idle turn, %u open [MB]", fb->pss_big);
     snprintf(n3, sizeof n3, "idle turns held (of %u)", fb->pss_big);
@@ -1811,11 +1850,12 @@ static void measure_all(struct bench *b, struct server *s, enum col col, const s
     val[R_TC_ADDED][col] = val[R_TC_INSIDE][col] - val[R_TC_CLIENT][col];
 
     double dummy;
-    measure_throughput(b, s, 4, 1, n->tp_secs, &val[R_TP4][col], &dummy);
-    measure_throughput(b, s, 16, 1, n->tp_secs, &val[R_TP16][col], &dummy);
-    measure_throughput(b, s, 64, 1, n->tp_secs, &val[R_TP64][col], &dummy);
-    measure_throughput(b, s, 4, 5, n->tp_secs, &val[R_TP4x5][col], &val[R_BP4x5][col]);
-    measure_throughput(b, s, 16, 5, n->tp_secs, &val[R_TP16x5][col], &val[R_BP16x5][col]);
+    measure_throughput(b, s, 4, 1, n->tp_secs, &val[R_TP4][col], &dummy, NULL);
+    measure_throughput(b, s, 16, 1, n->tp_secs, &val[R_TP16][col], &dummy, &val[R_CPU1][col]);
+    measure_throughput(b, s, 64, 1, n->tp_secs, &val[R_TP64][col], &dummy, NULL);
+    measure_throughput(b, s, 4, 5, n->tp_secs, &val[R_TP4x5][col], &val[R_BP4x5][col], NULL);
+    measure_throughput(b, s, 16, 5, n->tp_secs, &val[R_TP16x5][col], &val[R_BP16x5][col],
+                       &val[R_CPU5][col]);
 
     double held, kmem;
     measure_pss(b, s, n->pss_small, &val[R_PSS_S][col], &held, &val[R_TOP_PSS][col], &kmem);
@@ -2054,8 +2094,10 @@ int main(int argc, char **argv)
     printf("ratio: how many times better forkbox (isolated) is than the baseline: baseline/forkbox "
            "for times and memory, forkbox/baseline for rates. * = the baseline's number without "
            "pool/preload (it has neither). Server-side times are forkboxd's own log (upgrade -> "
-           "ready); the baseline has no such log. Targets are checked against the isolated "
-           "column and never change the exit status.\n");
+           "ready); the baseline has no such log. Server CPU per turn = utime+stime+cutime+cstime "
+           "of the server's process tree over the row / turns (kernel work done in kworkers, "
+           "e.g. network namespace teardown, is not in it). Targets are checked against the "
+           "isolated column and never change the exit status.\n");
     loadavg(la, sizeof la);
     printf("total time: %.0f s; load average at the end: %s (other work on this machine skews "
            "every number)\n", ms_since(t0) / 1000.0, la);
