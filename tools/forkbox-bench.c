@@ -1073,6 +1073,8 @@ static int server_start(struct server *s, const char *name, bool baseline, char 
             free(log);
             s->pid = 0;
             server_stop(s);
+            close(s->log_fd);
+            s->log_fd = -1;
             return -1;
         }
         free(log);
@@ -1080,6 +1082,8 @@ static int server_start(struct server *s, const char *name, bool baseline, char 
     }
     snprintf(why, whylen, "no \"listening on\" line within 30 s");
     server_stop(s);
+    close(s->log_fd);
+    s->log_fd = -1;
     return -1;
 }
 
@@ -1810,7 +1814,7 @@ static int start_forkboxd(struct server *s, const char *name, const char *daemon
     char cap[32];
     snprintf(cap, sizeof cap, "--capacity=%u", capacity);
     char *argv[12];
-    int n = 0;
+    size_t n = 0;
     argv[n++] = (char *)daemon;
     argv[n++] = "--listen=127.0.0.1:0";
     argv[n++] = "--log-level=debug";
@@ -1821,8 +1825,18 @@ static int start_forkboxd(struct server *s, const char *name, const char *daemon
         argv[n++] = (char *)extra1;
     if (extra2)
         argv[n++] = (char *)extra2;
+    /* Fresh sandboxes per turn unless a pool is asked for: --pool 0, as forkboxd keeps a small
+     * pool by default. A daemon that rejects the flag has no pool: start it without. */
+    bool pool0 = !(extra1 && !strncmp(extra1, "--pool", 6)) &&
+                 !(extra2 && !strncmp(extra2, "--pool", 6));
+    if (pool0)
+        argv[n++] = "--pool=0";
     argv[n] = NULL;
     int r = server_start(s, name, false, argv, why, whylen);
+    if (r < 0 && pool0 && strstr(why, "pool")) {
+        argv[--n] = NULL;
+        r = server_start(s, name, false, argv, why, whylen);
+    }
     if (r == 0)
         progress("[%s] %s (port %u)", name, s->cmd, s->port);
     else
