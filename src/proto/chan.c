@@ -23,6 +23,7 @@ int chan_hdr_decode(const uint8_t *p, size_t n, uint32_t max_len,
     case CHAN_TOOLS:
     case CHAN_WORKSPACE:
     case CHAN_SNAPSHOT:
+    case CHAN_NOTIFY:
         break;
     default:
         return -EPROTO;

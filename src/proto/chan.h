@@ -7,7 +7,13 @@
  *   +------+-----+-----+-----+------------------------+
  *
  * Both ends run on the same host, so the byte order is fixed as little endian
- * only to keep the format explicit. */
+ * only to keep the format explicit.
+ *
+ * File descriptors: the only one that travels is the seccomp listener, once,
+ * attached (SCM_RIGHTS) to the sandbox's first message, a zero-length
+ * CHAN_NOTIFY, sent during setup before any untrusted code runs. The
+ * supervisor reads with recvmsg, adopts that one fd and closes any other a
+ * sandbox sends. */
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
@@ -19,6 +25,8 @@ enum chan_type {
     CHAN_TOOLS = 'T',     /* to child: the tools archive (state T) */
     CHAN_WORKSPACE = 'W', /* to child: a workspace archive (state B) */
     CHAN_SNAPSHOT = 'S',  /* from child: the workspace snapshot after output */
+    CHAN_NOTIFY = 'N',    /* from child, first message only: zero-length payload
+                             carrying the seccomp listener fd (SCM_RIGHTS) */
 };
 
 void chan_hdr_encode(uint8_t out[CHAN_HDR_LEN], enum chan_type type, uint32_t len);
