@@ -771,11 +771,16 @@ int policy_parse_file(const char *path, struct policy_rules **out, char *err, si
 
 /* --- filters --- */
 
-static uint32_t scmp_action(enum policy_action act, uint16_t err)
+/* The action of a rule. A counted refusal is a user notification (answered
+ * by whoever holds the listener) only in the main filter and only without
+ * `when`: conditional refusals live in the exceptions filter, which cannot
+ * have a listener of its own (one per filter stack), so they are plain
+ * ERRNO there, and the same in the main filter's copy. */
+static uint32_t scmp_action(enum policy_action act, uint16_t err, bool conditional)
 {
     switch (act) {
     case POLICY_ALLOW: return SCMP_ACT_ALLOW;
-    case POLICY_DENY: return SCMP_ACT_TRAP; /* the SIGSYS handler counts and sets errno */
+    case POLICY_DENY: return conditional ? SCMP_ACT_ERRNO(err) : SCMP_ACT_NOTIFY;
     case POLICY_ERRNO: return SCMP_ACT_ERRNO(err);
     default: return SCMP_ACT_KILL_PROCESS;
     }
@@ -783,13 +788,8 @@ static uint32_t scmp_action(enum policy_action act, uint16_t err)
 
 uint16_t policy_deny_errno(const struct policy_rules *r, int nr)
 {
-    if (nr >= 0 && nr < POLICY_NR_MAX) {
-        if (r->sys[nr].act == POLICY_DENY)
-            return r->sys[nr].err;
-        for (size_t i = 0; i < r->n_when; i++)
-            if (r->when[i].nr == nr && r->when[i].act == POLICY_DENY)
-                return r->when[i].err;
-    }
+    if (nr >= 0 && nr < POLICY_NR_MAX && r->sys[nr].act == POLICY_DENY)
+        return r->sys[nr].err;
     return r->def == POLICY_DENY ? r->def_err : EPERM;
 }
 
@@ -821,14 +821,14 @@ static int add_when(scmp_filter_ctx ctx, const struct policy_when *w)
             .datum_b = c->op == SCMP_CMP_MASKED_EQ ? c->value : 0,
         };
     }
-    return seccomp_rule_add_array(ctx, scmp_action(w->act, w->err), w->nr, w->ncond, cmp);
+    return seccomp_rule_add_array(ctx, scmp_action(w->act, w->err, true), w->nr, w->ncond, cmp);
 }
 
 int policy_build(const struct policy_rules *r, scmp_filter_ctx *mainp, scmp_filter_ctx *exceptp,
                  char *err, size_t errlen)
 {
     char name[64];
-    uint32_t def = scmp_action(r->def, r->def_err);
+    uint32_t def = scmp_action(r->def, r->def_err, false);
     scmp_filter_ctx m = new_filter(def), x = NULL;
     int rc;
     *mainp = *exceptp = NULL;
@@ -838,7 +838,7 @@ int policy_build(const struct policy_rules *r, scmp_filter_ctx *mainp, scmp_filt
     }
     for (int nr = 0; nr < POLICY_NR_MAX; nr++) {
         const struct policy_sys *s = &r->sys[nr];
-        uint32_t a = scmp_action(s->act, s->err);
+        uint32_t a = scmp_action(s->act, s->err, false);
         if (s->act == POLICY_NONE || a == def) /* the default already does it */
             continue;
         if ((rc = seccomp_rule_add(m, a, nr, 0)) < 0) {
@@ -857,12 +857,13 @@ int policy_build(const struct policy_rules *r, scmp_filter_ctx *mainp, scmp_filt
                 goto fail;
             }
             rc = add_when(x, w);
-            /* The kernel takes the most restrictive result of all filters,
-             * and TRAP (a counted denial) outranks ERRNO. Without an
+            /* The kernel takes the most restrictive result of all filters
+             * (KILL > ERRNO > USER_NOTIF), and of two ERRNO results the
+             * main filter's (loaded last, run first). Without an
              * unconditional rule the main filter would send these calls to
              * its default, so it must return the same refusal for them. */
             if (rc == 0 && r->sys[w->nr].act == POLICY_NONE &&
-                scmp_action(w->act, w->err) != def)
+                scmp_action(w->act, w->err, true) != def)
                 rc = add_when(m, w);
         } else {
             rc = add_when(m, w);

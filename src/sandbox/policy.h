@@ -9,7 +9,7 @@
  *   define NAME VALUE
  *   group @name { syscall @other-group ... }        (may span lines)
  *   allow TARGETS [when COND [and COND]...]
- *   deny ERRNO TARGETS [when ...]     refused and counted (SIGSYS -> errno)
+ *   deny ERRNO TARGETS [when ...]     refused and counted (without `when`: see below)
  *   errno ERRNO TARGETS [when ...]    refused quietly
  *   kill TARGETS [when ...]
  *   COND := argN [& VALUE] OP VALUE,  OP one of == != < <= > >=  (& only with ==)
@@ -22,8 +22,16 @@
  *     whose default is allow. The kernel runs both and the most restrictive
  *     result wins, so an exception beats an allow whatever the rule order.
  *     When the syscall has no unconditional rule they also go into the main
- *     filter: otherwise its default (a counted TRAP) would outrank a quiet
- *     ERRNO exception.
+ *     filter: otherwise its default could decide (a kill outranks ERRNO, and
+ *     of two ERRNO results the main filter's, loaded last, wins).
+ *
+ * Counted refusals: unconditional `deny` rules and `default deny` compile to
+ * SECCOMP_RET_USER_NOTIF in the main filter, which is loaded with
+ * SECCOMP_FILTER_FLAG_NEW_LISTENER; the supervisor holds the listener,
+ * counts each call and answers with the rule's errno (policy_deny_errno).
+ * The kernel allows one listener per filter stack, so a `deny ... when` rule
+ * (which lives in the exceptions filter) compiles to plain SECCOMP_RET_ERRNO:
+ * refused with its errno, not counted.
  */
 #pragma once
 #include <seccomp.h>
@@ -42,7 +50,8 @@
 enum policy_action {
     POLICY_NONE = 0,
     POLICY_ALLOW,
-    POLICY_DENY,  /* refused with an errno and counted (SECCOMP_RET_TRAP) */
+    POLICY_DENY,  /* refused with an errno and counted (SECCOMP_RET_USER_NOTIF;
+                     with `when`: SECCOMP_RET_ERRNO, not counted) */
     POLICY_ERRNO, /* refused with an errno, not counted (SECCOMP_RET_ERRNO) */
     POLICY_KILL,  /* SECCOMP_RET_KILL_PROCESS */
 };
@@ -110,8 +119,9 @@ int policy_parse_file(const char *path, struct policy_rules **out, char *err, si
 int policy_build(const struct policy_rules *r, scmp_filter_ctx *main, scmp_filter_ctx *except,
                  char *err, size_t errlen);
 
-/* The errno a counted denial of syscall nr returns (the SIGSYS handler's
- * table): the errno of that syscall's `deny` rule, else the default's. */
+/* The errno a counted refusal of syscall nr returns (the supervisor's
+ * answer): the errno of that syscall's unconditional `deny` rule, else the
+ * default's (EPERM if the default does not count). */
 uint16_t policy_deny_errno(const struct policy_rules *r, int nr);
 
 /* "allow", "deny EPERM", "errno ENOSYS", "kill" into buf. */

@@ -4,35 +4,49 @@
  * policy_load() runs in the fork server at start: policy file -> rules
  * (policy.c) -> libseccomp -> BPF exported into memory we own. The child
  * inherits that memory through clone() and policy_install() only issues
- * seccomp(2): no libseccomp, no allocation, about 0.1 ms. */
+ * seccomp(2): no libseccomp, no allocation, about 0.1 ms.
+ *
+ * Counted refusals are SECCOMP_RET_USER_NOTIF: the kernel parks the calling
+ * task and queues a notification on the listener fd that installing the
+ * main filter returned. The sandbox hands that fd to the supervisor and
+ * closes it before user code runs; policy_notify_answer() is the holder's
+ * side (count, then reply with the rule's errno, never CONTINUE). */
 #include "sandbox/seccomp.h"
 
 #include <errno.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
-#include <signal.h>
+#include <poll.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
-#include <ucontext.h>
 #include <unistd.h>
 
 #include "core/cleanup.h"
 #include "sandbox/policy.h"
 
-#ifndef SYS_SECCOMP
-#define SYS_SECCOMP 1 /* si_code of a seccomp SIGSYS */
-#endif
-
 struct sbx_policy {
     struct sock_fprog main;   /* .filter owned: the allowlist */
     struct sock_fprog except; /* .filter owned, .len 0 if none: refusing `when` rules */
-    uint16_t deny_errno[POLICY_NR_MAX]; /* errno of a counted denial, per syscall */
+    bool counts;              /* some call is a counted refusal: load with a listener */
     char summary[512];
 };
+
+/* Whether any call compiles to SECCOMP_RET_USER_NOTIF (policy_build). */
+static bool rules_count(const struct policy_rules *r)
+{
+    if (r->def == POLICY_DENY)
+        return true;
+    for (int nr = 0; nr < POLICY_NR_MAX; nr++)
+        if (r->sys[nr].act == POLICY_DENY)
+            return true;
+    return false;
+}
 
 /* Export a filter into an owned sock_fprog. libseccomp 2.5 has no in-memory
  * export, so go through a memfd. */
@@ -108,8 +122,7 @@ int policy_load(const char *path, struct sbx_policy **out, char *err, size_t err
         snprintf(err, errlen, "%s: exporting the filter: %s", path, strerror(-rc));
         goto out;
     }
-    for (int nr = 0; nr < POLICY_NR_MAX; nr++)
-        p->deny_errno[nr] = policy_deny_errno(r, nr);
+    p->counts = rules_count(r);
     summarize(p, r);
     *out = steal_pointer(&p);
     rc = 0;
@@ -136,62 +149,29 @@ size_t policy_bpf_len(const struct sbx_policy *p) { return (size_t)p->main.len +
 
 const char *policy_summary(const struct sbx_policy *p) { return p->summary; }
 
-/* --- child side ---
- *
- * The only mutable globals of this module, and they exist only in a sandbox
- * child: a signal handler has no other way to reach its data. The fork server
- * never installs the handler, so every child starts from 0. */
-static const struct sbx_policy *installed;
-static uint64_t denied_count;
-static int denied_last = -1;
+/* --- child side --- */
 
-/* SIGSYS from SECCOMP_RET_TRAP: the kernel skipped the syscall; what we put
- * in the return register is what the caller sees. Async-signal-safe: two
- * atomics and a table read. */
-static void on_sigsys(int sig, siginfo_t *si, void *ucv)
+int policy_install(const struct sbx_policy *p, int *listener)
 {
-    (void)sig;
-    if (si->si_code != SYS_SECCOMP)
-        return; /* kill(getpid(), SIGSYS) from user code: nothing to answer */
-    ucontext_t *uc = ucv;
-    int nr = si->si_syscall;
-    const struct sbx_policy *p = installed;
-    long e = (p && nr >= 0 && nr < POLICY_NR_MAX) ? p->deny_errno[nr] : EPERM;
-    __atomic_fetch_add(&denied_count, 1, __ATOMIC_RELAXED);
-    __atomic_store_n(&denied_last, nr, __ATOMIC_RELAXED);
-#if defined(__x86_64__)
-    uc->uc_mcontext.gregs[REG_RAX] = -e;
-#elif defined(__aarch64__)
-    uc->uc_mcontext.regs[0] = (unsigned long long)-e;
-#else
-#error "set the syscall return register for this architecture"
-#endif
-}
-
-int policy_install(const struct sbx_policy *p)
-{
+    *listener = -1;
     /* The kernel refuses an unprivileged filter without no_new_privs; check
      * so that a missing step is named rather than showing up as EACCES. */
     if (prctl(PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0) != 1)
         return -EPERM;
-    installed = p;
-    struct sigaction sa = { .sa_sigaction = on_sigsys, .sa_flags = SA_SIGINFO };
-    sigemptyset(&sa.sa_mask);
-    if (sigaction(SIGSYS, &sa, NULL) < 0)
-        return -errno;
     /* Exceptions first: the main filter refuses seccomp(2) itself, so it
-     * must be the last one loaded. No TSYNC: the child has one thread. */
+     * must be the last one loaded; it is also the one with the listener
+     * (one per filter stack). No TSYNC: the child has one thread. */
     if (p->except.len &&
         syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &p->except) < 0)
         return -errno;
-    if (syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &p->main) < 0)
+    long fd = syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER,
+                      p->counts ? SECCOMP_FILTER_FLAG_NEW_LISTENER : 0, &p->main);
+    if (fd < 0)
         return -errno;
+    if (p->counts)
+        *listener = (int)fd;
     return 0;
 }
-
-uint64_t policy_denied_count(void) { return __atomic_load_n(&denied_count, __ATOMIC_RELAXED); }
-
-int policy_denied_last(void) { return __atomic_load_n(&denied_last, __ATOMIC_RELAXED); }
 
 const char *policy_syscall_name(int nr, char *buf, size_t len)
 {
@@ -199,4 +179,102 @@ const char *policy_syscall_name(int nr, char *buf, size_t len)
     snprintf(buf, len, "%s", s ? s : "?");
     free(s);
     return buf;
+}
+
+/* --- the listener's holder --- */
+
+struct policy_notify {
+    uint16_t err[POLICY_NR_MAX]; /* errno of a counted refusal, per native syscall */
+    uint32_t arch;               /* AUDIT_ARCH_* of the native ABI (= SCMP_ARCH_NATIVE's) */
+    size_t req_size, resp_size;  /* at least the kernel's sizes and ours */
+    struct seccomp_notif *req;   /* owned */
+    struct seccomp_notif_resp *resp; /* owned */
+};
+
+int policy_notify_load(const char *path, struct policy_notify **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    struct policy_rules *r = NULL;
+    int rc = policy_parse_file(path, &r, err, errlen);
+    if (rc < 0)
+        return rc;
+    struct seccomp_notif_sizes sz = {0};
+    if (syscall(SYS_seccomp, SECCOMP_GET_NOTIF_SIZES, 0, &sz) < 0) {
+        rc = -errno;
+        snprintf(err, errlen, "seccomp(SECCOMP_GET_NOTIF_SIZES): %s", strerror(-rc));
+        policy_rules_free(r);
+        return rc;
+    }
+    struct policy_notify *n = calloc(1, sizeof *n);
+    if (n) {
+        n->req_size = sz.seccomp_notif > sizeof *n->req ? sz.seccomp_notif : sizeof *n->req;
+        n->resp_size = sz.seccomp_notif_resp > sizeof *n->resp ? sz.seccomp_notif_resp
+                                                               : sizeof *n->resp;
+        n->req = calloc(1, n->req_size);
+        n->resp = calloc(1, n->resp_size);
+    }
+    if (!n || !n->req || !n->resp) {
+        policy_notify_free(n);
+        policy_rules_free(r);
+        snprintf(err, errlen, "%s: out of memory", path);
+        return -ENOMEM;
+    }
+    for (int nr = 0; nr < POLICY_NR_MAX; nr++)
+        n->err[nr] = policy_deny_errno(r, nr);
+    n->arch = seccomp_arch_native();
+    policy_rules_free(r);
+    *out = n;
+    return 0;
+}
+
+void policy_notify_free(struct policy_notify *n)
+{
+    if (!n)
+        return;
+    free(n->req);
+    free(n->resp);
+    free(n);
+}
+
+int policy_notify_errno(const struct policy_notify *n, int nr)
+{
+    int e = nr >= 0 && nr < POLICY_NR_MAX ? n->err[nr] : 0;
+    return e > 0 && e < 4096 ? e : EPERM; /* never 0: that would fake a success */
+}
+
+int policy_notify_answer(struct policy_notify *n, int listener, int *nr, int *pid)
+{
+    *nr = -1;
+    *pid = 0;
+    /* RECV waits for a request when none is counted as pending, so look
+     * first. POLLIN means a notification is queued that no one has received;
+     * the kernel counts one pending request for each, and only RECV takes
+     * them away: as the only reader we find ours without waiting (ENOENT if
+     * its task went away meanwhile). */
+    struct pollfd pfd = {.fd = listener, .events = POLLIN};
+    int pr = poll(&pfd, 1, 0);
+    if (pr < 0)
+        return errno == EINTR ? POLICY_NOTIFY_NONE : -errno;
+    if (pfd.revents & POLLNVAL)
+        return -EBADF;
+    if (!(pfd.revents & POLLIN))
+        return (pfd.revents & POLLHUP) ? -EPIPE : POLICY_NOTIFY_NONE;
+
+    memset(n->req, 0, n->req_size); /* the kernel refuses a dirty buffer */
+    if (ioctl(listener, SECCOMP_IOCTL_NOTIF_RECV, n->req) < 0)
+        return errno == ENOENT ? POLICY_NOTIFY_GONE
+                               : errno == EINTR ? POLICY_NOTIFY_NONE : -errno;
+    /* Foreign ABIs are killed by the filter and never get here; whatever
+     * comes, it is refused. */
+    int num = n->req->data.arch == n->arch && n->req->data.nr >= 0 ? n->req->data.nr : -1;
+    memset(n->resp, 0, n->resp_size);
+    n->resp->id = n->req->id;
+    n->resp->error = -policy_notify_errno(n, num);
+    n->resp->val = 0;
+    n->resp->flags = 0; /* never SECCOMP_USER_NOTIF_FLAG_CONTINUE */
+    if (ioctl(listener, SECCOMP_IOCTL_NOTIF_SEND, n->resp) < 0)
+        return errno == ENOENT ? POLICY_NOTIFY_GONE : -errno;
+    *nr = num;
+    *pid = (int)n->req->pid;
+    return POLICY_NOTIFY_ANSWERED;
 }

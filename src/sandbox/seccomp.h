@@ -13,10 +13,19 @@ struct sbx_policy; /* opaque: the compiled filter plus its source summary */
 int policy_load(const char *path, struct sbx_policy **out, char *err, size_t errlen);
 void policy_free(struct sbx_policy *p);
 
-/* In the child, after PR_SET_NO_NEW_PRIVS: load the compiled filter
- * (seccomp(SECCOMP_SET_MODE_FILTER)). 0 or -errno. Async-signal-safe-ish: no
- * allocation. */
-int policy_install(const struct sbx_policy *p);
+/* In the child, after PR_SET_NO_NEW_PRIVS: load the compiled filters
+ * (seccomp(SECCOMP_SET_MODE_FILTER)), the main one with
+ * SECCOMP_FILTER_FLAG_NEW_LISTENER when the policy has counted refusals.
+ * 0 with *listener set (the notification fd, O_CLOEXEC, or -1 when nothing
+ * is counted), or -errno. No allocation.
+ *
+ * A counted refusal (`deny` without `when`, `default deny`) stops the calling
+ * task until the listener's holder answers it; once every copy of the
+ * listener is closed, counted refusals fail with ENOSYS. Whoever holds the
+ * listener decides what those calls return, and could even let them run
+ * (SECCOMP_USER_NOTIF_FLAG_CONTINUE): the caller must hand it out of the
+ * sandbox and close its copy before any untrusted code runs. */
+int policy_install(const struct sbx_policy *p, int *listener);
 
 /* Number of BPF instructions (for logs and the policy checker). */
 size_t policy_bpf_len(const struct sbx_policy *p);
@@ -25,23 +34,34 @@ size_t policy_bpf_len(const struct sbx_policy *p);
  * default, and the BPF sizes. Borrowed; lives as long as p. */
 const char *policy_summary(const struct sbx_policy *p);
 
-/* Denied-call accounting, in the child. A `deny` rule (and `default deny`)
- * compiles to SECCOMP_RET_TRAP; policy_install() sets a SIGSYS handler that
- * counts the call and makes it return -errno as the policy says. The counter
- * starts at 0 in each sandbox (the fork server never installs a filter), so
- * it is per turn; the child reports it when the turn ends.
- *
- * Limits, stated honestly: it counts in-process. A program exec'd by user
- * code starts with SIGSYS at SIG_DFL, so there a counted denial kills that
- * program ("Bad system call") instead of returning an errno, and is not
- * counted. User code cannot replace the handler (the default policy refuses
- * rt_sigaction(SIGSYS) with a handler) but can corrupt the counter in its own
- * memory; treat the number as a diagnostic, not evidence. Calls refused with
- * `errno` rules are not counted by design (expected probes such as clone3). */
-uint64_t policy_denied_count(void);
-/* Syscall number of the most recent counted denial, -1 if none. */
-int policy_denied_last(void);
 /* Name of a native syscall number into buf ("?" if unknown). Uses libseccomp's
- * table (allocates): fine in the child once user code is done, not in a
- * signal handler. */
+ * table (allocates). */
 const char *policy_syscall_name(int nr, char *buf, size_t len);
+
+/* --- answering counted refusals, outside the sandbox ---
+ *
+ * The listener's holder (the supervisor; the unit test) answers each counted
+ * refusal with the errno the policy names for that syscall and never lets a
+ * call through. The errno table comes from parsing the same policy file (no
+ * compiling: the holder has no filter of its own). */
+struct policy_notify; /* errno per syscall, notification buffers sized by the kernel */
+
+/* Parse path and size the buffers (seccomp(SECCOMP_GET_NOTIF_SIZES)). 0, or
+ * -errno with "file:line: reason" or the failing call in err. */
+int policy_notify_load(const char *path, struct policy_notify **out, char *err, size_t errlen);
+void policy_notify_free(struct policy_notify *n);
+/* The errno a counted refusal of native syscall nr returns (never 0). */
+int policy_notify_errno(const struct policy_notify *n, int nr);
+
+enum policy_notify_result {
+    POLICY_NOTIFY_NONE = 0,     /* nothing pending */
+    POLICY_NOTIFY_ANSWERED = 1, /* one call refused: *nr (-1 if not a native number), *pid */
+    POLICY_NOTIFY_GONE = 2,     /* a pending call went away (its task was killed or
+                                   interrupted) before the answer: not refused by us */
+};
+/* Answer at most one pending notification on listener. Never blocks: polls
+ * first, and SECCOMP_IOCTL_NOTIF_RECV after POLLIN finds its request (the
+ * holder is the only reader). A enum policy_notify_result, -EPIPE when no
+ * task uses the filter any more (the sandbox is gone), or -errno. *pid is the
+ * caller's pid as the holder sees it. */
+int policy_notify_answer(struct policy_notify *n, int listener, int *nr, int *pid);

@@ -103,15 +103,14 @@ static size_t json_escape(char *out, size_t room, const char *s)
     return n;
 }
 
-_Noreturn static void setup_failed(int chan_fd, enum sbx_step step, const char *name,
-                                   const char *what, int err)
+/* A `log` frame on the channel: setup failures, and the one setup warning
+ * (step 8). Blocking writes; nothing else is on the channel yet. */
+static void send_log_frame(int chan_fd, const char *level, const char *msg)
 {
-    char msg[400], esc[600], buf[CHAN_HDR_LEN + 700];
-    snprintf(msg, sizeof msg, "sandbox setup: %s: %s%s%s", name, what, err ? ": " : "",
-             err ? strerrordesc_np(err) : "");
+    char esc[600], buf[CHAN_HDR_LEN + 700];
     json_escape(esc, sizeof esc, msg);
     int n = snprintf(buf + CHAN_HDR_LEN, sizeof buf - CHAN_HDR_LEN,
-                     "{\"level\":\"error\",\"msg\":\"%s\",\"kind\":\"log\"}\n", esc);
+                     "{\"level\":\"%s\",\"msg\":\"%s\",\"kind\":\"log\"}\n", level, esc);
     chan_hdr_encode((uint8_t *)buf, CHAN_FRAME, (uint32_t)n);
     size_t len = CHAN_HDR_LEN + (size_t)n, off = 0;
     while (chan_fd >= 0 && off < len) {
@@ -122,6 +121,15 @@ _Noreturn static void setup_failed(int chan_fd, enum sbx_step step, const char *
             break;
         off += (size_t)w;
     }
+}
+
+_Noreturn static void setup_failed(int chan_fd, enum sbx_step step, const char *name,
+                                   const char *what, int err)
+{
+    char msg[400];
+    snprintf(msg, sizeof msg, "sandbox setup: %s: %s%s%s", name, what, err ? ": " : "",
+             err ? strerrordesc_np(err) : "");
+    send_log_frame(chan_fd, "error", msg);
     _exit(SBX_EXIT_STEP_BASE + step);
 }
 
@@ -330,9 +338,46 @@ static int step_privs(const struct sbx_plan *p, struct sbx_state *st)
     return r;
 }
 
+/* The listener goes to the supervisor as the first message on the channel:
+ * a zero-length CHAN_NOTIFY carrying the fd. It waits in the socket buffer
+ * (for a pooled sandbox, until the hand-out); the supervisor adopts it. */
+static int send_listener(int chan_fd, int listener)
+{
+    uint8_t hdr[CHAN_HDR_LEN];
+    chan_hdr_encode(hdr, CHAN_NOTIFY, 0);
+    union {
+        struct cmsghdr h;
+        char b[CMSG_SPACE(sizeof(int))];
+    } ctl;
+    memset(&ctl, 0, sizeof ctl);
+    struct iovec iov = {.iov_base = hdr, .iov_len = sizeof hdr};
+    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.b,
+                       .msg_controllen = sizeof ctl.b};
+    struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(c), &listener, sizeof(int));
+    ssize_t n;
+    do
+        n = sendmsg(chan_fd, &m, MSG_NOSIGNAL);
+    while (n < 0 && errno == EINTR);
+    if (n < 0)
+        return -errno;
+    return n == (ssize_t)sizeof hdr ? 0 : -EIO; /* 8 bytes on an empty stream socket */
+}
+
 /* 8. Seccomp last before user code (habit 2): the filter then only has to
  * allow what running code needs, not what setup needed. no_new_privs was
- * set in step 7. */
+ * set in step 7.
+ *
+ * Counted refusals are user notifications: the listener leaves the sandbox
+ * here, before init forks and long before user code runs, and our copy is
+ * closed at once. Whoever held it could answer its own refused calls, even
+ * with "let it run". If it cannot be sent (the kernel caps the fds in flight
+ * per user, a cap sandboxes share and user code can fill), the sandbox goes
+ * on without it: counted refusals then fail with ENOSYS, uncounted, and the
+ * supervisor logs our warning. */
 static int step_seccomp(const struct sbx_plan *p, struct sbx_state *st)
 {
     if (p->flags & SBX_PLAN_NO_SECCOMP)
@@ -341,10 +386,22 @@ static int step_seccomp(const struct sbx_plan *p, struct sbx_state *st)
         errno = EINVAL;
         return set_what(st, "no compiled policy");
     }
-    int r = policy_install(p->policy);
+    int listener = -1;
+    int r = policy_install(p->policy, &listener);
     if (r < 0) {
         errno = -r;
         return set_what(st, "policy_install");
+    }
+    if (listener < 0)
+        return 0; /* the policy counts nothing */
+    r = send_listener(st->chan_fd, listener);
+    close(listener);
+    if (r < 0) {
+        char msg[200];
+        snprintf(msg, sizeof msg, "seccomp: cannot pass the listener to the supervisor (%s): "
+                 "refused calls are not counted in this turn and fail with ENOSYS",
+                 strerrordesc_np(-r));
+        send_log_frame(st->chan_fd, "warning", msg);
     }
     return 0;
 }

@@ -15,6 +15,7 @@
 #include "core/cleanup.h"
 #include "core/log.h"
 #include "core/util.h"
+#include "sandbox/seccomp.h"
 #include "session/session.h"
 
 /* Connections that have not been admitted yet (HTTP phase) are bounded
@@ -213,6 +214,15 @@ int server_init(struct server *srv, struct loop *loop, const struct config *cfg,
     srv->next_id = 1;
     srv->signal_fd = -1;
 
+    /* Counted refusals are answered here, with the errno the policy names:
+     * parse the file the fork server compiled (it has loaded it already;
+     * nothing is compiled or installed here). */
+    if (cfg->isolate) {
+        int rn = policy_notify_load(cfg->policy_file, &srv->notify, err, errlen);
+        if (rn < 0)
+            return rn;
+    }
+
     uint16_t port = 0;
     int fd = listen_on(cfg->listen_host, cfg->listen_port, &port);
     if (fd < 0) {
@@ -268,6 +278,8 @@ void server_free(struct server *srv)
     if (srv->signal_fd >= 0)
         close(srv->signal_fd);
     fs_client_stop(&srv->fs);
+    policy_notify_free(srv->notify);
+    srv->notify = NULL;
     if (srv->token) {
         explicit_bzero(srv->token, srv->token_len);
         free(srv->token);

@@ -23,11 +23,13 @@
 #include "net/http.h"
 #include "net/ws.h"
 #include "proto/frame.h"
+#include "session/notify.h"
 #include "session/session.h"
 
 #define REPLY_LINGER_MS 1000   /* after a non-101 reply: wait for the peer's EOF */
 #define CLOSE_LINGER_MS 5000   /* ending a turn: flush what is queued, then close */
 #define CHAN_READ_BUDGET (1 * MiB) /* bytes read from a sandbox per wakeup */
+#define CHAN_MAX_FDS 8             /* fds taken (and closed) per read; the kernel drops the rest */
 
 static void update_interest(struct session *s);
 static void kill_sandbox(struct session *s);
@@ -233,6 +235,24 @@ static int handle_child_frame(struct session *s, const uint8_t *p, size_t n)
 
 static int handle_child_message(struct session *s, enum chan_type type, const uint8_t *p, size_t n)
 {
+    bool first = !s->chan_first_done;
+    int fd = s->chan_fd_pending;
+    s->chan_first_done = true;
+    s->chan_fd_pending = -1;
+    if (type == CHAN_NOTIFY) {
+        /* Only as the sandbox's first message (sent in setup, before any
+         * untrusted code), with its fd and nothing else. */
+        if (!first || fd < 0 || n != 0) {
+            if (fd >= 0)
+                close(fd);
+            session_fail(s, 1011, "sandbox protocol error: unexpected listener message");
+            return -1;
+        }
+        notify_adopt(s, fd);
+        return 0;
+    }
+    if (fd >= 0)
+        close(fd); /* an fd with a first message that is not the listener */
     switch (type) {
     case CHAN_FRAME:
         return handle_child_frame(s, p, n);
@@ -256,6 +276,40 @@ static int handle_child_message(struct session *s, enum chan_type type, const ui
     return -1;
 }
 
+/* recvmsg() on the channel: the only fd a sandbox may send is its seccomp
+ * listener, attached to the first byte of its first message (CHAN_NOTIFY).
+ * Such an fd is kept in chan_fd_pending until that message is complete
+ * (handle_child_message adopts or closes it); every other fd is closed at
+ * once. MSG_CMSG_CLOEXEC: none may leak into a process we start. */
+static ssize_t chan_recv(struct session *s, void *p, size_t len)
+{
+    union {
+        struct cmsghdr h;
+        char b[CMSG_SPACE(CHAN_MAX_FDS * sizeof(int))];
+    } ctl;
+    struct iovec iov = {.iov_base = p, .iov_len = len};
+    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.b,
+                       .msg_controllen = sizeof ctl.b};
+    bool at_start = !s->chan_first_done && !s->chan_body_active && s->chan_hdr_got == 0;
+    ssize_t n = recvmsg(s->chan_fd, &m, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+    if (n < 0)
+        return n;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+            continue;
+        size_t nfd = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < nfd; i++) {
+            int fd;
+            memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
+            if (at_start && nfd == 1 && s->chan_fd_pending < 0)
+                s->chan_fd_pending = fd;
+            else
+                close(fd);
+        }
+    }
+    return n;
+}
+
 /* Read what the sandbox sent, within a budget. Returns 0 to continue, -1 if
  * the session was failed, 1 on EOF (the sandbox's end is closed). */
 static int chan_read(struct session *s)
@@ -264,12 +318,12 @@ static int chan_read(struct session *s)
     while (budget > 0 && s->chan_fd >= 0) {
         ssize_t n;
         if (!s->chan_body_active) {
-            n = read(s->chan_fd, s->chan_hdr + s->chan_hdr_got, CHAN_HDR_LEN - s->chan_hdr_got);
+            n = chan_recv(s, s->chan_hdr + s->chan_hdr_got, CHAN_HDR_LEN - s->chan_hdr_got);
         } else {
             size_t want = s->chan_body_len - s->chan_body_got;
             if (want > budget)
                 want = budget;
-            n = want ? read(s->chan_fd, s->chan_body + s->chan_body_got, want) : 0;
+            n = want ? chan_recv(s, s->chan_body + s->chan_body_got, want) : 0;
             if (want == 0)
                 goto complete;
         }
@@ -407,6 +461,8 @@ static void kill_sandbox(struct session *s)
         loop_unwatch(l, &s->chan_watch);
         close_and_reset(&s->chan_fd);
     }
+    close_and_reset(&s->chan_fd_pending);
+    notify_close(s);
     free(s->chan_body);
     s->chan_body = NULL;
     s->chan_body_active = false;
@@ -694,7 +750,7 @@ struct session *session_new(struct server *srv, int fd)
     s->srv = srv;
     s->id = srv->next_id++;
     s->fd = fd;
-    s->chan_fd = s->pidfd = -1;
+    s->chan_fd = s->pidfd = s->chan_fd_pending = s->notify_fd = -1;
     s->phase = PHASE_HTTP;
     buf_init(&s->out, 64 * KiB);
     buf_init(&s->chan_out, 0);

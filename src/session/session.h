@@ -21,6 +21,7 @@
 struct http_req;
 struct ws_conn;
 struct session;
+struct policy_notify;
 
 struct server {
     struct loop *loop;            /* borrowed */
@@ -32,6 +33,8 @@ struct server {
     int signal_fd;                /* owned; SIGINT, SIGTERM */
     struct loop_watch signal_watch;
     struct fs_client fs;          /* owned: the fork server */
+    struct policy_notify *notify; /* owned: errno per syscall for counted refusals (the
+                                     policy file, parsed); NULL without isolation */
     struct loop_watch fs_watch;
     struct session *sessions;     /* owned, doubly linked */
     unsigned n_sessions;          /* all connections */
@@ -101,7 +104,15 @@ struct session {
     uint32_t chan_body_len, chan_body_got;
     enum chan_type chan_body_type;
     bool chan_body_active;
+    int chan_fd_pending;          /* owned: an fd that came with the first message, -1 */
+    bool chan_first_done;         /* the sandbox's first message is complete */
     char last_child_error[160];   /* last `log` error the sandbox sent outside a block */
+
+    /* counted refusals (notify.c) */
+    int notify_fd;                /* owned: the sandbox's seccomp listener, -1 */
+    struct loop_watch notify_watch;
+    uint64_t refused;             /* counted refusals answered this turn */
+    uint32_t *refused_by_nr;      /* owned: per native syscall, from the first refusal */
     uint64_t spawn_ns;            /* from the fork server */
     uint64_t accept_ns;           /* when the upgrade was accepted */
 };

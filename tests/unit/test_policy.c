@@ -3,7 +3,10 @@
  * Part 1 (no privileges): every parser error with its exact "path:line:
  * reason" text, and the shipped default policy compiles.
  * Part 2 (needs seccomp): each check forks a child that sets no_new_privs,
- * installs the default policy and reports one outcome by exit code.
+ * installs the default policy, hands the listener to this process (as a
+ * sandbox hands it to the supervisor) and reports one outcome by exit code.
+ * This process answers the counted refusals with policy_notify_answer(), the
+ * supervisor's code, and checks which calls were counted.
  * Part 3 (needs root and a v1/v2 memory controller): a child over a tiny
  * memory limit is OOM-killed; pids.max stops a fork bomb. Skipped otherwise. */
 #include <errno.h>
@@ -16,10 +19,13 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/seccomp.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/mount.h>
+#include <poll.h>
 #include <sys/personality.h>
+#include <sys/pidfd.h>
 #include <sys/prctl.h>
 #include <sys/ptrace.h>
 #include <sys/random.h>
@@ -168,11 +174,13 @@ static void test_parser(void)
 /* --- part 2: the filter in a child --- */
 
 static struct sbx_policy *pol;
+static struct policy_notify *answers;
 
 struct check {
     const char *name;
     int (*fn)(void);       /* runs after the filter is installed: 0 = as expected */
     int want_signal;       /* 0: expect exit 0; else the fatal signal */
+    const char *counted;   /* the counted refusals, one name per call, in any order */
 };
 
 #define EXPECT_ERR(call, e)                                                    \
@@ -263,6 +271,7 @@ static int c_sockets(void)
         return 3;
     return 0;
 }
+/* `deny ... when` lives in the exceptions filter: refused, not counted. */
 static int c_ioctl(void)
 {
     char c = 'x';
@@ -285,10 +294,9 @@ static int c_misc_allowed(void)
     if (prctl(PR_SET_NAME, "x") < 0 || prctl(PR_GET_NAME, name) < 0)
         return 3;
     EXPECT_ERR(prctl(PR_SET_MM, 0, 0, 0, 0), EPERM);
-    /* the SIGSYS handler can be read but not replaced */
-    struct sigaction sa = { .sa_handler = SIG_IGN }, old;
-    EXPECT_ERR(sigaction(SIGSYS, &sa, NULL), EPERM);
-    if (sigaction(SIGSYS, NULL, &old) < 0 || sigaction(SIGUSR1, &sa, NULL) < 0)
+    /* no SIGSYS handler is needed any more: code may set its own */
+    struct sigaction sa = { .sa_handler = SIG_IGN };
+    if (sigaction(SIGSYS, &sa, NULL) < 0 || sigaction(SIGUSR1, &sa, NULL) < 0)
         return 4;
     int fd = memfd_create("x", MFD_CLOEXEC);
     void *m = mmap(NULL, 1 << 20, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -300,22 +308,6 @@ static int c_misc_allowed(void)
         fcntl(t, F_SETLK, &(struct flock){ .l_type = F_WRLCK }) < 0 || unlink(tmpl) < 0)
         return 6;
     return 0;
-}
-static int c_counted(void)
-{
-    if (policy_denied_count() != 0)
-        return 2;
-    errno = 0;
-    if (syscall(SYS_ptrace, PTRACE_TRACEME, 0, 0, 0) != -1 || errno != EPERM)
-        return 3;
-    syscall(SYS_keyctl, 0, 0, 0, 0, 0);
-    (void)!socket(AF_INET, SOCK_STREAM, 0);       /* quiet: not counted */
-    struct clone_args a = { .exit_signal = SIGCHLD };
-    syscall(SYS_clone3, &a, sizeof a);            /* quiet */
-    raise(SIGSYS);                                /* not from seccomp: ignored */
-    if (policy_denied_count() != 2)
-        return 10 + (int)policy_denied_count();
-    return policy_denied_last() == SYS_keyctl ? 0 : 4;
 }
 static int c_x32(void)
 {
@@ -337,6 +329,25 @@ static int c_threads(void)
         return 2;
     return ret == (void *)42 ? 0 : 3;
 }
+/* The filter and its listener outlive execve: a program exec'd under it
+ * gets the errno of a counted refusal like its parent (no in-process
+ * handler is involved), and the refusal is counted by the same holder. */
+static int c_exec_counted(void)
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        execl("/bin/sh", "sh", "-c", "exec /usr/bin/python3 -I -c 'import os, errno\n"
+              "try:\n os.setuid(0)\nexcept PermissionError:\n raise SystemExit(0)\n"
+              "raise SystemExit(9)'", (char *)NULL);
+        _exit(127);
+    }
+    int st;
+    if (pid < 0 || waitpid(pid, &st, 0) != pid)
+        return 2;
+    if (WIFSIGNALED(st))
+        return 100 + WTERMSIG(st);
+    return WEXITSTATUS(st) ? 50 + WEXITSTATUS(st) % 50 : 0;
+}
 static int c_fork_exec(void)
 {
     pid_t pid = fork();
@@ -355,9 +366,9 @@ static int c_fork_exec(void)
         return 4;
     return 0;
 }
-/* CPython started by subprocess: it has no SIGSYS handler, so any counted
- * denial on its path would kill it. Exercises imports, threads, sqlite3,
- * tempfile, subprocess, AF_UNIX and the quiet AF_INET refusal. */
+/* CPython started by subprocess, as model code would: imports, threads,
+ * sqlite3, tempfile, subprocess, AF_UNIX and the quiet AF_INET refusal.
+ * Nothing on that path should be a counted refusal. */
 static int c_python(void)
 {
     static const char script[] =
@@ -389,67 +400,370 @@ static int c_python(void)
 }
 
 static const struct check checks[] = {
-    { "getpid works", c_getpid, 0 },
-    { "mount family incl. new mount API -> EPERM", c_mount, 0 },
-    { "unshare/setns/clone with namespace flags -> EPERM", c_unshare, 0 },
-    { "clone3 -> ENOSYS", c_clone3, 0 },
-    { "ptrace, process_vm_*, kcmp, perf_event_open -> EPERM", c_debug, 0 },
+    { "getpid works", c_getpid, 0, "" },
+    { "mount family incl. new mount API -> EPERM", c_mount, 0,
+      "mount umount2 fsopen open_tree move_mount mount_setattr pivot_root" },
+    { "unshare/setns/clone with namespace flags -> EPERM", c_unshare, 0,
+      "unshare unshare setns clone clone" },
+    { "clone3 -> ENOSYS (quiet)", c_clone3, 0, "" },
+    { "ptrace, process_vm_*, kcmp, perf_event_open -> EPERM", c_debug, 0,
+      "ptrace process_vm_readv process_vm_writev kcmp perf_event_open" },
     { "bpf, io_uring, userfaultfd, keys, open_by_handle_at, modules, kexec, reboot, swap, "
-      "acct, clock_settime, seccomp -> EPERM", c_kernel_objects, 0 },
-    { "personality(PER_LINUX32) -> EPERM, query works", c_personality, 0 },
-    { "socket: AF_UNIX works, other families -> EAFNOSUPPORT", c_sockets, 0 },
-    { "ioctl TIOCSTI/TIOCLINUX -> EPERM (also with high bits), FIONREAD works", c_ioctl, 0 },
-    { "rlimits of self, prctl, SIGSYS guard, memfd, mmap, file locks", c_misc_allowed, 0 },
-    { "counted denials: count and last syscall", c_counted, 0 },
-    { "x32 syscall -> killed by SIGSYS", c_x32, SIGSYS },
-    { "int 0x80 -> killed by SIGSYS", c_int80, SIGSYS },
-    { "pthread_create", c_threads, 0 },
-    { "fork+exec /bin/true, posix_spawn /bin/sh", c_fork_exec, 0 },
-    { "python3 subprocess: threads, sqlite3, subprocess, sockets", c_python, 0 },
+      "acct, clock_settime, seccomp -> EPERM", c_kernel_objects, 0,
+      "bpf io_uring_setup userfaultfd keyctl add_key request_key open_by_handle_at init_module "
+      "kexec_load reboot swapon acct clock_settime seccomp seccomp" },
+    { "personality(PER_LINUX32) -> EPERM, query works", c_personality, 0,
+      "personality personality" },
+    { "socket: AF_UNIX works, other families -> EAFNOSUPPORT (quiet)", c_sockets, 0, "" },
+    { "ioctl TIOCSTI/TIOCLINUX -> EPERM (also with high bits, not counted), FIONREAD works",
+      c_ioctl, 0, "" },
+    { "rlimits of self, prctl, SIGSYS handler, memfd, mmap, file locks", c_misc_allowed, 0,
+      "prlimit64 prctl" },
+    { "x32 syscall -> killed by SIGSYS", c_x32, SIGSYS, "" },
+    { "int 0x80 -> killed by SIGSYS", c_int80, SIGSYS, "" },
+    { "pthread_create", c_threads, 0, "" },
+    { "fork+exec /bin/true, posix_spawn /bin/sh", c_fork_exec, 0, "" },
+    { "exec'd program: a counted refusal returns EPERM and is counted", c_exec_counted, 0,
+      "setuid" },
+    { "python3 subprocess: threads, sqlite3, subprocess, sockets, nothing counted", c_python, 0,
+      "" },
 };
 
 static uint64_t install_ns[32];
 static int n_install;
 
+/* Child side: no_new_privs, install, pass the listener to the parent over
+ * sock (as step 8 does to the supervisor) and close it. Exits on failure. */
+static void child_install(const struct sbx_policy *p, int sock, int timing_fd)
+{
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
+        _exit(90);
+    struct timespec a, b;
+    int listener = -1;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    int rc = policy_install(p, &listener);
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    uint64_t ns = (uint64_t)(b.tv_sec - a.tv_sec) * 1000000000u + (uint64_t)(b.tv_nsec - a.tv_nsec);
+    if (timing_fd >= 0 && write(timing_fd, &ns, sizeof ns) != sizeof ns)
+        _exit(92);
+    if (rc < 0)
+        _exit(91);
+    union { struct cmsghdr h; char b[CMSG_SPACE(sizeof(int))]; } ctl;
+    memset(&ctl, 0, sizeof ctl);
+    char c = 'L';
+    struct iovec iov = { .iov_base = &c, .iov_len = 1 };
+    struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.b,
+                        .msg_controllen = sizeof ctl.b };
+    struct cmsghdr *h = CMSG_FIRSTHDR(&m);
+    h->cmsg_level = SOL_SOCKET;
+    h->cmsg_type = SCM_RIGHTS;
+    h->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(h), &listener, sizeof(int));
+    if (listener < 0 || sendmsg(sock, &m, 0) != 1)
+        _exit(93);
+    close(listener);
+    close(sock);
+}
+
+/* Parent side: receive the listener, then answer counted refusals until the
+ * child exits, counting them per syscall. The child's exit status in *st. */
+static void supervise(pid_t pid, int sock, uint32_t *counts, uint64_t *total, int *st)
+{
+    int listener = -1;
+    union { struct cmsghdr h; char b[CMSG_SPACE(sizeof(int))]; } ctl;
+    char c;
+    struct iovec iov = { .iov_base = &c, .iov_len = 1 };
+    struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.b,
+                        .msg_controllen = sizeof ctl.b };
+    if (recvmsg(sock, &m, MSG_CMSG_CLOEXEC) == 1) {
+        struct cmsghdr *h = CMSG_FIRSTHDR(&m);
+        if (h && h->cmsg_type == SCM_RIGHTS)
+            memcpy(&listener, CMSG_DATA(h), sizeof(int));
+    }
+    close(sock);
+    int pidfd = pidfd_open(pid, 0);
+    for (bool done = false; !done && pidfd >= 0;) {
+        struct pollfd pf[2] = { { .fd = pidfd, .events = POLLIN },
+                                { .fd = listener, .events = POLLIN } };
+        if (poll(pf, listener >= 0 ? 2 : 1, 60000) <= 0) {
+            printf("#   no progress in 60 s: killing the child\n");
+            kill(pid, SIGKILL);
+            break;
+        }
+        done = pf[0].revents & POLLIN;
+        for (int r, nr, cpid; listener >= 0;) {
+            r = policy_notify_answer(answers, listener, &nr, &cpid);
+            if (r == POLICY_NOTIFY_ANSWERED) {
+                (*total)++;
+                if (nr >= 0 && nr < POLICY_NR_MAX)
+                    counts[nr]++;
+            } else if (r != POLICY_NOTIFY_GONE) {
+                if (r < 0 && r != -EPIPE)
+                    printf("#   policy_notify_answer: %s\n", strerror(-r));
+                if (r < 0) {
+                    close(listener);
+                    listener = -1;
+                }
+                break;
+            }
+        }
+    }
+    if (listener >= 0)
+        close(listener);
+    if (pidfd >= 0)
+        close(pidfd);
+    waitpid(pid, st, 0);
+}
+
+/* "a b a" -> counts per syscall, compared with what was counted. */
+static bool counts_match(const char *want, const uint32_t *got, char *why, size_t len)
+{
+    static uint32_t exp[POLICY_NR_MAX];
+    memset(exp, 0, sizeof exp);
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%s", want);
+    for (char *sv, *t = strtok_r(buf, " ", &sv); t; t = strtok_r(NULL, " ", &sv)) {
+        int nr = seccomp_syscall_resolve_name(t);
+        if (nr >= 0 && nr < POLICY_NR_MAX)
+            exp[nr]++;
+    }
+    size_t n = 0;
+    why[0] = '\0';
+    for (int nr = 0; nr < POLICY_NR_MAX; nr++) {
+        if (exp[nr] == got[nr])
+            continue;
+        char name[64];
+        n += (size_t)snprintf(why + n, n < len ? len - n : 0, " %s: want %u got %u",
+                              policy_syscall_name(nr, name, sizeof name), exp[nr], got[nr]);
+        if (n >= len)
+            break;
+    }
+    return why[0] == '\0';
+}
+
 static void run_check(const struct check *c)
 {
-    int tp[2];
-    if (pipe(tp) < 0)
+    int tp[2], sv[2];
+    if (pipe(tp) < 0 || socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0)
         abort();
     pid_t pid = fork();
     if (pid == 0) {
         close(tp[0]);
-        if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
-            _exit(90);
-        struct timespec a, b;
-        clock_gettime(CLOCK_MONOTONIC, &a);
-        int rc = policy_install(pol);
-        clock_gettime(CLOCK_MONOTONIC, &b);
-        uint64_t ns = (uint64_t)(b.tv_sec - a.tv_sec) * 1000000000u + (uint64_t)(b.tv_nsec - a.tv_nsec);
-        if (write(tp[1], &ns, sizeof ns) != sizeof ns)
-            _exit(92);
-        if (rc < 0)
-            _exit(91);
+        close(sv[0]);
+        child_install(pol, sv[1], tp[1]);
         _exit(c->fn());
     }
     close(tp[1]);
+    close(sv[1]);
     uint64_t ns = 0;
     if (read(tp[0], &ns, sizeof ns) == sizeof ns && n_install < 32)
         install_ns[n_install++] = ns;
     close(tp[0]);
+    static uint32_t counts[POLICY_NR_MAX];
+    memset(counts, 0, sizeof counts);
+    uint64_t total = 0;
     int st = 0;
-    waitpid(pid, &st, 0);
+    supervise(pid, sv[0], counts, &total, &st);
+    bool ran;
     if (c->want_signal) {
-        ok(WIFSIGNALED(st) && WTERMSIG(st) == c->want_signal, "%s", c->name);
+        ran = WIFSIGNALED(st) && WTERMSIG(st) == c->want_signal;
         if (!WIFSIGNALED(st))
             printf("#   exited %d\n", WEXITSTATUS(st));
     } else {
-        ok(WIFEXITED(st) && WEXITSTATUS(st) == 0, "%s", c->name);
+        ran = WIFEXITED(st) && WEXITSTATUS(st) == 0;
         if (WIFSIGNALED(st))
             printf("#   killed by signal %d\n", WTERMSIG(st));
         else if (WEXITSTATUS(st))
             printf("#   exit code %d (10+n: wrong errno n; see the check)\n", WEXITSTATUS(st));
     }
+    char why[512];
+    bool counted = counts_match(c->counted, counts, why, sizeof why);
+    ok(ran && counted, "%s", c->name);
+    if (!counted)
+        printf("#   counted refusals differ:%s\n", why);
+}
+
+/* A policy of its own: the errno of a counted refusal is the rule's, else
+ * the default's, and the holder's table says so. */
+static int c_custom_errnos(void)
+{
+    EXPECT_ERR(ptrace(PTRACE_TRACEME, 0, 0, 0), EACCES);  /* deny EACCES ptrace */
+    EXPECT_ERR(syscall(SYS_getppid), EXDEV);             /* default deny EXDEV */
+    EXPECT_ERR(syscall(SYS_kcmp, 0, 0, 0, 0, 0), EXDEV);
+    EXPECT_ERR(syscall(SYS_getuid), ENOTTY);             /* errno ENOTTY: quiet */
+    return 0;
+}
+
+static void test_custom_errnos(void)
+{
+    static const char text[] =
+        "default deny EXDEV\n"
+        "allow write sendmsg close exit exit_group\n"
+        "deny EACCES ptrace\n"
+        "errno ENOTTY getuid\n";
+    char path[] = "/tmp/fbpol-custom-XXXXXX", err[512];
+    int fd = mkstemp(path);
+    if (fd < 0 || write(fd, text, sizeof text - 1) != (ssize_t)(sizeof text - 1))
+        abort();
+    close(fd);
+    struct sbx_policy *p = NULL;
+    struct policy_notify *saved = answers, *mine = NULL;
+    int rc = policy_load(path, &p, err, sizeof err);
+    if (rc == 0)
+        rc = policy_notify_load(path, &mine, err, sizeof err);
+    unlink(path);
+    is_int(rc, 0, "custom policy compiles and its errno table loads");
+    if (rc) {
+        printf("#   %s\n", err);
+        policy_free(p);
+        return;
+    }
+    is_int(policy_notify_errno(mine, SYS_ptrace), EACCES, "table: ptrace -> EACCES (its rule)");
+    is_int(policy_notify_errno(mine, SYS_getppid), EXDEV, "table: getppid -> EXDEV (default)");
+    answers = mine;
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0)
+        abort();
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(sv[0]);
+        child_install(p, sv[1], -1);
+        _exit(c_custom_errnos());
+    }
+    close(sv[1]);
+    static uint32_t counts[POLICY_NR_MAX];
+    memset(counts, 0, sizeof counts);
+    uint64_t total = 0;
+    int st = 0;
+    supervise(pid, sv[0], counts, &total, &st);
+    char why[512];
+    ok(WIFEXITED(st) && WEXITSTATUS(st) == 0 &&
+       counts_match("ptrace getppid kcmp", counts, why, sizeof why),
+       "custom policy: deny EACCES ptrace -> EACCES, default deny EXDEV -> EXDEV, both "
+       "counted; errno rule quiet");
+    if (!WIFEXITED(st) || WEXITSTATUS(st))
+        printf("#   status 0x%x\n", st);
+    answers = saved;
+    policy_notify_free(mine);
+    policy_free(p);
+}
+
+/* The cost of one counted refusal: the child makes N refused calls in a row;
+ * each is a round trip through this process (poll, RECV, SEND). Baseline: a
+ * quiet refusal (SECCOMP_RET_ERRNO) never leaves the kernel. */
+static void bench_refusals(void)
+{
+    enum { N = 10000 };
+    int tp[2], sv[2];
+    if (pipe(tp) < 0 || socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0)
+        abort();
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(tp[0]);
+        close(sv[0]);
+        child_install(pol, sv[1], -1);
+        struct clone_args a = { .exit_signal = SIGCHLD };
+        struct timespec t0, t1, t2;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        for (int i = 0; i < N; i++)
+            if (syscall(SYS_kcmp, 0, 0, 0, 0, 0) != -1 || errno != EPERM)
+                _exit(2);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        for (int i = 0; i < N; i++)
+            if (syscall(SYS_clone3, &a, sizeof a) != -1 || errno != ENOSYS)
+                _exit(3);
+        clock_gettime(CLOCK_MONOTONIC, &t2);
+        uint64_t ns[2] = {
+            (uint64_t)(t1.tv_sec - t0.tv_sec) * 1000000000u + (uint64_t)(t1.tv_nsec - t0.tv_nsec),
+            (uint64_t)(t2.tv_sec - t1.tv_sec) * 1000000000u + (uint64_t)(t2.tv_nsec - t1.tv_nsec),
+        };
+        _exit(write(tp[1], ns, sizeof ns) == sizeof ns ? 0 : 4);
+    }
+    close(tp[1]);
+    close(sv[1]);
+    static uint32_t counts[POLICY_NR_MAX];
+    memset(counts, 0, sizeof counts);
+    uint64_t total = 0, ns[2] = { 0, 0 };
+    int st = 0;
+    supervise(pid, sv[0], counts, &total, &st);
+    bool got = read(tp[0], ns, sizeof ns) == sizeof ns;
+    close(tp[0]);
+    ok(WIFEXITED(st) && WEXITSTATUS(st) == 0 && got && total == N && counts[SYS_kcmp] == N,
+       "%d counted refusals in a row: each refused with EPERM and counted once", N);
+    if (got)
+        printf("# counted refusal round trip: %.2f us per call (%d calls, answered by this "
+               "process); quiet errno refusal: %.3f us\n",
+               ns[0] / 1000.0 / N, N, ns[1] / 1000.0 / N);
+}
+
+/* What the supervisor relies on to never block: RECV waits only while the
+ * kernel counts no pending request, each queued notification counts one
+ * until RECV takes it, and a notification whose task is killed before RECV
+ * leaves the list but not the count. So after POLLIN, RECV returns at once,
+ * with ENOENT if the task went away meanwhile. Here: a refused call is
+ * queued (POLLIN), its task is killed and reaped while a sibling keeps the
+ * filter in use, then RECV must not wait (an alarm would interrupt it). */
+static void on_alarm(int sig) { (void)sig; }
+
+static void test_recv_after_pollin(void)
+{
+    int sv[2], ready[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0 || pipe(ready) < 0)
+        abort();
+    pid_t keeper = -1, pid = fork();
+    if (pid == 0) {
+        close(sv[0]);
+        close(ready[0]);
+        child_install(pol, sv[1], -1);
+        pid_t k = fork(); /* shares the filter, makes no call, outlives us */
+        if (k == 0) {
+            pause();
+            _exit(0);
+        }
+        if (write(ready[1], &k, sizeof k) != sizeof k)
+            _exit(2);
+        syscall(SYS_kcmp, 0, 0, 0, 0, 0); /* waits for an answer that never comes */
+        _exit(3);
+    }
+    close(sv[1]);
+    close(ready[1]);
+    int listener = -1;
+    union { struct cmsghdr h; char b[CMSG_SPACE(sizeof(int))]; } ctl;
+    char c;
+    struct iovec iov = { .iov_base = &c, .iov_len = 1 };
+    struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.b,
+                        .msg_controllen = sizeof ctl.b };
+    if (recvmsg(sv[0], &m, MSG_CMSG_CLOEXEC) == 1 && CMSG_FIRSTHDR(&m))
+        memcpy(&listener, CMSG_DATA(CMSG_FIRSTHDR(&m)), sizeof(int));
+    if (read(ready[0], &keeper, sizeof keeper) != sizeof keeper)
+        keeper = -1;
+    struct pollfd pf = { .fd = listener, .events = POLLIN };
+    bool queued = listener >= 0 && poll(&pf, 1, 5000) == 1 && (pf.revents & POLLIN);
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    pf.revents = 0;
+    bool gone_from_poll = poll(&pf, 1, 0) == 0;
+    struct sigaction sa = { .sa_handler = on_alarm }, old;
+    sigaction(SIGALRM, &sa, &old);
+    alarm(3);
+    struct seccomp_notif req;
+    memset(&req, 0, sizeof req);
+    errno = 0;
+    int r = listener >= 0 ? ioctl(listener, SECCOMP_IOCTL_NOTIF_RECV, &req) : -1;
+    int e = errno;
+    alarm(0);
+    sigaction(SIGALRM, &old, NULL);
+    ok(queued && gone_from_poll && r == -1 && e == ENOENT,
+       "RECV after POLLIN whose task was killed: ENOENT at once, no wait");
+    if (!(r == -1 && e == ENOENT))
+        printf("#   queued %d, gone from poll %d, RECV %d errno %s\n", queued, gone_from_poll, r,
+               strerrorname_np(e) ? strerrorname_np(e) : "0");
+    if (keeper > 0)
+        kill(keeper, SIGKILL); /* reparented away from us: not ours to reap */
+    if (listener >= 0)
+        close(listener);
+    close(sv[0]);
+    close(ready[0]);
 }
 
 static int cmp_u64(const void *a, const void *b)
@@ -469,6 +783,14 @@ static void test_filter(const char *path)
     }
     printf("# %s\n", policy_summary(pol));
     ok(policy_bpf_len(pol) > 50 && policy_bpf_len(pol) < 4096, "BPF length %zu", policy_bpf_len(pol));
+    rc = policy_notify_load(path, &answers, err, sizeof err);
+    is_int(rc, 0, "errno table for the listener's holder");
+    if (rc) {
+        printf("#   %s\n", err);
+        return;
+    }
+    is_int(policy_notify_errno(answers, SYS_mount), EPERM, "table: mount -> EPERM");
+    is_int(policy_notify_errno(answers, -1), EPERM, "table: unknown number -> EPERM, never 0");
 
     if (prctl(PR_GET_SECCOMP) < 0 && errno == EINVAL) {
         printf("ok %d - # SKIP kernel without seccomp\n", ++tap_n);
@@ -481,14 +803,20 @@ static void test_filter(const char *path)
         printf("# policy_install in the child: median %.1f us, max %.1f us (%d runs)\n",
                install_ns[n_install / 2] / 1000.0, install_ns[n_install - 1] / 1000.0, n_install);
     }
+    test_custom_errnos();
+    test_recv_after_pollin();
+    bench_refusals();
 
     /* Without no_new_privs install must refuse (EPERM), not half-install. */
     pid_t pid = fork();
-    if (pid == 0)
-        _exit(policy_install(pol) == -EPERM ? 0 : 1);
+    if (pid == 0) {
+        int l = -1;
+        _exit(policy_install(pol, &l) == -EPERM && l == -1 ? 0 : 1);
+    }
     int st;
     waitpid(pid, &st, 0);
     ok(WIFEXITED(st) && WEXITSTATUS(st) == 0, "install without no_new_privs -> -EPERM");
+    policy_notify_free(answers);
     policy_free(pol);
 }
 
