@@ -9,7 +9,7 @@
   raised (exhaustion cases expect exactly that).
 * PRELUDE: Python prepended to attack blocks. ``sc()`` issues a raw syscall via
   ctypes and returns {"ret", "errno"}; ``isolated(fn)`` runs fn in a forked
-  child (seccomp filter and SIGSYS handler are inherited across fork) so that a
+  child (the seccomp filter is inherited across fork and exec) so that a
   probe which kills its process, hangs, or succeeds where it must not, cannot
   take the block down with it; ``report(d)`` prints one result line that
   ``BlockResult.report()`` parses back.

@@ -10,16 +10,24 @@ the exact result policy/default.policy prescribes:
 * clone with namespace flags, personality other than the query, prctl options
   outside the allowlist, prlimit64 on another pid -> the default, EPERM;
 * ioctl TIOCSTI/TIOCLINUX (also with high bits set in the command) -> EPERM;
-* replacing the SIGSYS handler -> EPERM;
 * other ABIs (x32 numbers, i386 via int 0x80) -> the process is killed by
   SIGSYS (policy header: "always kill the sandbox").
+
+Counted refusals (`deny`, `default deny`) are seccomp user notifications that
+the supervisor answers and counts: programs exec'd by user code get EPERM like
+the interpreter does, the count shows up in the daemon's log at turn end, and
+the listener is never within reach of user code.
 
 Every argument is harmless even on an unisolated host: nonexistent paths, bad
 fds, invalid magic numbers / flags / timespecs, read-only queries.
 """
 
+import os
+import re
 import signal
 import textwrap
+import threading
+import time
 
 import pytest
 
@@ -214,7 +222,6 @@ CASES = [
     ("ioctl_tiocsti_high_bits", "sc(16, 0, 0x100005412, BUF)", EPERM),
     ("ioctl_tioclinux", "sc(16, 0, 0x541C, BUF)", EPERM),
     ("ioctl_tioclinux_high_bits", "sc(16, 0, 0xffffffff0000541C, BUF)", EPERM),
-    ("sigaction_replace_sigsys", "sigsys_replace()", EPERM),
     # --- other ABIs: the process is killed (SIGSYS) whatever the call
     ("x32_getpid", f"sc({39 | X32})", KILLED),
     ("x32_mount", f'sc({165 | X32}, b"none", b"/nonexistent-fbx", b"tmpfs", 0, None)', KILLED),
@@ -236,6 +243,8 @@ CONTROLS = [
     ("prctl_set_dumpable", "sc(157, 4, 1, 0, 0, 0)", lambda r: r == {"ret": 0, "errno": None}),
     ("ioctl_fionread_pipe", "fionread()", lambda r: r == {"ret": 0, "errno": None, "n": 3}),
     ("sigaction_query_sigsys", "sigsys_query()", lambda r: r == {"ret": 0, "errno": None}),
+    # no in-sandbox SIGSYS handler does the counting: code may set its own
+    ("sigaction_replace_sigsys", "sigsys_replace()", lambda r: r == {"ret": 0, "errno": None}),
     ("getpid_native", "sc(39)", lambda r: r["errno"] is None and r["ret"] > 0),
     ("prlimit64_self", "sc(302, 0, 7, None, BUF)", lambda r: r == {"ret": 0, "errno": None}),
     ("clone_plain_fork", "clone_ns(0)", lambda r: r["errno"] is None and r["ret"] > 0),
@@ -347,14 +356,12 @@ def exec_child(daemon):
 
 
 @pytest.mark.parametrize("call", ["setuid", "mount", "unshare"])
-def test_counted_denial_kills_an_exec_child(exec_child, call):
-    """`deny` rules are SECCOMP_RET_TRAP turned into an errno by the runtime's SIGSYS
-    handler, which does not survive execve: policy/README.md documents that a
-    program started with subprocess is then killed ("Bad system call", signal 31)
-    instead of getting EPERM. Either way the call does not happen; this pins the
-    documented outcome (see the report: the policy header's "code sees an error
-    it can handle" holds only in-process)."""
-    assert exec_child[call] == {"rc": -int(signal.SIGSYS), "out": ""}, f"{call}: {exec_child[call]}"
+def test_counted_denial_in_an_exec_child_returns_eperm(exec_child, call):
+    """`deny` rules are seccomp user notifications answered by the supervisor, so
+    they need nothing inside the process: a program started with subprocess gets
+    EPERM like the interpreter does (it used to be killed by SIGSYS when the
+    counting was an in-process SIGSYS handler that does not survive execve)."""
+    assert exec_child[call] == {"rc": 0, "out": "EPERM"}, f"{call}: {exec_child[call]}"
 
 
 @pytest.mark.parametrize("call", ["socket_inet", "socket_netlink"])
@@ -394,3 +401,159 @@ def test_every_task_in_the_sandbox_is_filtered(daemon):
            if not (isinstance(v, dict) and v.get("Seccomp") == "2" and v.get("NoNewPrivs") == "1"
                    and v.get("CapEff") == zero and v.get("CapPrm") == zero and v.get("CapBnd") == zero)}
     assert not bad, f"tasks not fully confined: {bad}"
+
+
+# --------------------------------------------------------------------------
+# counting outside the sandbox
+# --------------------------------------------------------------------------
+
+LISTENER = "anon_inode:seccomp notify"
+
+COUNTED_BLOCK = sbx.prelude(textwrap.dedent(r'''
+    import subprocess, sys, time
+    N = 10000
+    t0 = time.perf_counter()
+    bad = [r for r in (sc(312, 0, 0, 0, 0, 0) for _ in range(N)) if r != {"ret": -1, "errno": "EPERM"}]
+    per_call_us = (time.perf_counter() - t0) / N * 1e6
+    acct = [sc(163, b"/nonexistent-fbx/acct") for _ in range(3)]
+    code = "import os\ntry:\n os.setuid(0)\nexcept PermissionError:\n print('EPERM')\n"
+    kids = [subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=20)
+            for _ in range(2)]
+    report({"bad": bad[:3], "per_call_us": per_call_us, "acct": acct,
+            "kids": [(p.returncode, p.stdout.decode()) for p in kids]})
+'''))
+
+
+def test_refusals_are_counted_per_turn_in_the_daemon_log(daemon):
+    """Issue 3: "Denied calls are counted per turn and visible in the log". The
+    supervisor answers every counted refusal (10000 in a row from the interpreter,
+    and some from exec'd programs) with EPERM and logs the turn's count, by
+    syscall, when the turn ends. The count lives in the supervisor: nothing in
+    the sandbox can change it."""
+    r = daemon.run(COUNTED_BLOCK, timeout=120)
+    assert r.last.completed and r.last.exit_code == 0, repr(r)
+    rep = r.last.report()
+    assert rep["bad"] == [] and rep["acct"] == [{"ret": -1, "errno": "EPERM"}] * 3, rep
+    assert rep["kids"] == [[0, "EPERM\n"]] * 2, rep
+    want = re.compile(r"turn (\d+): 10005 system calls refused by the policy "
+                      r"\(kcmp \u00d710000, acct \u00d73, setuid \u00d72\)")
+    assert sbx.wait_until(lambda: want.search(daemon.stderr(200000)), 10), (
+        f"no count line in the daemon log (one refusal cost {rep['per_call_us']:.1f} us):\n"
+        + "\n".join(l for l in daemon.stderr(200000).splitlines() if "refused" in l))
+
+
+def test_a_plain_turn_refuses_nothing(daemon):
+    """The runtime itself makes no counted refusal: a turn of ordinary code logs no
+    count (and a pooled sandbox's warm-up never waits on the supervisor)."""
+    marker = "plain-turn-" + sbx.new_token()[-12:]
+    before = daemon.stderr(200000).count("refused by the policy")
+    r = daemon.run(f"import json, sqlite3, threading\nprint({marker!r})", timeout=60)
+    assert r.last.completed and r.last.stdout == marker + "\n", repr(r)
+    time.sleep(0.5)
+    assert daemon.stderr(200000).count("refused by the policy") == before, daemon.stderr(3000)
+
+
+FD_LINKS = sbx.prelude(textwrap.dedent(r'''
+    import os, sys, time
+    R = {}
+    for pid in ["self", "1"] + [p for p in os.listdir("/proc") if p.isdigit()]:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError as e:
+            R[pid] = exc(e)
+            continue
+        links = []
+        for fd in fds:
+            try:
+                links.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+            except OSError as e:
+                links.append(repr(e))
+        R[pid] = sorted(links)
+    report(R)
+    sys.stdout.flush()
+    time.sleep(4)
+'''))
+
+
+def _fd_links(pid: int) -> list[str]:
+    out = []
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                out.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+            except OSError:
+                pass
+    except OSError:
+        pass
+    return out
+
+
+def test_listener_is_out_of_reach_of_user_code(daemon):
+    """Whoever holds the listener decides what refused calls return, and could let
+    them run (SECCOMP_USER_NOTIF_FLAG_CONTINUE). The sandbox hands it over and
+    closes it in setup: neither the runtime (user code) nor the sandbox's init
+    has it, and from the host no process but the supervisor does, while the
+    turn runs."""
+    seen = {}
+
+    def host_view():
+        time.sleep(2)  # the block is sleeping by now
+        seen["supervisor"] = _fd_links(daemon.pid).count(LISTENER)
+        seen["others"] = {p: l for p in daemon.descendants() if (l := _fd_links(p).count(LISTENER))}
+
+    t = threading.Thread(target=host_view)
+    t.start()
+    r = daemon.run(FD_LINKS, timeout=60)
+    t.join()
+    assert r.last.completed and r.last.exit_code == 0, repr(r)
+    rep = r.last.report()
+    assert isinstance(rep.get("self"), list) and isinstance(rep.get("1"), list), rep
+    assert any(l.startswith("socket:") for l in rep["self"]), rep["self"]  # the listing works
+    holders = {pid: links for pid, links in rep.items()
+               if isinstance(links, list) and any("seccomp" in l for l in links)}
+    assert not holders, f"a sandbox process holds the listener: {holders}"
+    assert seen.get("supervisor", 0) >= 1, f"the supervisor holds no listener during the turn: {seen}"
+    assert seen.get("others") == {}, f"processes other than the supervisor hold a listener: {seen}"
+
+
+PARK_FDS = sbx.prelude(textwrap.dedent(r'''
+    import array, os, socket, sys, time
+    a, b = socket.socketpair()
+    fd = os.open("/dev/null", os.O_RDONLY)
+    parked = 0
+    try:
+        for _ in range(40):
+            a.sendmsg([b"x"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd] * 250))])
+            parked += 250
+    except OSError as e:
+        err = e.errno
+    print("parked", parked, flush=True)
+    time.sleep(10)
+'''))
+
+
+def test_fds_in_flight_from_one_turn_do_not_stop_another(daemon):
+    """The kernel caps the fds in flight in SCM_RIGHTS messages per user (the
+    sender's RLIMIT_NOFILE), and every sandbox runs as the same host uid, so one
+    turn can fill the cap for all of them (here: about 1250 fds parked in its
+    own socketpair). A sandbox set up meanwhile cannot pass its listener. It must
+    still start and run: refused calls are still refused (ENOSYS, not counted,
+    instead of EPERM) and a warning says so. This pins the degradation; passing
+    the listener some other way would remove it."""
+    res = {}
+    t = threading.Thread(target=lambda: res.update(a=daemon.run(PARK_FDS, timeout=60)))
+    t.start()
+    time.sleep(4)
+    r = daemon.run(sbx.prelude('report({"ptrace": sc(101, 0, 0, 0, 0), "pid": sc(39)["errno"]})'),
+                   timeout=30)
+    t.join()
+    assert "parked" in res["a"].last.stdout, repr(res["a"])
+    assert r.last.completed and r.last.exit_code == 0, repr(r)
+    rep = r.last.report()
+    assert rep["pid"] is None and rep["ptrace"]["ret"] == -1, rep
+    assert rep["ptrace"]["errno"] in ("EPERM", "ENOSYS"), rep
+    if rep["ptrace"]["errno"] == "ENOSYS":
+        assert any("cannot pass the listener" in f.get("msg", "") for f in r.logs) or \
+            "cannot pass the listener" in daemon.stderr(20000), (r, daemon.stderr(3000))
+    ok, why = daemon.fresh_turn_ok()
+    assert ok, why
