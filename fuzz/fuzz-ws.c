@@ -15,7 +15,11 @@
  *   0x08  the text handler closes the connection (1000) as the session does
  *         when a turn ends on a client message
  *   0x10  handlers reply (a text per text, a binary and a ping per binary)
- *   0x20  the server closes (1011) half way through the stream
+ *   0x20  the server closes (1011, with a reason over the 123-byte limit
+ *         that must be cut on a UTF-8 boundary) half way through the stream
+ *   0x40  bulk: the stream is repeated to over WS_READ_BUDGET bytes and sent
+ *         through a large socket buffer, so ws_conn_read() stops on its
+ *         budget and the ws_conn_read_more() loop has to finish the job
  *
  * A frame description (structured mode): byte b0 is the first header byte
  * as sent (FIN, RSV, opcode); byte b1's low 7 bits are the length code
@@ -50,7 +54,21 @@ enum {
     F_CLOSE_ON_TEXT = 0x08,
     F_REPLY = 0x10,
     F_SERVER_CLOSE = 0x20,
+    F_BULK = 0x40,
 };
+
+/* 61 two-byte characters and one more: cut at 123 bytes, the last one must
+ * go whole. */
+static const char long_reason[] =
+    "\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9"
+    "\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9"
+    "\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9"
+    "\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9"
+    "\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9"
+    "\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9"
+    "\xc3\xa9\xc3\xa9";
+
+#define BULK_BYTES (WS_READ_BUDGET + WS_READ_BUDGET / 4)
 
 struct state {
     struct ws_conn *c;
@@ -206,9 +224,27 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         FUZZ_ASSERT(stream != NULL, "malloc");
         memcpy(stream, data + 2, len);
     }
+    if ((s.flags & F_BULK) && len > 0) {
+        size_t copies = BULK_BYTES / len + 1;
+        uint8_t *big = malloc(copies * len);
+        FUZZ_ASSERT(big != NULL, "malloc");
+        for (size_t i = 0; i < copies; i++)
+            memcpy(big + i * len, stream, len);
+        free(stream);
+        stream = big;
+        len *= copies;
+    }
 
     FUZZ_ASSERT(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, sv) == 0,
                 "socketpair: %s", strerror(errno));
+    if (s.flags & F_BULK) {
+        /* More than one read budget must fit in the socket at once (an
+         * AF_UNIX stream queues up to the sender's buffer). FORCE needs
+         * CAP_NET_ADMIN; without it the budget path may not be reached. */
+        int sz = 2 * BULK_BYTES;
+        if (setsockopt(sv[0], SOL_SOCKET, SO_SNDBUFFORCE, &sz, sizeof sz) < 0)
+            setsockopt(sv[0], SOL_SOCKET, SO_SNDBUF, &sz, sizeof sz);
+    }
     if (s.flags & F_INITIAL)
         initial_len = off = fuzz_chunker_next(&ch, len);
     s.c = ws_conn_new(sv[1], s.max_msg, stream, initial_len, &handlers, &s);
@@ -218,7 +254,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     bool closed_half = false;
     while (rc == 0 && off < len && ws_conn_want_read(s.c)) {
-        size_t n = fuzz_chunker_next(&ch, len - off);
+        size_t n = (s.flags & F_BULK) ? len - off : fuzz_chunker_next(&ch, len - off);
         ssize_t w = send(sv[0], stream + off, n, MSG_NOSIGNAL);
         if (w < 0) {
             FUZZ_ASSERT(errno == EAGAIN, "send: %s", strerror(errno));
@@ -233,7 +269,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         drain(sv[0]);
         if (rc == 0 && (s.flags & F_SERVER_CLOSE) && !closed_half && off >= len / 2) {
             closed_half = true;
-            if (ws_conn_close(s.c, 1011, "server closes") == 0)
+            if (ws_conn_close(s.c, 1011, long_reason) == 0)
                 s.closed = true;
         }
     }

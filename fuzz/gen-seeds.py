@@ -118,7 +118,7 @@ def desc(b0, payload, masked=True, length_form=None, key=b"\x01\x02\x03\x04"):
 
 
 def ws_inputs():
-    F_STRUCT, F_INITIAL, F_SMALL, F_CLOSE, F_REPLY, F_SCLOSE = 1, 2, 4, 8, 16, 32
+    F_STRUCT, F_INITIAL, F_SMALL, F_CLOSE, F_REPLY, F_SCLOSE, F_BULK = 1, 2, 4, 8, 16, 32, 64
     close = struct.pack(">H", 1000) + b"bye"
     return {
         "raw-text": bytes([0, 0]) + raw_frame(0x81, b"hello"),
@@ -141,6 +141,9 @@ def ws_inputs():
         "rsv-bits": bytes([0, F_STRUCT]) + desc(0xc1, b"compressed?"),
         "control-fragmented": bytes([0, F_STRUCT]) + desc(0x09, b"p"),
         "unmasked": bytes([0, F_STRUCT]) + desc(0x81, b"plain", masked=False),
+        "bulk": bytes([0, F_STRUCT | F_BULK]) + desc(0x81, b"t" * 100) + desc(0x82, b"b" * 300, length_form=16)
+        + desc(0x89, b""),
+        "bulk-reply": bytes([0, F_STRUCT | F_BULK | F_REPLY]) + desc(0x82, b"b" * 1000, length_form=16),
     }
 
 
@@ -175,7 +178,7 @@ def special(name, kind, link=""):
 
 
 def archive_inputs():
-    F_RAW, F_SNAP = 1, 2
+    F_RAW, F_SNAP, F_SMALL_SNAP = 1, 2, 4
     basic = tar([special("dir/", tarfile.DIRTYPE), reg("dir/a.txt", b"hello\n"), reg("top.py", b"print(1)\n", 0o4755)])
     out = {
         "basic": bytes([0]) + basic,
@@ -193,6 +196,8 @@ def archive_inputs():
                                       special("h2", tarfile.LNKTYPE, "../../../outside/x")]),
         "specials": bytes([0]) + tar([special("fifo", tarfile.FIFOTYPE), special("chr", tarfile.CHRTYPE),
                                       special("blk", tarfile.BLKTYPE), special("cont", tarfile.CONTTYPE)]),
+        "snapshot-cap": bytes([F_SNAP | F_SMALL_SNAP]) + tar([reg("s1", b"1" * 3000), reg("s2", b"2" * 3000),
+                                                             reg("d/s3", b"3" * 90)]),
         "overwrite": bytes([F_SNAP]) + tar([reg("sub/keep", b"new"), reg("sub", b"file over dir"),
                                             reg("d/f"), special("d/f", tarfile.DIRTYPE), reg("d/f/g")]),
         "dots": bytes([0]) + tar([reg("./a"), reg("b/./c"), reg("x//y"), reg("."), special("./", tarfile.DIRTYPE), reg("..cfg")]),
