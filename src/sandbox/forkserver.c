@@ -410,7 +410,16 @@ struct placer_req {
 _Noreturn static void placer_main(const struct config *cfg, struct sbx_cgroups *cg, int fd)
 {
     signal(SIGPIPE, SIG_IGN); /* a child killed before its go */
+    size_t busy = 0; /* released turn cgroups whose tasks are still exiting */
     for (;;) {
+        if (busy) {
+            /* Retry them every 20 ms while otherwise idle. */
+            struct pollfd pfd = {.fd = fd, .events = POLLIN};
+            if (poll(&pfd, 1, 20) == 0) {
+                busy = limits_cgroups_retry(cg);
+                continue;
+            }
+        }
         struct placer_req req;
         union {
             char buf[CMSG_SPACE(sizeof(int))];
@@ -446,8 +455,10 @@ _Noreturn static void placer_main(const struct config *cfg, struct sbx_cgroups *
         } else {
             if (go_fd >= 0)
                 close(go_fd);
-            if (req.op == PLACER_RELEASE)
+            if (req.op == PLACER_RELEASE) {
                 limits_cgroups_release(cg, req.pid);
+                busy = limits_cgroups_retry(cg);
+            }
         }
     }
 }

@@ -11,7 +11,11 @@
  *
  * Cgroups are created under the fork server's own cgroup in each hierarchy
  * (read from /proc/self/cgroup), so the daemon's own limits still bound all
- * sandboxes together:  <own>/forkbox/turn-<host pid>.
+ * sandboxes together:  <own>/forkbox/turn-<placer pid>-<sequence>. Names are
+ * never reused: a turn's cgroup can outlive its pid (the runtime, pid 2 of the
+ * sandbox, is reaped after the sandbox's init), and a recycled pid must not
+ * find a busy directory in its way. A cgroup that is still busy when released
+ * is retried later (limits_cgroups_retry) instead of blocking the caller.
  *
  * RLIMIT_NPROC is only a backstop. It counts processes per (user namespace,
  * uid) from Linux 5.14 and per uid host-wide before; every sandbox maps to
@@ -38,7 +42,6 @@
 
 #define LIMITS_NOFILE 1024
 #define CPU_PERIOD_US 100000ULL
-#define RELEASE_TRIES 50 /* x 1 ms: a reaped turn's cgroup empties almost at once */
 
 enum cg_ctl { CG_MEMORY, CG_PIDS, CG_CPU, CG_N };
 static const char *const ctl_name[CG_N] = { "memory", "pids", "cpu" };
@@ -48,7 +51,27 @@ struct sbx_cgroups {
     char dir[CG_N][PATH_MAX]; /* parent ("<own>/forkbox") per controller; "" = not enforced.
                                  v2: the same directory for every enforced controller */
     bool swap_file;           /* v1 memory.memsw.limit_in_bytes / v2 memory.swap.max exists */
+    uint64_t next_seq;        /* last turn cgroup number handed out */
+    struct cg_turn {
+        pid_t pid;            /* the sandbox's host pid */
+        uint64_t seq;         /* its cgroup number */
+    } *live, *busy;           /* owned: placed turns; released but not yet removable */
+    size_t n_live, cap_live, n_busy, cap_busy;
 };
+
+static int turn_push(struct cg_turn **v, size_t *n, size_t *cap, struct cg_turn t)
+{
+    if (*n == *cap) {
+        size_t ncap = *cap ? *cap * 2 : 64;
+        struct cg_turn *nv = realloc(*v, ncap * sizeof *nv);
+        if (!nv)
+            return -ENOMEM;
+        *v = nv;
+        *cap = ncap;
+    }
+    (*v)[(*n)++] = t;
+    return 0;
+}
 
 static int write_file(const char *path, const char *s)
 {
@@ -278,9 +301,34 @@ int limits_cgroups_init(const struct config *cfg, struct sbx_cgroups **out)
     return 0;
 }
 
-static void turn_dir(const struct sbx_cgroups *cg, int c, pid_t pid, char *out, size_t len)
+static void turn_dir(const struct sbx_cgroups *cg, int c, uint64_t seq, char *out, size_t len)
 {
-    snprintf(out, len, "%s/turn-%d", cg->dir[c], (int)pid);
+    snprintf(out, len, "%s/turn-%d-%llu", cg->dir[c], (int)getpid(), (unsigned long long)seq);
+}
+
+static bool turn_enforced(const struct sbx_cgroups *cg, int c)
+{
+    /* v2: one directory (always with memory) for all controllers */
+    return cg->dir[c][0] && !(cg->v2 && c != CG_MEMORY);
+}
+
+/* Remove a turn's directories; -EBUSY while a task of it is still exiting. */
+static int remove_turn(const struct sbx_cgroups *cg, uint64_t seq)
+{
+    int busy = 0;
+    for (int c = 0; c < CG_N; c++) {
+        if (!turn_enforced(cg, c))
+            continue;
+        char dir[PATH_MAX + 48];
+        turn_dir(cg, c, seq, dir, sizeof dir);
+        if (rmdir(dir) == 0 || errno == ENOENT)
+            continue;
+        if (errno == EBUSY)
+            busy = 1;
+        else
+            LOG_W("cgroup: cannot remove %s: %s", dir, strerror(errno));
+    }
+    return busy ? -EBUSY : 0;
 }
 
 static int set_limits(const struct sbx_cgroups *cg, int c, const char *dir,
@@ -334,43 +382,29 @@ static int set_limits(const struct sbx_cgroups *cg, int c, const char *dir,
     return rc;
 }
 
-static int remove_dir(const char *dir)
-{
-    for (int i = 0; i < RELEASE_TRIES; i++) {
-        if (rmdir(dir) == 0 || errno == ENOENT)
-            return 0;
-        if (errno != EBUSY)
-            return -errno;
-        nanosleep(&(struct timespec){ .tv_nsec = 1000000 }, NULL);
-    }
-    return -EBUSY;
-}
-
 int limits_cgroups_attach(struct sbx_cgroups *cg, pid_t pid, const struct config *cfg)
 {
     char pidstr[32];
     snprintf(pidstr, sizeof pidstr, "%d", (int)pid);
+    struct cg_turn t = {.pid = pid, .seq = ++cg->next_seq};
+    if (turn_push(&cg->live, &cg->n_live, &cg->cap_live, t) < 0)
+        return -ENOMEM;
     for (int c = 0; c < CG_N; c++) {
-        if (!cg->dir[c][0] || (cg->v2 && c != CG_MEMORY))
-            continue; /* v2: one directory (always with memory) for all controllers */
-        char dir[PATH_MAX + 32];
-        turn_dir(cg, c, pid, dir, sizeof dir);
-        if (mkdir(dir, 0755) < 0) {
-            /* A stale directory from a crashed daemon whose pid is reused. */
-            if (errno != EEXIST || remove_dir(dir) < 0 || mkdir(dir, 0755) < 0) {
-                int e = -errno;
-                LOG_W("cgroup: mkdir %s: %s", dir, strerror(errno));
-                limits_cgroups_release(cg, pid);
-                return e ? e : -EEXIST;
+        if (!turn_enforced(cg, c))
+            continue;
+        char dir[PATH_MAX + 48];
+        turn_dir(cg, c, t.seq, dir, sizeof dir);
+        int rc = mkdir(dir, 0755) < 0 ? -errno : 0;
+        if (rc < 0)
+            LOG_W("cgroup: mkdir %s: %s", dir, strerror(-rc));
+        if (rc == 0) {
+            if (cg->v2) {
+                for (int k = 0; k < CG_N && rc == 0; k++)
+                    if (cg->dir[k][0])
+                        rc = set_limits(cg, k, dir, cfg);
+            } else {
+                rc = set_limits(cg, c, dir, cfg);
             }
-        }
-        int rc = 0;
-        if (cg->v2) {
-            for (int k = 0; k < CG_N && rc == 0; k++)
-                if (cg->dir[k][0])
-                    rc = set_limits(cg, k, dir, cfg);
-        } else {
-            rc = set_limits(cg, c, dir, cfg);
         }
         if (rc == 0)
             rc = write_at(dir, "cgroup.procs", pidstr);
@@ -386,21 +420,40 @@ void limits_cgroups_release(struct sbx_cgroups *cg, pid_t pid)
 {
     if (!cg)
         return;
-    for (int c = 0; c < CG_N; c++) {
-        if (!cg->dir[c][0] || (cg->v2 && c != CG_MEMORY))
+    for (size_t i = 0; i < cg->n_live; i++) {
+        if (cg->live[i].pid != pid)
             continue;
-        char dir[PATH_MAX + 32];
-        turn_dir(cg, c, pid, dir, sizeof dir);
-        int rc = remove_dir(dir);
-        if (rc < 0)
-            LOG_W("cgroup: cannot remove %s: %s", dir, strerror(-rc));
+        struct cg_turn t = cg->live[i];
+        cg->live[i] = cg->live[--cg->n_live];
+        if (remove_turn(cg, t.seq) == -EBUSY &&
+            turn_push(&cg->busy, &cg->n_busy, &cg->cap_busy, t) < 0)
+            LOG_W("cgroup: out of memory; turn cgroup %llu left behind",
+                  (unsigned long long)t.seq);
+        return;
     }
+}
+
+size_t limits_cgroups_retry(struct sbx_cgroups *cg)
+{
+    if (!cg)
+        return 0;
+    size_t kept = 0;
+    for (size_t i = 0; i < cg->n_busy; i++)
+        if (remove_turn(cg, cg->busy[i].seq) == -EBUSY)
+            cg->busy[kept++] = cg->busy[i];
+    cg->n_busy = kept;
+    return kept;
 }
 
 void limits_cgroups_free(struct sbx_cgroups *cg)
 {
     if (!cg)
         return;
+    limits_cgroups_retry(cg);
+    if (cg->n_busy)
+        LOG_W("cgroup: %zu turn cgroups still busy at exit", cg->n_busy);
+    free(cg->live);
+    free(cg->busy);
     /* Remove our parents if no other daemon uses them; harmless if busy. */
     for (int c = 0; c < CG_N; c++)
         if (cg->dir[c][0] && !(cg->v2 && c != CG_MEMORY))

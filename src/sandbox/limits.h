@@ -16,8 +16,12 @@ int limits_cgroups_init(const struct config *cfg, struct sbx_cgroups **out);
  * them (called by the fork server right after clone, before the child is
  * released). 0 or -errno. */
 int limits_cgroups_attach(struct sbx_cgroups *cg, pid_t pid, const struct config *cfg);
-/* Remove the turn's cgroup(s) once pid has been reaped. */
+/* Remove the turn's cgroup(s) once pid has been reaped. Never blocks: a
+ * cgroup whose tasks are still exiting is kept for limits_cgroups_retry(). */
 void limits_cgroups_release(struct sbx_cgroups *cg, pid_t pid);
+/* Try again to remove released cgroups that were busy; returns how many are
+ * still waiting (call again a little later while non-zero). */
+size_t limits_cgroups_retry(struct sbx_cgroups *cg);
 void limits_cgroups_free(struct sbx_cgroups *cg);
 
 /* In the child: RLIMIT_CORE 0, RLIMIT_FSIZE, RLIMIT_NOFILE, RLIMIT_NPROC

@@ -299,8 +299,10 @@ int mounts_prepare(const struct config *cfg, struct mount_plan **out, char *err,
     TRY(add_file(mp, "/etc/hosts", etc_hosts), "plan /etc/hosts");
     TRY(add_file(mp, "/etc/hostname", etc_hostname), "plan /etc/hostname");
     TRY(add_file(mp, "/etc/nsswitch.conf", etc_nsswitch), "plan /etc/nsswitch.conf");
+    /* /etc/alternatives: Debian's library and program choices are symlinks
+     * through it (libblas.so.3 for numpy, for one). */
     static const char *const etc_files[] = {"/etc/ld.so.cache", "/etc/localtime",
-                                            "/etc/mime.types"};
+                                            "/etc/mime.types", "/etc/alternatives"};
     for (size_t i = 0; i < sizeof etc_files / sizeof *etc_files; i++)
         TRY(add_host_entry(mp, etc_files[i]), "%s: %s", etc_files[i], strerror(-r));
     struct stat st;
