@@ -194,6 +194,20 @@ def test_preload_numpy_pandas(make_daemon):
     assert "numpy" in ready_turn.ready["packages"]
 
 
+@pytest.mark.skipif(not _have("numpy"), reason="python3-numpy not installed")
+def test_cold_numpy_import_in_an_isolated_sandbox(make_daemon):
+    """Without preloading, Debian's numpy imports inside the sandbox: its BLAS
+    is reached through /etc/alternatives, which the sandbox's /etc provides."""
+    d = make_daemon(["--pool", "0"])
+    code = ("import sys\n"
+            "print('numpy' in sys.modules)\n"
+            "import numpy as np\n"
+            "print(float(np.ones((2, 2)).dot(np.ones(2))[1]))\n")
+    _, (r,) = arun(one_turn(d, code), T)
+    assert r.exit_code == 0, r.stderr
+    assert r.stdout == "False\n2.0\n", r.stderr
+
+
 # ---- --site-packages ----------------------------------------------------------
 
 @pytest.fixture
