@@ -265,8 +265,13 @@ static int step_namespaces(const struct sbx_plan *p, struct sbx_state *st)
     return 0;
 }
 
-/* 5. rlimits: before the capability drop (raising a hard limit would need
- * CAP_SYS_RESOURCE; lowering never does, but the order keeps that option). */
+/* rlimits, after seccomp (the table's order, not this number, is the order):
+ * step 8 sends the seccomp listener to the supervisor over a unix socket, and
+ * the kernel caps fds in flight per user against the *sender's*
+ * RLIMIT_NOFILE. Every sandbox maps to the same host uid, so sending under the
+ * fork server's limit keeps one turn from using up that cap for the next.
+ * Lowering limits needs no privilege, and the policy allows prlimit64 on the
+ * caller itself. Before init, so both processes carry the limits. */
 static int step_rlimits(const struct sbx_plan *p, struct sbx_state *st)
 {
     int r = limits_apply_rlimits(p->cfg);
@@ -486,10 +491,10 @@ static const struct sbx_step_def isolated_steps[] = {
     {SBX_STEP_IDS, "ids", step_ids},
     {SBX_STEP_MOUNTS, "mounts", step_mounts},
     {SBX_STEP_NAMESPACES, "namespaces", step_namespaces},
-    {SBX_STEP_RLIMITS, "rlimits", step_rlimits},
     {SBX_STEP_FDS, "fds", step_fds},
     {SBX_STEP_PRIVS, "privileges", step_privs},
     {SBX_STEP_SECCOMP, "seccomp", step_seccomp},
+    {SBX_STEP_RLIMITS, "rlimits", step_rlimits},
     {SBX_STEP_INIT, "init", step_init},
 };
 
