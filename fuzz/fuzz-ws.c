@@ -17,7 +17,9 @@
  *   0x10  handlers reply (a text per text, a binary and a ping per binary)
  *   0x20  the server closes (1011, with a reason over the 123-byte limit
  *         that must be cut on a UTF-8 boundary) half way through the stream
- *   0x40  bulk: the stream is repeated to over WS_READ_BUDGET bytes and sent
+ *   0xc0  (both bits, and byte 0 == 0xff) bulk: the stream is repeated (up
+ *         to 64 times) and padded with 60000-byte binary frames to over
+ *         WS_READ_BUDGET bytes, max_msg is 64 KiB, and it is all sent
  *         through a large socket buffer, so ws_conn_read() stops on its
  *         budget and the ws_conn_read_more() loop has to finish the job
  *
@@ -54,7 +56,7 @@ enum {
     F_CLOSE_ON_TEXT = 0x08,
     F_REPLY = 0x10,
     F_SERVER_CLOSE = 0x20,
-    F_BULK = 0x40,
+    F_BULK = 0xc0, /* with byte 0 == 0xff: rare, a bulk input costs ~5 ms */
 };
 
 /* 61 two-byte characters and one more: cut at 123 bytes, the last one must
@@ -68,7 +70,7 @@ static const char long_reason[] =
     "\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9"
     "\xc3\xa9\xc3\xa9";
 
-#define BULK_BYTES (WS_READ_BUDGET + WS_READ_BUDGET / 4)
+#define BULK_BYTES (WS_READ_BUDGET + 16 * 1024)
 
 struct state {
     struct ws_conn *c;
@@ -224,20 +226,35 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         FUZZ_ASSERT(stream != NULL, "malloc");
         memcpy(stream, data + 2, len);
     }
-    if ((s.flags & F_BULK) && len > 0) {
-        size_t copies = BULK_BYTES / len + 1;
-        uint8_t *big = malloc(copies * len);
+    bool bulk = (s.flags & F_BULK) == F_BULK && data[0] == 0xff;
+    if (bulk) {
+        /* Few copies of a short stream, then large frames: thousands of
+         * tiny messages per input would make every bulk input slow. */
+        size_t copies = len ? BULK_BYTES / len + 1 : 0, pad = 60000, at;
+        if (copies > 64)
+            copies = 64;
+        uint8_t *big = malloc(copies * len + BULK_BYTES + pad + 8);
         FUZZ_ASSERT(big != NULL, "malloc");
         for (size_t i = 0; i < copies; i++)
             memcpy(big + i * len, stream, len);
+        at = copies * len;
+        while (at < BULK_BYTES) {
+            /* FIN binary, masked, 16-bit length, key 0: the payload is
+             * zeros either way. */
+            const uint8_t hdr[8] = {0x82, 0x80 | 126, (uint8_t)(pad >> 8), (uint8_t)pad, 0, 0, 0, 0};
+            memcpy(big + at, hdr, sizeof hdr);
+            memset(big + at + sizeof hdr, 0, pad);
+            at += sizeof hdr + pad;
+        }
         free(stream);
         stream = big;
-        len *= copies;
+        len = at;
+        s.max_msg = 64 * 1024;
     }
 
     FUZZ_ASSERT(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, sv) == 0,
                 "socketpair: %s", strerror(errno));
-    if (s.flags & F_BULK) {
+    if (bulk) {
         /* More than one read budget must fit in the socket at once (an
          * AF_UNIX stream queues up to the sender's buffer). FORCE needs
          * CAP_NET_ADMIN; without it the budget path may not be reached. */
@@ -254,7 +271,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     bool closed_half = false;
     while (rc == 0 && off < len && ws_conn_want_read(s.c)) {
-        size_t n = (s.flags & F_BULK) ? len - off : fuzz_chunker_next(&ch, len - off);
+        size_t n = bulk ? len - off : fuzz_chunker_next(&ch, len - off);
         ssize_t w = send(sv[0], stream + off, n, MSG_NOSIGNAL);
         if (w < 0) {
             FUZZ_ASSERT(errno == EAGAIN, "send: %s", strerror(errno));

@@ -118,7 +118,7 @@ def desc(b0, payload, masked=True, length_form=None, key=b"\x01\x02\x03\x04"):
 
 
 def ws_inputs():
-    F_STRUCT, F_INITIAL, F_SMALL, F_CLOSE, F_REPLY, F_SCLOSE, F_BULK = 1, 2, 4, 8, 16, 32, 64
+    F_STRUCT, F_INITIAL, F_SMALL, F_CLOSE, F_REPLY, F_SCLOSE, F_BULK = 1, 2, 4, 8, 16, 32, 0xC0
     close = struct.pack(">H", 1000) + b"bye"
     return {
         "raw-text": bytes([0, 0]) + raw_frame(0x81, b"hello"),
@@ -141,9 +141,9 @@ def ws_inputs():
         "rsv-bits": bytes([0, F_STRUCT]) + desc(0xc1, b"compressed?"),
         "control-fragmented": bytes([0, F_STRUCT]) + desc(0x09, b"p"),
         "unmasked": bytes([0, F_STRUCT]) + desc(0x81, b"plain", masked=False),
-        "bulk": bytes([0, F_STRUCT | F_BULK]) + desc(0x81, b"t" * 100) + desc(0x82, b"b" * 300, length_form=16)
+        "bulk": bytes([0xFF, F_STRUCT | F_BULK]) + desc(0x81, b"t" * 100) + desc(0x82, b"b" * 300, length_form=16)
         + desc(0x89, b""),
-        "bulk-reply": bytes([0, F_STRUCT | F_BULK | F_REPLY]) + desc(0x82, b"b" * 1000, length_form=16),
+        "bulk-reply": bytes([0xFF, F_STRUCT | F_BULK | F_REPLY]) + desc(0x82, b"b" * 1000, length_form=16),
     }
 
 
