@@ -14,6 +14,9 @@
 #include "sandbox/seccomp.h"
 
 #include <errno.h>
+#include <sys/wait.h>
+#include <signal.h>
+#include <fcntl.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
 #include <poll.h>
@@ -48,16 +51,10 @@ static bool rules_count(const struct policy_rules *r)
     return false;
 }
 
-/* Export a filter into an owned sock_fprog. libseccomp 2.5 has no in-memory
- * export, so go through a memfd. */
-static int export_bpf(scmp_filter_ctx ctx, struct sock_fprog *out)
+/* Read a BPF program that libseccomp exported into fd (a memfd: libseccomp
+ * 2.5 has no in-memory export) into an owned sock_fprog. */
+static int read_bpf(int fd, struct sock_fprog *out)
 {
-    _cleanup_close_ int fd = memfd_create("forkbox-bpf", MFD_CLOEXEC);
-    if (fd < 0)
-        return -errno;
-    int rc = seccomp_export_bpf(ctx, fd);
-    if (rc < 0)
-        return rc;
     off_t size = lseek(fd, 0, SEEK_END);
     if (size < 0)
         return -errno;
@@ -77,6 +74,96 @@ static int export_bpf(scmp_filter_ctx ctx, struct sock_fprog *out)
     }
     out->filter = f;
     out->len = (unsigned short)(size / (off_t)sizeof(struct sock_filter));
+    return 0;
+}
+
+/* libseccomp 2.5.4 can loop forever inside seccomp_rule_add() on some
+ * combinations of conditional rules for one syscall (found by fuzz-policy;
+ * reproducer in tests/fuzz/regressions/policy/). A policy file must stop
+ * forkboxd with a reason, never hang it, so the build runs in a child with a
+ * deadline. Normal policies take about 2 ms. */
+#define POLICY_COMPILE_TIMEOUT_MS 10000
+
+_Noreturn static void compile_child(const struct policy_rules *r, int main_fd, int except_fd,
+                                    int err_fd)
+{
+    char err[512] = "";
+    scmp_filter_ctx m = NULL, x = NULL;
+    int rc = policy_build(r, &m, &x, err, sizeof err);
+    if (rc == 0 && (rc = seccomp_export_bpf(m, main_fd)) == 0 && x)
+        rc = seccomp_export_bpf(x, except_fd);
+    if (rc < 0 && !err[0])
+        snprintf(err, sizeof err, "%s: exporting the filter: %s", r->path, strerror(-rc));
+    if (rc < 0 && write(err_fd, err, strlen(err)) < 0)
+        _exit(2);
+    _exit(rc < 0 ? 1 : 0);
+}
+
+static int compile_bounded(const struct policy_rules *r, struct sbx_policy *p, char *err,
+                           size_t errlen)
+{
+    _cleanup_close_ int main_fd = memfd_create("forkbox-bpf", MFD_CLOEXEC);
+    _cleanup_close_ int except_fd = memfd_create("forkbox-bpf-except", MFD_CLOEXEC);
+    int pipefd[2];
+    if (main_fd < 0 || except_fd < 0 || pipe2(pipefd, O_CLOEXEC) < 0) {
+        snprintf(err, errlen, "%s: compiling the filter: %s", r->path, strerror(errno));
+        return -errno;
+    }
+    _cleanup_close_ int rd = pipefd[0];
+    pid_t pid = fork();
+    if (pid < 0) {
+        int e = errno;
+        close(pipefd[1]);
+        snprintf(err, errlen, "%s: compiling the filter: fork: %s", r->path, strerror(e));
+        return -e;
+    }
+    if (pid == 0) {
+        close(rd);
+        compile_child(r, main_fd, except_fd, pipefd[1]);
+    }
+    close(pipefd[1]);
+
+    /* The pipe's write end closes when the child exits: wait for that. */
+    struct pollfd pfd = {.fd = rd, .events = POLLIN};
+    char msg[512];
+    size_t got = 0;
+    int rc = 0;
+    for (;;) {
+        int n = poll(&pfd, 1, POLICY_COMPILE_TIMEOUT_MS);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            kill(pid, SIGKILL);
+            rc = -ETIMEDOUT;
+            break;
+        }
+        ssize_t k = read(rd, msg + got, sizeof msg - 1 - got);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0 || (got += (size_t)k) == sizeof msg - 1)
+            break;
+    }
+    msg[got] = '\0';
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+        ;
+    if (rc == -ETIMEDOUT) {
+        snprintf(err, errlen,
+                 "%s: libseccomp did not finish compiling the filter within %d s (libseccomp "
+                 "2.5 can loop forever on some combinations of `when` rules for one syscall; "
+                 "simplify them)",
+                 r->path, POLICY_COMPILE_TIMEOUT_MS / 1000);
+        return rc;
+    }
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        snprintf(err, errlen, "%s", got ? msg : "compiling the filter failed");
+        return -EINVAL;
+    }
+    if ((rc = read_bpf(main_fd, &p->main)) < 0 ||
+        (lseek(except_fd, 0, SEEK_END) > 0 && (rc = read_bpf(except_fd, &p->except)) < 0)) {
+        snprintf(err, errlen, "%s: reading the compiled filter: %s", r->path, strerror(-rc));
+        return rc;
+    }
     return 0;
 }
 
@@ -106,32 +193,23 @@ static void summarize(struct sbx_policy *p, const struct policy_rules *r)
 int policy_load(const char *path, struct sbx_policy **out, char *err, size_t errlen)
 {
     struct policy_rules *r = NULL;
-    scmp_filter_ctx m = NULL, x = NULL;
     struct sbx_policy *p = NULL;
     int rc = policy_parse_file(path, &r, err, errlen);
     if (rc < 0)
         return rc;
-    if ((rc = policy_build(r, &m, &x, err, errlen)) < 0)
-        goto out;
     if (!(p = calloc(1, sizeof *p))) {
         rc = -ENOMEM;
         snprintf(err, errlen, "%s: out of memory", path);
         goto out;
     }
-    if ((rc = export_bpf(m, &p->main)) < 0 || (x && (rc = export_bpf(x, &p->except)) < 0)) {
-        snprintf(err, errlen, "%s: exporting the filter: %s", path, strerror(-rc));
+    if ((rc = compile_bounded(r, p, err, errlen)) < 0)
         goto out;
-    }
     p->counts = rules_count(r);
     summarize(p, r);
     *out = steal_pointer(&p);
     rc = 0;
 out:
     policy_free(p);
-    if (m)
-        seccomp_release(m);
-    if (x)
-        seccomp_release(x);
     policy_rules_free(r);
     return rc;
 }
