@@ -68,7 +68,12 @@ int fs_client_start(const struct config *cfg, char *const argv[], struct fs_clie
      * libraries read these once, when they load; sandboxes inherit that
      * setting in the preloaded copies, but not the variables (the runtime
      * reduces the environment to the spec 6.4 allowlist). */
-    char *const envp[] = {
+    /* The sanitizers' settings are passed on (they hold no secrets), so a
+     * sanitized build's fork server and sandboxes obey the same options as
+     * forkboxd; the runtime drops them from user code's environment. */
+    static const char *const passed[] = {"ASAN_OPTIONS", "UBSAN_OPTIONS"};
+    char kv[2][512];
+    char *envp[] = {
         "PATH=/usr/local/bin:/usr/bin:/bin",
         "LANG=C.UTF-8",
         cfg->isolate ? "HOME=/workspace" : "HOME=/tmp",
@@ -80,8 +85,16 @@ int fs_client_start(const struct config *cfg, char *const argv[], struct fs_clie
         "BLIS_NUM_THREADS=1",
         "NUMEXPR_NUM_THREADS=1",
         "VECLIB_MAXIMUM_THREADS=1",
+        NULL, /* room for the passed variables */
+        NULL,
         NULL,
     };
+    size_t n_env = sizeof envp / sizeof *envp - 3;
+    for (size_t i = 0; i < sizeof passed / sizeof *passed; i++) {
+        const char *v = getenv(passed[i]);
+        if (v && snprintf(kv[i], sizeof kv[i], "%s=%s", passed[i], v) < (int)sizeof kv[i])
+            envp[n_env++] = kv[i];
+    }
 
     int sv[2];
     if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0) {
