@@ -156,7 +156,8 @@ def test_frame_flood_with_a_stalled_client_is_bounded(daemon, kind):
     samples, b = sbx.arun(go(), 90)
     assert all(st == 200 and dt < 1.0 for _, st, dt in samples), samples
     peak = max(r for r, _, _ in samples)
-    assert peak - base < 64, f"supervisor RSS grew from {base} MB to {peak} MB: {samples}"
+    if not sbx.UNDER_ASAN:  # ASan's quarantine keeps freed memory resident
+        assert peak - base < 64, f"supervisor RSS grew from {base} MB to {peak} MB: {samples}"
     assert b.completed and b.done_exit == 0 and b.stdout.startswith("sent "), repr(b)
     ok, why = daemon.fresh_turn_ok()
     assert ok, why

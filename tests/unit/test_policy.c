@@ -796,6 +796,16 @@ static void test_filter(const char *path)
         printf("ok %d - # SKIP kernel without seccomp\n", ++tap_n);
         return;
     }
+#ifdef __SANITIZE_ADDRESS__
+    /* ASan's runtime makes its own system calls (sigaltstack on thread
+     * exit, for one) that this test's small filters refuse, and its error
+     * path then hangs. The daemon's suites run sandboxes under the default
+     * policy with the sanitizers; these checks run in the plain build. */
+    printf("ok %d - # SKIP filtered children under AddressSanitizer\n", ++tap_n);
+    policy_notify_free(answers);
+    policy_free(pol);
+    return;
+#endif
     for (size_t i = 0; i < sizeof checks / sizeof *checks; i++)
         run_check(&checks[i]);
     if (n_install) {
