@@ -82,7 +82,9 @@ static int read_bpf(int fd, struct sock_fprog *out)
  * reproducer in tests/fuzz/regressions/policy/). A policy file must stop
  * forkboxd with a reason, never hang it, so the build runs in a child with a
  * deadline. Normal policies take about 2 ms. */
-#define POLICY_COMPILE_TIMEOUT_MS 10000
+static unsigned compile_timeout_ms = 10000;
+
+void policy_set_compile_timeout(unsigned ms) { compile_timeout_ms = ms ? ms : 1; }
 
 _Noreturn static void compile_child(const struct policy_rules *r, int main_fd, int except_fd,
                                     int err_fd)
@@ -129,7 +131,7 @@ static int compile_bounded(const struct policy_rules *r, struct sbx_policy *p, c
     size_t got = 0;
     int rc = 0;
     for (;;) {
-        int n = poll(&pfd, 1, POLICY_COMPILE_TIMEOUT_MS);
+        int n = poll(&pfd, 1, (int)compile_timeout_ms);
         if (n < 0 && errno == EINTR)
             continue;
         if (n <= 0) {
@@ -149,10 +151,10 @@ static int compile_bounded(const struct policy_rules *r, struct sbx_policy *p, c
         ;
     if (rc == -ETIMEDOUT) {
         snprintf(err, errlen,
-                 "%s: libseccomp did not finish compiling the filter within %d s (libseccomp "
+                 "%s: libseccomp did not finish compiling the filter within %.1f s (libseccomp "
                  "2.5 can loop forever on some combinations of `when` rules for one syscall; "
                  "simplify them)",
-                 r->path, POLICY_COMPILE_TIMEOUT_MS / 1000);
+                 r->path, compile_timeout_ms / 1000.0);
         return rc;
     }
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {

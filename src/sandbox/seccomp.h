@@ -12,6 +12,9 @@ struct sbx_policy; /* opaque: the compiled filter plus its source summary */
  * (any error in the file stops forkboxd at start). */
 int policy_load(const char *path, struct sbx_policy **out, char *err, size_t errlen);
 void policy_free(struct sbx_policy *p);
+/* How long policy_load() lets libseccomp compile (default 10 s; the fuzz
+ * target shortens it). libseccomp 2.5.4 can loop forever on some policies. */
+void policy_set_compile_timeout(unsigned ms);
 
 /* In the child, after PR_SET_NO_NEW_PRIVS: load the compiled filters
  * (seccomp(SECCOMP_SET_MODE_FILTER)), the main one with
