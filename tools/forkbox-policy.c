@@ -5,8 +5,8 @@
  *
  * Exit 0 if the policy compiles, 1 with "file:line: reason" on stderr if not,
  * 2 on usage errors. --pfc prints libseccomp's pseudo filter code for both
- * filters; in it, TRAP is a counted denial (the sandbox's SIGSYS handler
- * returns the errno listed in the summary). */
+ * filters; in it, NOTIFY is a counted denial (a user notification the
+ * supervisor answers with the rule's errno and counts). */
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
