@@ -382,22 +382,42 @@ static int set_limits(const struct sbx_cgroups *cg, int c, const char *dir,
     return rc;
 }
 
+/* mkdir a turn cgroup. A directory of the same name can only be a leftover
+ * of an earlier daemon whose placer had our pid (it was killed, or a cgroup
+ * was still busy when it exited): remove it if it is empty, else -EEXIST. */
+static int make_turn_dir(const char *dir)
+{
+    if (mkdir(dir, 0755) == 0)
+        return 0;
+    if (errno != EEXIST)
+        return -errno;
+    if (rmdir(dir) < 0 || mkdir(dir, 0755) < 0)
+        return -EEXIST;
+    return 0;
+}
+
 int limits_cgroups_attach(struct sbx_cgroups *cg, pid_t pid, const struct config *cfg)
 {
     char pidstr[32];
     snprintf(pidstr, sizeof pidstr, "%d", (int)pid);
-    struct cg_turn t = {.pid = pid, .seq = ++cg->next_seq};
-    if (turn_push(&cg->live, &cg->n_live, &cg->cap_live, t) < 0)
-        return -ENOMEM;
-    for (int c = 0; c < CG_N; c++) {
-        if (!turn_enforced(cg, c))
-            continue;
-        char dir[PATH_MAX + 48];
-        turn_dir(cg, c, t.seq, dir, sizeof dir);
-        int rc = mkdir(dir, 0755) < 0 ? -errno : 0;
-        if (rc < 0)
-            LOG_W("cgroup: mkdir %s: %s", dir, strerror(-rc));
-        if (rc == 0) {
+    struct cg_turn t = {.pid = pid};
+    int rc = -EEXIST;
+    /* A busy leftover of the same name is skipped by taking the next number. */
+    for (int attempt = 0; attempt < 8 && rc == -EEXIST; attempt++) {
+        t.seq = ++cg->next_seq;
+        if (turn_push(&cg->live, &cg->n_live, &cg->cap_live, t) < 0)
+            return -ENOMEM;
+        rc = 0;
+        for (int c = 0; c < CG_N && rc == 0; c++) {
+            if (!turn_enforced(cg, c))
+                continue;
+            char dir[PATH_MAX + 48];
+            turn_dir(cg, c, t.seq, dir, sizeof dir);
+            rc = make_turn_dir(dir);
+            if (rc < 0) {
+                LOG_W("cgroup: mkdir %s: %s", dir, strerror(-rc));
+                break;
+            }
             if (cg->v2) {
                 for (int k = 0; k < CG_N && rc == 0; k++)
                     if (cg->dir[k][0])
@@ -405,15 +425,13 @@ int limits_cgroups_attach(struct sbx_cgroups *cg, pid_t pid, const struct config
             } else {
                 rc = set_limits(cg, c, dir, cfg);
             }
+            if (rc == 0)
+                rc = write_at(dir, "cgroup.procs", pidstr);
         }
-        if (rc == 0)
-            rc = write_at(dir, "cgroup.procs", pidstr);
-        if (rc < 0) {
-            limits_cgroups_release(cg, pid);
-            return rc;
-        }
+        if (rc < 0)
+            limits_cgroups_release(cg, pid); /* what this attempt created */
     }
-    return 0;
+    return rc;
 }
 
 void limits_cgroups_release(struct sbx_cgroups *cg, pid_t pid)

@@ -832,6 +832,70 @@ static void test_filter(const char *path)
 
 /* --- part 3: cgroups --- */
 
+/* Turn cgroups are named turn-<placer pid>-<n>. A daemon killed earlier may
+ * have left such directories behind under a pid we now have: an empty one is
+ * replaced, a busy one skipped (v1 memory hierarchy, as on this host). */
+static void test_cgroup_leftovers(struct sbx_cgroups *cg, const struct config *cfg)
+{
+    char line[4096], base[4096] = "";
+    FILE *f = fopen("/proc/self/cgroup", "re");
+    while (f && fgets(line, sizeof line, f)) {
+        char *ctl = strchr(line, ':'), *path = ctl ? strchr(ctl + 1, ':') : NULL;
+        if (path && strncmp(ctl + 1, "memory:", 7) == 0) {
+            path[strcspn(path, "\n")] = '\0';
+            snprintf(base, sizeof base, "/sys/fs/cgroup/memory%s/forkbox", path + 1);
+        }
+    }
+    if (f)
+        fclose(f);
+    struct stat stt;
+    if (!base[0] || stat(base, &stt) < 0) {
+        printf("ok %d - # SKIP no v1 memory hierarchy for the leftover test\n", ++tap_n);
+        return;
+    }
+    char empty[4200], busy[4200], procs[4300];
+    snprintf(empty, sizeof empty, "%s/turn-%d-1", base, (int)getpid());
+    snprintf(busy, sizeof busy, "%s/turn-%d-2", base, (int)getpid());
+    snprintf(procs, sizeof procs, "%s/cgroup.procs", busy);
+    mkdir(empty, 0755);
+    mkdir(busy, 0755);
+    pid_t sleeper = fork();
+    if (sleeper == 0) {
+        pause();
+        _exit(0);
+    }
+    FILE *pf = fopen(procs, "we");
+    if (pf) {
+        fprintf(pf, "%d", (int)sleeper);
+        fclose(pf);
+    }
+    pid_t turn[2];
+    char want[4300];
+    for (int i = 0; i < 2; i++) {
+        turn[i] = fork();
+        if (turn[i] == 0) {
+            pause();
+            _exit(0);
+        }
+        is_int(limits_cgroups_attach(cg, turn[i], cfg), 0, "attach %d next to leftovers", i + 1);
+    }
+    snprintf(want, sizeof want, "%s/turn-%d-1/cgroup.procs", base, (int)getpid());
+    ok(access(want, F_OK) == 0, "an empty leftover of the same name is replaced");
+    snprintf(want, sizeof want, "%s/turn-%d-3/cgroup.procs", base, (int)getpid());
+    ok(access(want, F_OK) == 0, "a busy leftover is skipped (the next number is used)");
+    for (int i = 0; i < 2; i++) {
+        kill(turn[i], SIGKILL);
+        waitpid(turn[i], NULL, 0);
+        limits_cgroups_release(cg, turn[i]);
+    }
+    kill(sleeper, SIGKILL);
+    waitpid(sleeper, NULL, 0);
+    for (int i = 0; i < 100 && limits_cgroups_retry(cg) > 0; i++)
+        usleep(10000);
+    rmdir(busy);
+    rmdir(empty);
+}
+
 static void test_cgroups(void)
 {
     if (geteuid() != 0) {
@@ -842,6 +906,7 @@ static void test_cgroups(void)
                           .tmpfs_size = 512 << 20, .isolate = true };
     struct sbx_cgroups *cg = NULL;
     is_int(limits_cgroups_init(&cfg, &cg), 0, "cgroups probed");
+    test_cgroup_leftovers(cg, &cfg);
 
     /* memory: allocate 256 MiB in a turn limited to 32 MiB */
     int go[2];
