@@ -54,6 +54,39 @@ static void reap_blocking(pid_t pid, int *status)
         ;
 }
 
+/* A helper process joined to us by a SEQPACKET socketpair. In the child
+ * (returns 0) its end is fd 3 with close-on-exec off, and it dies with us;
+ * only async-signal-safe calls are made, so the child may exec. The parent
+ * gets the child's pid and its own end in *fd; -errno with a reason in err. */
+static pid_t fork_helper(const char *what, int *fd, char *err, size_t errlen)
+{
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0) {
+        snprintf(err, errlen, "%s: socketpair: %s", what, strerror(errno));
+        return -errno;
+    }
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid < 0) {
+        int e = errno;
+        close(sv[0]);
+        close(sv[1]);
+        snprintf(err, errlen, "%s: fork: %s", what, strerror(e));
+        return -e;
+    }
+    if (pid == 0) {
+        if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0 || getppid() != parent)
+            _exit(127);
+        /* dup2 clears FD_CLOEXEC; an end that already is fd 3 needs it cleared. */
+        if (sv[1] == 3 ? fcntl(3, F_SETFD, 0) < 0 : dup2(sv[1], 3) < 0)
+            _exit(127);
+        return 0;
+    }
+    close(sv[1]);
+    *fd = sv[0];
+    return pid;
+}
+
 int fs_client_start(const struct config *cfg, char *const argv[], struct fs_client *fs,
                     char *err, size_t errlen)
 {
@@ -96,30 +129,11 @@ int fs_client_start(const struct config *cfg, char *const argv[], struct fs_clie
             envp[n_env++] = kv[i];
     }
 
-    int sv[2];
-    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0) {
-        snprintf(err, errlen, "socketpair: %s", strerror(errno));
-        return -errno;
-    }
-    pid_t parent = getpid();
-    pid_t pid = fork();
-    if (pid < 0) {
-        int e = errno;
-        close(sv[0]);
-        close(sv[1]);
-        snprintf(err, errlen, "fork: %s", strerror(e));
-        return -e;
-    }
+    int ctl_fd = -1;
+    pid_t pid = fork_helper("fork server", &ctl_fd, err, errlen);
+    if (pid < 0)
+        return pid;
     if (pid == 0) {
-        /* Async-signal-safe calls only until execve. */
-        if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0 || getppid() != parent)
-            _exit(127);
-        if (sv[1] == 3) {
-            if (fcntl(3, F_SETFD, 0) < 0)
-                _exit(127);
-        } else if (dup2(sv[1], 3) < 0) { /* dup2 clears FD_CLOEXEC */
-            _exit(127);
-        }
         /* Nothing else of ours crosses the exec, whatever its flags. */
         close_range(4, ~0u, CLOSE_RANGE_CLOEXEC);
         sigset_t none;
@@ -128,8 +142,7 @@ int fs_client_start(const struct config *cfg, char *const argv[], struct fs_clie
         execve("/proc/self/exe", argv, envp);
         _exit(127);
     }
-    close(sv[1]);
-    fs->ctl_fd = sv[0];
+    fs->ctl_fd = ctl_fd;
     fs->pid = pid;
 
     /* sync 0: wait for the ready record. */
@@ -478,33 +491,17 @@ _Noreturn static void placer_main(const struct config *cfg, struct sbx_cgroups *
 
 static int placer_start(struct forkserver *fsv, char *err, size_t errlen)
 {
-    int sv[2];
-    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0) {
-        snprintf(err, errlen, "cgroup helper: socketpair: %s", strerror(errno));
-        return -errno;
-    }
-    pid_t parent = getpid();
-    pid_t pid = fork();
-    if (pid < 0) {
-        int e = errno;
-        close(sv[0]);
-        close(sv[1]);
-        snprintf(err, errlen, "cgroup helper: fork: %s", strerror(e));
-        return -e;
-    }
+    int fd = -1;
+    pid_t pid = fork_helper("cgroup helper", &fd, err, errlen);
+    if (pid < 0)
+        return pid;
     if (pid == 0) {
-        if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0 || getppid() != parent)
-            _exit(1);
         /* Keep stdio (the log) and our socket only: not the control socket. */
-        int fd = sv[1] == 3 ? 3 : dup2(sv[1], 3);
-        if (fd != 3)
-            _exit(1);
         close_range(4, ~0u, 0);
         log_init("forkserver/cgroups", fsv->cfg->log_level);
         placer_main(fsv->cfg, fsv->cgroups, 3);
     }
-    close(sv[1]);
-    fsv->placer_fd = sv[0];
+    fsv->placer_fd = fd;
     fsv->placer_pid = pid;
     return 0;
 }
