@@ -25,6 +25,7 @@
 #include <fcntl.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <linux/kcmp.h>
 #include <limits.h>
 #include <math.h>
 #include <netinet/in.h>
@@ -44,6 +45,7 @@
 #include <sys/select.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/utsname.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -1193,6 +1195,26 @@ static long pss_kb(pid_t pid)
     return p ? strtol(p + 5, NULL, 10) : -1;
 }
 
+/* True if `pid` shares its address space with its parent (a sandbox's init and runtime are
+ * two processes with one mm): its Pss is then already in the parent's. */
+static bool shares_parent_mm(pid_t pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    ssize_t r = fd < 0 ? -1 : read(fd, buf, sizeof buf - 1);
+    if (fd >= 0)
+        close(fd);
+    if (r <= 0)
+        return false;
+    buf[r] = 0;
+    char *rp = strrchr(buf, ')');
+    int ppid;
+    if (!rp || sscanf(rp + 2, "%*c %d", &ppid) != 1 || ppid <= 1)
+        return false;
+    return syscall(SYS_kcmp, ppid, pid, KCMP_VM, 0, 0) == 0;
+}
+
 static long meminfo_kb(const char *key)
 {
     char buf[4096];
@@ -1341,8 +1363,45 @@ struct bench {
     struct counts fb, bl; /* forkbox and baseline */
     const char *bench_dir, *python;
     unsigned gap_ms;      /* idle time between sequential turn-start turns */
+    unsigned groups;      /* G_* bits: which measurements run (--rows) */
     bool failed;          /* a turn broke the protocol somewhere */
 };
+
+/* Measurement groups, selectable with --rows (default: all). */
+enum {
+    G_START = 1 << 0,      /* turn start, fresh sandbox (C and Python client) */
+    G_RTT = 1 << 1,        /* empty block round trip */
+    G_TOOL = 1 << 2,       /* tool call round trip */
+    G_THROUGHPUT = 1 << 3, /* throughput rows and server CPU per turn */
+    G_PSS = 1 << 4,        /* Pss per idle turn, turns held */
+    G_IMPORT = 1 << 5,     /* import numpy / pandas, cold */
+    G_POOL = 1 << 6,       /* the --pool rows */
+    G_PRELOAD = 1 << 7,    /* the --preload numpy,pandas rows */
+    G_ALL = (1 << 8) - 1,
+};
+static const char *const group_names[] = {"start", "rtt",  "tool", "throughput",
+                                          "pss",   "import", "pool", "preload"};
+
+static int parse_groups(const char *list, unsigned *out)
+{
+    char *copy = strdup(list), *save = NULL;
+    unsigned g = 0;
+    int r = 0;
+    for (char *w = strtok_r(copy, ",", &save); w; w = strtok_r(NULL, ",", &save)) {
+        size_t i = 0;
+        while (i < sizeof group_names / sizeof *group_names && strcmp(w, group_names[i]))
+            i++;
+        if (i == sizeof group_names / sizeof *group_names) {
+            fprintf(stderr, "forkbox-bench: --rows: no group '%s'\n", w);
+            r = -1;
+            break;
+        }
+        g |= 1u << i;
+    }
+    free(copy);
+    *out = g;
+    return g ? r : -1;
+}
 
 static double ms_since(uint64_t t0) { return (double)(now_ns() - t0) / NS_PER_MS; }
 
@@ -1580,7 +1639,7 @@ static void measure_pss(struct bench *b, struct server *s, unsigned n, double *p
     server_tree(s, &tr);
     long sum = 0, top = 0;
     for (size_t i = 0; i < tr.nturns; i++) {
-        long kb = pss_kb(tr.turns[i]);
+        long kb = shares_parent_mm(tr.turns[i]) ? 0 : pss_kb(tr.turns[i]);
         sum += kb > 0 ? kb : 0;
     }
     for (size_t i = 0; i < tr.ntop; i++) {
@@ -1847,37 +1906,47 @@ static int start_forkboxd(struct server *s, const char *name, const char *daemon
 /* Everything measured on a plain server (forkboxd or the baseline) into column `col`. */
 static void measure_all(struct bench *b, struct server *s, enum col col, const struct counts *n)
 {
-    struct samples cli = {0}, srv = {0}, spawn = {0};
-    measure_turn_start(b, s, n->start_turns, b->gap_ms, &cli, &srv, &spawn);
-    val[R_CLI_P50][col] = samples_pct(&cli, 50);
-    val[R_CLI_P99][col] = samples_pct(&cli, 99);
-    val[R_SRV_P50][col] = samples_pct(&srv, 50);
-    val[R_SRV_P99][col] = samples_pct(&srv, 99);
-    val[R_SPAWN_P50][col] = samples_pct(&spawn, 50);
-    samples_free(&cli);
-    samples_free(&srv);
-    samples_free(&spawn);
-    val[R_PY_P50][col] = measure_py_turn_start(b, s, n->py_turns, b->gap_ms);
-
-    measure_rtt(b, s, n->rtt_blocks, &val[R_RTT_P50][col], &val[R_RTT_P99][col]);
-    measure_tool_call(b, s, n->calls, &val[R_TC_INSIDE][col], &val[R_TC_CLIENT][col]);
-    val[R_TC_ADDED][col] = val[R_TC_INSIDE][col] - val[R_TC_CLIENT][col];
+    if (b->groups & G_START) {
+        struct samples cli = {0}, srv = {0}, spawn = {0};
+        measure_turn_start(b, s, n->start_turns, b->gap_ms, &cli, &srv, &spawn);
+        val[R_CLI_P50][col] = samples_pct(&cli, 50);
+        val[R_CLI_P99][col] = samples_pct(&cli, 99);
+        val[R_SRV_P50][col] = samples_pct(&srv, 50);
+        val[R_SRV_P99][col] = samples_pct(&srv, 99);
+        val[R_SPAWN_P50][col] = samples_pct(&spawn, 50);
+        samples_free(&cli);
+        samples_free(&srv);
+        samples_free(&spawn);
+        val[R_PY_P50][col] = measure_py_turn_start(b, s, n->py_turns, b->gap_ms);
+    }
+    if (b->groups & G_RTT)
+        measure_rtt(b, s, n->rtt_blocks, &val[R_RTT_P50][col], &val[R_RTT_P99][col]);
+    if (b->groups & G_TOOL) {
+        measure_tool_call(b, s, n->calls, &val[R_TC_INSIDE][col], &val[R_TC_CLIENT][col]);
+        val[R_TC_ADDED][col] = val[R_TC_INSIDE][col] - val[R_TC_CLIENT][col];
+    }
 
     double dummy;
-    measure_throughput(b, s, 4, 1, n->tp_secs, &val[R_TP4][col], &dummy, NULL);
-    measure_throughput(b, s, 16, 1, n->tp_secs, &val[R_TP16][col], &dummy, &val[R_CPU1][col]);
-    measure_throughput(b, s, 64, 1, n->tp_secs, &val[R_TP64][col], &dummy, NULL);
-    measure_throughput(b, s, 4, 5, n->tp_secs, &val[R_TP4x5][col], &val[R_BP4x5][col], NULL);
-    measure_throughput(b, s, 16, 5, n->tp_secs, &val[R_TP16x5][col], &val[R_BP16x5][col],
-                       &val[R_CPU5][col]);
-
-    double held, kmem;
-    measure_pss(b, s, n->pss_small, &val[R_PSS_S][col], &held, &val[R_TOP_PSS][col], &kmem);
-    if (n->pss_big)
-        measure_pss(b, s, n->pss_big, &val[R_PSS_B][col], &val[R_HELD_B][col], &dummy,
-                    &val[R_KMEM_B][col]);
-    val[R_NUMPY][col] = measure_import(b, s, "numpy", n->import_turns);
-    val[R_PANDAS][col] = measure_import(b, s, "pandas", n->import_turns);
+    if (b->groups & G_THROUGHPUT) {
+        measure_throughput(b, s, 4, 1, n->tp_secs, &val[R_TP4][col], &dummy, NULL);
+        measure_throughput(b, s, 16, 1, n->tp_secs, &val[R_TP16][col], &dummy,
+                           &val[R_CPU1][col]);
+        measure_throughput(b, s, 64, 1, n->tp_secs, &val[R_TP64][col], &dummy, NULL);
+        measure_throughput(b, s, 4, 5, n->tp_secs, &val[R_TP4x5][col], &val[R_BP4x5][col], NULL);
+        measure_throughput(b, s, 16, 5, n->tp_secs, &val[R_TP16x5][col], &val[R_BP16x5][col],
+                           &val[R_CPU5][col]);
+    }
+    if (b->groups & G_PSS) {
+        double held, kmem;
+        measure_pss(b, s, n->pss_small, &val[R_PSS_S][col], &held, &val[R_TOP_PSS][col], &kmem);
+        if (n->pss_big)
+            measure_pss(b, s, n->pss_big, &val[R_PSS_B][col], &val[R_HELD_B][col], &dummy,
+                        &val[R_KMEM_B][col]);
+    }
+    if (b->groups & G_IMPORT) {
+        val[R_NUMPY][col] = measure_import(b, s, "numpy", n->import_turns);
+        val[R_PANDAS][col] = measure_import(b, s, "pandas", n->import_turns);
+    }
 }
 
 static void run_forkbox(struct bench *b, const char *daemon, bool iso, enum col col,
@@ -1895,7 +1964,9 @@ static void run_forkbox(struct bench *b, const char *daemon, bool iso, enum col 
     close(s.log_fd);
 
     snprintf(name, sizeof name, "%s pool", tag);
-    if (start_forkboxd(&s, name, daemon, iso, "--pool=8", NULL, 256, why, sizeof why) == 0) {
+    if (!(b->groups & G_POOL))
+        ;
+    else if (start_forkboxd(&s, name, daemon, iso, "--pool=8", NULL, 256, why, sizeof why) == 0) {
         s.pooled = true;
         sleep_ms(300); /* let the pool fill */
         struct samples cli = {0}, srv = {0}, spawn = {0};
@@ -1919,7 +1990,9 @@ static void run_forkbox(struct bench *b, const char *daemon, bool iso, enum col 
         printf("note: %s: --pool 8 not available: %s\n", tag, why);
 
     snprintf(name, sizeof name, "%s preload", tag);
-    if (start_forkboxd(&s, name, daemon, iso, "--preload=numpy,pandas", NULL, 256, why,
+    if (!(b->groups & G_PRELOAD))
+        ;
+    else if (start_forkboxd(&s, name, daemon, iso, "--preload=numpy,pandas", NULL, 256, why,
                        sizeof why) == 0) {
         struct samples cli = {0}, srv = {0}, spawn = {0};
         measure_turn_start(b, &s, b->fb.start_turns / 2, b->gap_ms, &cli, &srv, &spawn);
@@ -1970,7 +2043,9 @@ static void usage(FILE *f)
             "  --scale F         multiply every count by F (after --quick)\n"
             "  --no-baseline     skip the baseline\n"
             "  --only WHICH      iso, noiso or baseline: measure only that column\n"
-            "  --gap-ms N        idle time between the sequential turn-start turns (0)\n",
+            "  --gap-ms N        idle time between the sequential turn-start turns (0)\n"
+            "  --rows LIST       measure only these groups (comma-separated): start, rtt, tool,\n"
+            "                    throughput, pss, import, pool, preload (default: all)\n",
             FORKBOX_DAEMON_PATH, FORKBOX_BENCH_DIR);
 }
 
@@ -1982,7 +2057,7 @@ static unsigned scale_u(unsigned v, double f)
 
 int main(int argc, char **argv)
 {
-    enum { O_DAEMON = 256, O_DIR, O_PY, O_QUICK, O_SCALE, O_NOBASE, O_ONLY, O_GAP, O_HELP };
+    enum { O_DAEMON = 256, O_DIR, O_PY, O_QUICK, O_SCALE, O_NOBASE, O_ONLY, O_GAP, O_ROWS, O_HELP };
     static const struct option opts[] = {
         {"forkboxd", required_argument, NULL, O_DAEMON},
         {"bench-dir", required_argument, NULL, O_DIR},
@@ -1992,6 +2067,7 @@ int main(int argc, char **argv)
         {"no-baseline", no_argument, NULL, O_NOBASE},
         {"only", required_argument, NULL, O_ONLY},
         {"gap-ms", required_argument, NULL, O_GAP},
+        {"rows", required_argument, NULL, O_ROWS},
         {"help", no_argument, NULL, O_HELP},
         {NULL, 0, NULL, 0},
     };
@@ -1999,7 +2075,8 @@ int main(int argc, char **argv)
     const char *only = NULL;
     bool quick = false, baseline = true;
     double scale = 1;
-    struct bench b = {.bench_dir = FORKBOX_BENCH_DIR, .python = "/usr/bin/python3"};
+    struct bench b = {.bench_dir = FORKBOX_BENCH_DIR, .python = "/usr/bin/python3",
+                      .groups = G_ALL};
     int o;
     while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (o) {
@@ -2023,6 +2100,10 @@ int main(int argc, char **argv)
             }
             break;
         case O_GAP: b.gap_ms = (unsigned)strtoul(optarg, NULL, 10); break;
+        case O_ROWS:
+            if (parse_groups(optarg, &b.groups) < 0)
+                return 2;
+            break;
         case O_HELP: usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
