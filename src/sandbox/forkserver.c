@@ -22,6 +22,7 @@
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -942,6 +943,9 @@ _Noreturn void forkserver_main(const struct config *cfg, int ctl_fd)
         .hooks = &sbx_runtime_hooks,
         .tid_addr = tid_addr,
     };
+    /* glibc registered our thread's robust mutex list; a raw clone drops the
+     * registration, which the child restores (steps.c). */
+    syscall(SYS_get_robust_list, 0, &fsv.plan.robust_head, &fsv.plan.robust_len);
 
     fsv.pool = calloc(cfg->pool_size ? cfg->pool_size : 1, sizeof *fsv.pool);
     fsv.pfd = calloc(2 + (size_t)cfg->pool_size, sizeof *fsv.pfd);

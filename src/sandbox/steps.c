@@ -24,6 +24,7 @@
 #include <sys/ioctl.h>
 #include <sys/pidfd.h>
 #include <sys/prctl.h>
+#include <sys/rseq.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -411,11 +412,117 @@ static int step_seccomp(const struct sbx_plan *p, struct sbx_state *st)
     return 0;
 }
 
-/* Pid 1 of the namespace: reap every orphan, and leave with the worker's
+/* --- 9. init ---------------------------------------------------------
+ *
+ * Pid 1 of the namespace reaps every orphan and leaves with the runtime's
  * status (the kernel then kills what is left in the namespace). Signals sent
  * from inside the namespace cannot reach a pid 1 that has no handlers, so
- * user code cannot kill it; the supervisor kills it from outside. */
-_Noreturn static void run_init(pid_t worker)
+ * user code cannot kill it; the supervisor kills it from outside.
+ *
+ * Init and the runtime share one address space (CLONE_VM without
+ * CLONE_THREAD: two processes, one mm). A plain fork here would copy the
+ * page tables of a whole interpreter for a process that only ever calls
+ * wait4, and tear them down again at the end of the turn: about 15% of the
+ * CPU a one-block turn costs, plus init's own copied pages (PSS).
+ *
+ * The price is discipline in init: it runs on its own small stack, with
+ * every signal blocked, and makes raw system calls only. The thread pointer
+ * (and so errno, the stack guard and glibc's state) belongs to the runtime,
+ * which keeps the original stack. Sharing the memory gives user code nothing
+ * it did not have: init carries the same credentials, namespaces and filter,
+ * and if it is corrupted and dies, the turn ends. */
+
+static char init_stack[16384] __attribute__((aligned(64)));
+
+/* A raw clone leaves the child without glibc's robust mutex list. */
+static void restore_robust_list(const struct sbx_plan *p)
+{
+    if (p->robust_head)
+        syscall(SYS_set_robust_list, p->robust_head, p->robust_len);
+}
+
+static long raw_syscall3(long n, long a, long b, long c)
+{
+    long ret;
+    __asm__ volatile("syscall"
+                     : "=a"(ret)
+                     : "0"(n), "D"(a), "S"(b), "d"(c)
+                     : "rcx", "r11", "memory");
+    return ret;
+}
+
+static long raw_syscall4(long n, long a, long b, long c, long d)
+{
+    register long r10 __asm__("r10") = d;
+    long ret;
+    __asm__ volatile("syscall"
+                     : "=a"(ret)
+                     : "0"(n), "D"(a), "S"(b), "d"(c), "r"(r10)
+                     : "rcx", "r11", "memory");
+    return ret;
+}
+
+/* The calling thread's rseq area, registered by glibc (sys/rseq.h). */
+static void *rseq_area(void)
+{
+    if (__rseq_size == 0)
+        return NULL; /* glibc did not register one (tunable, old kernel) */
+    char *tp;
+    __asm__("mov %%fs:0, %0" : "=r"(tp));
+    return tp + __rseq_offset;
+}
+
+#define RSEQ_LEN 32 /* the original struct rseq, which glibc 2.36 registers */
+
+__attribute__((noreturn, used, no_sanitize_address, no_sanitize("undefined")))
+static void init_main(long worker)
+{
+    /* The rseq area sits in the runtime's thread control block: hand it
+     * over (the kernel would otherwise keep writing init's cpu into it). */
+    void *rs = rseq_area();
+    if (rs)
+        raw_syscall4(SYS_rseq, (long)rs, RSEQ_LEN, RSEQ_FLAG_UNREGISTER, RSEQ_SIG);
+    /* Init needs no fd; the channel must close when the runtime's copy does. */
+    raw_syscall3(SYS_close_range, 0, ~0U, 0);
+    for (;;) {
+        int status = 0;
+        long pid = raw_syscall4(SYS_wait4, -1, (long)&status, __WALL, 0);
+        if (pid == worker)
+            raw_syscall3(SYS_exit_group,
+                         WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), 0, 0);
+        if (pid < 0 && pid != -EINTR)
+            raw_syscall3(SYS_exit_group, 127, 0, 0);
+    }
+}
+
+/* clone(CLONE_VM | CLONE_CHILD_SETTID | SIGCHLD) on the current stack. The
+ * child (the runtime) returns 0 here and carries on as if from a fork. The
+ * parent (init) never returns: before touching memory it moves to init_stack
+ * and calls init_main(child). Returns -errno if there is no child. */
+static long clone_init(pid_t *tid_addr)
+{
+    register long r10 __asm__("r10") = (long)tid_addr;
+    register long r8 __asm__("r8") = 0;
+    long ret;
+    __asm__ volatile("syscall\n\t"
+                     "test %%rax, %%rax\n\t"
+                     "jle 1f\n\t"
+                     "mov %[stack], %%rsp\n\t"
+                     "mov %%rax, %%rdi\n\t"
+                     "call *%[fn]\n\t"
+                     "ud2\n"
+                     "1:"
+                     : "=a"(ret)
+                     : "0"((long)SYS_clone), "D"((long)(CLONE_VM | CLONE_CHILD_SETTID | SIGCHLD)),
+                       "S"(0L), "d"(0L), "r"(r10), "r"(r8),
+                       [stack] "r"(init_stack + sizeof init_stack), [fn] "r"(init_main)
+                     : "rcx", "r11", "memory");
+    return ret;
+}
+
+/* Without the tid address (sbx_tid_probe failed) only glibc's fork is safe;
+ * init is then a copy, on the original stack. */
+_Noreturn static void run_forked_init(pid_t worker)
 {
     for (;;) {
         int status;
@@ -431,20 +538,42 @@ _Noreturn static void run_init(pid_t worker)
  * runtime would ignore its own kill(getpid(), SIGKILL), and orphans reparented
  * to it would stay zombies for the rest of the turn, counting against the
  * pids limit. Last, so both processes carry every restriction above; the
- * fork is a plain one, which the policy allows. */
+ * clone has no namespace flag, which the policy allows. */
 static int step_init(const struct sbx_plan *p, struct sbx_state *st)
 {
-    pid_t worker = fork();
-    if (worker < 0)
-        return set_what(st, "fork");
-    if (worker > 0) {
-        close(st->chan_fd);
-        if (st->tools_fd >= 0)
-            close(st->tools_fd);
-        if (st->warm_fd >= 0)
-            close(st->warm_fd);
-        run_init(worker);
+    if (!p->tid_addr) {
+        pid_t worker = fork();
+        if (worker < 0)
+            return set_what(st, "fork");
+        if (worker > 0) {
+            close(st->chan_fd);
+            if (st->tools_fd >= 0)
+                close(st->tools_fd);
+            if (st->warm_fd >= 0)
+                close(st->warm_fd);
+            run_forked_init(worker);
+        }
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        return 0;
     }
+    /* Init must not see a signal before it leaves this stack, nor ever run a
+     * handler; the runtime restores the mask. Init gets a copy of the fd
+     * table and closes all of it. */
+    sigset_t all, old;
+    sigfillset(&all);
+    if (sigprocmask(SIG_SETMASK, &all, &old) < 0)
+        return set_what(st, "sigprocmask");
+    long worker = clone_init(p->tid_addr);
+    if (worker < 0) {
+        errno = (int)-worker;
+        return set_what(st, "clone");
+    }
+    /* The runtime (pid 2), on the original stack. */
+    void *rs = rseq_area();
+    if (rs)
+        syscall(SYS_rseq, rs, RSEQ_LEN, 0, RSEQ_SIG); /* best effort: sched_getcpu() only */
+    restore_robust_list(p);
+    sigprocmask(SIG_SETMASK, &old, NULL);
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     return 0;
 }
@@ -515,6 +644,7 @@ _Noreturn static void child_main(const struct sbx_plan *p, struct sbx_state *st)
     if (p->tid_addr && *p->tid_addr != (pid_t)syscall(SYS_gettid))
         setup_failed(st->chan_fd, SBX_STEP_CLONE, "clone", "glibc's cached thread id is stale",
                      0);
+    restore_robust_list(p);
     const struct sbx_step_def *steps = p->cfg->isolate ? isolated_steps : plain_steps;
     size_t n = p->cfg->isolate ? sizeof isolated_steps / sizeof *isolated_steps
                                : sizeof plain_steps / sizeof *plain_steps;

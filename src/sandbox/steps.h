@@ -46,6 +46,8 @@ struct sbx_plan {
     const struct mount_plan *mounts;  /* from mounts_prepare(); isolating only */
     const struct sbx_hooks *hooks;
     pid_t *tid_addr;   /* glibc's cached tid in our TCB (sbx_tid_probe), or NULL */
+    void *robust_head; /* glibc's robust mutex list of our thread (get_robust_list) */
+    size_t robust_len;
     unsigned flags;    /* enum sbx_plan_flags */
 };
 
