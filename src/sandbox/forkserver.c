@@ -458,8 +458,12 @@ _Noreturn static void placer_main(const struct config *cfg, struct sbx_cgroups *
         ssize_t n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
         if (n < 0 && errno == EINTR)
             continue;
-        if (n <= 0)
-            _exit(0); /* the fork server is gone or done */
+        if (n <= 0) {
+            /* The fork server is gone or done: its sandboxes are dead
+             * (PDEATHSIG), so every turn cgroup can go. */
+            limits_cgroups_free(cg);
+            _exit(0);
+        }
         int go_fd = -1;
         struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
         if (c && c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS &&
