@@ -437,6 +437,14 @@ struct placer_req {
 _Noreturn static void placer_main(const struct config *cfg, struct sbx_cgroups *cg, int fd)
 {
     signal(SIGPIPE, SIG_IGN); /* a child killed before its go */
+    /* We leave when the fork server does, however it ends (EOF on our
+     * socket), and take every turn cgroup with us: so no death signal, and a
+     * stop signal to the whole process group (systemd, a terminal) is left
+     * to the supervisor. */
+    prctl(PR_SET_PDEATHSIG, 0, 0, 0, 0);
+    signal(SIGTERM, SIG_IGN);
+    signal(SIGINT, SIG_IGN);
+    signal(SIGHUP, SIG_IGN);
     size_t busy = 0; /* released turn cgroups whose tasks are still exiting */
     for (;;) {
         if (busy) {
@@ -906,6 +914,13 @@ _Noreturn void forkserver_main(const struct config *cfg, int ctl_fd)
         snprintf(err, sizeof err, "cgroups: %s", strerror(-r));
         fail_start(ctl_fd, r, err);
     }
+
+    /* We stop when the supervisor closes the control socket (or dies): a
+     * stop signal sent to the whole process group is the supervisor's to
+     * handle, and would otherwise cut our orderly shutdown short. Sandboxes
+     * reset both (step 1). */
+    signal(SIGTERM, SIG_IGN);
+    signal(SIGHUP, SIG_IGN);
 
     /* Before the interpreter exists: the helper stays small. */
     r = placer_start(&fsv, err, sizeof err);

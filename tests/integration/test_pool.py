@@ -258,3 +258,56 @@ def test_site_packages_importable_readonly_listed(make_daemon, site_dir, pool):
     assert lines[2] in ("OSError 30", "PermissionError 13"), lines[2]  # EROFS (or EACCES)
     assert not os.path.exists(os.path.join(site_dir, "new.py"))
     assert turn.ready["packages"]["fbx_extra"] == {"fbx-extra": "1.2.3"}
+
+
+# ---- turn cgroups -------------------------------------------------------------
+
+def _forkbox_cgroup_dirs(pid):
+    """<hierarchy>/<pid's own cgroup>/forkbox for each v1/v2 hierarchy."""
+    dirs = []
+    with open(f"/proc/{pid}/cgroup") as fh:
+        own = [line.rstrip("\n").split(":", 2) for line in fh]
+    for _, ctl, path in own:
+        mnt = {"": "/sys/fs/cgroup/unified"}.get(ctl, f"/sys/fs/cgroup/{ctl.replace('name=', '')}")
+        if not os.path.isdir(mnt):
+            mnt = "/sys/fs/cgroup"  # pure v2 host
+        dirs.append(os.path.join(mnt + path, "forkbox"))
+    return dirs
+
+
+def _turn_cgroups(dirs, placer):
+    """Every turn cgroup named turn-<placer pid>-* in those directories."""
+    found = []
+    for base in dirs:
+        try:
+            found += [os.path.join(base, n) for n in os.listdir(base)
+                      if n.startswith(f"turn-{placer}-")]
+        except OSError:
+            pass
+    return found
+
+
+def test_turn_cgroups_recycled_and_removed_at_stop(make_daemon):
+    """Turn cgroups are reused (a few turns in a row do not pile up cgroups),
+    and stopping the daemon the way systemd does (SIGTERM to its whole process
+    group) removes every one of them, the pooled sandboxes' included."""
+    d = make_daemon(["--pool", "2", "--log-level", "debug"])
+    assert wait_until(lambda: len(idle_sandboxes(d)) == 2, T)
+    fs = forkserver_pid(d)
+    placer = [p for p in children(fs) if not children(p) and p not in idle_sandboxes(d)]
+    assert len(placer) == 1, children(fs)
+    placer = placer[0]
+    dirs = _forkbox_cgroup_dirs(placer)
+    if not _turn_cgroups(dirs, placer):
+        pytest.skip("no cgroup controller usable here")
+    for _ in range(6):
+        arun(one_turn(d, "print(1)"), T)
+    # 2 pooled + at most a few spares per hierarchy, not 8 turns' worth each
+    per_hierarchy = {}
+    for path in _turn_cgroups(dirs, placer):
+        per_hierarchy.setdefault(os.path.dirname(path), set()).add(os.path.basename(path))
+    assert all(len(v) <= 4 for v in per_hierarchy.values()), per_hierarchy
+    os.killpg(d.proc.pid, signal.SIGTERM)
+    assert d.wait_exit(10) is not None
+    assert wait_until(lambda: not pid_alive(placer), 5), "the cgroup helper outlived the daemon"
+    assert _turn_cgroups(dirs, placer) == []
