@@ -163,7 +163,9 @@ static int own_cgroup(const char *ctl, char *out, size_t len)
     return rc;
 }
 
-/* Mount point of the v1 hierarchy carrying ctl, or of cgroup2 (ctl NULL). */
+/* Mount point of the v1 hierarchy carrying ctl, or of cgroup2 (ctl NULL);
+ * with ctl "" the first cgroup or cgroup2 mount whose options include
+ * favordynmods. */
 static int cgroup_mount(const char *ctl, char *out, size_t len)
 {
     FILE *f = fopen("/proc/self/mountinfo", "re");
@@ -180,8 +182,10 @@ static int cgroup_mount(const char *ctl, char *out, size_t len)
         if (sscanf(line, "%*s %*s %*s %*s %4095s", mnt) != 1 ||
             sscanf(sep + 3, "%31s %255s %1023s", fstype, src, sopts) != 3)
             continue;
-        bool match = ctl ? strcmp(fstype, "cgroup") == 0 && word_in(sopts, ctl, ',')
-                         : strcmp(fstype, "cgroup2") == 0;
+        bool v1 = strcmp(fstype, "cgroup") == 0, v2 = strcmp(fstype, "cgroup2") == 0;
+        bool match = !ctl      ? v2
+                     : !ctl[0] ? (v1 || v2) && word_in(sopts, "favordynmods", ',')
+                               : v1 && word_in(sopts, ctl, ',');
         if (match) {
             snprintf(out, len, "%s", mnt);
             rc = 0;
@@ -308,6 +312,11 @@ int limits_cgroups_init(const struct config *cfg, struct sbx_cgroups **out)
               (unsigned long long)cfg->pids_max, (unsigned long long)cfg->cpu_millis);
     if (cg->dir[CG_MEMORY][0] == '\0' || cg->dir[CG_PIDS][0] == '\0')
         LOG_W("cgroups: %s not enforced", cg->dir[CG_MEMORY][0] ? "pids" : "memory");
+    char mnt[PATH_MAX];
+    if (what[0] && cgroup_mount("", mnt, sizeof mnt) < 0)
+        LOG_I("cgroups: moving a sandbox into its cgroups waits for an RCU grace period "
+              "(5-20 ms) unless a cgroup hierarchy is mounted with favordynmods; the pool "
+              "hides it, fresh sandboxes do not (README: Tuning the host)");
     *out = cg;
     return 0;
 }
