@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include "core/cleanup.h"
@@ -25,14 +26,19 @@ extern char **environ;
 
 /* ---- channel ---------------------------------------------------------- */
 
-/* Write n bytes to the channel. MSG_NOSIGNAL: a vanished supervisor gives
- * EPIPE, not a signal. Returns 0 or -errno. */
-static int chan_write(int fd, const void *p, size_t n)
+/* Write a header and a payload to the channel in one system call (the
+ * supervisor then wakes once per message, not once for the header and again
+ * for the rest). MSG_NOSIGNAL: a vanished supervisor gives EPIPE, not a
+ * signal. Returns 0 or -errno. */
+static int chan_write2(int fd, const void *hdr, size_t hn, const void *p, size_t n)
 {
-    const uint8_t *s = p;
+    struct iovec iov[2] = {{(void *)hdr, hn}, {(void *)p, n}};
+    struct iovec *v = iov;
+    int cnt = n ? 2 : 1;
     bool sock = true;
-    while (n > 0) {
-        ssize_t w = sock ? send(fd, s, n, MSG_NOSIGNAL) : write(fd, s, n);
+    while (cnt > 0) {
+        struct msghdr msg = {.msg_iov = v, .msg_iovlen = (size_t)cnt};
+        ssize_t w = sock ? sendmsg(fd, &msg, MSG_NOSIGNAL) : writev(fd, v, cnt);
         if (w < 0) {
             if (errno == EINTR)
                 continue;
@@ -42,8 +48,15 @@ static int chan_write(int fd, const void *p, size_t n)
             }
             return -errno;
         }
-        s += w;
-        n -= (size_t)w;
+        while (cnt > 0 && (size_t)w >= v->iov_len) {
+            w -= (ssize_t)v->iov_len;
+            v++;
+            cnt--;
+        }
+        if (cnt > 0) {
+            v->iov_base = (uint8_t *)v->iov_base + w;
+            v->iov_len -= (size_t)w;
+        }
     }
     return 0;
 }
@@ -56,8 +69,7 @@ static void chan_send_locked(enum chan_type type, const void *p, size_t n)
     if (n > CHAN_MAX_MESSAGE_BYTES)
         _exit(3); /* never produced: output and snapshots are capped below this */
     chan_hdr_encode(hdr, type, (uint32_t)n);
-    if (chan_write(g_pyrt.chan_fd, hdr, sizeof(hdr)) < 0 ||
-        (n && chan_write(g_pyrt.chan_fd, p, n) < 0))
+    if (chan_write2(g_pyrt.chan_fd, hdr, sizeof(hdr), p, n) < 0)
         _exit(0);
 }
 
