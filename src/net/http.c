@@ -42,6 +42,8 @@ struct http_req {
     bool url_open;           /* the target is still being appended */
     size_t nhdrs;
     struct http_hdr hdrs[HTTP_MAX_HEADERS];
+    bool skipping;           /* the current header is past HTTP_MAX_HEADERS: not kept */
+    bool too_many;           /* some header was */
     size_t connection;       /* arena offset of the joined Connection value, or SIZE_MAX */
     size_t arena_len;
     char arena[HTTP_ARENA_BYTES];
@@ -92,6 +94,12 @@ static int on_url(http_parser *p, const char *at, size_t n)
     return arena_put(r, at, n);
 }
 
+/* Headers past HTTP_MAX_HEADERS are counted but not kept, and the request
+ * is refused only once the header block is complete (on_headers_complete).
+ * http-parser reports a partial field or value at the end of every chunk, so
+ * refusing at the callback would let the place where a chunk ends decide
+ * between "too many headers" (431) and "malformed" (400) for a request that
+ * is both (found by fuzz/fuzz-http.c). */
 static int on_header_field(http_parser *p, const char *at, size_t n)
 {
     struct http_req *r = p->data;
@@ -103,18 +111,19 @@ static int on_header_field(http_parser *p, const char *at, size_t n)
             if (arena_end_string(r) < 0)
                 return -1;
         }
-        if (r->last == LAST_VALUE && arena_end_string(r) < 0)
+        if (r->last == LAST_VALUE && !r->skipping && arena_end_string(r) < 0)
             return -1;
-        if (r->nhdrs == HTTP_MAX_HEADERS) {
-            r->cb_error = -E2BIG;
-            return -1;
+        r->last = LAST_FIELD;
+        r->skipping = r->nhdrs == HTTP_MAX_HEADERS;
+        if (r->skipping) {
+            r->too_many = true;
+            return 0;
         }
         r->hdrs[r->nhdrs].name = r->arena_len;
         r->hdrs[r->nhdrs].value = SIZE_MAX;
         r->nhdrs++;
-        r->last = LAST_FIELD;
     }
-    return arena_put(r, at, n);
+    return r->skipping ? 0 : arena_put(r, at, n);
 }
 
 static int on_header_value(http_parser *p, const char *at, size_t n)
@@ -126,12 +135,14 @@ static int on_header_value(http_parser *p, const char *at, size_t n)
             r->cb_error = -EBADMSG;
             return -1;
         }
+        r->last = LAST_VALUE;
+        if (r->skipping)
+            return 0;
         if (arena_end_string(r) < 0)
             return -1;
         r->hdrs[r->nhdrs - 1].value = r->arena_len;
-        r->last = LAST_VALUE;
     }
-    return arena_put(r, at, n);
+    return r->skipping ? 0 : arena_put(r, at, n);
 }
 
 static bool is_ows(char c)
@@ -202,6 +213,10 @@ static int on_headers_complete(http_parser *p)
         r->url_open = false;
         if (arena_end_string(r) < 0)
             return -1;
+    }
+    if (r->too_many) {
+        r->cb_error = -E2BIG;
+        return -1;
     }
     if (r->last != LAST_NONE && arena_end_string(r) < 0)
         return -1;
