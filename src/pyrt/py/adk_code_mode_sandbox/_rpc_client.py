@@ -8,8 +8,8 @@ sends nothing.
 """
 from __future__ import annotations
 
+import os
 import threading
-import uuid
 
 from .protocol import ProtocolError, ToolCall, encode
 
@@ -23,6 +23,14 @@ class ToolError(RuntimeError):
         super().__init__(f"{error_type}: {message}")
         self.error_type = error_type
         self.trace = trace
+
+
+def _new_id():
+    """uuid.uuid4().hex, without building a UUID object."""
+    b = bytearray(os.urandom(16))
+    b[6] = (b[6] & 0x0F) | 0x40  # version 4
+    b[8] = (b[8] & 0x3F) | 0x80  # RFC 4122 variant
+    return b.hex()
 
 
 class _Waiter:
@@ -48,7 +56,7 @@ class RpcClient:
         self._pending = {}
 
     def call(self, name, args, timeout=None):
-        frame = ToolCall(id=uuid.uuid4().hex, name=name, args=args, timeout=timeout)
+        frame = ToolCall(id=_new_id(), name=name, args=args, timeout=timeout)
         # Raises TypeError / RecursionError / UnicodeEncodeError here, in the
         # caller, before anything is sent.
         data = encode(frame).encode("utf-8")

@@ -97,14 +97,33 @@ _KINDS = {
 _FIELDS = {k: tuple(f.name for f in dataclasses.fields(c) if f.name != "kind")
            for k, c in _KINDS.items()}
 
-_dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"),
-                          allow_nan=True).encode
+_FIELD_NAMES = {}  # dataclass -> its field names, in order
+
+
+def _as_object(o):
+    """json's hook for what it cannot encode itself. A dataclass (the frame,
+    its ErrorInfo, one passed in tool args) becomes an object of its fields
+    in order, as dataclasses.asdict() would make it, without asdict's deep
+    copy of every value (most of a tool call's encoding time)."""
+    cls = type(o)
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        if not dataclasses.is_dataclass(cls):
+            raise TypeError(f"Object of type {cls.__name__} is not JSON serializable")
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))
+    return {n: getattr(o, n) for n in names}
+
+
+# check_circular=False: a self-referencing container raises RecursionError
+# (as through asdict), not json's ValueError.
+_dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=True,
+                          check_circular=False, default=_as_object).encode
 
 
 def encode(frame) -> str:
     """Frame -> JSON text with the trailing newline. Raises TypeError (not
     serialisable) or RecursionError (self-referencing container)."""
-    return _dumps(dataclasses.asdict(frame)) + "\n"
+    return _dumps(frame) + "\n"
 
 
 def decode(data):
