@@ -89,24 +89,49 @@ static int chan_read(int fd, void *p, size_t n)
     return 0;
 }
 
-/* chan_recv() -> (type: int, payload: bytes), or None at EOF. */
+/* chan_recv() -> (type: int, payload: bytes), or None at EOF. A tool_result
+ * for a waiting call goes straight to it (calls.c) and is not returned. */
 static PyObject *fb_chan_recv(PyObject *self, PyObject *unused)
 {
     uint8_t hdr[CHAN_HDR_LEN];
-    int r;
-    Py_BEGIN_ALLOW_THREADS
-    r = chan_read(g_pyrt.chan_fd, hdr, sizeof(hdr));
-    Py_END_ALLOW_THREADS
-    if (r < 0)
-        Py_RETURN_NONE;
     enum chan_type type;
     uint32_t len;
-    if (chan_hdr_decode(hdr, sizeof(hdr), CHAN_MAX_MESSAGE_BYTES, &type, &len) != 1)
-        _exit(3); /* the supervisor never sends this: the stream is out of step */
+    int r;
+    for (;;) {
+        Py_BEGIN_ALLOW_THREADS
+        r = chan_read(g_pyrt.chan_fd, hdr, sizeof(hdr));
+        Py_END_ALLOW_THREADS
+        if (r < 0)
+            Py_RETURN_NONE;
+        if (chan_hdr_decode(hdr, sizeof(hdr), CHAN_MAX_MESSAGE_BYTES, &type, &len) != 1)
+            _exit(3); /* the supervisor never sends this: the stream is out of step */
+        if (type != CHAN_FRAME)
+            break;
+        /* A frame: read without the GIL, offer it to the waiting calls. */
+        uint8_t *frame = malloc(len ? len : 1);
+        if (!frame)
+            return PyErr_NoMemory();
+        Py_BEGIN_ALLOW_THREADS
+        r = chan_read(g_pyrt.chan_fd, frame, len);
+        if (r == 0 && calls_deliver_frame(frame, len))
+            frame = NULL;
+        Py_END_ALLOW_THREADS
+        if (r < 0) {
+            free(frame);
+            Py_RETURN_NONE;
+        }
+        if (!frame)
+            continue;
+        PyObject *payload = PyBytes_FromStringAndSize((const char *)frame, (Py_ssize_t)len);
+        free(frame);
+        return payload ? Py_BuildValue("(iN)", (int)type, payload) : NULL;
+    }
+    /* An archive (up to CHAN_MAX_MESSAGE_BYTES): read straight into the
+     * bytes object, not shared with any other thread yet, so safe to fill
+     * without the GIL. */
     PyObject *payload = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)len);
     if (!payload)
         return NULL;
-    /* Not shared with any other thread yet: safe to fill without the GIL. */
     char *dst = PyBytes_AS_STRING(payload);
     Py_BEGIN_ALLOW_THREADS
     r = chan_read(g_pyrt.chan_fd, dst, len);
@@ -139,12 +164,24 @@ static PyObject *fb_send(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
-/* send_call(frame) -> bool: send a tool_call frame only while a block runs. */
-static PyObject *fb_send_call(PyObject *self, PyObject *arg)
+/* call(id, frame) -> bytes | str | None: send a tool_call frame, if a block
+ * runs, and wait for its result (calls.c). bytes: the tool_result frame;
+ * str: why the call failed (the block ended); None: no block runs, nothing
+ * was sent. A signal handler that raises ends the wait with its exception. */
+static PyObject *fb_call(PyObject *self, PyObject *args)
 {
+    const char *id;
+    Py_ssize_t id_len;
     Py_buffer data;
-    if (PyObject_GetBuffer(arg, &data, PyBUF_SIMPLE) < 0)
+    if (!PyArg_ParseTuple(args, "s#y*:call", &id, &id_len, &data))
         return NULL;
+    struct call_wait w;
+    int r = calls_register(&w, id, (size_t)id_len);
+    if (r < 0) {
+        PyBuffer_Release(&data);
+        errno = -r;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
     bool sent;
     Py_BEGIN_ALLOW_THREADS
     pthread_mutex_lock(&g_pyrt.send_lock);
@@ -154,7 +191,54 @@ static PyObject *fb_send_call(PyObject *self, PyObject *arg)
     pthread_mutex_unlock(&g_pyrt.send_lock);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&data);
-    return PyBool_FromLong(sent);
+    while (sent) {
+        Py_BEGIN_ALLOW_THREADS
+        r = sem_wait(&w.sem);
+        Py_END_ALLOW_THREADS
+        if (r == 0)
+            break;
+        if (errno == EINTR && PyErr_CheckSignals() == 0)
+            continue;
+        if (errno != EINTR)
+            PyErr_SetFromErrno(PyExc_OSError);
+        calls_unregister(&w); /* a result that came meanwhile is dropped */
+        calls_release(&w);
+        return NULL;
+    }
+    calls_unregister(&w);
+    PyObject *out;
+    if (!sent)
+        out = Py_NewRef(Py_None);
+    else if (w.result)
+        out = PyBytes_FromStringAndSize((const char *)w.result, (Py_ssize_t)w.result_len);
+    else
+        out = PyUnicode_FromString(w.error ? w.error : "tool call failed in the sandbox");
+    calls_release(&w);
+    return out;
+}
+
+/* deliver(id, frame) -> bool: a tool_result the reader's fast path did not
+ * recognise (an id with escapes), decoded in Python: wake its call. */
+static PyObject *fb_deliver(PyObject *self, PyObject *args)
+{
+    const char *id;
+    Py_ssize_t id_len;
+    Py_buffer data;
+    if (!PyArg_ParseTuple(args, "s#y*:deliver", &id, &id_len, &data))
+        return NULL;
+    bool taken = calls_deliver_id(id, (size_t)id_len, data.buf, (size_t)data.len);
+    PyBuffer_Release(&data);
+    return PyBool_FromLong(taken);
+}
+
+/* fail_calls(message): every waiting call returns message (block end). */
+static PyObject *fb_fail_calls(PyObject *self, PyObject *arg)
+{
+    const char *msg = PyUnicode_AsUTF8(arg);
+    if (!msg)
+        return NULL;
+    calls_fail_all(msg);
+    Py_RETURN_NONE;
 }
 
 static PyObject *fb_block_begin(PyObject *self, PyObject *unused)
@@ -450,7 +534,9 @@ static PyObject *fb_sanitize_env(PyObject *self, PyObject *unused)
 static PyMethodDef fb_methods[] = {
     {"chan_recv", fb_chan_recv, METH_NOARGS, "Next channel message: (type, payload) or None at EOF."},
     {"send", fb_send, METH_VARARGS, "send(type, data): write one channel message."},
-    {"send_call", fb_send_call, METH_O, "Write a tool_call frame if a block runs; returns whether it was sent."},
+    {"call", fb_call, METH_VARARGS, "call(id, frame): send a tool_call if a block runs and wait: bytes, str (failed) or None (not sent)."},
+    {"deliver", fb_deliver, METH_VARARGS, "deliver(id, frame): wake the call waiting for this tool_result."},
+    {"fail_calls", fb_fail_calls, METH_O, "Fail every waiting call with this message."},
     {"block_begin", fb_block_begin, METH_NOARGS, "Mark a block as running."},
     {"block_end", fb_block_end, METH_O, "Mark the block over and send the done frame, atomically."},
     {"ensure_stdio_fds", fb_ensure_stdio_fds, METH_NOARGS, "Reopen closed fds 0-2 on /dev/null."},

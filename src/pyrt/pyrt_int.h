@@ -8,6 +8,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <pthread.h>
+#include <semaphore.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -43,6 +44,33 @@ void capture_end(struct capture *c, int devnull_fd);
 /* Copy stream i's kept bytes out: head, then the tail in order. */
 void capture_tail_copy(const struct capture_stream *s, uint8_t *out);
 void capture_free(struct capture *c);
+
+/* Tool calls waiting for their results (calls.c). A caller registers before
+ * it sends, so a result can never arrive unclaimed; delivery sets done and
+ * posts sem. */
+struct call_wait {
+    struct call_wait *next;
+    char id[64];           /* the call's id (not NUL-terminated) */
+    size_t id_len;
+    uint8_t *result;       /* owned once done: the tool_result frame */
+    size_t result_len;
+    char *error;           /* owned once done, if the call failed (may be NULL then) */
+    bool done;
+    sem_t sem;
+};
+
+int calls_register(struct call_wait *w, const char *id, size_t id_len);
+void calls_unregister(struct call_wait *w);
+/* Free what a finished call holds. */
+void calls_release(struct call_wait *w);
+/* The channel reader's fast path: true if frame (malloc'd, len bytes) is the
+ * result of a waiting call, which now owns it. */
+bool calls_deliver_frame(uint8_t *frame, size_t len);
+/* A tool_result Python decoded: hand a copy of the frame to the call with
+ * that id; false if none waits for it. */
+bool calls_deliver_id(const char *id, size_t id_len, const uint8_t *frame, size_t len);
+/* Fail every waiting call with message (block end). */
+void calls_fail_all(const char *message);
 
 struct pyrt_state {
     /* from struct config, copied by pyrt_init() */

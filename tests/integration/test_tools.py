@@ -351,6 +351,50 @@ def test_unknown_result_ids_dropped(daemon):
     assert r.stdout == "right\n", r.stderr
 
 
+def test_result_with_an_escaped_id(daemon):
+    """An id written with \\u escapes is the same id (§3.2): the result still
+    reaches its call (the sandbox's fast path only knows plain ids)."""
+    def handler(turn):
+        async def h(frame):
+            esc = "".join("\\u%04x" % ord(c) for c in frame["id"])
+            return '{"id":"%s","ok":true,"value":"escaped","error":null,"kind":"tool_result"}' % esc
+        return h
+
+    _, (r,) = run_blocks(daemon, "from tools import echo\nprint(echo(message=1))", handler=handler)
+    assert r.stdout == "escaped\n", r.stderr
+
+
+def test_signal_handler_interrupts_a_waiting_call(daemon):
+    """A call waits like a lock: a signal handler that raises (an alarm used as
+    a timeout) ends the wait with its exception; the late result is dropped
+    and the next call works."""
+    def handler(turn):
+        async def h(frame):
+            if frame["args"]["message"] == "hang":
+                await asyncio.sleep(1.0)
+            return {"id": frame["id"], "ok": True, "value": "ok", "kind": "tool_result"}
+        return h
+
+    code = r'''
+import signal, time
+from tools import echo
+def on_alarm(*a):
+    raise TimeoutError("alarm")
+signal.signal(signal.SIGALRM, on_alarm)
+signal.setitimer(signal.ITIMER_REAL, 0.2)
+t = time.monotonic()
+try:
+    echo(message="hang")
+except TimeoutError as e:
+    print("interrupted:", e, time.monotonic() - t < 0.9)
+time.sleep(1.2)
+print(echo(message="next"))
+'''
+    _, (r,) = run_blocks(daemon, code, handler=handler)
+    assert r.exit_code == 0, r.stderr
+    assert r.stdout == "interrupted: alarm True\nok\n"
+
+
 # ---- §9.2: stray threads and pending calls ---------------------------------
 
 def test_pending_call_fails_at_block_end_and_stray_call_is_local(daemon):

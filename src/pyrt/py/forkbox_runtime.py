@@ -264,7 +264,7 @@ class _Turn:
         self.workspace_dir = workspace_dir
         self.ready = ready
         self.inbox = queue.SimpleQueue()
-        self.rpc = _rpc_client.RpcClient(_fb.send_call)
+        self.rpc = _rpc_client.RpcClient(_fb.call)
         _rpc_client.install(self.rpc)
         self.main = types.ModuleType("__main__")  # __name__, __doc__, __package__, __loader__, __spec__
         self.main.__dict__["__builtins__"] = builtins
@@ -293,7 +293,10 @@ class _Turn:
         except Exception:
             return  # drop just that message (spec 9.2, channel poisoning)
         if type(frame) is self.protocol.ToolResult:
-            self.rpc.deliver(frame)
+            # One the C fast path did not recognise (an escaped id): wake its
+            # call, if one waits; late or unknown results are dropped.
+            if isinstance(frame.id, str):
+                _fb.deliver(frame.id, payload)
         else:
             self.inbox.put((typ, frame))
 
@@ -352,14 +355,13 @@ class _Turn:
                 for code in _WARM_BLOCKS:
                     _execute(code, globs, self.stderr, self.restore_handlers)
                     self.suspend_handlers()
-                rpc = type(self.rpc)(lambda data: False)  # refuses: nothing is sent
-                try:
-                    rpc.call("warm_up", {"n": 1, "s": "x", "l": [None, True, 1.5]})
-                except self.protocol.ProtocolError:
-                    pass
-                rpc.deliver(self.protocol.decode(_frame(
-                    {"id": "0", "ok": True, "value": {"a": [1]}, "error": None,
-                     "kind": "tool_result"})))
+                # A call and its result, without the channel: the transport
+                # answers with a result for whatever id it is given.
+                def transport(call_id, data):
+                    return _frame({"id": call_id, "ok": True, "value": {"a": [1]},
+                                   "error": None, "kind": "tool_result"})
+                type(self.rpc)(transport).call(
+                    "warm_up", {"n": 1, "s": "x", "l": [None, True, 1.5]})
                 self.flush_stdio()
             finally:
                 (oh, ot, od), (eh, et, ed) = _fb.capture_end()
@@ -439,7 +441,7 @@ class _Turn:
         # Mark the block over and send `done` under the channel's send lock,
         # so a stray thread's call() can no longer interleave (spec 9.2).
         _fb.block_end(_frame({"exit_code": exit_code, "kind": "done"}))
-        self.rpc.fail_all("code block ended before the tool result arrived")
+        _fb.fail_calls("code block ended before the tool result arrived")
         self.flush_stdio()
         (oh, ot, od), (eh, et, ed) = _fb.capture_end()
         stdout = _join_stream(oh, ot, od, "stdout")

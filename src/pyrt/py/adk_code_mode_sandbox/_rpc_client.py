@@ -9,9 +9,8 @@ sends nothing.
 from __future__ import annotations
 
 import os
-import threading
 
-from .protocol import ProtocolError, ToolCall, encode
+from .protocol import ProtocolError, ToolCall, ToolResult, decode, encode
 
 __all__ = ["ToolError", "RpcClient", "call", "get", "install"]
 
@@ -33,75 +32,38 @@ def _new_id():
     return b.hex()
 
 
-class _Waiter:
-    __slots__ = ("lock", "result", "error")
-
-    def __init__(self):
-        self.lock = threading.Lock()
-        self.lock.acquire()
-        self.result = None
-        self.error = None
-
-
 class RpcClient:
-    """Matches tool_result frames to waiting calls by id.
+    """Sends tool_call frames and returns their results.
 
-    send(data: bytes) -> bool writes one encoded tool_call frame and returns
-    False, sending nothing, when no code block is running.
+    transport(id: str, data: bytes) writes one encoded tool_call frame and
+    waits for its result: the tool_result frame (bytes), why the call failed
+    (str, e.g. the block ended first), or None, having sent nothing, when no
+    code block is running. In the sandbox it is _forkbox.call, which matches
+    results to calls by id without the GIL, so calls from several threads
+    may be answered in any order.
     """
 
-    def __init__(self, send):
-        self._send = send
-        self._lock = threading.Lock()
-        self._pending = {}
+    def __init__(self, transport):
+        self._transport = transport
 
     def call(self, name, args, timeout=None):
         frame = ToolCall(id=_new_id(), name=name, args=args, timeout=timeout)
         # Raises TypeError / RecursionError / UnicodeEncodeError here, in the
         # caller, before anything is sent.
         data = encode(frame).encode("utf-8")
-        waiter = _Waiter()
-        with self._lock:
-            self._pending[frame.id] = waiter
-        try:
-            if not self._send(data):
-                raise ProtocolError("tool call made outside a running code block")
-            waiter.lock.acquire()
-        finally:
-            with self._lock:
-                self._pending.pop(frame.id, None)
-        if waiter.error is not None:
-            raise waiter.error
-        res = waiter.result
+        reply = self._transport(frame.id, data)
+        if reply is None:
+            raise ProtocolError("tool call made outside a running code block")
+        if isinstance(reply, str):
+            raise ProtocolError(reply)
+        res = decode(reply)
+        if type(res) is not ToolResult or res.id != frame.id:
+            raise ProtocolError("the answer to a tool call is not its tool_result")
         if res.ok:
             return res.value
         if res.error is None:
             raise ToolError("Error", "tool call failed without error payload")
         raise ToolError(res.error.type, res.error.message, res.error.trace)
-
-    def deliver(self, result):
-        """Wake the call waiting on result.id; results for unknown ids are dropped."""
-        with self._lock:
-            waiter = self._pending.pop(result.id, None)
-        if waiter is not None:
-            waiter.result = result
-            waiter.lock.release()
-
-    def fail_id(self, call_id, message):
-        with self._lock:
-            waiter = self._pending.pop(call_id, None)
-        if waiter is not None:
-            waiter.error = ProtocolError(message)
-            waiter.lock.release()
-
-    def fail_all(self, message):
-        """Fail every pending call with ProtocolError(message)."""
-        with self._lock:
-            waiters = list(self._pending.values())
-            self._pending.clear()
-        for waiter in waiters:
-            waiter.error = ProtocolError(message)
-            waiter.lock.release()
 
 
 _client = None
