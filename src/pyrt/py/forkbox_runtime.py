@@ -10,7 +10,6 @@ import builtins
 import gc
 import importlib
 import importlib.machinery
-import importlib.metadata
 import importlib.util
 import io
 import json
@@ -157,6 +156,7 @@ class ToolsFinder:
 
 def compute_packages():
     """ready.packages, spec 3.4."""
+    import importlib.metadata
     index = {}
     for dist in importlib.metadata.distributions():
         try:
@@ -188,6 +188,31 @@ def compute_packages():
     return packages
 
 
+def _packages_in_a_child():
+    """compute_packages() in a forked child: importlib.metadata and what it
+    pulls in (email, zipfile, csv, pathlib, ...: ~3 MB of heap) then never
+    enter the fork server, every page of which each sandbox's clone copies
+    into its page tables."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.close(r)
+            with open(w, "wb") as out:
+                out.write(json.dumps(compute_packages()).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(w)
+    with open(r, "rb") as f:
+        data = f.read()
+    _, status = os.waitpid(pid, 0)
+    if status != 0:
+        raise RuntimeError("computing ready.packages failed (see the error above)")
+    return json.loads(data)
+
+
 def _thread_count():
     """Threads of this process, native ones included (threading only knows
     its own)."""
@@ -209,7 +234,7 @@ def init(sources, site_dirs, preload):
     import adk_code_mode_sandbox.protocol  # noqa: F401
     ready = _frame({"kind": "ready", "protocol_version": 2,
                     "python_version": platform.python_version(),
-                    "packages": compute_packages()})
+                    "packages": _packages_in_a_child()})
     for name in (preload or "").split(","):
         name = name.strip()
         if not name:
