@@ -1215,6 +1215,24 @@ static bool shares_parent_mm(pid_t pid)
     return syscall(SYS_kcmp, ppid, pid, KCMP_VM, 0, 0) == 0;
 }
 
+/* Whether some cgroup hierarchy is mounted with favordynmods: without it, moving a task into a
+ * cgroup (every fresh sandbox) waits for an RCU grace period (README, "Tuning the host"). */
+static bool cgroup_favordynmods(void)
+{
+    FILE *f = fopen("/proc/self/mountinfo", "re");
+    if (!f)
+        return false;
+    char line[4096];
+    bool on = false;
+    while (!on && fgets(line, sizeof line, f)) {
+        char *sep = strstr(line, " - ");
+        on = sep && (!strncmp(sep + 3, "cgroup ", 7) || !strncmp(sep + 3, "cgroup2 ", 8)) &&
+             strstr(sep, "favordynmods");
+    }
+    fclose(f);
+    return on;
+}
+
 static long meminfo_kb(const char *key)
 {
     char buf[4096];
@@ -1601,6 +1619,23 @@ static void measure_tool_call(struct bench *b, struct server *s, unsigned calls,
 /* Throughput: `conc` turns in flight, each `k` blocks of print(1) (pipelined like the host: tools,
  * archive and run back to back), a new turn as soon as one ends; new turns for `secs`, then the
  * ones in flight finish. Rates are over the time to the last completed turn. */
+/* All CPUs' busy and total jiffies from /proc/stat (busy: everything but idle and iowait). */
+static void machine_jiffies(unsigned long long *busy, unsigned long long *total)
+{
+    unsigned long long v[10] = {0};
+    FILE *f = fopen("/proc/stat", "re");
+    *busy = *total = 0;
+    if (!f)
+        return;
+    if (fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2],
+               &v[3], &v[4], &v[5], &v[6], &v[7], &v[8], &v[9]) >= 8) {
+        for (int i = 0; i < 8; i++)
+            *total += v[i];
+        *busy = *total - v[3] - v[4];
+    }
+    fclose(f);
+}
+
 static void measure_throughput(struct bench *b, struct server *s, unsigned conc, unsigned k,
                                double secs, double *turns_s, double *blocks_s, double *cpu_ms)
 {
@@ -1615,15 +1650,19 @@ static void measure_throughput(struct bench *b, struct server *s, unsigned conc,
     d.to_launch = 1000000;
     uint64_t t0 = now_ns();
     double cpu0 = self_cpu_s();
+    unsigned long long busy0, total0, busy1, total1;
+    machine_jiffies(&busy0, &total0);
     d.t_first = t0;
     d.launch_until = t0 + (uint64_t)(secs * 1e9);
     driver_run(&d, d.launch_until + 60ull * 1000000000u);
     double el = d.t_last_done > t0 ? (double)(d.t_last_done - t0) / 1e9 : NAN;
     *turns_s = (double)d.turns_ok / el;
     *blocks_s = (double)d.blocks_ok / el;
+    machine_jiffies(&busy1, &total1);
     progress("[%s] throughput %ux%u: %lu turns in %.2f s: %.1f turns/s, %.1f blocks/s "
-             "(load generator CPU %.0f%%)", s->name, conc, k, d.turns_ok, el, *turns_s,
-             *blocks_s, 100.0 * (self_cpu_s() - cpu0) / ms_since(t0) * 1000.0);
+             "(load generator CPU %.0f%%, machine busy %.0f%%)", s->name, conc, k, d.turns_ok,
+             el, *turns_s, *blocks_s, 100.0 * (self_cpu_s() - cpu0) / ms_since(t0) * 1000.0,
+             total1 > total0 ? 100.0 * (double)(busy1 - busy0) / (double)(total1 - total0) : NAN);
     report_failures(b, s, "throughput", &d, true);
     server_wait_quiet(s, 10000);
     /* every turn reaped: the server's CPU per completed turn */
@@ -2175,10 +2214,10 @@ int main(int argc, char **argv)
         printf(" %s", argv[i]);
     struct utsname u;
     uname(&u);
-    printf("\nmachine: %ld CPUs, %.1f GiB, Linux %s; forkboxd: %s; archives: tools %zu B, "
-           "empty %zu B\n",
+    printf("\nmachine: %ld CPUs, %.1f GiB, Linux %s, cgroup favordynmods %s; forkboxd: %s; "
+           "archives: tools %zu B, empty %zu B\n",
            sysconf(_SC_NPROCESSORS_ONLN), (double)meminfo_kb("MemTotal:") / 1048576.0, u.release,
-           daemon, b.tools.n, b.empty.n);
+           cgroup_favordynmods() ? "on" : "off", daemon, b.tools.n, b.empty.n);
     fflush(stdout);
 
     char la[64];
