@@ -1565,6 +1565,19 @@ static void measure_rtt(struct bench *b, struct server *s, unsigned n, double *p
 
 /* Tool-call round trip timed inside the sandbox; the client answers every call at once and
  * times its own answer (read to written). */
+/* One turn with one block running code, output captured, within secs; the caller reads d and
+ * frees it with driver_free. */
+static void run_one_block(struct bench *b, struct server *s, const char *code, unsigned secs,
+                          struct driver *d)
+{
+    driver_init(d, s->port, &b->tools, &b->empty);
+    d->plan.blocks = 1;
+    d->plan.run = run_frame(code);
+    d->plan.capture = true;
+    d->to_launch = 1;
+    driver_run(d, now_ns() + (uint64_t)secs * 1000000000u);
+}
+
 /* Tool-call round trip timed inside the sandbox: the median call of each of TOOL_TURNS turns,
  * then the median over the turns (where the scheduler puts the four parties of a call on two
  * CPUs changes a turn's figure by a third; one turn is not a measurement). */
@@ -1591,12 +1604,7 @@ static void measure_tool_call(struct bench *b, struct server *s, unsigned calls,
     unsigned long answered = 0;
     for (int i = 0; i < TOOL_TURNS; i++) {
         struct driver d;
-        driver_init(&d, s->port, &b->tools, &b->empty);
-        d.plan.blocks = 1;
-        d.plan.run = run_frame(code);
-        d.plan.capture = true;
-        d.to_launch = 1;
-        driver_run(&d, now_ns() + 120ull * 1000000000u);
+        run_one_block(b, s, code, 120, &d);
         if (d.out_stdout && d.out_code == 0)
             samples_add(&inside, atof(d.out_stdout));
         else if (d.out_stderr)
@@ -1733,12 +1741,7 @@ static double measure_import(struct bench *b, struct server *s, const char *modu
     struct samples sm = {0};
     for (unsigned i = 0; i < turns; i++) {
         struct driver d;
-        driver_init(&d, s->port, &b->tools, &b->empty);
-        d.plan.blocks = 1;
-        d.plan.run = run_frame(code);
-        d.plan.capture = true;
-        d.to_launch = 1;
-        driver_run(&d, now_ns() + 60ull * 1000000000u);
+        run_one_block(b, s, code, 60, &d);
         if (d.out_stdout && d.out_code == 0)
             samples_add(&sm, atof(d.out_stdout));
         else if (d.out_stderr && i == 0) {

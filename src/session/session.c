@@ -60,17 +60,22 @@ static void reply_and_close(struct session *s, int status, const char *reason, c
     update_interest(s);
 }
 
-/* Returns -1 on a fatal socket error, 0 when everything was written, 1 if
- * bytes remain. */
-static int flush_out(struct session *s)
+/* Write what b holds to fd without blocking: -1 on a fatal socket error, 0
+ * when everything was written, 1 if bytes remain. */
+static int send_buf(int fd, struct buf *b)
 {
-    while (s->out.len) {
-        ssize_t n = send(s->fd, s->out.data, s->out.len, MSG_NOSIGNAL);
+    while (b->len) {
+        ssize_t n = send(fd, b->data, b->len, MSG_NOSIGNAL);
         if (n < 0)
             return (errno == EAGAIN || errno == EINTR) ? 1 : -1;
-        buf_consume(&s->out, (size_t)n);
+        buf_consume(b, (size_t)n);
     }
     return 0;
+}
+
+static int flush_out(struct session *s)
+{
+    return send_buf(s->fd, &s->out);
 }
 
 /* ---------------------------------------------------------------- sandbox I/O */
@@ -395,13 +400,7 @@ static void sandbox_gone(struct session *s)
  * is full, -1 when the sandbox is gone. */
 static int chan_flush(struct session *s)
 {
-    while (s->chan_out.len) {
-        ssize_t n = send(s->chan_fd, s->chan_out.data, s->chan_out.len, MSG_NOSIGNAL);
-        if (n < 0)
-            return (errno == EAGAIN || errno == EINTR) ? 0 : -1;
-        buf_consume(&s->chan_out, (size_t)n);
-    }
-    return 0;
+    return send_buf(s->chan_fd, &s->chan_out) < 0 ? -1 : 0;
 }
 
 static void on_chan_io(struct loop_watch *w, uint32_t events)
