@@ -103,6 +103,11 @@ int fs_client_start(const struct config *cfg, char *const argv[], struct fs_clie
      * libraries read these once, when they load; sandboxes inherit that
      * setting in the preloaded copies, but not the variables (the runtime
      * reduces the environment to the spec 6.4 allowlist). */
+    /* LD_BIND_NOW: every library symbol is resolved once, here, at start-up
+     * (and in modules dlopen()ed later). With lazy binding each sandbox
+     * resolved the functions it was first to call itself: the dynamic
+     * linker's time, and a copy-on-write fault for every GOT page written.
+     * The runtime drops it from user code's environment too. */
     /* The sanitizers' settings are passed on (they hold no secrets), so a
      * sanitized build's fork server and sandboxes obey the same options as
      * forkboxd; the runtime drops them from user code's environment. */
@@ -120,6 +125,7 @@ int fs_client_start(const struct config *cfg, char *const argv[], struct fs_clie
         "BLIS_NUM_THREADS=1",
         "NUMEXPR_NUM_THREADS=1",
         "VECLIB_MAXIMUM_THREADS=1",
+        "LD_BIND_NOW=1",
         NULL, /* room for the passed variables */
         NULL,
         NULL,
