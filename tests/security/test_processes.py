@@ -40,6 +40,9 @@ import time
 time.sleep(0.2)
 R["init_alive_after_kill"] = os.path.exists("/proc/1/status") and os.getppid() == 1
 R["proc_pids"] = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
+R["init_fds"] = try_(lambda: sorted(os.listdir("/proc/1/fd")))
+R["init_sigblk"] = try_(lambda: [l.split()[1] for l in open("/proc/1/status")
+                                 if l.startswith("SigBlk:")][0])
 for name, pid in TARGETS.items():
     R[f"kill0:{name}"] = try_(lambda: os.kill(pid, 0) or "delivered")
     R[f"proc_entry:{name}"] = os.path.exists(f"/proc/{pid}")
@@ -94,6 +97,17 @@ def test_sandbox_init_cannot_be_killed_from_inside(host_pids):
     _, rep = host_pids
     assert rep["kill_init"] == "sent", rep["kill_init"]
     assert rep["init_alive_after_kill"] is True
+
+
+def test_sandbox_init_holds_no_fd_and_runs_no_handler(host_pids):
+    """Init shares the runtime's address space but nothing else it could be
+    used for: no fd (the channel closes with the runtime's copy) and every
+    signal blocked, so no handler ever runs on its small stack."""
+    _, rep = host_pids
+    assert rep["init_fds"] == [], rep["init_fds"]
+    blocked = int(rep["init_sigblk"], 16)
+    catchable = [s for s in range(1, 32) if s not in (9, 19)]  # SIGKILL, SIGSTOP cannot be
+    assert all(blocked >> (s - 1) & 1 for s in catchable), rep["init_sigblk"]
 
 
 def test_proc_shows_only_the_sandbox(host_pids):
