@@ -1358,7 +1358,7 @@ enum {
     G_START = 1 << 0,      /* turn start, fresh sandbox (C and Python client) */
     G_RTT = 1 << 1,        /* empty block round trip */
     G_TOOL = 1 << 2,       /* tool call round trip */
-    G_THROUGHPUT = 1 << 3, /* throughput rows and server CPU per turn */
+    G_THROUGHPUT = 1 << 3, /* throughput rows and CPU per turn */
     G_PSS = 1 << 4,        /* Pss per idle turn, turns held */
     G_IMPORT = 1 << 5,     /* import numpy / pandas, cold */
     G_POOL = 1 << 6,       /* the --pool rows */
