@@ -417,12 +417,27 @@ static int set_limits(const struct sbx_cgroups *cg, int c, const char *dir,
     return rc;
 }
 
+/* Recreate the parent of controller c's turn cgroups (an operator removed
+ * it, or an older forkboxd that removed it at exit): v2 needs the
+ * controllers enabled in it again. */
+static int remake_parent(const struct sbx_cgroups *cg, int c)
+{
+    int rc = make_dir(cg->dir[c]);
+    if (rc == 0 && cg->v2)
+        rc = v2_enable(cg->dir[c], cg->dir[CG_CPU][0] ? "memory pids cpu" : "memory pids");
+    if (rc == 0)
+        LOG_W("cgroup: %s was removed under us; recreated it", cg->dir[c]);
+    return rc;
+}
+
 /* mkdir a turn cgroup. A directory of the same name can only be a leftover
  * of an earlier daemon whose placer had our pid (it was killed, or a cgroup
  * was still busy when it exited): remove it if it is empty, else -EEXIST. */
-static int make_turn_dir(const char *dir)
+static int make_turn_dir(const struct sbx_cgroups *cg, int c, const char *dir)
 {
     if (mkdir(dir, 0755) == 0)
+        return 0;
+    if (errno == ENOENT && remake_parent(cg, c) == 0 && mkdir(dir, 0755) == 0)
         return 0;
     if (errno != EEXIST)
         return -errno;
@@ -513,7 +528,7 @@ int limits_cgroups_attach(struct sbx_cgroups *cg, pid_t pid, const struct config
                 continue;
             char dir[PATH_MAX + 48];
             turn_dir(cg, c, t.seq, dir, sizeof dir);
-            rc = make_turn_dir(dir);
+            rc = make_turn_dir(cg, c, dir);
             if (rc < 0) {
                 LOG_W("cgroup: mkdir %s: %s", dir, strerror(-rc));
                 break;
@@ -578,10 +593,10 @@ void limits_cgroups_free(struct sbx_cgroups *cg)
     free(cg->live);
     free(cg->busy);
     free(cg->spare);
-    /* Remove our parents if no other daemon uses them; harmless if busy. */
-    for (int c = 0; c < CG_N; c++)
-        if (cg->dir[c][0] && !(cg->v2 && c != CG_MEMORY))
-            (void)rmdir(cg->dir[c]);
+    /* The parents (<own cgroup>/forkbox) stay: other daemons started in the
+     * same cgroup share them, and one that has no turn cgroup at this moment
+     * (just started, or --pool 0 between turns) would lose its next
+     * sandbox's placement if we removed them. */
     free(cg);
 }
 
