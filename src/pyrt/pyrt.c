@@ -232,8 +232,8 @@ int pyrt_init(const struct config *cfg, char *err, size_t errlen)
         set_py_err(err, errlen, "pyrt_init");
         return -1;
     }
+    Py_DECREF(ready); /* the prepared turn holds it */
     g_pyrt.runtime = rt;
-    g_pyrt.ready = ready;
 
     /* clone(CLONE_NEWUSER) needs a single-threaded caller: a preload that
      * started a thread (a BLAS pool, say) would break every turn. */
@@ -333,8 +333,7 @@ _Noreturn void pyrt_serve(int chan_fd, int tools_fd, int warm_fd, const char *to
     if (chdir(workspace_dir) < 0)
         fail("chdir to the workspace", errno);
 
-    PyObject *r = PyObject_CallMethod(g_pyrt.runtime, "serve", "ssOO", tools_dir,
-                                      workspace_dir, g_pyrt.ready,
+    PyObject *r = PyObject_CallMethod(g_pyrt.runtime, "serve", "sO", tools_dir,
                                       g_pyrt.warm_fd >= 0 ? Py_True : Py_False);
     /* serve() only comes back on an internal error. */
     Py_XDECREF(r);

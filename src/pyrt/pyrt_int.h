@@ -80,7 +80,6 @@ struct pyrt_state {
     uint64_t max_members;
 
     PyObject *runtime; /* the private forkbox_runtime module (owned) */
-    PyObject *ready;   /* bytes: the ready frame (owned) */
 
     /* the turn, in the sandbox child */
     int chan_fd;         /* borrowed from the caller of pyrt_serve */
