@@ -20,6 +20,7 @@
 #include "proto/chan.h"
 #include "pyrt/pyrt_embedded.h"
 #include "pyrt/pyrt_int.h"
+#include "stage/archive.h"
 
 #define RUNTIME_SOURCE "forkbox_runtime.py"
 #define RUNTIME_FILENAME "/<forkbox>/forkbox_runtime.py"
@@ -234,6 +235,7 @@ int pyrt_init(const struct config *cfg, char *err, size_t errlen)
     }
     Py_DECREF(ready); /* the prepared turn holds it */
     g_pyrt.runtime = rt;
+    (void)archive_snapshot_prepare(); /* without it, empty snapshots take the long way */
 
     /* clone(CLONE_NEWUSER) needs a single-threaded caller: a preload that
      * started a thread (a BLAS pool, say) would break every turn. */

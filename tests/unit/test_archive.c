@@ -1149,6 +1149,37 @@ static void test_snapshot_empty(void)
     free(ws);
 }
 
+/* An empty root takes the prepared archive (archive_snapshot_prepare):
+ * the same bytes libarchive writes for it, and a root that is not empty
+ * still gets its own archive. */
+static void test_snapshot_prepared_empty(void)
+{
+    char *ws = new_dir("snap-prepared");
+    struct snapshot_stats st;
+    struct buf slow, fast, full;
+
+    buf_init(&slow, MiB_);
+    buf_init(&fast, MiB_);
+    buf_init(&full, MiB_);
+    is_int(snapshot_dir(ws, MiB_, &slow, &st), 0, "empty root, before prepare");
+    is_int(archive_snapshot_prepare(), 0, "archive_snapshot_prepare");
+    is_int(archive_snapshot_prepare(), 0, "prepare twice is harmless");
+    is_int(snapshot_dir(ws, MiB_, &fast, &st), 0, "empty root, after prepare");
+    ok(slow.len > 0 && slow.len == fast.len && memcmp(slow.data, fast.data, slow.len) == 0,
+       "the prepared archive is the bytes libarchive writes (%zu, %zu)", slow.len, fast.len);
+    is_int(read_members(&fast, NULL, 0), 0, "a valid gzip tar with zero members");
+    write_file(ws, "f.txt", "data", 0644);
+    is_int(snapshot_dir(ws, MiB_, &full, &st), 0, "a root with a file, after prepare");
+    struct member m[2];
+    is_int(read_members(&full, m, 2), 1, "gets its own archive");
+    free_members(m, 1);
+    is_int((int)st.files, 1, "with the file counted");
+    buf_free(&slow);
+    buf_free(&fast);
+    buf_free(&full);
+    free(ws);
+}
+
 static void test_snapshot_depth(void)
 {
     char *ws = new_dir("snap-depth"), *path = strdup(ws);
@@ -1293,6 +1324,7 @@ int main(void)
     test_snapshot_roundtrip();
     test_snapshot_cap();
     test_snapshot_empty();
+    test_snapshot_prepared_empty();
     test_snapshot_depth();
     test_snapshot_unreadable();
 

@@ -38,7 +38,6 @@ _FILENAME = "<code-mode>"
 _COMPILE_FLAGS = __future__.annotations.compiler_flag
 _INT64_MIN, _INT64_MAX = -(2 ** 63), 2 ** 63 - 1
 _SRC_PREFIX = "/<forkbox>/"
-_SIGNALS = sorted(set(signal.valid_signals()) - {signal.SIGKILL, signal.SIGSTOP})
 
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=True).encode
 
@@ -302,7 +301,42 @@ def _prepare_turn(ready):
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     finder = ToolsFinder(None)  # its directory is the sandbox's: set by serve()
     sys.meta_path.insert(0, finder)
-    return _Turn(finder, ready)
+    turn = _Turn(finder, ready)
+    turn.first_stdio = _stdio_as_in_a_block()
+    return turn
+
+
+def _new_stdio():
+    """(stdin, stdout, stderr) on fds 0, 1, 2. Unbuffered like `python -u`:
+    a raw FileIO under a write-through text layer, so print(), os.write(1,
+    ...) and subprocess output keep their order."""
+    out = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8",
+                           errors="backslashreplace", write_through=True)
+    err = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8",
+                           errors="backslashreplace", write_through=True)
+    inp = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)),
+                           encoding="utf-8", errors="surrogateescape")
+    return inp, out, err
+
+
+def _stdio_as_in_a_block():
+    """_new_stdio() made in the fork server for a sandbox's first block, with
+    fds 0-2 on what they are when a block makes them (0 on /dev/null, 1 and 2
+    on the capture pipes): the objects note whether their fd can seek."""
+    saved = [os.dup(fd) for fd in (0, 1, 2)]
+    r, w = os.pipe()
+    null = os.open(os.devnull, os.O_RDWR)
+    try:
+        os.dup2(null, 0)
+        os.dup2(w, 1)
+        os.dup2(w, 2)
+        return _new_stdio()
+    finally:
+        for fd, old in zip((0, 1, 2), saved):
+            os.dup2(old, fd)
+            os.close(old)
+        for fd in (r, w, null):
+            os.close(fd)
 
 
 class _Turn:
@@ -317,6 +351,7 @@ class _Turn:
         self.main = types.ModuleType("__main__")  # __name__, __doc__, __package__, __loader__, __spec__
         self.main.__dict__["__builtins__"] = builtins
         self.stdout = self.stderr = None
+        self.first_stdio = None  # for the first block (see _stdio_as_in_a_block)
         # Python-level signal handlers, suspended while the runtime's own code
         # runs (see suspend_handlers); SIGINT raises KeyboardInterrupt in blocks.
         self.handlers = {signal.SIGINT: signal.default_int_handler}
@@ -399,7 +434,7 @@ class _Turn:
             _fb.extract_workspace(_EMPTY_TGZ)
             _fb.capture_begin()
             try:
-                self.reset_stdio()
+                self.reset_stdio(first=False)
                 for code in _WARM_BLOCKS:
                     _execute(code, globs, self.stderr, self.restore_handlers)
                     self.suspend_handlers()
@@ -428,16 +463,16 @@ class _Turn:
             globs.clear()
 
     # -- one block ---------------------------------------------------------
-    def reset_stdio(self):
+    def reset_stdio(self, first=True):
+        """New stdio objects for a block: the prepared ones for the first
+        (untouched: the fork server made them and no code has run since),
+        new ones after, as a block may have changed or closed them."""
         _fb.ensure_stdio_fds()
-        # Unbuffered like `python -u`: a raw FileIO under a write-through text
-        # layer, so print(), os.write(1, ...) and subprocess output keep their order.
-        out = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8",
-                               errors="backslashreplace", write_through=True)
-        err = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8",
-                               errors="backslashreplace", write_through=True)
-        inp = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)),
-                               encoding="utf-8", errors="surrogateescape")
+        if first and self.first_stdio:
+            inp, out, err = self.first_stdio
+            self.first_stdio = None
+        else:
+            inp, out, err = _new_stdio()
         sys.stdout = sys.__stdout__ = out
         sys.stderr = sys.__stderr__ = err
         sys.stdin = sys.__stdin__ = inp
@@ -456,7 +491,7 @@ class _Turn:
         SIGINT from a leftover thread...) cannot raise inside the runtime
         between done, output and the snapshot."""
         saved = {}
-        for sig in _SIGNALS:
+        for sig in _fb.caught_signals():  # only these can have a Python handler
             try:
                 handler = signal.getsignal(sig)
                 if callable(handler):
