@@ -74,74 +74,27 @@ static void chan_send_locked(enum chan_type type, const void *p, size_t n)
         _exit(0);
 }
 
-/* 0, or -1 at EOF (also in the middle of a message). */
-static int chan_read(int fd, void *p, size_t n)
+/* next_message() -> (type, payload): the next message the channel reader
+ * (reader.c) queued for the main loop, waited for without the GIL. A frame's
+ * payload is bytes. An archive stays in C (it can be 100 MiB) until
+ * extract_tools() / extract_workspace() takes it; its payload is None. */
+static PyObject *fb_next_message(PyObject *self, PyObject *unused)
 {
-    uint8_t *d = p;
-    while (n > 0) {
-        ssize_t r = read(fd, d, n);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0)
-            return -1;
-        d += r;
-        n -= (size_t)r;
-    }
-    return 0;
-}
-
-/* chan_recv() -> (type: int, payload: bytes), or None at EOF. A tool_result
- * for a waiting call goes straight to it (calls.c) and is not returned. */
-static PyObject *fb_chan_recv(PyObject *self, PyObject *unused)
-{
-    uint8_t hdr[CHAN_HDR_LEN];
     enum chan_type type;
-    uint32_t len;
-    int r;
-    for (;;) {
-        Py_BEGIN_ALLOW_THREADS
-        r = chan_read(g_pyrt.chan_fd, hdr, sizeof(hdr));
-        Py_END_ALLOW_THREADS
-        if (r < 0)
-            Py_RETURN_NONE;
-        if (chan_hdr_decode(hdr, sizeof(hdr), CHAN_MAX_MESSAGE_BYTES, &type, &len) != 1)
-            _exit(3); /* the supervisor never sends this: the stream is out of step */
-        if (type != CHAN_FRAME)
-            break;
-        /* A frame: read without the GIL, offer it to the waiting calls. */
-        uint8_t *frame = malloc(len ? len : 1);
-        if (!frame)
-            return PyErr_NoMemory();
-        Py_BEGIN_ALLOW_THREADS
-        r = chan_read(g_pyrt.chan_fd, frame, len);
-        if (r == 0 && calls_deliver_frame(frame, len))
-            frame = NULL;
-        Py_END_ALLOW_THREADS
-        if (r < 0) {
-            free(frame);
-            Py_RETURN_NONE;
-        }
-        if (!frame)
-            continue;
-        PyObject *payload = PyBytes_FromStringAndSize((const char *)frame, (Py_ssize_t)len);
-        free(frame);
-        return payload ? Py_BuildValue("(iN)", (int)type, payload) : NULL;
-    }
-    /* An archive (up to CHAN_MAX_MESSAGE_BYTES): read straight into the
-     * bytes object, not shared with any other thread yet, so safe to fill
-     * without the GIL. */
-    PyObject *payload = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)len);
-    if (!payload)
-        return NULL;
-    char *dst = PyBytes_AS_STRING(payload);
+    uint8_t *data;
+    size_t len;
     Py_BEGIN_ALLOW_THREADS
-    r = chan_read(g_pyrt.chan_fd, dst, len);
+    reader_next(&type, &data, &len);
     Py_END_ALLOW_THREADS
-    if (r < 0) {
-        Py_DECREF(payload);
-        Py_RETURN_NONE;
+    if (type != CHAN_FRAME) {
+        free(g_pyrt.archive);
+        g_pyrt.archive = data;
+        g_pyrt.archive_len = len;
+        return Py_BuildValue("(iO)", (int)type, Py_None);
     }
-    return Py_BuildValue("(iN)", (int)type, payload);
+    PyObject *payload = PyBytes_FromStringAndSize((const char *)data, (Py_ssize_t)len);
+    free(data);
+    return payload ? Py_BuildValue("(iN)", (int)type, payload) : NULL;
 }
 
 /* send(type, data): one message, whatever the block state (ready, output, log). */
@@ -359,20 +312,33 @@ static PyObject *fb_capture_end(PyObject *self, PyObject *unused)
 
 /* ---- archives --------------------------------------------------------- */
 
-static PyObject *extract_into(PyObject *arg, int dest_fd)
+/* Extract the archive given (bytes-like), or with none the one
+ * next_message() held back, into dest_fd. */
+static PyObject *extract_into(PyObject *args, int dest_fd, const char *fmt)
 {
-    Py_buffer data;
-    if (PyObject_GetBuffer(arg, &data, PyBUF_SIMPLE) < 0)
+    PyObject *arg = NULL;
+    if (!PyArg_ParseTuple(args, fmt, &arg))
         return NULL;
+    Py_buffer data = {0};
+    if (arg && PyObject_GetBuffer(arg, &data, PyBUF_SIMPLE) < 0)
+        return NULL;
+    const uint8_t *p = arg ? data.buf : g_pyrt.archive;
+    size_t n = arg ? (size_t)data.len : g_pyrt.archive_len;
     struct archive_limits lim = {.max_unpacked = g_pyrt.max_unpacked,
                                  .max_members = g_pyrt.max_members};
     struct extract_stats st = {0};
     char msg[256] = "";
     int r;
     Py_BEGIN_ALLOW_THREADS
-    r = archive_extract(data.buf, (size_t)data.len, dest_fd, &lim, &st, msg, sizeof(msg));
+    r = archive_extract(p ? p : (const uint8_t *)"", n, dest_fd, &lim, &st, msg, sizeof(msg));
     Py_END_ALLOW_THREADS
-    PyBuffer_Release(&data);
+    if (arg)
+        PyBuffer_Release(&data);
+    else {
+        free(g_pyrt.archive);
+        g_pyrt.archive = NULL;
+        g_pyrt.archive_len = 0;
+    }
     if (r < 0) {
         if (!msg[0])
             snprintf(msg, sizeof(msg), "%s", strerror(-r));
@@ -386,22 +352,23 @@ static PyObject *extract_into(PyObject *arg, int dest_fd)
     Py_RETURN_NONE;
 }
 
-/* extract_tools(data): into the tools fd, which is then closed (no writable
- * path to the tools is left for user code). */
-static PyObject *fb_extract_tools(PyObject *self, PyObject *arg)
+/* extract_tools([data]): into the tools fd, which is then closed (no
+ * writable path to the tools is left for user code). */
+static PyObject *fb_extract_tools(PyObject *self, PyObject *args)
 {
     if (g_pyrt.tools_fd < 0) {
         errno = EBADF;
         return PyErr_SetFromErrno(PyExc_OSError);
     }
-    PyObject *r = extract_into(arg, g_pyrt.tools_fd);
+    PyObject *r = extract_into(args, g_pyrt.tools_fd, "|O:extract_tools");
     close_and_reset(&g_pyrt.tools_fd);
     return r;
 }
 
-static PyObject *fb_extract_workspace(PyObject *self, PyObject *arg)
+/* extract_workspace([data]): into the workspace. */
+static PyObject *fb_extract_workspace(PyObject *self, PyObject *args)
 {
-    return extract_into(arg, g_pyrt.ws_fd);
+    return extract_into(args, g_pyrt.ws_fd, "|O:extract_workspace");
 }
 
 /* snapshot() -> (files left out over the cap, error text or None). The
@@ -554,7 +521,7 @@ static PyObject *fb_sanitize_env(PyObject *self, PyObject *unused)
 }
 
 static PyMethodDef fb_methods[] = {
-    {"chan_recv", fb_chan_recv, METH_NOARGS, "Next channel message: (type, payload) or None at EOF."},
+    {"next_message", fb_next_message, METH_NOARGS, "Next queued channel message: (type, payload or None)."},
     {"send", fb_send, METH_VARARGS, "send(type, data): write one channel message."},
     {"call", fb_call, METH_VARARGS, "call(id, frame): send a tool_call if a block runs and wait: bytes, str (failed) or None (not sent)."},
     {"deliver", fb_deliver, METH_VARARGS, "deliver(id, frame): wake the call waiting for this tool_result."},
@@ -564,8 +531,8 @@ static PyMethodDef fb_methods[] = {
     {"ensure_stdio_fds", fb_ensure_stdio_fds, METH_NOARGS, "Reopen closed fds 0-2 on /dev/null."},
     {"capture_begin", fb_capture_begin, METH_NOARGS, "Route fds 1 and 2 into capped buffers."},
     {"capture_end", fb_capture_end, METH_NOARGS, "Stop capturing: ((head, tail, dropped), (...))."},
-    {"extract_tools", fb_extract_tools, METH_O, "Extract the tools archive."},
-    {"extract_workspace", fb_extract_workspace, METH_O, "Extract a workspace archive."},
+    {"extract_tools", fb_extract_tools, METH_VARARGS, "Extract the tools archive (default: the one held)."},
+    {"extract_workspace", fb_extract_workspace, METH_VARARGS, "Extract a workspace archive (default: the one held)."},
     {"snapshot", fb_snapshot, METH_NOARGS, "Build the workspace snapshot: (over_cap, error)."},
     {"send_snapshot", fb_send_snapshot, METH_NOARGS, "Send the snapshot built last."},
     {"snapshot_max", fb_snapshot_max, METH_NOARGS, "The snapshot data cap in bytes."},

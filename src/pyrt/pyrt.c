@@ -335,6 +335,10 @@ _Noreturn void pyrt_serve(int chan_fd, int tools_fd, int warm_fd, const char *to
     if (chdir(workspace_dir) < 0)
         fail("chdir to the workspace", errno);
 
+    int e = reader_start();
+    if (e < 0)
+        fail("channel reader thread", -e);
+
     PyObject *r = PyObject_CallMethod(g_pyrt.runtime, "serve", "sO", tools_dir,
                                       g_pyrt.warm_fd >= 0 ? Py_True : Py_False);
     /* serve() only comes back on an internal error. */

@@ -59,8 +59,9 @@ void pyrt_after_fork(void);
  * /dev/null, and during a block fds 1 and 2 are pipes read by a capture
  * thread; the environment is reduced to the spec 6.4 allowlist (also wiped
  * from the initial environment block); SIGPIPE and SIGXFSZ are ignored and
- * SIGINT raises KeyboardInterrupt in user code. It starts threads (the
- * channel reader, one capture thread per block). /dev/null must be openable.
+ * SIGINT raises KeyboardInterrupt in user code (the environment and signal
+ * dispositions are set up once in pyrt_init(), inherited by every sandbox).
+ * It starts threads (the channel reader, one capture thread per block). /dev/null must be openable.
  * Exit statuses: 0 channel EOF or write error (the supervisor is gone),
  * 3 archive or setup error (a `log` error frame was sent first), 4 internal
  * runtime error (a `log` frame with the traceback was sent first). */

@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "core/buf.h"
+#include "proto/chan.h"
 
 /* Output capture of fds 1 and 2 for one block (capture.c). */
 struct capture_stream {
@@ -63,14 +64,25 @@ int calls_register(struct call_wait *w, const char *id, size_t id_len);
 void calls_unregister(struct call_wait *w);
 /* Free what a finished call holds. */
 void calls_release(struct call_wait *w);
-/* The channel reader's fast path: true if frame (malloc'd, len bytes) is the
- * result of a waiting call, which now owns it. */
-bool calls_deliver_frame(uint8_t *frame, size_t len);
+/* The channel reader's offer of a frame (malloc'd, len bytes): the result
+ * of a waiting call, which now owns it (TAKEN); a result no call waits for,
+ * late or unknown (UNCLAIMED: the caller drops it); or not in the
+ * supervisor's tool_result form (NOT_A_RESULT: for the main loop). */
+enum calls_offer { CALLS_NOT_A_RESULT, CALLS_TAKEN, CALLS_UNCLAIMED };
+enum calls_offer calls_deliver_frame(uint8_t *frame, size_t len);
 /* A tool_result Python decoded: hand a copy of the frame to the call with
  * that id; false if none waits for it. */
 bool calls_deliver_id(const char *id, size_t id_len, const uint8_t *frame, size_t len);
+/* True if a call is registered (a result may be due). */
+bool calls_waiting(void);
 /* Fail every waiting call with message (block end). */
 void calls_fail_all(const char *message);
+
+/* The channel reader thread (reader.c): started once per sandbox; 0 or
+ * -errno. reader_next() waits for the next message that is not a tool result
+ * and hands it over (type, malloc'd data). */
+int reader_start(void);
+void reader_next(enum chan_type *type, uint8_t **data, size_t *len);
 
 struct pyrt_state {
     /* from struct config, copied by pyrt_init() */
@@ -92,6 +104,8 @@ struct pyrt_state {
     struct capture cap;
     bool capturing;
     struct buf snap;     /* the last snapshot, until send_snapshot() */
+    uint8_t *archive;    /* the archive next_message() returned, until extracted (owned) */
+    size_t archive_len;
 };
 
 extern struct pyrt_state g_pyrt;

@@ -5,7 +5,7 @@ user code cannot import it by name. Channel I/O, output capture, archives and
 the environment are done in C by the builtin _forkbox module; this file holds
 the parts that are easier to get right in Python (JSON, tracebacks, imports).
 """
-# Not `threading`, nor `queue`, which imports it: threading's at-fork hook
+# Not `threading` (nor `queue`, which imports it): threading's at-fork hook
 # (os.register_at_fork) runs in every sandbox as it starts and un-shared ~140
 # pages of the fork server's heap per turn (measured). User code that imports
 # threading gets a fresh copy; a --preload that imports it brings the hook back.
@@ -22,7 +22,6 @@ import platform
 import signal
 import sys
 import _thread
-from _queue import SimpleQueue
 import traceback
 import types
 
@@ -289,7 +288,7 @@ def _sanitize_environ():
 def _prepare_turn(ready):
     """What every turn starts from, built once in the fork server: the
     environment reduced to the allowlist, the runtime's signal dispositions,
-    the `tools` finder and a _Turn (queue, RPC client, __main__). None of it
+    the `tools` finder and a _Turn (RPC client, __main__, stdio). None of it
     depends on the sandbox, and each sandbox, a copy-on-write copy of the fork
     server, gets it untouched. Built in every sandbox instead, it cost ~100
     copied pages and ~0.5 ms a turn (measured). The fork server runs no code
@@ -303,6 +302,12 @@ def _prepare_turn(ready):
     sys.meta_path.insert(0, finder)
     turn = _Turn(finder, ready)
     turn.first_stdio = _stdio_as_in_a_block()
+    # They become the fork server's own too (it prints nothing after init;
+    # they write to the same fds), so a sandbox's first block, setting them,
+    # does not drop the interpreter's start-up ones: that flushed, closed and
+    # freed three objects in every sandbox.
+    (sys.stdin, sys.stdout, sys.stderr) = (sys.__stdin__, sys.__stdout__,
+                                           sys.__stderr__) = turn.first_stdio
     return turn
 
 
@@ -345,7 +350,6 @@ class _Turn:
         self.protocol = protocol
         self.finder = finder
         self.ready = ready
-        self.inbox = SimpleQueue()
         self.rpc = _rpc_client.RpcClient(_fb.call)
         _rpc_client.install(self.rpc)
         self.main = types.ModuleType("__main__")  # __name__, __doc__, __package__, __loader__, __spec__
@@ -356,33 +360,6 @@ class _Turn:
         # runs (see suspend_handlers); SIGINT raises KeyboardInterrupt in blocks.
         self.handlers = {signal.SIGINT: signal.default_int_handler}
 
-    # -- the channel reader: a daemon thread for the whole turn ------------
-    def reader(self):
-        while True:
-            self._read_one()
-
-    def _read_one(self):
-        # One message per call, so nothing (a 100 MiB archive, say) stays
-        # referenced from this thread's frame while it waits for the next.
-        msg = _fb.chan_recv()  # the GIL is released while it waits
-        if msg is None:
-            os._exit(0)  # the supervisor closed the channel: the turn is over
-        typ, payload = msg
-        if typ != _CHAN_FRAME:
-            self.inbox.put((typ, payload))
-            return
-        try:
-            frame = self.protocol.decode(payload)
-        except Exception:
-            return  # drop just that message (spec 9.2, channel poisoning)
-        if type(frame) is self.protocol.ToolResult:
-            # One the C fast path did not recognise (an escaped id): wake its
-            # call, if one waits; late or unknown results are dropped.
-            if isinstance(frame.id, str):
-                _fb.deliver(frame.id, payload)
-        else:
-            self.inbox.put((typ, frame))
-
     def log_error_and_exit(self, msg):
         try:
             _fb.send(_CHAN_FRAME, _frame({"level": "error", "msg": msg, "kind": "log"}))
@@ -391,10 +368,13 @@ class _Turn:
 
     # -- the main loop, on the main thread ---------------------------------
     def loop(self):
+        """Messages in the order the supervisor sent them, but for tool
+        results: the channel reader (reader.c, a C thread) hands those to
+        their calls itself, also while a block runs."""
         got_tools = False
         while True:
             try:
-                typ, item = self.inbox.get()
+                typ, payload = _fb.next_message()  # archives stay in C: payload None
             except KeyboardInterrupt:
                 continue
             if typ == _CHAN_TOOLS:
@@ -402,20 +382,30 @@ class _Turn:
                     continue
                 got_tools = True
                 try:
-                    _fb.extract_tools(item)
+                    _fb.extract_tools()
                 except OSError as e:
                     self.log_error_and_exit(f"tools archive: {e.strerror or e}")
-                del item
                 _fb.send(_CHAN_FRAME, self.ready)
             elif typ == _CHAN_WORKSPACE:
                 try:
-                    _fb.extract_workspace(item)
+                    _fb.extract_workspace()
                 except OSError as e:
                     self.log_error_and_exit(f"workspace archive: {e.strerror or e}")
-                del item
-            elif typ == _CHAN_FRAME and type(item) is self.protocol.Run:
-                self.run_block(item.code)
+            elif typ == _CHAN_FRAME:
+                self.on_frame(payload)
             # anything else is ignored (the supervisor enforces the states)
+
+    def on_frame(self, payload):
+        try:
+            frame = self.protocol.decode(payload)
+        except Exception:
+            return  # drop just that message (spec 9.2, channel poisoning)
+        if type(frame) is self.protocol.Run:
+            self.run_block(frame.code)
+        elif type(frame) is self.protocol.ToolResult and isinstance(frame.id, str):
+            # Not in the supervisor's form, so the reader passed it on: wake
+            # its call if one still waits (none can while no block runs).
+            _fb.deliver(frame.id, payload)
 
     # -- the warm-up of a pooled sandbox ------------------------------------
     def warm_up(self):
@@ -609,6 +599,23 @@ def _write(stream, text):
 _next_turn = None  # built by init() (see _prepare_turn)
 
 
+def _reader_offer(payload):
+    """Called by the channel reader (reader.c), on its own thread, for a frame
+    not in the supervisor's form while calls wait: True if it was a tool
+    result (now delivered, or dropped if none waits for it) or undecodable
+    (dropped, spec 9.2 channel poisoning); False: it is for the main loop."""
+    protocol = _next_turn.protocol
+    try:
+        frame = protocol.decode(payload)
+    except Exception:
+        return True
+    if type(frame) is not protocol.ToolResult:
+        return False
+    if isinstance(frame.id, str):
+        _fb.deliver(frame.id, payload)
+    return True
+
+
 def serve(tools_dir, warm):
     """Called by pyrt_serve(); never returns. warm: a pooled sandbox, to be
     warmed up (and to say so) before it waits for its tools."""
@@ -616,10 +623,6 @@ def serve(tools_dir, warm):
         turn = _next_turn
         turn.finder._dir = tools_dir
         sys.modules["__main__"] = turn.main
-        # A bare thread, not threading.Thread: its bookkeeping (locks, events,
-        # the registry) touched ~45 more pages of the shared heap per turn,
-        # and user code has no business seeing or joining this thread.
-        _thread.start_new_thread(turn.reader, ())
         if warm:
             turn.warm_up()
             _fb.warm_done()

@@ -1,0 +1,137 @@
+/* The channel reader: one C thread per sandbox, for the whole turn.
+ *
+ * It reads every message the supervisor sends. A tool_result in the
+ * supervisor's form goes straight to the call waiting for it (calls.c), or is
+ * dropped if none waits (late, or for a block that has ended); every other
+ * message (archives, run frames) is queued, in order, for the main loop,
+ * which takes them with reader_next(). When the supervisor closes the channel
+ * the turn is over, and the reader ends the process.
+ *
+ * A frame in any other form while calls wait (only a peer other than the
+ * supervisor writes one) could still be the result they wait for, and the
+ * main loop is busy with the block: the reader then takes the GIL and has
+ * Python decode it (forkbox_runtime._reader_offer). Otherwise it never
+ * touches the interpreter: a Python thread did all this before, and starting
+ * one and running its first lines cost each sandbox ~100 copied pages and
+ * ~0.3 ms (measured). */
+#include "pyrt/pyrt_int.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "core/limits.h"
+#include "proto/chan.h"
+
+struct inbox_msg {
+    struct inbox_msg *next;
+    enum chan_type type;
+    size_t len;
+    uint8_t *data; /* owned */
+};
+
+static pthread_mutex_t inbox_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t inbox_cv = PTHREAD_COND_INITIALIZER;
+static struct inbox_msg *inbox_head, **inbox_tail = &inbox_head; /* guarded by inbox_mu */
+
+/* 0, or -1 at EOF (also in the middle of a message). */
+static int chan_read(int fd, void *p, size_t n)
+{
+    uint8_t *d = p;
+    while (n > 0) {
+        ssize_t r = read(fd, d, n);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            return -1;
+        d += r;
+        n -= (size_t)r;
+    }
+    return 0;
+}
+
+static void inbox_put(struct inbox_msg *m)
+{
+    pthread_mutex_lock(&inbox_mu);
+    *inbox_tail = m;
+    inbox_tail = &m->next;
+    pthread_cond_signal(&inbox_cv);
+    pthread_mutex_unlock(&inbox_mu);
+}
+
+/* True if Python took the frame (a tool result, delivered or dropped, or
+ * undecodable and dropped); false: it is for the main loop. */
+static bool offer_to_python(const uint8_t *data, size_t len)
+{
+    PyGILState_STATE g = PyGILState_Ensure();
+    PyObject *r = PyObject_CallMethod(g_pyrt.runtime, "_reader_offer", "y#", (const char *)data,
+                                      (Py_ssize_t)len);
+    bool taken = !r || PyObject_IsTrue(r) != 0;
+    Py_XDECREF(r);
+    PyErr_Clear();
+    PyGILState_Release(g);
+    return taken;
+}
+
+static void *reader_main(void *unused)
+{
+    (void)unused;
+    for (;;) {
+        uint8_t hdr[CHAN_HDR_LEN];
+        enum chan_type type;
+        uint32_t len;
+        if (chan_read(g_pyrt.chan_fd, hdr, sizeof hdr) < 0)
+            _exit(0); /* the supervisor closed the channel: the turn is over */
+        if (chan_hdr_decode(hdr, sizeof hdr, CHAN_MAX_MESSAGE_BYTES, &type, &len) != 1)
+            _exit(3); /* the supervisor never sends this: the stream is out of step */
+        uint8_t *data = malloc(len ? len : 1);
+        if (!data)
+            _exit(3); /* cannot keep the message, and must not lose it */
+        if (chan_read(g_pyrt.chan_fd, data, len) < 0)
+            _exit(0);
+        if (type == CHAN_FRAME) {
+            enum calls_offer o = calls_deliver_frame(data, len);
+            if (o == CALLS_TAKEN)
+                continue;
+            if (o == CALLS_UNCLAIMED || (calls_waiting() && offer_to_python(data, len))) {
+                free(data);
+                continue;
+            }
+        }
+        struct inbox_msg *m = malloc(sizeof *m);
+        if (!m)
+            _exit(3);
+        *m = (struct inbox_msg){.type = type, .len = len, .data = data};
+        inbox_put(m);
+    }
+    return NULL;
+}
+
+int reader_start(void)
+{
+    pthread_t t;
+    pthread_attr_t a;
+    int e = pthread_attr_init(&a);
+    if (e == 0)
+        e = pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+    if (e == 0)
+        e = pthread_create(&t, &a, reader_main, NULL);
+    pthread_attr_destroy(&a);
+    return -e;
+}
+
+void reader_next(enum chan_type *type, uint8_t **data, size_t *len)
+{
+    pthread_mutex_lock(&inbox_mu);
+    while (!inbox_head)
+        pthread_cond_wait(&inbox_cv, &inbox_mu);
+    struct inbox_msg *m = inbox_head;
+    inbox_head = m->next;
+    if (!inbox_head)
+        inbox_tail = &inbox_head;
+    pthread_mutex_unlock(&inbox_mu);
+    *type = m->type;
+    *data = m->data;
+    *len = m->len;
+    free(m);
+}
