@@ -111,12 +111,17 @@ static bool stream_drain(struct capture_stream *s, uint8_t *chunk, size_t limit)
     return s->rfd >= 0;
 }
 
+/* The capture thread's read buffer: one thread at a time (capture_end()
+ * joins it before the next capture_begin()). Static, like the first 4 KiB of
+ * each stream's head (capture_begin), so that a block with little output
+ * makes the thread call malloc() not at all: its first call would set up a
+ * malloc arena for it, in every block. */
+static uint8_t capture_chunk[CAPTURE_READ_CHUNK];
+
 static void *capture_thread(void *arg)
 {
     struct capture *c = arg;
-    uint8_t *chunk = malloc(CAPTURE_READ_CHUNK);
-    if (!chunk)
-        return NULL; /* writers block on a full pipe; capture_end() still works */
+    uint8_t *chunk = capture_chunk;
     for (;;) {
         struct pollfd pfd[3] = {
             {.fd = c->s[0].rfd, .events = POLLIN},
@@ -146,7 +151,6 @@ static void *capture_thread(void *arg)
             break;
         }
     }
-    free(chunk);
     return NULL;
 }
 
@@ -174,6 +178,11 @@ int capture_begin(struct capture *c, uint64_t cap)
     for (int i = 0; i < 2; i++) {
         c->s[i].head_cap = half;
         c->s[i].tail_cap = (size_t)cap - half;
+        /* On this thread (see capture_chunk); if it fails, the capture
+         * thread allocates on first output as before. */
+        size_t first = half < 4096 ? half : 4096;
+        if (first && (c->s[i].head = malloc(first)))
+            c->s[i].head_alloc = first;
     }
     _cleanup_close_ int w0 = -1;
     _cleanup_close_ int w1 = -1;
