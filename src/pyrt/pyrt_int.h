@@ -82,6 +82,10 @@ void calls_fail_all(const char *message);
  * -errno. reader_next() waits for the next message that is not a tool result
  * and hands it over (type, malloc'd data). */
 int reader_start(void);
+/* _forkbox.next_message()'s type for a run frame it decoded itself: not a
+ * channel type ('F', 'T', 'W', 'S'). */
+#define PYRT_RUN 'R'
+
 void reader_next(enum chan_type *type, uint8_t **data, size_t *len);
 
 struct pyrt_state {

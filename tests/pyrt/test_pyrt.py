@@ -683,3 +683,31 @@ def test_warm_up_reports_and_leaves_no_trace(make_sandbox, clone):
     for code in ("x = 1\nprint(x)", "1/0", "import tools\nprint(sorted(dir(tools))[:1])"):
         w, c = warm.run(code), cold.run(code)
         assert (w.stdout, w.stderr, w.exit_code) == (c.stdout, c.stderr, c.exit_code)
+
+
+def test_run_frame_decoded_in_c_or_python_alike(sb):
+    """A run frame in the supervisor's form is decoded in C (module.c,
+    run_code); any other form, and a NUL or lone surrogate in the code, by
+    Python's protocol.decode. Both give the block the same code."""
+    codes = [
+        "print('tab\\there', \"quote\\\"\", 'back\\\\slash', '\\u00e9\\U0001F600')",
+        "print(repr('\u00e9\U0001F600\t\x01'))",
+        "x = 1\0",                      # NUL: refused by compile either way
+        "print(len('a\ud800b'))",        # lone surrogate in the source
+        "",
+    ]
+    for code in codes:
+        frames = [json.dumps({"code": code, "kind": "run"}, separators=(",", ":"),
+                             ensure_ascii=ascii) + "\n" for ascii in (False, True)]
+        frames.append(json.dumps({"kind": "run", "code": code}) + "\r\n")
+        results = []
+        for frame in frames:
+            try:
+                frame = frame.encode()
+            except UnicodeEncodeError:
+                continue  # a lone surrogate has no UTF-8 form: only the escaped ones
+            sb.send(b"W", b"")
+            sb.send_frame(frame)
+            blk = sb.collect()
+            results.append((blk.exit_code, blk.stdout, blk.stderr))
+        assert len(results) >= 2 and all(r == results[0] for r in results), (code, results)

@@ -31,6 +31,7 @@ _CHAN_FRAME = ord("F")
 _CHAN_TOOLS = ord("T")
 _CHAN_WORKSPACE = ord("W")
 _CHAN_SNAPSHOT = ord("S")
+_RUN = ord("R")  # from _forkbox.next_message: a run frame's code, decoded in C
 
 _EXCLUDED_DISTS = {"adk-code-mode-sandbox", "websockets", "pip", "setuptools", "wheel"}
 _FILENAME = "<code-mode>"
@@ -335,7 +336,15 @@ def _stdio_as_in_a_block():
         os.dup2(null, 0)
         os.dup2(w, 1)
         os.dup2(w, 2)
-        return _new_stdio()
+        stdio = _new_stdio()
+        saved_std = sys.stdout, sys.stderr
+        sys.stdout, sys.stderr = stdio[1], stdio[2]
+        try:
+            _execute("print(1)\n", {"__builtins__": builtins}, stdio[2], lambda: None)
+        finally:
+            sys.stdout, sys.stderr = saved_std
+        os.read(r, 4096)
+        return stdio
     finally:
         for fd, old in zip((0, 1, 2), saved):
             os.dup2(old, fd)
@@ -391,6 +400,8 @@ class _Turn:
                     _fb.extract_workspace()
                 except OSError as e:
                     self.log_error_and_exit(f"workspace archive: {e.strerror or e}")
+            elif typ == _RUN:
+                self.run_block(payload)
             elif typ == _CHAN_FRAME:
                 self.on_frame(payload)
             # anything else is ignored (the supervisor enforces the states)
