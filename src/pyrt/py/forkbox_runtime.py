@@ -75,6 +75,21 @@ def _frame(obj):
     return (_dumps(obj) + "\n").encode("utf-8")
 
 
+# The two frames every block sends, built as _frame() would build them but
+# without making a json encoder object per call: the string encoder _dumps
+# uses (json's C one, non-ASCII kept), and ints as int.__repr__.
+_json_str = json.encoder.encode_basestring
+
+
+def _done_frame(exit_code):
+    return b'{"exit_code":%d,"kind":"done"}\n' % exit_code
+
+
+def _output_frame(stdout, stderr, exit_code):
+    return ('{"stdout":%s,"stderr":%s,"exit_code":%d,"kind":"output"}\n'
+            % (_json_str(stdout), _json_str(stderr), exit_code)).encode("utf-8")
+
+
 # --------------------------------------------------------------------------
 # Modules served from the binary
 
@@ -449,10 +464,8 @@ class _Turn:
                 self.flush_stdio()
             finally:
                 (oh, ot, od), (eh, et, ed) = _fb.capture_end()
-            _frame({"exit_code": 1, "kind": "done"})
-            _frame({"stdout": _join_stream(oh, ot, od, "stdout"),
-                    "stderr": _join_stream(eh, et, ed, "stderr"), "exit_code": 1,
-                    "kind": "output"})
+            _done_frame(1)
+            _output_frame(_join_stream(oh, ot, od, "stdout"), _join_stream(eh, et, ed, "stderr"), 1)
             _fb.snapshot()
             _fb.snapshot_discard()
         except BaseException:
@@ -524,7 +537,7 @@ class _Turn:
                 continue
         # Mark the block over and send `done` under the channel's send lock,
         # so a stray thread's call() can no longer interleave (spec 9.2).
-        _fb.block_end(_frame({"exit_code": exit_code, "kind": "done"}))
+        _fb.block_end(_done_frame(exit_code))
         _fb.fail_calls("code block ended before the tool result arrived")
         self.flush_stdio()
         (oh, ot, od), (eh, et, ed) = _fb.capture_end()
@@ -536,8 +549,7 @@ class _Turn:
                                        f"snapshot: over the {_fb.snapshot_max()}-byte limit]")
         if snap_err:
             stderr = _add_note(stderr, f"[forkbox: workspace snapshot failed: {snap_err}]")
-        _fb.send(_CHAN_FRAME, _frame({"stdout": stdout, "stderr": stderr,
-                                      "exit_code": exit_code, "kind": "output"}))
+        _fb.send(_CHAN_FRAME, _output_frame(stdout, stderr, exit_code))
         _fb.send_snapshot()
 
 
