@@ -60,7 +60,7 @@ struct snapshot_stats {
  * 0, or -ENOMEM / -errno if root itself cannot be read. */
 int archive_snapshot(int root_fd, uint64_t max_bytes, struct buf *out,
                      struct snapshot_stats *st);
-/* Make (once) the archive of an empty tree that archive_snapshot() then
- * copies instead of running libarchive for an empty root. Optional; 0 or
- * -ENOMEM. */
+/* Make (once) the archive of an empty tree: archive_snapshot() then copies
+ * it instead of running libarchive for an empty root, and archive_extract()
+ * given exactly these bytes has nothing to do. Optional; 0 or -ENOMEM. */
 int archive_snapshot_prepare(void);

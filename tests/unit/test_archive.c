@@ -1168,6 +1168,17 @@ static void test_snapshot_prepared_empty(void)
     ok(slow.len > 0 && slow.len == fast.len && memcmp(slow.data, fast.data, slow.len) == 0,
        "the prepared archive is the bytes libarchive writes (%zu, %zu)", slow.len, fast.len);
     is_int(read_members(&fast, NULL, 0), 0, "a valid gzip tar with zero members");
+    char *dest = new_dir("snap-prepared-back"), msg[256];
+    struct extract_stats xst;
+    struct mem em = { .p = fast.data, .len = fast.len };
+    write_file(dest, "kept.txt", "kept", 0644);
+    is_int(extract_into(&em, dest, NULL, &xst, msg, sizeof msg), 0,
+           "extracting it is a no-op (%s)", msg);
+    is_int((int)(xst.files + xst.dirs + xst.skipped), 0, "nothing extracted");
+    char *kept = subpath(dest, "kept.txt");
+    ok(access(kept, F_OK) == 0, "and nothing removed");
+    free(kept);
+    free(dest);
     write_file(ws, "f.txt", "data", 0644);
     is_int(snapshot_dir(ws, MiB_, &full, &st), 0, "a root with a file, after prepare");
     struct member m[2];
