@@ -7,6 +7,7 @@
 #pragma once
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <poll.h>
 #include <pthread.h>
 #include <semaphore.h>
 #include <stdbool.h>
@@ -30,18 +31,23 @@ struct capture_stream {
 
 struct capture {
     struct capture_stream s[2]; /* [0] stdout, [1] stderr */
-    int wake_fd;                /* eventfd (owned): "finish" request */
-    pthread_t thr;
-    bool running;               /* the reader thread exists */
 };
 
-/* Start capturing: fresh pipes dup2'ed onto fds 1 and 2, and a reader
- * pthread draining them. cap = bytes kept per stream. 0 or -errno. */
+/* Once per sandbox, before the reader starts: the eventfd that wakes it for
+ * a capture's start and end. The fd (close-on-exec), or -errno. */
+int capture_init(void);
+/* Start capturing: fresh pipes dup2'ed onto fds 1 and 2, drained by the
+ * channel reader from now on. cap = bytes kept per stream. 0 or -errno. */
 int capture_begin(struct capture *c, uint64_t cap);
-/* Point fds 1 and 2 at devnull_fd, take what is left in the pipes without
- * waiting for writers that are still alive, stop the reader. The buffers stay
- * in c until capture_free(). */
+/* Point fds 1 and 2 at devnull_fd, have the reader take what is left in the
+ * pipes without waiting for writers that are still alive, and wait until it
+ * has. The buffers stay in c until capture_free(). */
 void capture_end(struct capture *c, int devnull_fd);
+/* For the reader's poll: the current capture's two pipes (fd -1 if none). */
+void capture_poll_fds(struct pollfd *p);
+/* For the reader, after its poll: drain what p[0..1] (from capture_poll_fds)
+ * says is ready, and finish the capture if capture_end() asked. */
+void capture_service(const struct pollfd *p);
 /* Copy stream i's kept bytes out: head, then the tail in order. */
 void capture_tail_copy(const struct capture_stream *s, uint8_t *out);
 void capture_free(struct capture *c);

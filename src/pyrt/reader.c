@@ -1,4 +1,5 @@
-/* The channel reader: one C thread per sandbox, for the whole turn.
+/* The channel reader: one C thread per sandbox, for the whole turn. It
+ * also drains a running block's output pipes (capture.c).
  *
  * It reads every message the supervisor sends. A tool_result in the
  * supervisor's form goes straight to the call waiting for it (calls.c), or is
@@ -17,6 +18,8 @@
 #include "pyrt/pyrt_int.h"
 
 #include <errno.h>
+#include <poll.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -73,49 +76,74 @@ static bool offer_to_python(const uint8_t *data, size_t len)
     return taken;
 }
 
-static void *reader_main(void *unused)
+/* One whole message from the channel, which poll() found readable. */
+static void read_message(void)
 {
-    (void)unused;
-    for (;;) {
-        uint8_t hdr[CHAN_HDR_LEN];
-        enum chan_type type;
-        uint32_t len;
-        if (chan_read(g_pyrt.chan_fd, hdr, sizeof hdr) < 0)
-            _exit(0); /* the supervisor closed the channel: the turn is over */
-        if (chan_hdr_decode(hdr, sizeof hdr, CHAN_MAX_MESSAGE_BYTES, &type, &len) != 1)
-            _exit(3); /* the supervisor never sends this: the stream is out of step */
-        uint8_t *data = malloc(len ? len : 1);
-        if (!data)
-            _exit(3); /* cannot keep the message, and must not lose it */
-        if (chan_read(g_pyrt.chan_fd, data, len) < 0)
-            _exit(0);
-        if (type == CHAN_FRAME) {
-            enum calls_offer o = calls_deliver_frame(data, len);
-            if (o == CALLS_TAKEN)
-                continue;
-            if (o == CALLS_UNCLAIMED || (calls_waiting() && offer_to_python(data, len))) {
-                free(data);
-                continue;
-            }
+    uint8_t hdr[CHAN_HDR_LEN];
+    enum chan_type type;
+    uint32_t len;
+    if (chan_read(g_pyrt.chan_fd, hdr, sizeof hdr) < 0)
+        _exit(0); /* the supervisor closed the channel: the turn is over */
+    if (chan_hdr_decode(hdr, sizeof hdr, CHAN_MAX_MESSAGE_BYTES, &type, &len) != 1)
+        _exit(3); /* the supervisor never sends this: the stream is out of step */
+    uint8_t *data = malloc(len ? len : 1);
+    if (!data)
+        _exit(3); /* cannot keep the message, and must not lose it */
+    if (chan_read(g_pyrt.chan_fd, data, len) < 0)
+        _exit(0);
+    if (type == CHAN_FRAME) {
+        enum calls_offer o = calls_deliver_frame(data, len);
+        if (o == CALLS_TAKEN)
+            return;
+        if (o == CALLS_UNCLAIMED || (calls_waiting() && offer_to_python(data, len))) {
+            free(data);
+            return;
         }
-        struct inbox_msg *m = malloc(sizeof *m);
-        if (!m)
+    }
+    struct inbox_msg *m = malloc(sizeof *m);
+    if (!m)
+        _exit(3);
+    *m = (struct inbox_msg){.type = type, .len = len, .data = data};
+    inbox_put(m);
+}
+
+/* The channel, the capture's wake-up eventfd and, while a block runs, its
+ * output pipes (capture.c). A message is read whole once it starts to
+ * arrive: during a block only small frames come, so the pipes wait little. */
+static void *reader_main(void *arg)
+{
+    int wake_fd = (int)(intptr_t)arg;
+    for (;;) {
+        struct pollfd p[4] = {
+            {.fd = g_pyrt.chan_fd, .events = POLLIN},
+            {.fd = wake_fd, .events = POLLIN},
+        };
+        capture_poll_fds(&p[2]);
+        if (poll(p, 4, -1) < 0) {
+            if (errno == EINTR)
+                continue;
             _exit(3);
-        *m = (struct inbox_msg){.type = type, .len = len, .data = data};
-        inbox_put(m);
+        }
+        if (p[1].revents || p[2].revents || p[3].revents)
+            capture_service(&p[2]);
+        if (p[0].revents)
+            read_message();
     }
     return NULL;
 }
 
 int reader_start(void)
 {
+    int wake_fd = capture_init();
+    if (wake_fd < 0)
+        return wake_fd;
     pthread_t t;
     pthread_attr_t a;
     int e = pthread_attr_init(&a);
     if (e == 0)
         e = pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
     if (e == 0)
-        e = pthread_create(&t, &a, reader_main, NULL);
+        e = pthread_create(&t, &a, reader_main, (void *)(intptr_t)wake_fd);
     pthread_attr_destroy(&a);
     return -e;
 }
