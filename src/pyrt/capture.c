@@ -6,13 +6,17 @@
  * reader thread (reader.c), which never touches the interpreter, polls both
  * pipes beside the channel and drains them into buffers that keep the first
  * half and the last half of cap bytes per stream and count the rest, so a
- * flood costs CPU but never memory. (A thread of its own per block cost 5% of
- * a one-block turn's CPU, measured.)
+ * flood costs CPU but never memory.
  *
- * The main thread and the reader meet under cap_mu: capture_begin() makes
- * the capture current and wakes the reader (an eventfd it polls) to add the
- * pipes; capture_end() asks for the last drain and waits until the reader
- * has let go of the capture. In between, only the reader touches it. */
+ * The main thread and the reader meet under cap_mu. capture_begin() makes
+ * the capture current; the reader, which saw the block's run frame go by,
+ * adopts it CAPTURE_ADOPT_MS later (or at once, woken by an eventfd, if it
+ * saw none). If the block ends first, capture_end() takes the capture back
+ * and drains it on the main thread: no other thread is woken for it, which
+ * is most blocks. Else it asks the reader for the last drain and waits until
+ * the reader lets go. While adopted, only the reader touches the capture.
+ * (A thread per block, or a reader woken at each block's start and end, cost
+ * ~5% of a one-block turn's CPU, measured.) */
 #include "pyrt/pyrt_int.h"
 
 #include <errno.h>
@@ -123,10 +127,20 @@ static bool stream_drain(struct capture_stream *s, uint8_t *chunk, size_t limit)
  * call malloc() not at all. */
 static uint8_t capture_chunk[CAPTURE_READ_CHUNK];
 
+/* How long a capture may go undrained: the reader takes over a block's pipes
+ * this long after its run frame went by, so a block that ends sooner (most
+ * do) is drained once, by the main thread, with no thread woken at all; a
+ * writer that fills a pipe (64 KiB) before then waits at most this long. */
+#define CAPTURE_ADOPT_MS 2
+
 static pthread_mutex_t cap_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t cap_cv = PTHREAD_COND_INITIALIZER;
-static struct capture *cap_current; /* guarded by cap_mu: the reader drains it */
-static bool cap_ending;             /* guarded by cap_mu: capture_end() waits */
+/* All guarded by cap_mu. */
+static struct capture *cap_current; /* the capture in progress */
+static bool cap_adopted;            /* the reader polls and drains it */
+static bool cap_ending;             /* capture_end() waits for the reader's last drain */
+static bool cap_primed;             /* a run frame went by: a capture is about to begin */
+static unsigned cap_primed_ticks;   /* timeouts spent primed without a capture */
 static int cap_wake_fd = -1;        /* eventfd the reader polls */
 
 static void wake_reader(void)
@@ -144,12 +158,38 @@ int capture_init(void)
     return cap_wake_fd < 0 ? -errno : cap_wake_fd;
 }
 
-void capture_poll_fds(struct pollfd *p)
+void capture_prime(void)
 {
     pthread_mutex_lock(&cap_mu);
-    for (int i = 0; i < 2; i++)
-        p[i] = (struct pollfd){.fd = cap_current ? cap_current->s[i].rfd : -1, .events = POLLIN};
+    cap_primed = true;
+    cap_primed_ticks = 0;
     pthread_mutex_unlock(&cap_mu);
+}
+
+int capture_poll_fds(struct pollfd *p)
+{
+    pthread_mutex_lock(&cap_mu);
+    struct capture *c = cap_adopted ? cap_current : NULL;
+    for (int i = 0; i < 2; i++)
+        p[i] = (struct pollfd){.fd = c ? c->s[i].rfd : -1, .events = POLLIN};
+    bool soon = cap_primed || (cap_current && !cap_adopted);
+    pthread_mutex_unlock(&cap_mu);
+    return soon ? CAPTURE_ADOPT_MS : -1;
+}
+
+/* The last, bounded drain: fds 1 and 2 no longer lead here, so everything
+ * this process wrote is already in the pipes. Take it, plus a bounded amount
+ * of what writers that are still alive (a background subprocess holding a
+ * copy of fd 1) may add meanwhile. */
+static void final_drain(struct capture *c)
+{
+    for (int i = 0; i < 2; i++) {
+        if (c->s[i].rfd < 0)
+            continue;
+        int psz = fcntl(c->s[i].rfd, F_GETPIPE_SZ);
+        size_t bound = psz > 0 ? 2 * (size_t)psz : 2 * 1024 * 1024;
+        stream_drain(&c->s[i], capture_chunk, bound);
+    }
 }
 
 void capture_service(const struct pollfd *p)
@@ -159,6 +199,13 @@ void capture_service(const struct pollfd *p)
     pthread_mutex_lock(&cap_mu);
     struct capture *c = cap_current;
     bool ending = cap_ending;
+    if (c && !cap_adopted) {
+        cap_adopted = true; /* from the next poll on */
+        cap_primed = false;
+        c = NULL;
+    } else if (!c && cap_primed && ++cap_primed_ticks > 50) {
+        cap_primed = false; /* no block came after all */
+    }
     pthread_mutex_unlock(&cap_mu);
     if (!c)
         return;
@@ -167,20 +214,10 @@ void capture_service(const struct pollfd *p)
             stream_drain(&c->s[i], capture_chunk, 1024 * 1024);
     if (!ending)
         return;
-    /* fds 1 and 2 no longer lead here, so everything this process wrote is
-     * already in the pipes. Take it, plus a bounded amount of what writers
-     * that are still alive (a background subprocess holding a copy of fd 1)
-     * may add meanwhile, and let go. */
-    for (int i = 0; i < 2; i++) {
-        if (c->s[i].rfd < 0)
-            continue;
-        int psz = fcntl(c->s[i].rfd, F_GETPIPE_SZ);
-        size_t bound = psz > 0 ? 2 * (size_t)psz : 2 * 1024 * 1024;
-        stream_drain(&c->s[i], capture_chunk, bound);
-    }
+    final_drain(c);
     pthread_mutex_lock(&cap_mu);
     cap_current = NULL;
-    cap_ending = false;
+    cap_adopted = cap_ending = false;
     pthread_cond_signal(&cap_cv);
     pthread_mutex_unlock(&cap_mu);
 }
@@ -232,9 +269,11 @@ int capture_begin(struct capture *c, uint64_t cap)
     }
     pthread_mutex_lock(&cap_mu);
     cap_current = c;
-    cap_ending = false;
+    cap_adopted = cap_ending = false;
+    bool primed = cap_primed; /* else the reader sleeps with no timeout: wake it */
     pthread_mutex_unlock(&cap_mu);
-    wake_reader();
+    if (!primed)
+        wake_reader();
     return 0; /* w0 and w1 are closed here: only fds 1 and 2 hold the write ends */
 }
 
@@ -244,13 +283,21 @@ void capture_end(struct capture *c, int devnull_fd)
     dup2(devnull_fd, 1);
     dup2(devnull_fd, 2);
     pthread_mutex_lock(&cap_mu);
-    if (cap_current == c) {
-        cap_ending = true;
-        wake_reader();
-        while (cap_current == c)
-            pthread_cond_wait(&cap_cv, &cap_mu);
+    if (cap_current == c && !cap_adopted) {
+        /* The reader never touched it: take it back and drain it here. */
+        cap_current = NULL;
+        cap_primed = false;
+        pthread_mutex_unlock(&cap_mu);
+        final_drain(c);
+    } else {
+        if (cap_current == c) {
+            cap_ending = true;
+            wake_reader();
+            while (cap_current == c)
+                pthread_cond_wait(&cap_cv, &cap_mu);
+        }
+        pthread_mutex_unlock(&cap_mu);
     }
-    pthread_mutex_unlock(&cap_mu);
     close_and_reset(&c->s[0].rfd);
     close_and_reset(&c->s[1].rfd);
 }

@@ -43,10 +43,14 @@ int capture_begin(struct capture *c, uint64_t cap);
  * pipes without waiting for writers that are still alive, and wait until it
  * has. The buffers stay in c until capture_free(). */
 void capture_end(struct capture *c, int devnull_fd);
-/* For the reader's poll: the current capture's two pipes (fd -1 if none). */
-void capture_poll_fds(struct pollfd *p);
-/* For the reader, after its poll: drain what p[0..1] (from capture_poll_fds)
- * says is ready, and finish the capture if capture_end() asked. */
+/* For the reader: a run frame went by, a capture is about to begin. */
+void capture_prime(void);
+/* For the reader's poll: the adopted capture's two pipes (fd -1 if none);
+ * returns the poll timeout (ms, -1 for none). */
+int capture_poll_fds(struct pollfd *p);
+/* For the reader, after every poll: adopt a capture that waits for it, drain
+ * what p[0..1] (from capture_poll_fds) says is ready, and finish the capture
+ * if capture_end() asked. */
 void capture_service(const struct pollfd *p);
 /* Copy stream i's kept bytes out: head, then the tail in order. */
 void capture_tail_copy(const struct capture_stream *s, uint8_t *out);

@@ -104,6 +104,8 @@ static void read_message(void)
     if (!m)
         _exit(3);
     *m = (struct inbox_msg){.type = type, .len = len, .data = data};
+    if (type == CHAN_FRAME)
+        capture_prime(); /* most likely a run frame: a block's capture follows */
     inbox_put(m);
 }
 
@@ -118,14 +120,13 @@ static void *reader_main(void *arg)
             {.fd = g_pyrt.chan_fd, .events = POLLIN},
             {.fd = wake_fd, .events = POLLIN},
         };
-        capture_poll_fds(&p[2]);
-        if (poll(p, 4, -1) < 0) {
+        int timeout = capture_poll_fds(&p[2]);
+        if (poll(p, 4, timeout) < 0) {
             if (errno == EINTR)
                 continue;
             _exit(3);
         }
-        if (p[1].revents || p[2].revents || p[3].revents)
-            capture_service(&p[2]);
+        capture_service(&p[2]);
         if (p[0].revents)
             read_message();
     }

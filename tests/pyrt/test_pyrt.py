@@ -711,3 +711,17 @@ def test_run_frame_decoded_in_c_or_python_alike(sb):
             blk = sb.collect()
             results.append((blk.exit_code, blk.stdout, blk.stderr))
         assert len(results) >= 2 and all(r == results[0] for r in results), (code, results)
+
+
+def test_output_larger_than_a_pipe_in_one_write(sb):
+    """A block's pipes are drained by the main thread at the block's end
+    unless the channel reader takes them over first (a few ms after the run
+    frame). One write several pipe buffers long blocks until the reader has
+    taken over, and then all of it arrives, on both streams."""
+    blk = sb.run("import os\nos.write(1, b'o' * 300000)\nos.write(2, b'e' * 200000)\n"
+                 "print('end')")
+    assert blk.exit_code == 0, blk.stderr[-300:]
+    assert blk.stdout == "o" * 300000 + "end\n"
+    assert blk.stderr == "e" * 200000
+    blk = sb.run("print('small')")  # and the next block is drained as usual
+    assert blk.stdout == "small\n"
