@@ -61,7 +61,8 @@ void pyrt_after_fork(void);
  * from the initial environment block); SIGPIPE and SIGXFSZ are ignored and
  * SIGINT raises KeyboardInterrupt in user code (the environment and signal
  * dispositions are set up once in pyrt_init(), inherited by every sandbox).
- * It starts threads (the channel reader, one capture thread per block). /dev/null must be openable.
+ * It starts one thread (the channel reader, which also drains a block's
+ * output). /dev/null must be openable.
  * Exit statuses: 0 channel EOF or write error (the supervisor is gone),
  * 3 archive or setup error (a `log` error frame was sent first), 4 internal
  * runtime error (a `log` frame with the traceback was sent first). */
