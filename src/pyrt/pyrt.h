@@ -56,8 +56,8 @@ void pyrt_after_fork(void);
  *
  * What it does to the process: chan_fd and tools_fd are made close-on-exec
  * (and moved off 0-2 if they were there); fds 0-2 are re-pointed at
- * /dev/null, and during a block fds 1 and 2 are pipes read by a capture
- * thread; the environment is reduced to the spec 6.4 allowlist (also wiped
+ * /dev/null, and during a block fds 1 and 2 are pipes drained by the
+ * channel reader thread; the environment is reduced to the spec 6.4 allowlist (also wiped
  * from the initial environment block); SIGPIPE and SIGXFSZ are ignored and
  * SIGINT raises KeyboardInterrupt in user code (the environment and signal
  * dispositions are set up once in pyrt_init(), inherited by every sandbox).
