@@ -120,6 +120,11 @@ static PyObject *fb_next_message(PyObject *self, PyObject *unused)
         free(g_pyrt.archive);
         g_pyrt.archive = data;
         g_pyrt.archive_len = len;
+        if (type == CHAN_TOOLS && g_pyrt.tools_fd < 0) { /* a second one: ignored, not kept */
+            free(data);
+            g_pyrt.archive = NULL;
+            g_pyrt.archive_len = 0;
+        }
         return Py_BuildValue("(iO)", (int)type, Py_None);
     }
     PyObject *code = run_code(data, len);

@@ -343,7 +343,9 @@ def _new_stdio():
 def _stdio_as_in_a_block():
     """_new_stdio() made in the fork server for a sandbox's first block, with
     fds 0-2 on what they are when a block makes them (0 on /dev/null, 1 and 2
-    on the capture pipes): the objects note whether their fd can seek."""
+    on the capture pipes): the objects note whether their fd can seek. One
+    print goes through them here, so that what a first write sets up is
+    shared too; the pipe is emptied after."""
     saved = [os.dup(fd) for fd in (0, 1, 2)]
     r, w = os.pipe()
     null = os.open(os.devnull, os.O_RDWR)
