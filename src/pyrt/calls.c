@@ -13,10 +13,10 @@
  *     {"id":<json>,"ok":<json>,"value":<json>,"error":<json>,"kind":"tool_result"}\n
  * so a frame that starts with {"id":" and ends with ,"kind":"tool_result"}\n
  * is the result for the id in between: taken as it is when it has no escape,
- * else decoded by cJSON (the supervisor wrote it with cJSON). Anything else
- * goes to Python's main loop, which decodes it and hands a tool_result over by
- * its decoded id (calls_deliver_id). The caller decodes the payload with the
- * same decoder either way.
+ * else decoded by cJSON (the supervisor wrote it with cJSON). While calls
+ * wait, any other frame is decoded by Python on the reader's thread, which
+ * hands a tool_result over by its decoded id (calls_deliver_id). The caller
+ * decodes the payload with the same decoder either way.
  *
  * Waiting on a semaphore, like CPython's own locks: a signal interrupts the
  * wait, so a handler that raises (SIGINT, an alarm used as a timeout) still

@@ -194,8 +194,6 @@ static void final_drain(struct capture *c)
 
 void capture_service(const struct pollfd *p)
 {
-    uint64_t v;
-    (void)!read(cap_wake_fd, &v, sizeof v); /* EAGAIN if it was not the wake */
     pthread_mutex_lock(&cap_mu);
     struct capture *c = cap_current;
     bool ending = cap_ending;
@@ -248,8 +246,8 @@ int capture_begin(struct capture *c, uint64_t cap)
     for (int i = 0; i < 2; i++) {
         c->s[i].head_cap = half;
         c->s[i].tail_cap = (size_t)cap - half;
-        /* On this thread (see capture_chunk); if it fails, the capture
-         * thread allocates on first output as before. */
+        /* Here, not on the reader (see capture_chunk); if it fails, the
+         * first output allocates instead. */
         size_t first = half < 4096 ? half : 4096;
         if (first && (c->s[i].head = malloc(first)))
             c->s[i].head_alloc = first;

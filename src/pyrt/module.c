@@ -1,7 +1,7 @@
 /* The private builtin module `_forkbox`: what the Python runtime needs from C.
  *
  * Every call that can block (channel reads and writes, waiting for the
- * capture thread, archives) releases the GIL, so the channel reader thread,
+ * reader's last drain of a block's output, archives) releases the GIL, so the channel reader thread,
  * user threads and tool calls keep running while one of them waits. Channel
  * writes are serialised by g_pyrt.send_lock, which also guards in_block: a
  * tool call is only written while a block runs, and block_end() marks the
@@ -211,8 +211,8 @@ static PyObject *fb_call(PyObject *self, PyObject *args)
     return out;
 }
 
-/* deliver(id, frame) -> bool: a tool_result the reader's fast path did not
- * recognise (an id with escapes), decoded in Python: wake its call. */
+/* deliver(id, frame) -> bool: a tool_result not in the supervisor's form,
+ * decoded in Python on the reader's thread (_reader_offer): wake its call. */
 static PyObject *fb_deliver(PyObject *self, PyObject *args)
 {
     const char *id;

@@ -126,6 +126,10 @@ static void *reader_main(void *arg)
                 continue;
             _exit(3);
         }
+        if (p[1].revents) {
+            uint64_t v;
+            (void)!read(wake_fd, &v, sizeof v); /* the count is all there is */
+        }
         capture_service(&p[2]);
         if (p[0].revents)
             read_message();

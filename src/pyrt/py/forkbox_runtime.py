@@ -424,16 +424,16 @@ class _Turn:
             # anything else is ignored (the supervisor enforces the states)
 
     def on_frame(self, payload):
+        """A frame next_message() did not decode itself. Only a run frame
+        matters here: a tool result reaches the main loop only if no call
+        was waiting when it came (reader.c), so it is dropped like any other
+        late or unknown result."""
         try:
             frame = self.protocol.decode(payload)
         except Exception:
             return  # drop just that message (spec 9.2, channel poisoning)
         if type(frame) is self.protocol.Run:
             self.run_block(frame.code)
-        elif type(frame) is self.protocol.ToolResult and isinstance(frame.id, str):
-            # Not in the supervisor's form, so the reader passed it on: wake
-            # its call if one still waits (none can while no block runs).
-            _fb.deliver(frame.id, payload)
 
     # -- the warm-up of a pooled sandbox ------------------------------------
     def warm_up(self):
