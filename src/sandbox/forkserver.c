@@ -961,6 +961,11 @@ _Noreturn void forkserver_main(const struct config *cfg, int ctl_fd)
         fail_start(ctl_fd, -EINVAL, err);
     }
 
+    /* The sandbox root, in a mount namespace of our own: after the
+     * interpreter's start-up, which may still want the host's /tmp. */
+    if (cfg->isolate && (r = mounts_build(cfg, fsv.mounts, err, sizeof err)) < 0)
+        fail_start(ctl_fd, r, err);
+
     fsv.plan = (struct sbx_plan){
         .cfg = cfg,
         .policy = fsv.policy,

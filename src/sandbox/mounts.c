@@ -1,30 +1,41 @@
 /* The sandbox's filesystem (see mounts.h).
  *
+ * The root is built once, in the fork server (mounts_build), in a mount
+ * namespace of its own that every sandbox's namespace is then a copy of:
+ *   a small tmpfs over /tmp (there, in that namespace only) holding the
+ *   synthetic /etc files, the merged-/usr symlinks, the mountpoints, and
+ *   read-only, nosuid, nodev binds of /usr, the chosen /etc files, the site
+ *   dirs and the /dev nodes; then read-only, superblock and mount.
+ * Every bind source is cloned (open_tree) before the tmpfs covers /tmp, so a
+ * site dir under /tmp is bound too. The decisions about the host (which files
+ * exist, which are directories) were made before, by mounts_prepare().
+ *
  * Order in the child (mounts_setup), each step relying on the one before:
- *   1. make every mount private: nothing below propagates back to the host;
- *   2. mount the new root, a small tmpfs, over /tmp and pivot_root into it,
- *      keeping the old root at /.oldroot so bind sources are reachable even
- *      where the new root used to cover them (bubblewrap does the same);
- *   3. one size-limited "scratch" tmpfs, bound at /workspace, /tmp and
- *      /dev/shm, so cfg->tmpfs_size caps the three together;
- *   4. /tools: a tmpfs whose only writable path is an fd; the visible path
- *      is a read-only bind;
- *   5. replay the prepared operation list: read-only binds of /usr and of the
- *      chosen /etc files, merged-/usr symlinks, site dirs, /dev nodes;
+ *   1. make every mount private: nothing below propagates anywhere;
+ *   2. a recursive bind of the prepared root onto itself: the copy our
+ *      namespace came with is locked to the old root, and pivot_root wants a
+ *      root of our own; its binds come along, still locked read-only;
+ *   3. pivot_root(".", "."): the old root stays stacked on the new one, so
+ *      bind sources and the host's proc stay in the namespace until step 7;
+ *   4. one size-limited "scratch" tmpfs, bound at /workspace, /tmp and
+ *      /dev/shm, so cfg->tmpfs_size caps the three together (site dirs under
+ *      /tmp bound again inside it);
+ *   5. /tools: a tmpfs whose only writable path is an fd; the visible path
+ *      is a read-only bind (4 and 5 use the still empty /proc as their
+ *      temporary mountpoint: the root is read-only);
  *   6. a fresh /proc (must precede 7: the kernel only lets a user namespace
  *      mount proc while a fully visible proc is still in its mount namespace);
- *   7. detach the old root: from here on no host path is reachable;
- *   8. remount the root tmpfs read-only: user code can create files only in
- *      /workspace, /tmp and /dev/shm.
- * The host-facing decisions (which files exist, which mount flags a bind must
- * keep) were made once by mounts_prepare(); the child performs no lookups of
- * its own beyond the operations themselves. */
+ *   7. detach the old root: from here on no host path is reachable.
+ * A sandbox thus makes 13 mount calls and no directory or file outside its
+ * scratch; building the root itself (some 40 mount calls, 25 directories, 5
+ * files and 9 symlinks) was most of a sandbox's filesystem set-up. */
 #include "sandbox/mounts.h"
 
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -32,15 +43,11 @@
 #include <string.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
-#include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include "core/cleanup.h"
 
-#define OLDROOT "/.oldroot"
-#define SCRATCH "/.scratch"
-#define TOOLS_RW "/.tools"
 #define OP_PATH_MAX 320
 
 /* Synthetic /etc files: nothing about the host leaks through them, and the
@@ -68,7 +75,7 @@ enum mop_kind {
     MOP_DIR,      /* mkdir dst (mode); an existing dir is fine */
     MOP_FILE,     /* create dst with data (mode) */
     MOP_SYMLINK,  /* symlink src -> dst */
-    MOP_BIND_RO,  /* bind host src at dst, then remount read-only, nosuid, nodev */
+    MOP_BIND_RO,  /* bind host src at dst, read-only, nosuid, nodev */
     MOP_BIND_DEV, /* bind a host device node at dst as is */
 };
 
@@ -76,7 +83,6 @@ struct mount_op {
     enum mop_kind kind;
     bool is_dir;           /* binds: the mountpoint is a directory (else a file) */
     mode_t mode;           /* DIR, FILE */
-    unsigned long keep;    /* BIND_RO: locked flags of the source the remount must repeat */
     const char *data;      /* FILE: static contents */
     char src[OP_PATH_MAX]; /* BIND: host path; SYMLINK: link target */
     char dst[OP_PATH_MAX]; /* path in the new root */
@@ -164,17 +170,10 @@ static int add_symlink(struct mount_plan *mp, const char *target, const char *ds
 
 static int add_bind_ro(struct mount_plan *mp, const char *src, const char *dst, bool is_dir)
 {
-    struct statvfs sv;
-    if (statvfs(src, &sv) < 0)
-        return -errno;
     struct mount_op *op = add(mp, MOP_BIND_RO, src, dst);
     if (!op)
         return -errno;
     op->is_dir = is_dir;
-    /* A remount inside a user namespace may not clear flags the source
-     * mount has (they are locked); nosuid and nodev we add anyway, atime
-     * flags the kernel keeps by itself for MS_BIND|MS_REMOUNT. */
-    op->keep = (sv.f_flag & ST_NOEXEC) ? MS_NOEXEC : 0;
     return 0;
 }
 
@@ -228,8 +227,7 @@ static bool path_clean(const char *p)
 }
 
 /* Paths the sandbox builds itself; nothing from the host may land there. */
-static const char *const reserved_dirs[] = {"/proc", "/dev", "/workspace", "/tmp", "/etc",
-                                            OLDROOT, SCRATCH, TOOLS_RW};
+static const char *const reserved_dirs[] = {"/proc", "/dev", "/workspace", "/tmp", "/etc"};
 
 static int check_tools_dir(const char *p, char *err, size_t errlen)
 {
@@ -386,52 +384,38 @@ void mounts_free(struct mount_plan *mp)
 
 size_t mounts_len(const struct mount_plan *mp) { return mp ? mp->n : 0; }
 
-/* --- child side: no allocation, no stdio beyond snprintf into what --- */
+/* --- shared helpers ------------------------------------------------------ */
 
-static int cfail(char *what, size_t whatlen, const char *op, const char *path)
+static int mkdir_ok(int dfd, const char *path, mode_t mode)
 {
-    int e = errno ? errno : EIO;
-    snprintf(what, whatlen, "%s %s", op, path);
-    return -e;
-}
-
-static int mkdir_ok(const char *path, mode_t mode)
-{
-    if (mkdir(path, mode) == 0 || errno == EEXIST)
+    if (mkdirat(dfd, path, mode) == 0 || errno == EEXIST)
         return 0;
     return -1;
 }
 
-/* mkdir -p path inside the new root (parents 0755). */
-static int mkdir_p(const char *path, mode_t mode)
+/* mkdir -p path (absolute, or relative to dfd), parents 0755. */
+static int mkdir_p(int dfd, const char *path, mode_t mode)
 {
-    char buf[OP_PATH_MAX];
+    char buf[OP_PATH_MAX + 8];
     if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf) {
         errno = ENAMETOOLONG;
         return -1;
     }
     for (char *s = strchr(buf + 1, '/'); s; s = strchr(s + 1, '/')) {
         *s = '\0';
-        int r = mkdir_ok(buf, 0755);
+        int r = mkdir_ok(dfd, buf, 0755);
         *s = '/';
         if (r < 0)
             return -1;
     }
-    return mkdir_ok(buf, mode);
+    return mkdir_ok(dfd, buf, mode);
 }
 
-static int touch(const char *path)
-{
-    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0444);
-    if (fd < 0)
-        return errno == EEXIST ? 0 : -1;
-    close(fd);
-    return 0;
-}
+/* --- the fork server: the sandbox root, built once ------------------------ */
 
-static int write_file(const char *path, const char *data, mode_t mode)
+static int write_file_at(int dfd, const char *path, const char *data, mode_t mode)
 {
-    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, mode);
+    int fd = openat(dfd, path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, mode);
     if (fd < 0)
         return -1;
     size_t n = strlen(data);
@@ -445,45 +429,130 @@ static int write_file(const char *path, const char *data, mode_t mode)
     return 0;
 }
 
-static int run_op(const struct mount_op *op, char *what, size_t whatlen)
+/* One operation of the plan, inside the new root (root: its directory fd).
+ * tree: for a bind, the detached copy of its source (see mounts_build). */
+static int build_op(int root, const struct mount_op *op, int tree)
 {
-    char src[sizeof OLDROOT + OP_PATH_MAX];
+    const char *dst = op->dst + 1; /* "/etc/passwd" -> "etc/passwd", relative to root */
     switch (op->kind) {
     case MOP_DIR:
-        if (mkdir_ok(op->dst, op->mode) < 0)
-            return cfail(what, whatlen, "mkdir", op->dst);
-        return 0;
+        return mkdir_ok(root, dst, op->mode);
     case MOP_FILE:
-        if (write_file(op->dst, op->data, op->mode) < 0)
-            return cfail(what, whatlen, "write", op->dst);
-        return 0;
+        return write_file_at(root, dst, op->data, op->mode);
     case MOP_SYMLINK:
-        if (symlink(op->src, op->dst) < 0)
-            return cfail(what, whatlen, "symlink", op->dst);
-        return 0;
+        return symlinkat(op->src, root, dst);
     case MOP_BIND_RO:
     case MOP_BIND_DEV:
-        snprintf(src, sizeof src, OLDROOT "%s", op->src);
-        if ((op->is_dir ? mkdir_ok(op->dst, 0755) : touch(op->dst)) < 0)
-            return cfail(what, whatlen, "mountpoint", op->dst);
-        /* Not MS_REC: submounts of a bound host dir stay hidden (and a
-         * host that has any under /usr makes this fail with EINVAL, the
-         * kernel refusing to reveal what they cover). */
-        if (mount(src, op->dst, NULL, MS_BIND, NULL) < 0)
-            return cfail(what, whatlen, "bind", op->dst);
-        if (op->kind == MOP_BIND_RO &&
-            mount(NULL, op->dst, NULL,
-                  MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | op->keep,
-                  NULL) < 0)
-            return cfail(what, whatlen, "remount read-only", op->dst);
-        return 0;
+        if (op->is_dir) {
+            if (mkdir_ok(root, dst, 0755) < 0)
+                return -1;
+        } else {
+            int fd = openat(root, dst, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0444);
+            if (fd < 0)
+                return -1;
+            close(fd);
+        }
+        return move_mount(tree, "", root, dst, MOVE_MOUNT_F_EMPTY_PATH);
     }
     errno = EINVAL;
-    return cfail(what, whatlen, "unknown op for", op->dst);
+    return -1;
 }
 
-/* Mount a tmpfs at a temporary path; options are "mode=...,size=...". */
-static int tmpfs_at(const char *path, uint64_t size, uint64_t inodes)
+/* Where the root goes: over /tmp, in the fork server's own namespace only.
+ * The fork server needs no /tmp once the interpreter has started. */
+#define ROOT_AT "/tmp"
+
+int mounts_build(const struct config *cfg, const struct mount_plan *mp, char *err,
+                 size_t errlen)
+{
+    if (unshare(CLONE_NEWNS) < 0)
+        return perr(err, errlen, errno, "unshare(CLONE_NEWNS): %s", strerror(errno));
+    if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
+        return perr(err, errlen, errno, "make-rprivate /: %s", strerror(errno));
+
+    int *tree = malloc((mp->n ? mp->n : 1) * sizeof *tree);
+    if (!tree)
+        return perr(err, errlen, ENOMEM, "out of memory");
+    for (size_t i = 0; i < mp->n; i++)
+        tree[i] = -1;
+    int r = 0, root = -1;
+
+    /* Every bind source first, as a detached copy of its mount (not
+     * recursive: submounts of a bound host dir stay hidden): the root is
+     * about to cover /tmp, where a site dir may live. */
+    for (size_t i = 0; i < mp->n && r == 0; i++) {
+        const struct mount_op *op = &mp->ops[i];
+        if (op->kind != MOP_BIND_RO && op->kind != MOP_BIND_DEV)
+            continue;
+        tree[i] = open_tree(AT_FDCWD, op->src, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+        if (tree[i] < 0) {
+            r = perr(err, errlen, errno, "open_tree %s: %s", op->src, strerror(errno));
+            break;
+        }
+        struct mount_attr ro = {.attr_set = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID |
+                                            MOUNT_ATTR_NODEV};
+        if (op->kind == MOP_BIND_RO &&
+            mount_setattr(tree[i], "", AT_EMPTY_PATH, &ro, sizeof ro) < 0)
+            r = perr(err, errlen, errno, "read-only %s: %s", op->src, strerror(errno));
+    }
+    if (r < 0)
+        goto out;
+
+    if (mount("tmpfs", ROOT_AT, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+              "mode=0755,size=1m,nr_inodes=4096") < 0) {
+        r = perr(err, errlen, errno, "mount the root tmpfs on " ROOT_AT ": %s", strerror(errno));
+        goto out;
+    }
+    root = open(ROOT_AT, O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (root < 0) {
+        r = perr(err, errlen, errno, "open " ROOT_AT ": %s", strerror(errno));
+        goto out;
+    }
+    /* The mountpoints of what every sandbox mounts for itself. */
+    static const struct {
+        const char *path;
+        mode_t mode;
+    } points[] = {{"workspace", 0755}, {"tmp", 0755}, {"dev", 0755}, {"dev/shm", 0755},
+                  {"proc", 0555}};
+    for (size_t i = 0; i < sizeof points / sizeof *points; i++)
+        if (mkdir_ok(root, points[i].path, points[i].mode) < 0) {
+            r = perr(err, errlen, errno, "mkdir %s: %s", points[i].path, strerror(errno));
+            goto out;
+        }
+    if (mkdir_p(root, cfg->tools_dir + 1, 0755) < 0) {
+        r = perr(err, errlen, errno, "mkdir %s: %s", cfg->tools_dir, strerror(errno));
+        goto out;
+    }
+    for (size_t i = 0; i < mp->n; i++)
+        if (build_op(root, &mp->ops[i], tree[i]) < 0) {
+            r = perr(err, errlen, errno, "%s: %s", mp->ops[i].dst, strerror(errno));
+            goto out;
+        }
+    /* Read-only for good: the superblock and our mount of it. */
+    if (mount(NULL, ROOT_AT, NULL, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
+              NULL) < 0)
+        r = perr(err, errlen, errno, "remount the root read-only: %s", strerror(errno));
+out:
+    if (root >= 0)
+        close(root);
+    for (size_t i = 0; i < mp->n; i++)
+        if (tree[i] >= 0)
+            close(tree[i]);
+    free(tree);
+    return r;
+}
+
+/* --- child side: no allocation, no stdio beyond snprintf into what --- */
+
+static int cfail(char *what, size_t whatlen, const char *op, const char *path)
+{
+    int e = errno ? errno : EIO;
+    snprintf(what, whatlen, "%s %s", op, path);
+    return -e;
+}
+
+/* A tmpfs on path; options are "mode=...,size=...". */
+static int tmpfs_on(const char *path, uint64_t size, uint64_t inodes)
 {
     char opts[96];
     int n = snprintf(opts, sizeof opts, "mode=0755");
@@ -492,131 +561,114 @@ static int tmpfs_at(const char *path, uint64_t size, uint64_t inodes)
     if (inodes)
         snprintf(opts + n, sizeof opts - (size_t)n, ",nr_inodes=%llu",
                  (unsigned long long)inodes);
-    if (mkdir_ok(path, 0700) < 0)
-        return -1;
     return mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, opts);
 }
 
-static int detach(const char *path)
+/* The scratch tmpfs, mounted on /proc for now: its three directories bound
+ * at /workspace, /tmp and /dev/shm. */
+static int scratch_binds(const struct config *cfg, char *what, size_t whatlen)
 {
-    if (umount2(path, MNT_DETACH) < 0)
-        return -1;
-    return rmdir(path);
-}
-
-int mounts_setup(const struct config *cfg, const struct mount_plan *mp, int *tools_fd,
-                 char *what, size_t whatlen)
-{
-    *tools_fd = -1;
-
-    /* 1. Our copy of the host's mounts may be shared with the host (systemd
-     * makes / shared): make the whole tree private before mounting anything. */
-    if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
-        return cfail(what, whatlen, "make-rprivate", "/");
-
-    /* 2. The new root: tmpfs over /tmp in our namespace only, then
-     * pivot_root with the old root kept at /.oldroot. */
-    if (mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
-              "mode=0755,size=1m,nr_inodes=4096") < 0)
-        return cfail(what, whatlen, "mount root tmpfs on", "/tmp");
-    if (mkdir("/tmp" OLDROOT, 0700) < 0)
-        return cfail(what, whatlen, "mkdir", OLDROOT);
-    if (syscall(SYS_pivot_root, "/tmp", "/tmp" OLDROOT) < 0)
-        return cfail(what, whatlen, "pivot_root", "/tmp");
-    if (chdir("/") < 0)
-        return cfail(what, whatlen, "chdir", "/");
-
-    /* 3. One tmpfs for everything user code may write, so tmpfs_size bounds
-     * the sum; detached from its own path once the binds exist. */
-    if (tmpfs_at(SCRATCH, cfg->tmpfs_size, 0) < 0)
-        return cfail(what, whatlen, "mount tmpfs", SCRATCH);
     static const struct {
         const char *src, *dst;
         mode_t mode;
     } scratch[] = {
-        {SCRATCH "/workspace", "/workspace", 0755},
-        {SCRATCH "/tmp", "/tmp", 01777},
-        {SCRATCH "/shm", "/dev/shm", 01777},
+        {"/proc/workspace", "/workspace", 0755},
+        {"/proc/tmp", "/tmp", 01777},
+        {"/proc/shm", "/dev/shm", 01777},
     };
-    for (size_t i = 0; i < sizeof scratch / sizeof *scratch; i++) {
+    for (size_t i = 0; i < sizeof scratch / sizeof *scratch; i++)
         /* chmod after mkdir: the umask must not eat the sticky bit. */
         if (mkdir(scratch[i].src, 0700) < 0 || chmod(scratch[i].src, scratch[i].mode) < 0)
             return cfail(what, whatlen, "mkdir", scratch[i].src);
-        if (mkdir_p(scratch[i].dst, 0755) < 0)
-            return cfail(what, whatlen, "mkdir", scratch[i].dst);
-        if (mount(scratch[i].src, scratch[i].dst, NULL, MS_BIND, NULL) < 0)
-            return cfail(what, whatlen, "bind", scratch[i].dst);
+    /* A site dir under /tmp is in the root at /tmp/..., which the scratch is
+     * about to cover: bind it again inside the scratch's tmp (hence the
+     * recursive binds below). */
+    for (unsigned i = 0; i < cfg->n_site_dirs; i++) {
+        const char *p = cfg->site_dirs[i];
+        char in_scratch[OP_PATH_MAX + 8];
+        if (!path_under(p, "/tmp"))
+            continue;
+        snprintf(in_scratch, sizeof in_scratch, "/proc%s", p);
+        if (mkdir_p(AT_FDCWD, in_scratch, 0755) < 0 ||
+            mount(p, in_scratch, NULL, MS_BIND, NULL) < 0)
+            return cfail(what, whatlen, "bind site dir", p);
     }
-    if (detach(SCRATCH) < 0)
-        return cfail(what, whatlen, "detach", SCRATCH);
+    for (size_t i = 0; i < sizeof scratch / sizeof *scratch; i++)
+        if (mount(scratch[i].src, scratch[i].dst, NULL, MS_BIND | MS_REC, NULL) < 0)
+            return cfail(what, whatlen, "bind", scratch[i].dst);
+    return 0;
+}
 
-    /* 4. /tools: read-only for user code; the runtime extracts the tools
+int mounts_setup(const struct config *cfg, int *tools_fd, char *what, size_t whatlen)
+{
+    *tools_fd = -1;
+
+    /* 1. Our copy of the fork server's mounts is private already (it made
+     * its namespace so); cheap insurance before mounting anything. */
+    if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
+        return cfail(what, whatlen, "make-rprivate", "/");
+
+    /* 2. A mount of the prepared root that is ours: the copy that came
+     * with our namespace is locked to the old root (pivot_root refuses
+     * it); a recursive bind brings its read-only binds along, still locked. */
+    if (mount(ROOT_AT, ROOT_AT, NULL, MS_BIND | MS_REC, NULL) < 0)
+        return cfail(what, whatlen, "bind the root", ROOT_AT);
+
+    /* 3. pivot_root(".", "."): the old root ends up stacked on the new one,
+     * until step 7; "/" and "." already resolve in the new root. */
+    if (chdir(ROOT_AT) < 0)
+        return cfail(what, whatlen, "chdir", ROOT_AT);
+    if (syscall(SYS_pivot_root, ".", ".") < 0)
+        return cfail(what, whatlen, "pivot_root", ROOT_AT);
+
+    /* 4. One tmpfs for everything user code may write, so tmpfs_size bounds
+     * the sum. /proc is the scratch's mountpoint until step 6 (the root is
+     * read-only: it has no spare directory), then it is detached from there. */
+    if (tmpfs_on("/proc", cfg->tmpfs_size, 0) < 0)
+        return cfail(what, whatlen, "mount tmpfs", "scratch");
+    int r = scratch_binds(cfg, what, whatlen);
+    if (r < 0)
+        return r;
+    if (umount2("/proc", MNT_DETACH) < 0)
+        return cfail(what, whatlen, "detach", "scratch");
+
+    /* 5. /tools: read-only for user code; the runtime extracts the tools
      * archive through the fd, then closes it, and the writable mount is
-     * gone with it. */
+     * gone with it. Also on /proc for a moment. */
     uint64_t tsize = cfg->max_unpacked ? cfg->max_unpacked + 4 * 1024 * 1024 : 0;
     uint64_t tinodes = cfg->max_members ? cfg->max_members + 64 : 0;
-    if (tmpfs_at(TOOLS_RW, tsize, tinodes) < 0)
-        return cfail(what, whatlen, "mount tmpfs", TOOLS_RW);
-    int fd = open(TOOLS_RW, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (tmpfs_on("/proc", tsize, tinodes) < 0)
+        return cfail(what, whatlen, "mount tmpfs", cfg->tools_dir);
+    int fd = open("/proc", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0)
-        return cfail(what, whatlen, "open", TOOLS_RW);
-    if (mkdir_p(cfg->tools_dir, 0755) < 0 ||
-        mount(TOOLS_RW, cfg->tools_dir, NULL, MS_BIND, NULL) < 0 ||
+        return cfail(what, whatlen, "open", cfg->tools_dir);
+    if (mount("/proc", cfg->tools_dir, NULL, MS_BIND, NULL) < 0 ||
         mount(NULL, cfg->tools_dir, NULL,
-              MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, NULL) < 0) {
+              MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, NULL) < 0 ||
+        umount2("/proc", MNT_DETACH) < 0) {
         int e = errno;
         close(fd);
         errno = e;
         return cfail(what, whatlen, "bind read-only", cfg->tools_dir);
     }
-    if (detach(TOOLS_RW) < 0) {
-        int e = errno;
-        close(fd);
-        errno = e;
-        return cfail(what, whatlen, "detach", TOOLS_RW);
-    }
 
-    /* 5. The prepared host-dependent operations. */
-    for (size_t i = 0; i < mp->n; i++) {
-        int r = run_op(&mp->ops[i], what, whatlen);
-        if (r < 0) {
-            close(fd);
-            return r;
-        }
-    }
-
-    /* 6. Our pid namespace's proc (the old root's proc still makes this
-     * permitted: see the comment at the top). No hidepid needed: only our
-     * own processes are in this pid namespace. */
-    if (mkdir_ok("/proc", 0555) < 0 ||
-        mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0) {
+    /* 6. Our pid namespace's proc (the old root's proc, still in our
+     * namespace, makes this permitted: see the comment at the top). No
+     * hidepid needed: only our own processes are in this pid namespace. */
+    if (mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0) {
         int e = errno;
         close(fd);
         errno = e;
         return cfail(what, whatlen, "mount", "/proc");
     }
 
-    /* 7. Lazily detach the whole host tree. */
-    if (detach(OLDROOT) < 0) {
+    /* 7. Lazily detach the whole host tree: the mount on top of "." is the
+     * old root. The new root was read-only from the start. */
+    if (umount2(".", MNT_DETACH) < 0 || chdir("/") < 0) {
         int e = errno;
         close(fd);
         errno = e;
-        return cfail(what, whatlen, "detach", OLDROOT);
-    }
-
-    /* 8. Root read-only (per-mount flag; the submounts keep their own). */
-    if (mount(NULL, "/", NULL, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
-              NULL) < 0) {
-        int e = errno;
-        close(fd);
-        errno = e;
-        return cfail(what, whatlen, "remount read-only", "/");
-    }
-    if (chdir("/") < 0) {
-        int e = errno;
-        close(fd);
-        errno = e;
-        return cfail(what, whatlen, "chdir", "/");
+        return cfail(what, whatlen, "detach", "the old root");
     }
     *tools_fd = fd;
     return 0;

@@ -4,9 +4,9 @@
  * whose writable side is reachable only through an fd.
  *
  * Like bubblewrap's SetupOp list, the host-dependent part is data: the fork
- * server looks at the host once (mounts_prepare) and every child replays the
- * same list of operations (mounts_setup) without stat'ing or reading host
- * directories per turn. */
+ * server looks at the host once (mounts_prepare) and builds the root from
+ * that list once (mounts_build); a child only pivots into it and mounts what
+ * is its own (mounts_setup), with no lookups of host directories. */
 #pragma once
 #include <stddef.h>
 
@@ -23,10 +23,17 @@ void mounts_free(struct mount_plan *mp);
 /* Number of operations (for logs). */
 size_t mounts_len(const struct mount_plan *mp);
 
-/* In the child: in its own user and mount namespace with uid/gid 0 there.
- * Builds the new root and pivots into it; cwd is "/" afterwards. On success
- * *tools_fd is an O_DIRECTORY|O_CLOEXEC fd on the writable side of the tools
- * dir (owned by the caller). 0 or -errno with what failed in what.
- * Allocation-free. */
-int mounts_setup(const struct config *cfg, const struct mount_plan *mp, int *tools_fd,
-                 char *what, size_t whatlen);
+/* In the fork server, once, before the first sandbox: enter a mount
+ * namespace of our own and build the sandbox root in it from the plan (see
+ * mounts.c), read-only. Every sandbox's namespace is a copy of this one.
+ * 0, or -errno with a reason in err. */
+int mounts_build(const struct config *cfg, const struct mount_plan *mp, char *err,
+                 size_t errlen);
+
+/* In the child: in its own user and mount namespace (a copy of the fork
+ * server's, after mounts_build) with uid/gid 0 there. Pivots into the root and
+ * adds what is the turn's own: the scratch tmpfs, the tools tmpfs, /proc; cwd
+ * is "/" afterwards. On success *tools_fd is an O_DIRECTORY|O_CLOEXEC fd on
+ * the writable side of the tools dir (owned by the caller). 0 or -errno with
+ * what failed in what. Allocation-free. */
+int mounts_setup(const struct config *cfg, int *tools_fd, char *what, size_t whatlen);

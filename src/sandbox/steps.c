@@ -213,12 +213,14 @@ static int step_ids(const struct sbx_plan *p, struct sbx_state *st)
     return 0;
 }
 
-/* 3. Filesystem (mounts.c): needs CAP_SYS_ADMIN in our user namespace, so
- * before the privilege drop; after step 2, so host files are reached as the
- * unprivileged mapped uid. */
+/* 3. Filesystem (mounts.c): pivot into the root the fork server built and
+ * add the turn's own mounts. Needs CAP_SYS_ADMIN in our user namespace, so
+ * before the privilege drop; after step 2, so anything of the host still
+ * reachable until the old root is detached is reached as the unprivileged
+ * mapped uid. */
 static int step_mounts(const struct sbx_plan *p, struct sbx_state *st)
 {
-    int r = mounts_setup(p->cfg, p->mounts, &st->tools_fd, st->what, sizeof st->what);
+    int r = mounts_setup(p->cfg, &st->tools_fd, st->what, sizeof st->what);
     st->tools_dir = p->cfg->tools_dir;
     st->workspace_dir = SBX_WORKSPACE;
     return r;
@@ -973,7 +975,7 @@ int sbx_spawn(const struct sbx_plan *p, unsigned spawn_flags, struct sbx_child *
     *out = (struct sbx_child){.pid = 0, .pidfd = -1, .chan_fd = -1, .warm_fd = -1, .go_fd = -1};
     const struct config *cfg = p->cfg;
     if (cfg->isolate && !p->mounts) {
-        snprintf(err, errlen, "no mount plan");
+        snprintf(err, errlen, "no sandbox root (mounts_build)");
         return -EINVAL;
     }
 

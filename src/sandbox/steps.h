@@ -43,7 +43,8 @@ struct sbx_plan {
     const struct config *cfg;
     const struct sbx_policy *policy;  /* required when isolating (see flags) */
     struct sbx_cgroups *cgroups;      /* NULL = no cgroup placement */
-    const struct mount_plan *mounts;  /* from mounts_prepare(); isolating only */
+    const struct mount_plan *mounts;  /* isolating only: the plan the root was built
+                                         from, by mounts_build() in this process */
     const struct sbx_hooks *hooks;
     pid_t *tid_addr;   /* glibc's cached tid in our TCB (sbx_tid_probe), or NULL */
     void *robust_head; /* glibc's robust mutex list of our thread (get_robust_list) */

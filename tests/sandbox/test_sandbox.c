@@ -560,6 +560,12 @@ static void bench(const char *label, const struct sbx_plan *plan)
                parent[got / 2] / 1e3);
 }
 
+static void enter_mnt_ns(int fd)
+{
+    if (setns(fd, CLONE_NEWNS) < 0)
+        tap(false, "setns(mount namespace): %s", strerror(errno));
+}
+
 int main(void)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -609,6 +615,15 @@ int main(void)
     tap(r == 0, "mounts_prepare: %s", r ? err : "ok");
     if (r)
         return 1;
+    /* Like the fork server, we build the root in a mount namespace of our
+     * own; the non-isolated parts run back in the host's (its /tmp). */
+    int host_ns = open("/proc/self/ns/mnt", O_RDONLY | O_CLOEXEC);
+    r = mounts_build(&cfg, mp, err, sizeof err);
+    tap(r == 0, "mounts_build: %s", r ? err : "ok");
+    if (r)
+        return 1;
+    int root_ns = open("/proc/self/ns/mnt", O_RDONLY | O_CLOEXEC);
+    tap(host_ns >= 0 && root_ns >= 0, "mount namespace fds");
     pid_t *tid_addr = NULL;
     r = sbx_tid_probe(&tid_addr);
     tap(r == 0 && tid_addr && *tid_addr == (pid_t)syscall(SYS_gettid),
@@ -707,6 +722,7 @@ int main(void)
     struct config pcfg = cfg;
     pcfg.isolate = false;
     struct sbx_plan pplan = {.cfg = &pcfg, .hooks = &hooks_plain, .tid_addr = tid_addr};
+    enter_mnt_ns(host_ns);
     r = sbx_spawn(&pplan, 0, &c, err, sizeof err);
     tap(r == 0 && c.turn_dir, "spawn (non-isolated): %s", r ? err : "ok");
     if (r == 0) {
@@ -725,6 +741,7 @@ int main(void)
         free(ws);
         tap(no_zombies(), "non-isolated: no zombie left");
     }
+    enter_mnt_ns(root_ns);
 
     /* 6. Pooled spawn: the warm socket survives step 6, and only it. */
     plan.hooks = &hooks_warm;
@@ -786,6 +803,7 @@ int main(void)
     bench("isolated, fork fallback", &plan);
     plan.flags &= ~SBX_PLAN_FORCE_FORK;
     pplan.hooks = &hooks_ready;
+    enter_mnt_ns(host_ns);
     bench("non-isolated", &pplan);
     tap(no_zombies(), "no zombie after the benchmark runs");
 
