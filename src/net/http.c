@@ -8,7 +8,8 @@
 
 #include <errno.h>
 #include <http_parser.h>
-#include <openssl/evp.h>
+#include <nettle/base64.h>
+#include <nettle/sha1.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -424,25 +425,21 @@ bool http_auth_ok(const char *authorization, const char *token, size_t token_len
 
 int http_ws_accept(const char *key, char out[29])
 {
-    unsigned char md[EVP_MAX_MD_SIZE];
-    unsigned int md_len = 0;
-    char joined[128];
-
     if (!key)
         return -EINVAL;
     size_t klen = strlen(key);
     /* Real keys are 24 characters; anything long is not a key. */
-    if (klen == 0 || klen + sizeof(ws_guid) > sizeof(joined))
+    if (klen == 0 || klen + sizeof(ws_guid) > 128)
         return -EINVAL;
-    memcpy(joined, key, klen);
-    memcpy(joined + klen, ws_guid, sizeof(ws_guid) - 1);
-
-    if (EVP_Digest(joined, klen + sizeof(ws_guid) - 1, md, &md_len, EVP_sha1(), NULL) != 1 ||
-        md_len != 20)
-        return -EINVAL;
-    /* 20 bytes encode to 28 characters; EVP_EncodeBlock adds the NUL. */
-    if (EVP_EncodeBlock((unsigned char *)out, md, 20) != 28)
-        return -EINVAL;
+    struct sha1_ctx ctx;
+    uint8_t md[SHA1_DIGEST_SIZE];
+    sha1_init(&ctx);
+    sha1_update(&ctx, klen, (const uint8_t *)key);
+    sha1_update(&ctx, sizeof(ws_guid) - 1, (const uint8_t *)ws_guid);
+    sha1_digest(&ctx, sizeof md, md);
+    /* 20 bytes encode to 28 characters. */
+    base64_encode_raw(out, sizeof md, md);
+    out[BASE64_ENCODE_RAW_LENGTH(SHA1_DIGEST_SIZE)] = '\0';
     return 0;
 }
 

@@ -41,7 +41,7 @@ bool http_req_is_websocket_upgrade(const struct http_req *r);
  * constant time to "Bearer " + token. */
 bool http_auth_ok(const char *authorization, const char *token, size_t token_len);
 
-/* Sec-WebSocket-Accept for a key: base64(SHA-1(key + GUID)), via libcrypto.
+/* Sec-WebSocket-Accept for a key: base64(SHA-1(key + GUID)), via nettle.
  * out gets 28 characters and a NUL. 0 or -EINVAL. */
 int http_ws_accept(const char *key, char out[29]);
 

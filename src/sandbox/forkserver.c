@@ -916,6 +916,7 @@ _Noreturn void forkserver_main(const struct config *cfg, int ctl_fd)
         if (r < 0)
             fail_start(ctl_fd, r, err);
     }
+    limits_rlimits_prepare();
     r = limits_cgroups_init(cfg, &fsv.cgroups);
     if (r < 0) {
         snprintf(err, sizeof err, "cgroups: %s", strerror(-r));

@@ -601,13 +601,22 @@ void limits_cgroups_free(struct sbx_cgroups *cg)
 }
 
 /* RLIMIT_NPROC counts per user namespace from 5.14 on. */
+static int g_nproc_per_userns = -1; /* -1: not looked up yet */
+
 static bool nproc_is_per_userns(void)
 {
-    struct utsname u;
-    unsigned maj = 0, min = 0;
-    if (uname(&u) < 0 || sscanf(u.release, "%u.%u", &maj, &min) != 2)
-        return false;
-    return maj > 5 || (maj == 5 && min >= 14);
+    if (g_nproc_per_userns < 0) {
+        struct utsname u;
+        unsigned maj = 0, min = 0;
+        g_nproc_per_userns = uname(&u) == 0 && sscanf(u.release, "%u.%u", &maj, &min) == 2 &&
+                             (maj > 5 || (maj == 5 && min >= 14));
+    }
+    return g_nproc_per_userns;
+}
+
+void limits_rlimits_prepare(void)
+{
+    (void)nproc_is_per_userns();
 }
 
 static int set_rlimit(int res, rlim_t v)
