@@ -20,6 +20,7 @@ import json
 import os
 import platform
 import signal
+import _signal  # the C functions: no enum conversions, and whatever user code does to `signal`
 import sys
 import _thread
 import traceback
@@ -509,9 +510,9 @@ class _Turn:
         saved = {}
         for sig in _fb.caught_signals():  # only these can have a Python handler
             try:
-                handler = signal.getsignal(sig)
+                handler = _signal.getsignal(sig)
                 if callable(handler):
-                    signal.signal(sig, signal.SIG_IGN)
+                    _signal.signal(sig, _signal.SIG_IGN)
                     saved[sig] = handler
             except (OSError, ValueError, TypeError):
                 pass
@@ -520,7 +521,7 @@ class _Turn:
     def restore_handlers(self):
         for sig, handler in self.handlers.items():
             try:
-                signal.signal(sig, handler)
+                _signal.signal(sig, handler)
             except (OSError, ValueError, TypeError):
                 pass
         self.handlers = {}
