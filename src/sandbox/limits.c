@@ -23,7 +23,12 @@
  * v1 cpu quota write); the counters a cgroup keeps are not data of a turn, and
  * nothing in a sandbox can read them. A cgroup that is still busy when
  * released is retried later (limits_cgroups_retry) instead of blocking the
- * caller; spares beyond SPARE_MAX are removed.
+ * caller. Spares are kept up to the most turn cgroups that can be live at
+ * once (capacity + pool, within [SPARE_MIN, SPARE_MAX]); beyond that they are
+ * removed. A lower cap churned under a steady load whose number of live turns
+ * swings by more than the cap (64 concurrent turns: a third of all turns made
+ * and removed a cgroup, measured); an empty cgroup holds ~100 KiB of kernel
+ * memory.
  *
  * RLIMIT_NPROC is only a backstop. It counts processes per (user namespace,
  * uid) from Linux 5.14 and per uid host-wide before; every sandbox maps to
@@ -49,7 +54,8 @@
 #include "core/log.h"
 
 #define LIMITS_NOFILE 1024
-#define SPARE_MAX 32 /* empty turn cgroups kept for reuse */
+#define SPARE_MIN 32  /* empty turn cgroups kept for reuse: at least */
+#define SPARE_MAX 256 /* and at most */
 #define CPU_PERIOD_US 100000ULL
 
 enum cg_ctl { CG_MEMORY, CG_PIDS, CG_CPU, CG_N };
@@ -60,6 +66,7 @@ struct sbx_cgroups {
     char dir[CG_N][PATH_MAX]; /* parent ("<own>/forkbox") per controller; "" = not enforced.
                                  v2: the same directory for every enforced controller */
     bool swap_file;           /* v1 memory.memsw.limit_in_bytes / v2 memory.swap.max exists */
+    size_t spare_max;         /* spares kept (see the top) */
     uint64_t next_seq;        /* last turn cgroup number handed out */
     struct cg_turn {
         pid_t pid;            /* the sandbox's host pid */
@@ -293,6 +300,8 @@ int limits_cgroups_init(const struct config *cfg, struct sbx_cgroups **out)
         return -ENOMEM;
     if (!v2_init(cg))
         v1_init(cg);
+    size_t live_max = (size_t)cfg->capacity + cfg->pool_size;
+    cg->spare_max = live_max < SPARE_MIN ? SPARE_MIN : live_max > SPARE_MAX ? SPARE_MAX : live_max;
     if (cg->dir[CG_MEMORY][0])
         cg->swap_file = file_exists(cg->dir[CG_MEMORY],
                                     cg->v2 ? "memory.swap.max" : "memory.memsw.limit_in_bytes");
@@ -450,7 +459,7 @@ static int make_turn_dir(const struct sbx_cgroups *cg, int c, const char *dir)
  * removed; -EBUSY while a task of it is still exiting. */
 static int recycle_turn(struct sbx_cgroups *cg, struct cg_turn t)
 {
-    if (t.complete && cg->n_spare < SPARE_MAX && turn_empty(cg, t.seq) &&
+    if (t.complete && cg->n_spare < cg->spare_max && turn_empty(cg, t.seq) &&
         turn_push(&cg->spare, &cg->n_spare, &cg->cap_spare, t) == 0)
         return 0;
     return remove_turn(cg, t.seq);
