@@ -413,36 +413,60 @@ static int mkdir_p(int dfd, const char *path, mode_t mode)
 
 /* --- the fork server: the sandbox root, built once ------------------------ */
 
-static int write_file_at(int dfd, const char *path, const char *data, mode_t mode)
+/* What the fork server creates in the root belongs to the sandbox's ids, so
+ * that inside it reads as root's, as in any container image; the superblock
+ * is read-only for good once built, so owning it allows nothing. Only what
+ * was created just now is chowned: an existing path may be a bind. */
+struct owner {
+    uid_t uid;
+    gid_t gid;
+};
+
+static int own(int root, const char *path, struct owner o)
 {
-    int fd = openat(dfd, path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, mode);
+    return fchownat(root, path, o.uid, o.gid, AT_SYMLINK_NOFOLLOW);
+}
+
+static int mkdir_owned(int root, const char *path, mode_t mode, struct owner o)
+{
+    if (mkdirat(root, path, mode) == 0)
+        return own(root, path, o);
+    return errno == EEXIST ? 0 : -1;
+}
+
+static int write_file_owned(int root, const char *path, const char *data, mode_t mode,
+                            struct owner o)
+{
+    int fd = openat(root, path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, mode);
     if (fd < 0)
         return -1;
     size_t n = strlen(data);
     ssize_t w = write(fd, data, n);
-    int e = errno;
+    int r = -1, e = EIO;
+    if (w == (ssize_t)n)
+        r = fchown(fd, o.uid, o.gid);
+    if (r < 0 && w != 0)
+        e = errno;
     close(fd);
-    if (w != (ssize_t)n) {
-        errno = w < 0 ? e : EIO;
-        return -1;
-    }
-    return 0;
+    errno = e;
+    return r;
 }
 
 /* One operation of the plan, inside the new root (root: its directory fd).
  * tree: for a bind, the detached copy of its source (see mounts_build). */
-static int build_op(int root, const struct mount_op *op, int tree)
+static int build_op(int root, const struct mount_op *op, int tree, struct owner o)
 {
     const char *dst = op->dst + 1; /* "/etc/passwd" -> "etc/passwd", relative to root */
     switch (op->kind) {
     case MOP_DIR:
-        return mkdir_ok(root, dst, op->mode);
+        return mkdir_owned(root, dst, op->mode, o);
     case MOP_FILE:
-        return write_file_at(root, dst, op->data, op->mode);
+        return write_file_owned(root, dst, op->data, op->mode, o);
     case MOP_SYMLINK:
-        return symlinkat(op->src, root, dst);
+        return symlinkat(op->src, root, dst) < 0 ? -1 : own(root, dst, o);
     case MOP_BIND_RO:
     case MOP_BIND_DEV:
+        /* The mountpoint's owner is hidden under the bind. */
         if (op->is_dir) {
             if (mkdir_ok(root, dst, 0755) < 0)
                 return -1;
@@ -508,23 +532,36 @@ int mounts_build(const struct config *cfg, const struct mount_plan *mp, char *er
         r = perr(err, errlen, errno, "open " ROOT_AT ": %s", strerror(errno));
         goto out;
     }
-    /* The mountpoints of what every sandbox mounts for itself. */
+    struct owner o = {.uid = cfg->sandbox_uid, .gid = cfg->sandbox_gid};
+    if (fchownat(root, "", o.uid, o.gid, AT_EMPTY_PATH) < 0) {
+        r = perr(err, errlen, errno, "chown the root: %s", strerror(errno));
+        goto out;
+    }
+    /* The mountpoints of what every sandbox mounts for itself, and the
+     * directories above the tools dir. */
+    char tools[OP_PATH_MAX + 8];
+    snprintf(tools, sizeof tools, "%s/", cfg->tools_dir + 1);
     static const struct {
         const char *path;
         mode_t mode;
     } points[] = {{"workspace", 0755}, {"tmp", 0755}, {"dev", 0755}, {"dev/shm", 0755},
                   {"proc", 0555}};
     for (size_t i = 0; i < sizeof points / sizeof *points; i++)
-        if (mkdir_ok(root, points[i].path, points[i].mode) < 0) {
+        if (mkdir_owned(root, points[i].path, points[i].mode, o) < 0) {
             r = perr(err, errlen, errno, "mkdir %s: %s", points[i].path, strerror(errno));
             goto out;
         }
-    if (mkdir_p(root, cfg->tools_dir + 1, 0755) < 0) {
-        r = perr(err, errlen, errno, "mkdir %s: %s", cfg->tools_dir, strerror(errno));
-        goto out;
+    for (char *s = strchr(tools, '/'); s; s = strchr(s + 1, '/')) {
+        *s = '\0';
+        int k = mkdir_owned(root, tools, 0755, o);
+        *s = '/';
+        if (k < 0) {
+            r = perr(err, errlen, errno, "mkdir %s: %s", cfg->tools_dir, strerror(errno));
+            goto out;
+        }
     }
     for (size_t i = 0; i < mp->n; i++)
-        if (build_op(root, &mp->ops[i], tree[i]) < 0) {
+        if (build_op(root, &mp->ops[i], tree[i], o) < 0) {
             r = perr(err, errlen, errno, "%s: %s", mp->ops[i].dst, strerror(errno));
             goto out;
         }
