@@ -170,6 +170,13 @@ static void check_isolated(int chan_fd, int tools_fd, const char *tools_dir, con
     list_dir("/etc", buf, sizeof buf);
     say(strstr(buf, "passwd") && strstr(buf, "ld.so.cache") && !strstr(buf, "shadow"),
         "/etc is the minimal subset", "got \"%s\"", buf);
+    /* The root the fork server built reads as root's; the host's own files
+     * (here /usr) stay owned by an unmapped id. */
+    struct stat rs, ps, us;
+    say(stat("/", &rs) == 0 && stat("/etc/passwd", &ps) == 0 && stat("/usr", &us) == 0 &&
+            rs.st_uid == 0 && ps.st_uid == 0 && ps.st_gid == 0 && us.st_uid != 0,
+        "/ and /etc/passwd are root's, /usr is not mapped", "uids %u %u %u",
+        (unsigned)rs.st_uid, (unsigned)ps.st_uid, (unsigned)us.st_uid);
     say(access("/etc/shadow", F_OK) < 0 && errno == ENOENT, "/etc/shadow absent", "%s",
         strerror(errno));
     r = read_text("/etc/passwd", buf, sizeof buf);
@@ -808,6 +815,9 @@ int main(void)
     tap(no_zombies(), "no zombie after the benchmark runs");
 
     mounts_free(mp);
+    struct stat sst;
+    tap(!g_site_dir[0] || (stat(g_site_dir, &sst) == 0 && sst.st_uid == 0),
+        "building the root left the host's site dir owned by root");
     if (g_site_dir[0]) {
         char p[160];
         snprintf(p, sizeof p, "%s/mod.py", g_site_dir);
