@@ -386,33 +386,6 @@ size_t mounts_len(const struct mount_plan *mp) { return mp ? mp->n : 0; }
 
 /* --- shared helpers ------------------------------------------------------ */
 
-static int mkdir_ok(int dfd, const char *path, mode_t mode)
-{
-    if (mkdirat(dfd, path, mode) == 0 || errno == EEXIST)
-        return 0;
-    return -1;
-}
-
-/* mkdir -p path (absolute, or relative to dfd), parents 0755. */
-static int mkdir_p(int dfd, const char *path, mode_t mode)
-{
-    char buf[OP_PATH_MAX + 8];
-    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf) {
-        errno = ENAMETOOLONG;
-        return -1;
-    }
-    for (char *s = strchr(buf + 1, '/'); s; s = strchr(s + 1, '/')) {
-        *s = '\0';
-        int r = mkdir_ok(dfd, buf, 0755);
-        *s = '/';
-        if (r < 0)
-            return -1;
-    }
-    return mkdir_ok(dfd, buf, mode);
-}
-
-/* --- the fork server: the sandbox root, built once ------------------------ */
-
 /* What the fork server creates in the root belongs to the sandbox's ids, so
  * that inside it reads as root's, as in any container image; the superblock
  * is read-only for good once built, so owning it allows nothing. Only what
@@ -422,31 +395,52 @@ struct owner {
     gid_t gid;
 };
 
-static int own(int root, const char *path, struct owner o)
+static int own(int dfd, const char *path, const struct owner *o)
 {
-    return fchownat(root, path, o.uid, o.gid, AT_SYMLINK_NOFOLLOW);
+    return o ? fchownat(dfd, path, o->uid, o->gid, AT_SYMLINK_NOFOLLOW) : 0;
 }
 
-static int mkdir_owned(int root, const char *path, mode_t mode, struct owner o)
+/* mkdir, relative to dfd; an existing directory is fine (and left as it is). */
+static int make_dir(int dfd, const char *path, mode_t mode, const struct owner *o)
 {
-    if (mkdirat(root, path, mode) == 0)
-        return own(root, path, o);
+    if (mkdirat(dfd, path, mode) == 0)
+        return own(dfd, path, o);
     return errno == EEXIST ? 0 : -1;
 }
 
+/* mkdir -p path (absolute, or relative to dfd), parents 0755. */
+static int mkdir_p(int dfd, const char *path, mode_t mode, const struct owner *o)
+{
+    char buf[OP_PATH_MAX + 8];
+    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    for (char *s = strchr(buf + 1, '/'); s; s = strchr(s + 1, '/')) {
+        *s = '\0';
+        int r = make_dir(dfd, buf, 0755, o);
+        *s = '/';
+        if (r < 0)
+            return -1;
+    }
+    return make_dir(dfd, buf, mode, o);
+}
+
+/* --- the fork server: the sandbox root, built once ------------------------ */
+
 static int write_file_owned(int root, const char *path, const char *data, mode_t mode,
-                            struct owner o)
+                            const struct owner *o)
 {
     int fd = openat(root, path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, mode);
     if (fd < 0)
         return -1;
     size_t n = strlen(data);
     ssize_t w = write(fd, data, n);
-    int r = -1, e = EIO;
-    if (w == (ssize_t)n)
-        r = fchown(fd, o.uid, o.gid);
-    if (r < 0 && w != 0)
+    int r = -1, e = w < 0 ? errno : EIO; /* a short write: EIO */
+    if (w == (ssize_t)n) {
+        r = fchown(fd, o->uid, o->gid);
         e = errno;
+    }
     close(fd);
     errno = e;
     return r;
@@ -454,12 +448,12 @@ static int write_file_owned(int root, const char *path, const char *data, mode_t
 
 /* One operation of the plan, inside the new root (root: its directory fd).
  * tree: for a bind, the detached copy of its source (see mounts_build). */
-static int build_op(int root, const struct mount_op *op, int tree, struct owner o)
+static int build_op(int root, const struct mount_op *op, int tree, const struct owner *o)
 {
     const char *dst = op->dst + 1; /* "/etc/passwd" -> "etc/passwd", relative to root */
     switch (op->kind) {
     case MOP_DIR:
-        return mkdir_owned(root, dst, op->mode, o);
+        return make_dir(root, dst, op->mode, o);
     case MOP_FILE:
         return write_file_owned(root, dst, op->data, op->mode, o);
     case MOP_SYMLINK:
@@ -468,7 +462,7 @@ static int build_op(int root, const struct mount_op *op, int tree, struct owner 
     case MOP_BIND_DEV:
         /* The mountpoint's owner is hidden under the bind. */
         if (op->is_dir) {
-            if (mkdir_ok(root, dst, 0755) < 0)
+            if (make_dir(root, dst, 0755, NULL) < 0)
                 return -1;
         } else {
             int fd = openat(root, dst, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0444);
@@ -532,36 +526,28 @@ int mounts_build(const struct config *cfg, const struct mount_plan *mp, char *er
         r = perr(err, errlen, errno, "open " ROOT_AT ": %s", strerror(errno));
         goto out;
     }
-    struct owner o = {.uid = cfg->sandbox_uid, .gid = cfg->sandbox_gid};
+    const struct owner o = {.uid = cfg->sandbox_uid, .gid = cfg->sandbox_gid};
     if (fchownat(root, "", o.uid, o.gid, AT_EMPTY_PATH) < 0) {
         r = perr(err, errlen, errno, "chown the root: %s", strerror(errno));
         goto out;
     }
-    /* The mountpoints of what every sandbox mounts for itself, and the
-     * directories above the tools dir. */
-    char tools[OP_PATH_MAX + 8];
-    snprintf(tools, sizeof tools, "%s/", cfg->tools_dir + 1);
+    /* The mountpoints of what every sandbox mounts for itself. */
     static const struct {
         const char *path;
         mode_t mode;
     } points[] = {{"workspace", 0755}, {"tmp", 0755}, {"dev", 0755}, {"dev/shm", 0755},
                   {"proc", 0555}};
     for (size_t i = 0; i < sizeof points / sizeof *points; i++)
-        if (mkdir_owned(root, points[i].path, points[i].mode, o) < 0) {
+        if (make_dir(root, points[i].path, points[i].mode, &o) < 0) {
             r = perr(err, errlen, errno, "mkdir %s: %s", points[i].path, strerror(errno));
             goto out;
         }
-    for (char *s = strchr(tools, '/'); s; s = strchr(s + 1, '/')) {
-        *s = '\0';
-        int k = mkdir_owned(root, tools, 0755, o);
-        *s = '/';
-        if (k < 0) {
-            r = perr(err, errlen, errno, "mkdir %s: %s", cfg->tools_dir, strerror(errno));
-            goto out;
-        }
+    if (mkdir_p(root, cfg->tools_dir + 1, 0755, &o) < 0) {
+        r = perr(err, errlen, errno, "mkdir %s: %s", cfg->tools_dir, strerror(errno));
+        goto out;
     }
     for (size_t i = 0; i < mp->n; i++)
-        if (build_op(root, &mp->ops[i], tree[i], o) < 0) {
+        if (build_op(root, &mp->ops[i], tree[i], &o) < 0) {
             r = perr(err, errlen, errno, "%s: %s", mp->ops[i].dst, strerror(errno));
             goto out;
         }
@@ -626,7 +612,7 @@ static int scratch_binds(const struct config *cfg, char *what, size_t whatlen)
         if (!path_under(p, "/tmp"))
             continue;
         snprintf(in_scratch, sizeof in_scratch, "/proc%s", p);
-        if (mkdir_p(AT_FDCWD, in_scratch, 0755) < 0 ||
+        if (mkdir_p(AT_FDCWD, in_scratch, 0755, NULL) < 0 ||
             mount(p, in_scratch, NULL, MS_BIND, NULL) < 0)
             return cfail(what, whatlen, "bind site dir", p);
     }
