@@ -8,31 +8,27 @@
  * second time when the reader let the GIL go: a fifth of a tool call's round
  * trip on this kind of machine.
  *
- * The reader's fast path only reads the frame's shape: the supervisor
- * re-encodes every tool_result (proto/frame.c) as
+ * The reader's fast path only reads the frame's shape (shape.h): the
+ * supervisor re-encodes every tool_result as
  *     {"id":<json>,"ok":<json>,"value":<json>,"error":<json>,"kind":"tool_result"}\n
- * so a frame that starts with {"id":" and ends with ,"kind":"tool_result"}\n
- * is the result for the id in between: taken as it is when it has no escape,
- * else decoded by cJSON (the supervisor wrote it with cJSON). While calls
- * wait, any other frame is decoded by Python on the reader's thread, which
- * hands a tool_result over by its decoded id (calls_deliver_id). The caller
- * decodes the payload with the same decoder either way.
+ * While calls wait, any frame without that shape is decoded by Python on the
+ * reader's thread, which hands a tool_result over by its decoded id
+ * (calls_deliver_id). The caller decodes the payload with the same decoder
+ * either way.
  *
  * Waiting on a semaphore, like CPython's own locks: a signal interrupts the
  * wait, so a handler that raises (SIGINT, an alarm used as a timeout) still
  * ends a call that is taking too long. */
 #include "pyrt/pyrt_int.h"
 
-#include <cjson/cJSON.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "pyrt/shape.h"
+
 static pthread_mutex_t calls_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct call_wait *calls_head; /* guarded by calls_mu */
-
-static const char result_prefix[] = "{\"id\":\"";
-static const char result_suffix[] = ",\"kind\":\"tool_result\"}\n";
 
 int calls_register(struct call_wait *w, const char *id, size_t id_len)
 {
@@ -93,43 +89,19 @@ static void finish(struct call_wait *w, uint8_t *result, size_t len, char *error
 
 enum calls_offer calls_deliver_frame(uint8_t *frame, size_t len)
 {
-    size_t pre = sizeof result_prefix - 1, suf = sizeof result_suffix - 1;
-    if (len < pre + suf + 1 || memcmp(frame, result_prefix, pre) != 0 ||
-        memcmp(frame + len - suf, result_suffix, suf) != 0)
+    const char *id;
+    size_t id_len;
+    cJSON *root;
+
+    if (!shape_result_id(frame, len, &id, &id_len, &root))
         return CALLS_NOT_A_RESULT;
-    const char *id = (const char *)frame + pre;
-    const char *end = memchr(id, '"', len - pre - suf);
-    if (end && !memchr(id, '\\', (size_t)(end - id)) && end[1] == ',') {
-        bool taken = false;
-        pthread_mutex_lock(&calls_mu);
-        struct call_wait *w = find(id, (size_t)(end - id));
-        if (w) {
-            finish(w, frame, len, NULL);
-            taken = true;
-        }
-        pthread_mutex_unlock(&calls_mu);
-        return taken ? CALLS_TAKEN : CALLS_UNCLAIMED;
-    }
-    /* An id with escapes in it; one with a NUL, which a C string cannot
-     * hold, is left to Python. */
-    if (memmem(frame, len, "\\u0000", 6))
-        return CALLS_NOT_A_RESULT;
-    cJSON *root = cJSON_ParseWithLength((const char *)frame, len);
-    const cJSON *jid = cJSON_GetObjectItemCaseSensitive(root, "id");
-    const char *text = cJSON_GetStringValue(jid);
-    enum calls_offer r = CALLS_NOT_A_RESULT;
-    if (text) {
-        r = CALLS_UNCLAIMED;
-        pthread_mutex_lock(&calls_mu);
-        struct call_wait *w = find(text, strlen(text));
-        if (w) {
-            finish(w, frame, len, NULL);
-            r = CALLS_TAKEN;
-        }
-        pthread_mutex_unlock(&calls_mu);
-    }
+    pthread_mutex_lock(&calls_mu);
+    struct call_wait *w = find(id, id_len);
+    if (w)
+        finish(w, frame, len, NULL);
+    pthread_mutex_unlock(&calls_mu);
     cJSON_Delete(root);
-    return r;
+    return w ? CALLS_TAKEN : CALLS_UNCLAIMED;
 }
 
 bool calls_deliver_id(const char *id, size_t id_len, const uint8_t *frame, size_t len)

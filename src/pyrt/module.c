@@ -22,6 +22,7 @@
 #include "core/cleanup.h"
 #include "core/limits.h"
 #include "proto/chan.h"
+#include "pyrt/shape.h"
 #include "stage/archive.h"
 
 extern char **environ;
@@ -75,28 +76,20 @@ static void chan_send_locked(enum chan_type type, const void *p, size_t n)
         _exit(0);
 }
 
-/* The code of a run frame in the supervisor's form,
- *     {"code":"<the client's string token>","kind":"run"}\n
- * decoded by cJSON, or NULL (no exception set) for any other frame, which
- * Python's protocol.decode then reads: decoding the one frame every block
- * starts with here spares each sandbox ~60 copied pages of the json and
- * dataclass machinery (measured). Left to Python: a NUL in the code (a C
- * string cannot hold it), and what cJSON or strict UTF-8 refuse. */
+/* The code of a run frame in the supervisor's form (shape.h) as a str, or
+ * NULL (no exception set) for any other frame, which Python's
+ * protocol.decode then reads: decoding the one frame every block starts with
+ * here spares each sandbox ~60 copied pages of the json and dataclass
+ * machinery (measured). */
 static PyObject *run_code(const uint8_t *data, size_t len)
 {
-    static const char pre[] = "{\"code\":\"", suf[] = "\",\"kind\":\"run\"}\n";
-    if (len < sizeof pre + sizeof suf - 2 || memcmp(data, pre, sizeof pre - 1) != 0 ||
-        memcmp(data + len - (sizeof suf - 1), suf, sizeof suf - 1) != 0 ||
-        memmem(data, len, "\\u0000", 6))
-        return NULL;
-    cJSON *root = cJSON_ParseWithLength((const char *)data, len);
-    const char *code = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(root, "code"));
-    const char *kind = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(root, "kind"));
+    cJSON *root;
+    const char *code = shape_run_code(data, len, &root);
     PyObject *r = NULL;
-    if (code && kind && strcmp(kind, "run") == 0 && cJSON_GetArraySize(root) == 2) {
+    if (code) {
         r = PyUnicode_DecodeUTF8(code, (Py_ssize_t)strlen(code), "strict");
         if (!r)
-            PyErr_Clear();
+            PyErr_Clear(); /* what strict UTF-8 refuses: Python's decoder says why */
     }
     cJSON_Delete(root);
     return r;
