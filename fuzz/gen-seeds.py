@@ -259,6 +259,29 @@ POLICY = {
 }
 
 
+# --------------------------------------------------------------------- inbox
+# Client messages the supervisor re-encodes for a sandbox, frames already in
+# the supervisor's form, and plain strings (used as a code and as an id).
+INBOX = {
+    "run": '{"kind":"run","code":"print(1)\\n"}',
+    "run-escapes": '{"code":"s = \\"\\u00e9\\ud83d\\ude00\\/\\t\\"","kind":"run"}',
+    "run-nul": '{"kind":"run","code":"a\\u0000b"}',
+    "run-lone-surrogate": '{"kind":"run","code":"\\udc00"}',
+    "result": '{"kind":"tool_result","id":"c1","ok":true,"value":{"a":[1,"x"]},"error":null}',
+    "result-escaped-id": '{"kind":"tool_result","id":"c\\"1\\u00e9","ok":false,"value":null,"error":{"type":"E"}}',
+    "result-number-id": '{"kind":"tool_result","id":7,"ok":true,"value":"\\u0000"}',
+    "result-nul-value": '{"kind":"tool_result","id":"c\\n","value":"\\u0000"}',
+    "sup-run": '{"code":"x = 1","kind":"run"}\n',
+    "sup-result": '{"id":"c1","ok":true,"value":1,"error":null,"kind":"tool_result"}\n',
+    "sup-result-quote": '{"id":"a\\",\\"b","ok":true,"value":1,"error":null,"kind":"tool_result"}\n',
+    "sup-trailing": '{"code":"x","kind":"run"} {"code":"x","kind":"run"}\n',
+    "string-plain": "c1",
+    "string-quote": 'a"b,\\',
+    "string-nul": b"a\x00b",
+    "string-nul-text": "\\u0000",
+}
+
+
 def main():
     for name, data in FRAMES.items():
         write("frame", name, data)
@@ -271,6 +294,8 @@ def main():
         write("archive", name, data)
     for name, data in POLICY.items():
         write("policy", name, data)
+    for name, data in INBOX.items():
+        write("inbox", name, data)
     with open(os.path.join(ROOT, "..", "..", "policy", "default.policy"), "rb") as f:
         write("policy", "default.policy", f.read())
     return 0

@@ -1,0 +1,159 @@
+/* Frames as a sandbox receives them: the C shape readers (pyrt/shape.h) that
+ * take a run frame's code and a tool_result's id without Python, held to
+ * what the supervisor really sends. A client's frame reaches a sandbox as
+ * frame_decode(FRAME_FROM_CLIENT) then frame_encode(); the readers must agree
+ * with a plain JSON decode of the same field, or decline and leave the frame
+ * to the runtime's Python decoder.
+ *
+ * Properties, for every input:
+ *   - on the bytes as they are (any peer): the readers read only the input,
+ *     and what they return is a NUL-free C string or a slice of the input;
+ *   - through the supervisor (the input as a client's message, when it is
+ *     UTF-8 and decodes): a reader answers only for its own kind, and its
+ *     answer is the field decoded by cJSON on its own; it declines only for
+ *     a "\u0000" or a string cJSON refuses (a lone surrogate);
+ *   - the input as a run frame's code and as a tool_result's id, set with
+ *     frame_set_stringn() (any UTF-8, NULs included): read back byte for
+ *     byte, or declined if it holds a NUL (or the text "\u0000"). */
+#include <errno.h>
+#include <string.h>
+
+#include "core/buf.h"
+#include "core/utf8.h"
+#include "fuzz.h"
+#include "proto/frame.h"
+#include "pyrt/shape.h"
+
+#define ENCODE_MAX (64u * 1024 * 1024)
+
+/* A field's JSON text decoded on its own: the string, or NULL if it is not
+ * a string, holds "\u0000", or cJSON refuses it. Free *root after. */
+static const char *field_string(const struct frame *f, const char *name, cJSON **root)
+{
+    const struct frame_field *fld = frame_get(f, name);
+
+    *root = NULL;
+    if (!fld || memmem(fld->json, fld->len, "\\u0000", 6))
+        return NULL;
+    *root = cJSON_ParseWithLength(fld->json, fld->len);
+    return cJSON_GetStringValue(*root);
+}
+
+/* Whether the frame's encoding as a whole holds "\u0000" somewhere: the
+ * readers then leave an escaped id to Python. */
+static bool has_nul_escape(const struct buf *e)
+{
+    return memmem(e->data, e->len, "\\u0000", 6) != NULL;
+}
+
+static void check_raw(const uint8_t *data, size_t size)
+{
+    cJSON *root;
+    const char *s;
+    size_t n;
+
+    s = shape_run_code(data, size, &root);
+    FUZZ_ASSERT((s != NULL) == (root != NULL), "run: root and code disagree");
+    if (s)
+        FUZZ_ASSERT(strlen(s) < size, "run: code longer than the frame");
+    cJSON_Delete(root);
+
+    if (shape_result_id(data, size, &s, &n, &root)) {
+        FUZZ_ASSERT(n < size, "result: id longer than the frame");
+        if (root)
+            FUZZ_ASSERT(strlen(s) == n, "result: decoded id is not its length");
+        else
+            FUZZ_ASSERT((const uint8_t *)s > data && (const uint8_t *)s + n < data + size,
+                        "result: id slice outside the frame");
+    } else {
+        FUZZ_ASSERT(root == NULL, "result: declined but kept a tree");
+    }
+    cJSON_Delete(root);
+}
+
+/* The sandbox's view of the frame f the supervisor sends. */
+static void check_sent(const struct frame *f)
+{
+    struct buf e;
+    cJSON *root, *ref_root;
+    const char *got, *want;
+    size_t n;
+
+    buf_init(&e, ENCODE_MAX);
+    FUZZ_ASSERT(frame_encode(f, &e) == 0, "frame_encode");
+
+    got = shape_run_code(e.data, e.len, &root);
+    want = f->kind == FRAME_RUN ? field_string(f, "code", &ref_root) : (ref_root = NULL, NULL);
+    if (got || want)
+        FUZZ_ASSERT(got && want && strcmp(got, want) == 0,
+                    "run frame read as %s, decodes as %s: %.*s", got ? "code" : "nothing",
+                    want ? "code" : "nothing", (int)(e.len > 400 ? 400 : e.len),
+                    (const char *)e.data);
+    cJSON_Delete(root);
+    cJSON_Delete(ref_root);
+
+    bool taken = shape_result_id(e.data, e.len, &got, &n, &root);
+    want = f->kind == FRAME_TOOL_RESULT ? field_string(f, "id", &ref_root) : (ref_root = NULL, NULL);
+    if (taken)
+        FUZZ_ASSERT(want && strlen(want) == n && memcmp(got, want, n) == 0,
+                    "tool_result id read as %.*s, decodes as %s: %.*s", (int)n, got,
+                    want ? want : "(nothing)", (int)(e.len > 400 ? 400 : e.len),
+                    (const char *)e.data);
+    else
+        FUZZ_ASSERT(!want || has_nul_escape(&e), "tool_result with id %s left to Python: %.*s",
+                    want, (int)(e.len > 400 ? 400 : e.len), (const char *)e.data);
+    cJSON_Delete(root);
+    cJSON_Delete(ref_root);
+    buf_free(&e);
+}
+
+static void check_client(const uint8_t *data, size_t size)
+{
+    struct frame f;
+
+    if (!utf8_valid(data, size) || frame_decode(data, size, FRAME_FROM_CLIENT, &f, NULL) < 0)
+        return;
+    check_sent(&f);
+    frame_free(&f);
+}
+
+static void check_string(const uint8_t *data, size_t size)
+{
+    struct frame f;
+    bool nul = memchr(data, 0, size) != NULL;
+    cJSON *root;
+    const char *got;
+    size_t n;
+
+    if (!utf8_valid(data, size))
+        return;
+    frame_init(&f, FRAME_RUN);
+    FUZZ_ASSERT(frame_set_stringn(&f, "code", (const char *)data, size) == 0, "set code");
+    check_sent(&f);
+    frame_free(&f);
+
+    frame_init(&f, FRAME_TOOL_RESULT);
+    FUZZ_ASSERT(frame_set_stringn(&f, "id", (const char *)data, size) == 0, "set id");
+    FUZZ_ASSERT(frame_set_stringn(&f, "value", (const char *)data, size) == 0, "set value");
+    check_sent(&f);
+    struct buf e;
+    buf_init(&e, ENCODE_MAX);
+    FUZZ_ASSERT(frame_encode(&f, &e) == 0, "frame_encode");
+    bool taken = shape_result_id(e.data, e.len, &got, &n, &root);
+    /* Declining is allowed for the text "\u0000" too (escaped, it reads the same). */
+    FUZZ_ASSERT(taken ? !nul : nul || has_nul_escape(&e), "an id %s a NUL was %s",
+                nul ? "with" : "without", taken ? "taken" : "left to Python");
+    if (taken)
+        FUZZ_ASSERT(n == size && memcmp(got, data, size) == 0, "id not read back as set");
+    cJSON_Delete(root);
+    buf_free(&e);
+    frame_free(&f);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    check_raw(data, size);
+    check_client(data, size);
+    check_string(data, size);
+    return 0;
+}
