@@ -54,17 +54,30 @@ bool shape_result_id(const uint8_t *data, size_t len, const char **id, size_t *i
     *root = NULL;
     if (!has(data, len, pre, pre_len, suf, suf_len) || len == pre_len + suf_len)
         return false;
-    /* The first '"' after the prefix ends the id unless a backslash came
-     * first; the ',' after it is at worst the suffix's own. */
-    const char *text = (const char *)data + pre_len;
-    const char *quote = memchr(text, '"', len - pre_len - suf_len);
-    if (quote && !memchr(text, '\\', (size_t)(quote - text)) && quote[1] == ',') {
+    /* The id's string token: from its opening quote to the first quote no
+     * backslash escapes. The ',' after it may be the suffix's own. */
+    const char *open = (const char *)data + pre_len - 1, *text = open + 1;
+    const char *limit = (const char *)data + len - suf_len;
+    const char *p = text;
+    bool escaped = false;
+    while (p < limit && *p != '"') {
+        escaped |= *p == '\\';
+        p += *p == '\\' ? 2 : 1;
+    }
+    if (p >= limit || p[1] != ',')
+        return false;
+    if (!escaped) {
         *id = text;
-        *id_len = (size_t)(quote - text);
+        *id_len = (size_t)(p - text);
         return true;
     }
-    cJSON *r = parse_whole(data, len);
-    const char *s = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(r, "id"));
+    /* Only the token is decoded: what the rest of the frame holds is the
+     * caller's to decode. A "\u0000" would cut the C string short. */
+    size_t token_len = (size_t)(p + 1 - open);
+    if (memmem(open, token_len, "\\u0000", 6))
+        return false;
+    cJSON *r = cJSON_ParseWithLength(open, token_len);
+    const char *s = cJSON_GetStringValue(r);
     if (!s) {
         cJSON_Delete(r);
         return false;

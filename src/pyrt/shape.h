@@ -26,9 +26,10 @@ const char *shape_run_code(const uint8_t *data, size_t len, cJSON **root);
 /* The id of a tool_result in the supervisor's form
  *     {"id":"<JSON string>",...,"kind":"tool_result"}\n
  * true with *id / *id_len set (not NUL-terminated), or false: not that form,
- * or an id with a \u0000 in it. An id without escapes is a slice of data
- * (*root NULL); one with escapes is decoded by cJSON and *root owns it (free
- * with cJSON_Delete; NULL is fine). The rest of the frame is not read: the
- * caller decodes the payload later, with the same decoder either way. */
+ * or an id with a \u0000 in it or that cJSON refuses (a lone surrogate). An
+ * id without escapes is a slice of data (*root NULL); one with escapes is
+ * decoded by cJSON, the id's token alone, and *root owns it (free with
+ * cJSON_Delete; NULL is fine). The rest of the frame is not read: the caller
+ * decodes the payload later, with the same decoder either way. */
 bool shape_result_id(const uint8_t *data, size_t len, const char **id, size_t *id_len,
                      cJSON **root);
