@@ -4,6 +4,12 @@
  * Properties, for every input and both peers:
  *   - frame_decode() returns 0 or one of its documented errors, and leaves
  *     *out untouched on failure;
+ *   - it agrees with the decoder forkbox had before the incremental scanner
+ *     (oracle-frame.c: a strict lexer plus cJSON) on the verdict, and on the
+ *     kind, every field's text and exit_code of what both accept;
+ *   - fed in pieces (frame_scan_*, chunked by the input's first byte as in
+ *     fuzz.h), the scanner gives exactly the same result;
+ *   - a frame flagged canonical encodes to exactly the input's bytes;
  *   - for every frame it accepts, decode(encode(f)) == f (same kind, every
  *     field's JSON text byte-identical, same exit_code) from the same peer,
  *     and the encoding is a fixed point: encode(decode(encode(f))) ==
@@ -17,6 +23,7 @@
 #include "core/buf.h"
 #include "core/utf8.h"
 #include "fuzz.h"
+#include "oracle-frame.h"
 #include "proto/chan.h"
 #include "proto/frame.h"
 
@@ -35,9 +42,8 @@ static bool frame_eq(const struct frame *a, const struct frame *b)
         if (a->field[i].len != b->field[i].len ||
             memcmp(a->field[i].json, b->field[i].json, a->field[i].len) != 0)
             return false;
-        /* The text is NUL-terminated and NUL-free (U+0000 is "\u0000"). */
-        if (a->field[i].json[a->field[i].len] != '\0' ||
-            strlen(a->field[i].json) != a->field[i].len)
+        /* The text is NUL-free (U+0000 is "\u0000"). */
+        if (memchr(a->field[i].json, '\0', a->field[i].len))
             return false;
     }
     return true;
@@ -76,6 +82,74 @@ static void check_roundtrip(const struct frame *f, enum frame_peer peer)
     buf_free(&e2);
 }
 
+/* The old decoder's verdict and fields must be the new one's. */
+static void check_oracle(const uint8_t *data, size_t size, enum frame_peer peer, int r,
+                         const struct frame *f)
+{
+    struct oracle_frame o;
+    const char *owhy = NULL;
+    int ro = oracle_frame_decode(data, size, peer, &o, &owhy);
+
+    if (ro == -ENOMEM || r == -ENOMEM)
+        return;
+    FUZZ_ASSERT(ro == r, "peer %d: oracle says %d (%s), decoder %d", peer, ro,
+                owhy ? owhy : "ok", r);
+    if (r < 0)
+        return;
+    size_t n;
+    frame_field_names(f->kind, &n);
+    FUZZ_ASSERT(o.kind == f->kind && o.exit_code == f->exit_code, "kind or exit_code differs");
+    for (size_t i = 0; i < n; i++)
+        FUZZ_ASSERT(o.field[i].len == f->field[i].len &&
+                        memcmp(o.field[i].json, f->field[i].json, o.field[i].len) == 0,
+                    "field %zu differs: oracle %s", i, o.field[i].json);
+    oracle_frame_free(&o);
+}
+
+/* Fed in pieces, the scanner must reach the same result. */
+static void check_chunked(const uint8_t *data, size_t size, enum frame_peer peer, int r,
+                          const struct frame *f)
+{
+    static struct frame_scan fs;
+    struct fuzz_chunker ch;
+    struct frame g;
+    const char *why = NULL;
+    size_t have = 0;
+    int rc = 0;
+
+    fuzz_chunker_init(&ch, size ? data[0] : 0);
+    frame_scan_init(&fs, peer, 0);
+    while (have < size && rc == 0) {
+        have += fuzz_chunker_next(&ch, size - have);
+        rc = frame_scan_feed(&fs, data, have, &why);
+    }
+    if (rc == 0)
+        rc = frame_scan_finish(&fs, data, size, peer, &g, &why);
+    else
+        FUZZ_ASSERT(r == -EBADMSG, "feed refused (%s) what decode gives %d", why, r);
+    if (rc == -ENOMEM || r == -ENOMEM)
+        return;
+    FUZZ_ASSERT(rc == r, "chunked %d (%s), whole %d", rc, why ? why : "ok", r);
+    if (rc < 0)
+        return;
+    FUZZ_ASSERT(frame_eq(f, &g) && f->canonical == g.canonical, "chunked decode differs");
+    frame_free(&g);
+}
+
+/* A canonical frame is its own encoding. */
+static void check_canonical(const uint8_t *data, size_t size, const struct frame *f)
+{
+    struct buf e;
+
+    if (!f->canonical)
+        return;
+    buf_init(&e, ENCODE_MAX);
+    FUZZ_ASSERT(frame_encode(f, &e) == 0, "frame_encode");
+    FUZZ_ASSERT(e.len == size && memcmp(e.data, data, size) == 0,
+                "canonical frame does not encode to its input");
+    buf_free(&e);
+}
+
 static void check_decode(const uint8_t *data, size_t size, enum frame_peer peer)
 {
     struct frame f, sentinel;
@@ -85,6 +159,8 @@ static void check_decode(const uint8_t *data, size_t size, enum frame_peer peer)
     memset(&f, 0x5a, sizeof f);
     memcpy(&sentinel, &f, sizeof f);
     r = frame_decode(data, size, peer, &f, &why);
+    check_oracle(data, size, peer, r, &f);
+    check_chunked(data, size, peer, r, &f);
     if (r < 0) {
         FUZZ_ASSERT(r == -EBADMSG || r == -EPROTO || r == -ENOMEM, "undocumented error %d", r);
         FUZZ_ASSERT(why != NULL, "no reason for error %d", r);
@@ -104,6 +180,7 @@ static void check_decode(const uint8_t *data, size_t size, enum frame_peer peer)
             FUZZ_ASSERT(utf8_valid((const uint8_t *)f.field[i].json, f.field[i].len),
                         "field %zu of a child frame is not UTF-8", i);
     }
+    check_canonical(data, size, &f);
     check_roundtrip(&f, peer);
     frame_free(&f);
     frame_free(&f); /* documented as safe on a freed frame */

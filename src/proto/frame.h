@@ -1,21 +1,23 @@
 /* The JSON frame codec (spec 3), shared by every frame in both directions.
  *
- * Design: the supervisor relays frames, it does not interpret values. cJSON
- * validates each message and gives its structure; the value of every field is
- * then kept as its own *compact JSON text*, cut from the message (whitespace
- * outside strings removed). Re-encoding concatenates those texts, so values
- * travel byte-exact: large integers, NaN/Infinity (spec 3.1 "Numbers"),
- * strings holding U+0000 and escapes all survive, and nothing is re-escaped.
- * cJSON does not accept NaN/Infinity, so validation runs on a copy in which
- * those tokens (outside strings) are replaced by a number of the same length.
+ * Design: the supervisor relays frames, it does not interpret values. A
+ * strict scanner (proto/jscan.h) validates each message, as its bytes arrive
+ * if the caller wants (frame_scan_*), and finds the top-level members; the
+ * value of every field is then kept as its own *compact JSON text*, borrowed
+ * from the message when it has no whitespace, else compacted into a copy.
+ * Re-encoding concatenates those texts, so values travel byte-exact: large
+ * integers, NaN/Infinity (spec 3.1 "Numbers"), strings holding U+0000 and
+ * escapes all survive, and nothing is re-escaped. A message that already is
+ * its own encoding is flagged canonical and can be relayed as it is.
  *
- * No I/O here: frame_decode() takes (bytes, len) and returns a result. */
+ * No I/O here: the decoders take (bytes, len) and return a result. */
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "core/buf.h"
+#include "proto/jscan.h"
 
 enum frame_kind {
     FRAME_READY,
@@ -49,8 +51,12 @@ enum frame_peer {
 #define FRAME_MAX_ITEMS (1u << 22)
 
 struct frame_field {
-    char *json; /* owned, NUL-terminated compact JSON text of the value */
+    const char *json;   /* compact JSON text of the value: borrowed from the
+                           decoded message, a static default, or `owned` */
     size_t len;
+    char *owned;        /* owned copy (a compacted value, frame_set_*), or NULL */
+    uint64_t str_bytes; /* a string decoded from a message: its decoded length
+                           in UTF-8 bytes (lone surrogates count 3); else 0 */
 };
 
 struct frame {
@@ -60,6 +66,14 @@ struct frame {
     struct frame_field field[FRAME_MAX_FIELDS];
     /* Decoded conveniences, valid only for the kinds named: */
     int64_t exit_code; /* done, output (from a child; 0 otherwise) */
+    bool canonical;    /* decoded from exactly frame_encode()'s output */
+};
+
+/* Incremental decoding: the scanner state for one message. */
+#define FRAME_SCAN_KEYS 17 /* "kind" and every field name of every kind */
+struct frame_scan {
+    struct jscan js;
+    struct jscan_value slot[FRAME_SCAN_KEYS];
 };
 
 /* Field names of a kind, without "kind", in spec table order; *n is set. */
@@ -73,7 +87,7 @@ const char *frame_kind_name(enum frame_kind kind);
  * FRAME_FROM_CHILD is checked here, since it is relayed to the client.
  * JSON is read strictly (RFC 8259 plus NaN, Infinity, -Infinity; numbers of
  * any length; lone \udXXX escapes as Python's json allows; no raw control
- * characters in strings; nesting up to cJSON's limit of 1000).
+ * characters in strings; nesting up to 1000, cJSON's limit).
  * Returns 0 and fills *out (release with frame_free), or a negative errno
  * with a static reason in *why (why may be NULL):
  *   -EBADMSG  not JSON, not an object, trailing data, empty, invalid UTF-8
@@ -81,16 +95,27 @@ const char *frame_kind_name(enum frame_kind kind);
  *   -EPROTO   unknown or missing kind, kind not accepted from this peer,
  *             or a field of the wrong type
  *   -ENOMEM
- * *out is untouched on failure. */
+ * *out is untouched on failure. Fields may point into text: text must
+ * outlive *out. */
 int frame_decode(const uint8_t *text, size_t len, enum frame_peer peer,
                  struct frame *out, const char **why);
+
+/* The same, fed as the message arrives: init, then feed with the bytes so far
+ * (text[0..len), the buffer may have moved; each call scans only new bytes),
+ * then finish once the message is complete (it may still be mostly unscanned).
+ * max_items: 0 for FRAME_MAX_ITEMS, or a lower ceiling. feed returns 0 or
+ * -EBADMSG (why set) as soon as the message can no longer be valid; finish
+ * returns what frame_decode() does. */
+void frame_scan_init(struct frame_scan *fs, enum frame_peer peer, uint64_t max_items);
+int frame_scan_feed(struct frame_scan *fs, const uint8_t *text, size_t len, const char **why);
+int frame_scan_finish(struct frame_scan *fs, const uint8_t *text, size_t len, enum frame_peer peer,
+                      struct frame *out, const char **why);
 
 /* Append the compact encoding (every field, "kind" last, trailing \n). 0 or
  * -ENOBUFS/-ENOMEM from the buffer. */
 int frame_encode(const struct frame *f, struct buf *out);
 
-/* Build a frame from scratch with every field at its default. If memory runs
- * out a field's json is left NULL and frame_encode() returns -ENOMEM. */
+/* Build a frame from scratch with every field at its default. */
 void frame_init(struct frame *f, enum frame_kind kind);
 /* Set a field from a C string (escaped with cJSON) or integer. The name must be
  * a field of the kind. 0, -EINVAL (no such field) or -ENOMEM. */

@@ -93,7 +93,7 @@ static char *field_of(const char *in, enum frame_peer peer, const char *name)
     if (dec(in, peer, &f) < 0)
         return NULL;
     const struct frame_field *fld = frame_get(&f, name);
-    char *s = fld ? strdup(fld->json) : NULL;
+    char *s = fld ? strndup(fld->json, fld->len) : NULL;
     frame_free(&f);
     return s;
 }
@@ -651,6 +651,147 @@ static void test_chan(void)
     ok(good, "every type round trips with length UINT32_MAX");
 }
 
+/* ------------------------------------------------------------ incremental scanning */
+
+/* Decode `in` fed one byte at a time; the result must equal frame_decode. */
+static bool bytewise_same(const char *in, enum frame_peer peer)
+{
+    size_t n = strlen(in);
+    struct frame a, b;
+    struct frame_scan *fs = malloc(sizeof *fs);
+    const char *why = NULL;
+    int ra = frame_decode((const uint8_t *)in, n, peer, &a, NULL), rb = 0;
+    frame_scan_init(fs, peer, 0);
+    for (size_t i = 1; i <= n && rb == 0; i++)
+        rb = frame_scan_feed(fs, (const uint8_t *)in, i, &why);
+    if (rb == 0)
+        rb = frame_scan_finish(fs, (const uint8_t *)in, n, peer, &b, &why);
+    free(fs);
+    if (ra != rb && !(ra == -EBADMSG && rb == -EBADMSG))
+        return false;
+    if (ra < 0)
+        return true;
+    bool same = frames_equal(&a, &b) && a.canonical == b.canonical;
+    frame_free(&a);
+    frame_free(&b);
+    return same;
+}
+
+static void test_scan_chunked(void)
+{
+    static const char *const in[] = {
+        "{\"kind\":\"run\",\"code\":\"print(1)\"}\n",
+        " \t{ \"kind\" : \"tool_result\" ,\n \"value\" : { \"a\" : [ 1 , 2.5e-3 , { } ] } , \"id\" :\r\"i\" }  \r\n",
+        "{\"id\":\"x\",\"name\":\"n\",\"args\":{\"n\":-Infinity,\"m\":[NaN,Infinity,-0.0]},\"timeout\":null,\"kind\":\"tool_call\"}\n",
+        "{\"stdout\":\"h\xc3\xa9 \\u00e9 \\ud83d\\ude00 \\ud800 \xf0\x9f\x98\x80\",\"stderr\":\"\",\"exit_code\":3,\"kind\":\"output\"}\n",
+        "{\"kind\":\"done\",\"exit_code\":-9223372036854775808}",
+        "{\"kind\":\"run\",\"code\":\"a\\qb\"}",
+        "{\"kind\":\"run\",\"code\":01}",
+        "{\"kind\":\"run\"} x",
+        "{\"level\":\"info\",\"msg\":\"x\",\"kind\":\"log\",\"level\":\"error\"}\n",
+    };
+    for (size_t i = 0; i < sizeof in / sizeof *in; i++) {
+        ok(bytewise_same(in[i], FRAME_FROM_CLIENT), "byte by byte = whole, client #%zu", i);
+        ok(bytewise_same(in[i], FRAME_FROM_CHILD), "byte by byte = whole, child #%zu", i);
+    }
+}
+
+static void test_scan_canonical(void)
+{
+    struct { const char *in; bool canonical; const char *name; } t[] = {
+        {"{\"code\":\"x\",\"kind\":\"run\"}\n", true, "run as encoded"},
+        {"{\"code\":\"x\",\"kind\":\"run\"}", false, "no final newline"},
+        {"{\"code\":\"x\",\"kind\":\"run\"}\n\n", false, "two newlines"},
+        {"{\"kind\":\"run\",\"code\":\"x\"}\n", false, "kind first"},
+        {"{\"code\":\"x\", \"kind\":\"run\"}\n", false, "a space"},
+        {"{\"code\":\"x\",\"kind\":\"run\",\"extra\":1}\n", false, "unknown key"},
+        {"{\"code\":\"x\",\"code\":\"y\",\"kind\":\"run\"}\n", false, "duplicate key"},
+        {"{\"kind\":\"run\"}\n", false, "missing field"},
+        {"{\"id\":\"a\",\"name\":\"b\",\"args\":{\"k\":[1,{\"x\":\"y z\"}]},\"timeout\":null,\"kind\":\"tool_call\"}\n",
+         true, "tool_call with nested args"},
+        {"{\"id\":\"a\",\"name\":\"b\",\"args\":{\"k\": 1},\"timeout\":null,\"kind\":\"tool_call\"}\n",
+         false, "space inside args"},
+        {"{\"\\u0063ode\":\"x\",\"kind\":\"run\"}\n", false, "escaped key"},
+    };
+    for (size_t i = 0; i < sizeof t / sizeof *t; i++) {
+        struct frame f;
+        int r = frame_decode((const uint8_t *)t[i].in, strlen(t[i].in), FRAME_FROM_CLIENT, &f, NULL);
+        ok(r == 0 && f.canonical == t[i].canonical, "canonical: %s", t[i].name);
+        if (r == 0 && f.canonical) {
+            struct buf b;
+            buf_init(&b, 1 << 20);
+            frame_encode(&f, &b);
+            ok(b.len == strlen(t[i].in) && memcmp(b.data, t[i].in, b.len) == 0,
+               "canonical %s encodes to its input", t[i].name);
+            buf_free(&b);
+        }
+        if (r == 0)
+            frame_free(&f);
+    }
+    /* a compact value is borrowed, not copied */
+    const char *in = "{\"code\":\"x\",\"kind\":\"run\"}\n";
+    struct frame f;
+    frame_decode((const uint8_t *)in, strlen(in), FRAME_FROM_CLIENT, &f, NULL);
+    ok(f.field[0].json == in + 8 && f.field[0].owned == NULL, "compact value borrowed from the message");
+    frame_free(&f);
+}
+
+static void test_scan_string_bytes(void)
+{
+    /* decoded UTF-8 length of top-level strings (output caps use it) */
+    struct { const char *in; uint64_t bytes; const char *name; } t[] = {
+        {"{\"kind\":\"output\",\"stdout\":\"abc\"}", 3, "ascii"},
+        {"{\"kind\":\"output\",\"stdout\":\"\\n\\t\\\"\\\\\\/\"}", 5, "short escapes"},
+        {"{\"kind\":\"output\",\"stdout\":\"\\u0041\\u00e9\\u20ac\"}", 1 + 2 + 3, "\\u escapes by UTF-8 width"},
+        {"{\"kind\":\"output\",\"stdout\":\"\\ud83d\\ude00\"}", 4, "a pair is 4 bytes"},
+        {"{\"kind\":\"output\",\"stdout\":\"\\ud800x\\udc00\"}", 3 + 1 + 3, "lone surrogates 3 each"},
+        {"{\"kind\":\"output\",\"stdout\":\"\\ud800\\ud800\\udc00\"}", 3 + 4, "high, then a pair"},
+        {"{\"kind\":\"output\",\"stdout\":\"\xc3\xa9\xf0\x9f\x98\x80\"}", 6, "raw UTF-8"},
+        {"{\"kind\":\"output\",\"stdout\":\"\\u0000\"}", 1, "NUL"},
+    };
+    for (size_t i = 0; i < sizeof t / sizeof *t; i++) {
+        struct frame f;
+        int r = frame_decode((const uint8_t *)t[i].in, strlen(t[i].in), FRAME_FROM_CHILD, &f, NULL);
+        is_int(r == 0 ? (long long)frame_get(&f, "stdout")->str_bytes : -1, (long long)t[i].bytes,
+               "str_bytes: %s", t[i].name);
+        if (r == 0)
+            frame_free(&f);
+    }
+}
+
+static void test_scan_limits(void)
+{
+    /* items: 1 object + (key, value) x 2 = 5 */
+    const char *in = "{\"kind\":\"done\",\"exit_code\":1}";
+    struct frame_scan fs;
+    struct frame f;
+    frame_scan_init(&fs, FRAME_FROM_CHILD, 5);
+    is_int(frame_scan_finish(&fs, (const uint8_t *)in, strlen(in), FRAME_FROM_CHILD, &f, NULL), 0,
+           "5 items within a ceiling of 5");
+    frame_free(&f);
+    frame_scan_init(&fs, FRAME_FROM_CHILD, 4);
+    is_int(frame_scan_feed(&fs, (const uint8_t *)in, strlen(in), NULL), -EBADMSG,
+           "the 5th item over a ceiling of 4 is refused while feeding");
+    /* a non-object is refused at its first byte */
+    frame_scan_init(&fs, FRAME_FROM_CHILD, 0);
+    is_int(frame_scan_feed(&fs, (const uint8_t *)"[", 1, NULL), -EBADMSG, "'[' refused at once");
+    frame_scan_init(&fs, FRAME_FROM_CHILD, 0);
+    is_int(frame_scan_feed(&fs, (const uint8_t *)" \"", 2, NULL), -EBADMSG, "'\"' refused at once");
+    /* invalid UTF-8 from a child, split across feeds */
+    static const char *const bad[] = {
+        "{\"kind\":\"log\",\"msg\":\"\xc0\x80\"}",     /* overlong */
+        "{\"kind\":\"log\",\"msg\":\"\xed\xa0\x80\"}", /* surrogate */
+        "{\"kind\":\"log\",\"msg\":\"\xf4\x90\x80\x80\"}", /* > U+10FFFF */
+        "{\"kind\":\"log\",\"msg\":\"\xe2\x82\"}",     /* truncated */
+        "{\"kind\":\"log\",\"msg\":\"\x80\"}",         /* stray continuation */
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        ok(bytewise_same(bad[i], FRAME_FROM_CHILD), "bad UTF-8 #%zu: same verdict byte by byte", i);
+        is_int(frame_decode((const uint8_t *)bad[i], strlen(bad[i]), FRAME_FROM_CHILD, &f, NULL),
+               -EBADMSG, "bad UTF-8 #%zu refused from a child", i);
+    }
+}
+
 int main(void)
 {
     test_tables();
@@ -669,5 +810,9 @@ int main(void)
     test_large();
     test_encode_limits();
     test_chan();
+    test_scan_chunked();
+    test_scan_canonical();
+    test_scan_string_bytes();
+    test_scan_limits();
     return tap_done();
 }
