@@ -29,3 +29,9 @@
 
 /* Backpressure: stop reading a side while the other side has this much queued. */
 #define RELAY_HIGH_WATER (4 * MiB)
+
+/* Rate-limited log lines (core/ratelimit.h), per call site: a burst, then a
+ * steady rate; what is dropped is counted and reported on the next line. */
+#define LOG_RATELIMIT_BURST 10
+#define LOG_RATELIMIT_PER_INTERVAL 1
+#define LOG_RATELIMIT_INTERVAL_MS 1000
