@@ -617,7 +617,12 @@ static void admit(struct session *s, const uint8_t *rest, size_t rest_len)
     update_interest(s);
 }
 
-/* Spec 1.1 routing table, with the slot taken only for a valid upgrade. */
+/* Spec 1.1 routing table, with the slot taken only for a valid upgrade.
+ * Malformed requests never get here: http_read answered them 400 (431),
+ * a repeated Authorization or other once-only header among them (http.c),
+ * even for /health. A wrong Sec-WebSocket-Version is not an upgrade, so it
+ * meets 503 and 401 first and then gets 426, which the response writer
+ * gives Sec-WebSocket-Version: 13. */
 static void route(struct session *s, const uint8_t *rest, size_t rest_len)
 {
     struct server *srv = s->srv;
