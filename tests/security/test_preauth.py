@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -79,6 +80,15 @@ def test_idle_flood_does_not_lock_out(kind, tmp_path):
         flood = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
         time.sleep(2.0)  # let the flood fill whatever it can
         assert flood.poll() is None, "the flooder stopped early"
+        # A slow but honest client from another address: connects now, sends
+        # its request seconds later. A peer at its share only pushes out its
+        # own connections, so with one flooding peer this one stays.
+        slow = None
+        if len(spec) == 1:
+            slow = socket.socket()
+            slow.settimeout(HEALTH_TIMEOUT_S)
+            slow.bind(("127.0.0.3", 0))
+            slow.connect(("127.0.0.1", d.port))
 
         rss_max, fds_max = 0, 0
         health = []
@@ -86,6 +96,15 @@ def test_idle_flood_does_not_lock_out(kind, tmp_path):
             health.append(_timed_health(d))
             rss_max, fds_max = max(rss_max, _rss_kib(d.pid)), max(fds_max, _nfds(d.pid))
             time.sleep(0.2)
+        slow_reply = b""
+        if slow:
+            try:
+                slow.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+                while chunk := slow.recv(4096):
+                    slow_reply += chunk
+            except OSError as e:
+                slow_reply += repr(e).encode()
+            slow.close()
         t0 = time.monotonic()
         try:
             r = d.run("print(6 * 7)", timeout=20)
@@ -116,6 +135,9 @@ def test_idle_flood_does_not_lock_out(kind, tmp_path):
     assert not failed, f"{len(failed)}/{HEALTH_PROBES} /health probes failed during the flood: " \
                        f"{failed[:5]}; flood {stats}\n{d.stderr(2000)}"
     assert turn == "42\n", f"a real turn failed during the flood: {turn}; flood {stats}"
+    if len(spec) == 1:
+        assert slow_reply.startswith(b"HTTP/1.1 200 OK\r\n") and slow_reply.endswith(b"\r\n\r\nOK\n"), \
+            f"a client of another peer that waited {HEALTH_PROBES * 0.2:.0f} s was dropped: {slow_reply!r}"
     assert turn_s < 15, f"a real turn took {turn_s:.1f} s during the flood"
     # Warnings are rate-limited and aggregated: a few lines, not one per connection.
     assert lines_during < 100, f"{lines_during} stderr lines for {stats['closed_by_server']} " \
