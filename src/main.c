@@ -139,10 +139,11 @@ int main(int argc, char **argv)
     }
     log_init("forkboxd", cfg.log_level);
     struct rlimit nofile;
-    if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 &&
-        (rlim_t)cfg.capacity * 3 + 64 > nofile.rlim_cur)
-        LOG_W("--capacity %u needs about %u fds (3 per turn); RLIMIT_NOFILE is %llu: raise "
-              "the hard limit (ulimit -Hn, LimitNOFILE=)", cfg.capacity, cfg.capacity * 3 + 64,
+    unsigned long long fds_wanted = (unsigned long long)cfg.capacity * 3 + cfg.preauth_max + 64;
+    if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && fds_wanted > nofile.rlim_cur)
+        LOG_W("--capacity %u and --preauth-max %u need about %llu fds (3 per turn, 1 per "
+              "connection not admitted); RLIMIT_NOFILE is %llu: raise the hard limit (ulimit -Hn, "
+              "LimitNOFILE=)", cfg.capacity, cfg.preauth_max, fds_wanted,
               (unsigned long long)nofile.rlim_cur);
 
     char **fs_argv = config_to_argv(&cfg, "forkboxd", "--internal-forkserver");

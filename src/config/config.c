@@ -22,7 +22,7 @@ enum {
     OPT_MAX_UP_WS, OPT_MAX_UNPACKED, OPT_MAX_MEMBERS, OPT_SNAPSHOT_MAX, OPT_OUTPUT_CAP,
     OPT_TOOLS_DIR, OPT_NO_ISOLATION, OPT_UID, OPT_GID, OPT_POLICY, OPT_SITE, OPT_PRELOAD,
     OPT_POOL, OPT_MEMORY, OPT_PIDS, OPT_CPU, OPT_TMPFS, OPT_BLOCK_TO, OPT_TURN_TO,
-    OPT_IDLE_TO, OPT_LOG_LEVEL, OPT_HELP,
+    OPT_IDLE_TO, OPT_LOG_LEVEL, OPT_PREAUTH_MAX, OPT_PREAUTH_PER_PEER, OPT_HELP,
 };
 
 static const struct option long_opts[] = {
@@ -52,6 +52,8 @@ static const struct option long_opts[] = {
     {"turn-timeout", required_argument, NULL, OPT_TURN_TO},
     {"idle-timeout", required_argument, NULL, OPT_IDLE_TO},
     {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
+    {"preauth-max", required_argument, NULL, OPT_PREAUTH_MAX},
+    {"preauth-per-peer", required_argument, NULL, OPT_PREAUTH_PER_PEER},
     {"help", no_argument, NULL, OPT_HELP},
     {NULL, 0, NULL, 0},
 };
@@ -63,6 +65,10 @@ static const char usage[] =
     "  --capacity N               concurrent turns (default 64); more get 503 Busy\n"
     "  --single-use               one turn, then exit 0 (the reference's behaviour)\n"
     "  --token-file PATH          bearer token file (else $ADK_CODE_MODE_AUTH_TOKEN)\n"
+    "  --preauth-max N            connections not yet admitted (1024); when full, the\n"
+    "                             least valuable is closed for a new one\n"
+    "  --preauth-per-peer N       of them from one IPv4 address or IPv6 /64 (128; 0 = no\n"
+    "                             limit, e.g. behind a proxy)\n"
     "  --max-upload-tools SIZE    tools archive limit ($ADK_CODE_MODE_MAX_UPLOAD_TOOLS, 100M)\n"
     "  --max-upload-workspace SIZE  workspace archive limit ($..._WORKSPACE, 100M)\n"
     "  --max-unpacked SIZE        decompressed bytes per archive (1G)\n"
@@ -158,6 +164,8 @@ static void set_defaults(struct config *cfg)
     strcpy(cfg->listen_host, "127.0.0.1");
     cfg->listen_port = 8080;
     cfg->capacity = 64;
+    cfg->preauth_max = PREAUTH_DEFAULT_MAX;
+    cfg->preauth_per_peer = PREAUTH_DEFAULT_PER_PEER;
     cfg->max_upload_tools = ARCHIVE_DEFAULT_MAX_UPLOAD;
     cfg->max_upload_workspace = ARCHIVE_DEFAULT_MAX_UPLOAD;
     cfg->max_unpacked = ARCHIVE_DEFAULT_MAX_UNPACKED;
@@ -222,6 +230,8 @@ static int check(const struct config *cfg, char *err, size_t errlen)
                     cfg->tools_dir);
     if (cfg->capacity == 0)
         return fail(err, errlen, "--capacity must be at least 1");
+    if (cfg->preauth_max == 0)
+        return fail(err, errlen, "--preauth-max must be at least 1");
     if (cfg->output_cap < 1024)
         return fail(err, errlen, "--output-cap must be at least 1K");
     return 0;
@@ -285,6 +295,8 @@ int config_parse(int argc, char **argv, struct config *cfg, char *err, size_t er
         NUM_OPT(OPT_BLOCK_TO, block_timeout_ms, 31536000, 1000)
         NUM_OPT(OPT_TURN_TO, turn_timeout_ms, 31536000, 1000)
         NUM_OPT(OPT_IDLE_TO, idle_timeout_ms, 31536000, 1000)
+        NUM_OPT(OPT_PREAUTH_MAX, preauth_max, PREAUTH_MAX_CONNECTIONS_BOUND, 1)
+        NUM_OPT(OPT_PREAUTH_PER_PEER, preauth_per_peer, PREAUTH_MAX_CONNECTIONS_BOUND, 1)
 #undef NUM_OPT
         case OPT_TOOLS_DIR:
             if (copy_str(cfg->tools_dir, sizeof cfg->tools_dir, a) < 0)
@@ -353,6 +365,8 @@ char **config_to_argv(const struct config *cfg, const char *argv0, const char *f
         r |= push(&v, &n, "%s", first_flag);
     r |= push(&v, &n, "--listen=[%s]:%u", cfg->listen_host, cfg->listen_port);
     r |= push(&v, &n, "--capacity=%u", cfg->capacity);
+    r |= push(&v, &n, "--preauth-max=%u", cfg->preauth_max);
+    r |= push(&v, &n, "--preauth-per-peer=%u", cfg->preauth_per_peer);
     if (cfg->single_use)
         r |= push(&v, &n, "--single-use");
     r |= push(&v, &n, "--max-upload-tools=%" PRIu64, cfg->max_upload_tools);

@@ -21,6 +21,8 @@ struct config {
     bool single_use;            /* capacity 1; exit 0 when the turn ends */
     char token_file[256];       /* "" = use ADK_CODE_MODE_AUTH_TOKEN */
     bool allow_no_token;        /* informational: no token configured */
+    unsigned preauth_max;       /* connections not yet admitted, at most (1024) */
+    unsigned preauth_per_peer;  /* of them from one IPv4 address or IPv6 /64 (128) */
 
     /* per-turn limits (spec 4.5, 9.2) */
     uint64_t max_upload_tools;     /* compressed bytes; env ADK_CODE_MODE_MAX_UPLOAD_TOOLS */

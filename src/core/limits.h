@@ -10,6 +10,19 @@
 #define HTTP_MAX_HEADERS 64
 #define HTTP_REQUEST_TIMEOUT_MS 10000
 
+/* Connections not yet admitted as turns (session/preauth.h): the pool and one
+ * peer's share of it (defaults of --preauth-max and --preauth-per-peer), and
+ * how long a connection that has sent nothing still counts as new. */
+#define PREAUTH_DEFAULT_MAX 1024
+#define PREAUTH_DEFAULT_PER_PEER 128
+#define PREAUTH_MAX_CONNECTIONS_BOUND 1000000
+#define PREAUTH_SILENT_GRACE_MS 1000
+/* The listener: the kernel's queue of connections not yet accept()ed (capped
+ * by net.core.somaxconn), and how many are taken per wakeup so a connect
+ * flood cannot starve turns. */
+#define LISTEN_BACKLOG 1024
+#define ACCEPT_BATCH 64
+
 /* WebSocket: largest message either way (spec 1.4). */
 #define WS_MAX_MESSAGE_BYTES (256 * MiB)
 #define WS_PING_INTERVAL_MS 20000
@@ -29,3 +42,9 @@
 
 /* Backpressure: stop reading a side while the other side has this much queued. */
 #define RELAY_HIGH_WATER (4 * MiB)
+
+/* Rate-limited log lines (core/ratelimit.h), per call site: a burst, then a
+ * steady rate; what is dropped is counted and reported on the next line. */
+#define LOG_RATELIMIT_BURST 10
+#define LOG_RATELIMIT_PER_INTERVAL 1
+#define LOG_RATELIMIT_INTERVAL_MS 1000

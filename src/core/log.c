@@ -34,8 +34,8 @@ void log_init(const char *ident, enum log_level min)
 
 enum log_level log_min_level(void) { return log_min; }
 
-void log_write(enum log_level lvl, const char *func, int line, int errnum,
-               const char *fmt, ...)
+void log_vwrite(enum log_level lvl, const char *func, int line, int errnum, const char *suffix,
+                const char *fmt, va_list ap)
 {
     if (lvl < log_min)
         return;
@@ -44,15 +44,15 @@ void log_write(enum log_level lvl, const char *func, int line, int errnum,
         lvl = LOG_LEVEL_ERROR;
 
     char msg[LOG_LINE_MAX];
-    size_t len = 0, room = sizeof msg - 1; /* keep one byte for '\n' */
+    /* The suffix (a rate limiter's count) is kept whole: the message before
+     * it is cut instead. It is short; a long one is cut to a quarter line. */
+    size_t slen = suffix ? strnlen(suffix, LOG_LINE_MAX / 4) : 0;
+    size_t len = 0, room = sizeof msg - 1 - slen; /* keep one byte for '\n' */
     int r = snprintf(msg, room, "%s: %s %s:%d: ", log_ident, log_level_names[lvl],
                      func ? func : "?", line);
     len = r < 0 ? 0 : (size_t)r < room ? (size_t)r : room - 1;
 
-    va_list ap;
-    va_start(ap, fmt);
     r = vsnprintf(msg + len, room - len, fmt, ap);
-    va_end(ap);
     if (r > 0)
         len += (size_t)r < room - len ? (size_t)r : room - len - 1;
 
@@ -64,6 +64,8 @@ void log_write(enum log_level lvl, const char *func, int line, int errnum,
         if (r > 0)
             len += (size_t)r < room - len ? (size_t)r : room - len - 1;
     }
+    memcpy(msg + len, suffix ? suffix : "", slen);
+    len += slen;
     msg[len++] = '\n';
 
     /* One write; a short write or EINTR just loses the rest of the line:
@@ -73,4 +75,13 @@ void log_write(enum log_level lvl, const char *func, int line, int errnum,
         w = write(STDERR_FILENO, msg, len);
     while (w < 0 && errno == EINTR);
     errno = saved;
+}
+
+void log_write(enum log_level lvl, const char *func, int line, int errnum,
+               const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    log_vwrite(lvl, func, line, errnum, NULL, fmt, ap);
+    va_end(ap);
 }

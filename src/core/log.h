@@ -15,6 +15,10 @@ enum log_level log_min_level(void);
 /* errnum != 0 appends ": strerror(errnum)". */
 void log_write(enum log_level lvl, const char *func, int line, int errnum,
                const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+/* The same with a va_list, and a suffix (NULL or "") written after the
+ * message and the errno text; a long message is cut so the suffix is kept. */
+void log_vwrite(enum log_level lvl, const char *func, int line, int errnum, const char *suffix,
+                const char *fmt, va_list ap) __attribute__((format(printf, 6, 0)));
 
 #define LOG_D(...) log_write(LOG_LEVEL_DEBUG, __func__, __LINE__, 0, __VA_ARGS__)
 #define LOG_I(...) log_write(LOG_LEVEL_INFO, __func__, __LINE__, 0, __VA_ARGS__)

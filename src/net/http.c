@@ -203,6 +203,36 @@ static int join_connection(struct http_req *r)
     return 0;
 }
 
+/* Headers a request may carry once. A second one is refused, whatever the
+ * two values: which of them counts would otherwise be up to each reader,
+ * and a proxy in front that checks the first while we take the last is how
+ * a request gets past one of us (request smuggling, auth confusion).
+ *   Authorization          one credential (RFC 7235 has no list form)
+ *   Host                   RFC 7230 5.4: more than one is a 400
+ *   Upgrade                a list by RFC 7230, but a WebSocket client sends one, and the
+ *                          reference (python websockets) refuses anything but one token
+ *   Sec-WebSocket-Key      RFC 6455 11.3.1: MUST NOT appear more than once
+ *   Sec-WebSocket-Version  RFC 6455 11.3.5: likewise, in a request
+ *   Content-Length         http-parser refuses a second one already; listed to say so
+ * Connection stays a list (joined below): repeating it is harmless, its
+ * tokens only add up. Other repeats keep the last value. */
+static const char *const http_single_headers[] = {
+    "Authorization", "Host", "Upgrade", "Sec-WebSocket-Key", "Sec-WebSocket-Version",
+    "Content-Length",
+};
+
+static bool has_repeated_single_header(const struct http_req *r)
+{
+    for (size_t k = 0; k < sizeof http_single_headers / sizeof http_single_headers[0]; k++) {
+        unsigned seen = 0;
+        for (size_t i = 0; i < r->nhdrs; i++)
+            seen += strcasecmp(r->arena + r->hdrs[i].name, http_single_headers[k]) == 0;
+        if (seen > 1)
+            return true;
+    }
+    return false;
+}
+
 static int on_headers_complete(http_parser *p)
 {
     struct http_req *r = p->data;
@@ -230,6 +260,10 @@ static int on_headers_complete(http_parser *p)
             return -1;
         }
         trim_trailing_ows(r->arena + r->hdrs[i].value);
+    }
+    if (has_repeated_single_header(r)) {
+        r->cb_error = -EBADMSG;
+        return -1;
     }
 
     if (p->http_major != 1) {
@@ -468,15 +502,23 @@ int http_write_response_at(struct buf *out, int status, const char *reason, cons
     ret = http_format_date(now, date);
     if (ret < 0)
         return ret;
+    /* A 426 names what to upgrade to: RFC 7231 6.5.15 (Upgrade) and RFC
+     * 6455 4.2.2 / 4.4 (the versions we speak). Connection stays "close"
+     * alone, as spec 1.1 and the reference (python websockets) have it:
+     * the socket is closed after the response whatever a proxy does. */
+    const char *upgrade = status == 426 ? "Upgrade: websocket\r\n"
+                                          "Sec-WebSocket-Version: 13\r\n"
+                                        : "";
     ret = buf_printf(out,
                      "HTTP/1.1 %d %s\r\n"
                      "Content-Type: text/plain; charset=utf-8\r\n"
                      "Content-Length: %zu\r\n"
                      "Date: %s\r\n"
                      "Server: forkbox\r\n"
+                     "%s"
                      "Connection: close\r\n"
                      "\r\n",
-                     status, reason, body_len, date);
+                     status, reason, body_len, date, upgrade);
     if (ret < 0)
         return ret;
     return buf_append(out, body, body_len);

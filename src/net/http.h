@@ -21,13 +21,16 @@ void http_req_free(struct http_req *r);
  * belongs to the WebSocket stream); 0 if more bytes are needed; or
  *   -E2BIG   more than HTTP_MAX_REQUEST_BYTES, or more than HTTP_MAX_HEADERS
  *   -EBADMSG not HTTP/1.x, or malformed
- * Requests with a body (Content-Length > 0 or chunked) are -EBADMSG.
+ * Requests with a body (Content-Length > 0 or chunked) are -EBADMSG, and so
+ * are requests with two Authorization, Host, Upgrade, Sec-WebSocket-Key,
+ * Sec-WebSocket-Version or Content-Length headers, whatever their values
+ * (http.c says why).
  * Once it has returned 1 or an error it keeps returning that (consumed 0). */
 int http_req_feed(struct http_req *r, const uint8_t *p, size_t n, size_t *consumed);
 
 /* Accessors, valid once feed returned 1. Strings are NUL-terminated,
- * borrowed, header names matched case-insensitively; a repeated header keeps
- * the last value, except Connection, whose values are joined with ",". */
+ * borrowed, header names matched case-insensitively; another repeated header
+ * keeps the last value, except Connection, whose values are joined with ",". */
 const char *http_req_method(const struct http_req *r);
 const char *http_req_target(const struct http_req *r); /* raw, with query */
 const char *http_req_header(const struct http_req *r, const char *name); /* NULL if absent */
@@ -46,8 +49,9 @@ bool http_auth_ok(const char *authorization, const char *token, size_t token_len
 int http_ws_accept(const char *key, char out[29]);
 
 /* Append a complete non-101 response: status line, Content-Type: text/plain;
- * charset=utf-8, Content-Length, Date, Server: forkbox, Connection: close,
- * blank line, body (byte exact). */
+ * charset=utf-8, Content-Length, Date, Server: forkbox, (for 426 only:
+ * Upgrade: websocket, Sec-WebSocket-Version: 13,) Connection: close, blank
+ * line, body (byte exact). */
 int http_write_response(struct buf *out, int status, const char *reason, const char *body);
 /* The same with a given clock (tests need byte-exact output). */
 int http_write_response_at(struct buf *out, int status, const char *reason, const char *body,

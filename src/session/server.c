@@ -1,9 +1,11 @@
 /* The listener, the fork server's replies, signals and the session list. */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,14 +15,14 @@
 #include <unistd.h>
 
 #include "core/cleanup.h"
+#include "core/limits.h"
 #include "core/log.h"
+#include "core/ratelimit.h"
 #include "core/util.h"
 #include "sandbox/seccomp.h"
 #include "session/session.h"
 
-/* Connections that have not been admitted yet (HTTP phase) are bounded
- * separately from turns, so slow clients can never hold turn slots. */
-#define SERVER_MAX_CONNECTIONS_EXTRA 1024
+#define SERVER_TICK_MS 250 /* deadlines, pings, log flushes, a paused listener */
 
 static int listen_on(const char *host, uint16_t port, uint16_t *bound_port)
 {
@@ -47,7 +49,7 @@ static int listen_on(const char *host, uint16_t port, uint16_t *bound_port)
         return -errno;
     int one = 1;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (bind(fd, &a.sa, alen) < 0 || listen(fd, 1024) < 0)
+    if (bind(fd, &a.sa, alen) < 0 || listen(fd, LISTEN_BACKLOG) < 0)
         return -errno;
     alen = sizeof a.ss;
     if (getsockname(fd, &a.sa, &alen) < 0)
@@ -56,28 +58,84 @@ static int listen_on(const char *host, uint16_t port, uint16_t *bound_port)
     return steal_fd(&fd);
 }
 
+static struct session *session_of_preauth(struct preauth_entry *e)
+{
+    return (struct session *)((char *)e - offsetof(struct session, pa));
+}
+
+static const char *preauth_class_name(enum preauth_class c)
+{
+    static const char *const names[] = {"silent", "with part of a request", "answered"};
+    return names[c];
+}
+
+/* A new connection from key always gets in: when its peer holds its share
+ * of the pre-auth pool, or the pool is full, the connection worth least is
+ * closed first (preauth.h). Warnings are rate-limited: under a flood this
+ * runs for every connection. */
+static void preauth_make_room(struct server *srv, const uint8_t key[PREAUTH_KEY_LEN])
+{
+    enum preauth_reason why;
+    uint64_t now = now_ms();
+    struct preauth_entry *e = preauth_victim(&srv->preauth, key, now, &why);
+    if (!e)
+        return;
+    char peer[PREAUTH_KEY_STR];
+    preauth_key_str(e->key, peer);
+    if (why == PREAUTH_PEER_FULL)
+        LOG_W_RL("%s holds %u connections not admitted (--preauth-per-peer): closed its least "
+                 "recently active (%s, %" PRIu64 " ms)", peer, srv->preauth.per_peer,
+                 preauth_class_name(e->cls), now - e->active_ms);
+    else
+        LOG_W_RL("%u connections not admitted (--preauth-max): closed one from %s (%s, %" PRIu64
+                 " ms)", srv->preauth.n, peer, preauth_class_name(e->cls), now - e->active_ms);
+    /* Leaves the pool now; the socket is closed by server_reap. */
+    session_fail(session_of_preauth(e), 1000, NULL);
+}
+
 static void on_accept(struct loop_watch *w, uint32_t events)
 {
     struct server *srv = w->ud;
-    /* Bounded batch per wakeup so a connect flood cannot starve turns. */
-    for (int i = 0; i < 64; i++) {
-        int fd = accept4(srv->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    /* Bounded batch per wakeup so a connect flood cannot starve turns; the
+     * listener is level-triggered, so the rest waits for the next round. */
+    for (int i = 0; i < ACCEPT_BATCH; i++) {
+        union {
+            struct sockaddr sa;
+            struct sockaddr_storage ss;
+        } peer = {0};
+        socklen_t plen = sizeof peer;
+        int fd = accept4(srv->listen_fd, &peer.sa, &plen, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
-            if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
-                PLOG_W("accept");
-            return;
-        }
-        if (srv->n_sessions >= srv->cfg->capacity + SERVER_MAX_CONNECTIONS_EXTRA) {
-            LOG_W("too many connections (%u); dropping one", srv->n_sessions);
-            close(fd);
+            if (errno == EAGAIN || errno == EINTR || errno == ECONNABORTED)
+                return;
+            if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+                /* The pending connection stays queued and the listener
+                 * readable: retrying at once would spin the loop. Rest
+                 * until the next tick. */
+                PLOG_W_RL("accept (pausing for %u ms)", SERVER_TICK_MS);
+                loop_watch(srv->loop, &srv->listen_watch, 0);
+                srv->accept_paused = true;
+                return;
+            }
+            /* A network error of the connection being accepted (accept(2)):
+             * that one is gone, the next may be fine. */
+            PLOG_W_RL("accept");
             continue;
         }
+        uint8_t key[PREAUTH_KEY_LEN];
+        preauth_key(&peer.sa, plen, key);
+        preauth_make_room(srv, key);
         int one = 1;
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
         struct session *s = session_new(srv, fd);
         if (!s) {
             close(fd);
             continue;
+        }
+        if (preauth_add(&srv->preauth, &s->pa, key, now_ms()) < 0) {
+            /* Cannot happen after preauth_make_room; never hold an
+             * unaccounted connection. */
+            session_fail(s, 1000, NULL);
         }
         s->next = srv->sessions;
         if (srv->sessions)
@@ -175,6 +233,11 @@ static void server_tick(void *ud)
     uint64_t now = now_ms();
     for (struct session *s = srv->sessions; s; s = s->next)
         session_tick(s, now);
+    ratelimit_flush_sites(now_ns());
+    if (srv->accept_paused && !srv->stopping) {
+        srv->accept_paused = false;
+        loop_watch(srv->loop, &srv->listen_watch, EPOLLIN);
+    }
     if (srv->stopping && now >= srv->stop_deadline_ms)
         loop_stop(srv->loop);
 }
@@ -213,6 +276,12 @@ int server_init(struct server *srv, struct loop *loop, const struct config *cfg,
     srv->fs = *fs;
     srv->next_id = 1;
     srv->signal_fd = -1;
+    srv->listen_fd = -1;
+    int rp = preauth_init(&srv->preauth, cfg->preauth_max, cfg->preauth_per_peer);
+    if (rp < 0) {
+        snprintf(err, errlen, "pre-auth pool: %s", strerror(-rp));
+        return rp;
+    }
 
     /* Counted refusals are answered here, with the errno the policy names:
      * parse the file the fork server compiled (it has loaded it already;
@@ -255,14 +324,15 @@ int server_init(struct server *srv, struct loop *loop, const struct config *cfg,
         snprintf(err, errlen, "epoll: %s", strerror(-r));
         return r;
     }
-    loop_set_tick(loop, 250, server_tick, srv);
+    loop_set_tick(loop, SERVER_TICK_MS, server_tick, srv);
     loop_set_before_sleep(loop, server_reap, srv);
 
     const char *h = cfg->listen_host;
     bool v6 = strchr(h, ':') != NULL;
-    LOG_I("listening on %s%s%s:%u (capacity %u%s, %s, auth %s)", v6 ? "[" : "", h, v6 ? "]" : "",
-          port, cfg->capacity, cfg->single_use ? ", single-use" : "",
-          cfg->isolate ? "isolated" : "NOT isolated", token ? "on" : "off");
+    LOG_I("listening on %s%s%s:%u (capacity %u%s, %s, auth %s, pre-auth %u, %u per peer)",
+          v6 ? "[" : "", h, v6 ? "]" : "", port, cfg->capacity,
+          cfg->single_use ? ", single-use" : "", cfg->isolate ? "isolated" : "NOT isolated",
+          token ? "on" : "off", srv->preauth.max, srv->preauth.per_peer);
     return 0;
 }
 
@@ -280,6 +350,7 @@ void server_free(struct server *srv)
     fs_client_stop(&srv->fs);
     policy_notify_free(srv->notify);
     srv->notify = NULL;
+    preauth_free(&srv->preauth);
     if (srv->token) {
         explicit_bzero(srv->token, srv->token_len);
         free(srv->token);

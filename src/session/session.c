@@ -57,6 +57,7 @@ static void reply_and_close(struct session *s, int status, const char *reason, c
     s->req = NULL;
     s->phase = PHASE_REPLY;
     s->deadline_ms = now_ms() + REPLY_LINGER_MS;
+    preauth_touch(&s->srv->preauth, &s->pa, PREAUTH_ACTIVE, now_ms());
     update_interest(s);
 }
 
@@ -593,6 +594,7 @@ static void admit(struct session *s, const uint8_t *rest, size_t rest_len)
     }
     http_req_free(s->req);
     s->req = NULL;
+    preauth_remove(&srv->preauth, &s->pa); /* a turn now: counted by capacity */
     s->holds_slot = true;
     srv->n_turns++;
     srv->single_use_admitted = srv->single_use_admitted || srv->cfg->single_use;
@@ -615,7 +617,12 @@ static void admit(struct session *s, const uint8_t *rest, size_t rest_len)
     update_interest(s);
 }
 
-/* Spec 1.1 routing table, with the slot taken only for a valid upgrade. */
+/* Spec 1.1 routing table, with the slot taken only for a valid upgrade.
+ * Malformed requests never get here: http_read answered them 400 (431),
+ * a repeated Authorization or other once-only header among them (http.c),
+ * even for /health. A wrong Sec-WebSocket-Version is not an upgrade, so it
+ * meets 503 and 401 first and then gets 426, which the response writer
+ * gives Sec-WebSocket-Version: 13. */
 static void route(struct session *s, const uint8_t *rest, size_t rest_len)
 {
     struct server *srv = s->srv;
@@ -650,10 +657,18 @@ static void http_read(struct session *s)
         mark_dead(s);
         return;
     }
+    /* The parser's state (~34 KiB) only for connections that send something:
+     * a flood of silent ones costs the pool little memory. */
+    if (!s->req && !(s->req = http_req_new())) {
+        mark_dead(s);
+        return;
+    }
     size_t used = 0;
     int r = http_req_feed(s->req, tmp, (size_t)n, &used);
-    if (r == 0)
+    if (r == 0) {
+        preauth_touch(&s->srv->preauth, &s->pa, PREAUTH_ACTIVE, now_ms());
         return;
+    }
     if (r == -E2BIG)
         reply_and_close(s, 431, "Request Header Fields Too Large", "Request Too Large\n");
     else if (r < 0)
@@ -677,6 +692,10 @@ static void on_client_io(struct loop_watch *w, uint32_t events)
             break;
         }
         if (s->out.len == 0) {
+            /* Answered: from now on the first to go when the pre-auth pool
+             * is full (preauth.h). */
+            if (s->pa.cls != PREAUTH_ANSWERED)
+                preauth_touch(&s->srv->preauth, &s->pa, PREAUTH_ANSWERED, now_ms());
             /* Half-close, then drain until the peer closes, so the reply is
              * not lost to a reset caused by unread request bytes. */
             uint8_t tmp[1024];
@@ -757,11 +776,6 @@ struct session *session_new(struct server *srv, int fd)
     struct session *s = calloc(1, sizeof *s);
     if (!s)
         return NULL;
-    s->req = http_req_new();
-    if (!s->req) {
-        free(s);
-        return NULL;
-    }
     s->srv = srv;
     s->id = srv->next_id++;
     s->fd = fd;
@@ -772,7 +786,6 @@ struct session *session_new(struct server *srv, int fd)
     s->deadline_ms = now_ms() + HTTP_REQUEST_TIMEOUT_MS;
     s->watch = (struct loop_watch){.fd = fd, .cb = on_client_io, .ud = s};
     if (loop_watch(srv->loop, &s->watch, EPOLLIN) < 0) {
-        http_req_free(s->req);
         free(s);
         return NULL;
     }
@@ -794,6 +807,7 @@ static void mark_dead(struct session *s)
         return;
     kill_sandbox(s);
     server_release_slot(s->srv, s);
+    preauth_remove(&s->srv->preauth, &s->pa);
     loop_unwatch(s->srv->loop, &s->watch);
     s->phase = PHASE_DEAD;
 }
@@ -872,6 +886,7 @@ void session_free(struct session *s)
     if (!s)
         return;
     kill_sandbox(s);
+    preauth_remove(&s->srv->preauth, &s->pa);
     loop_unwatch(s->srv->loop, &s->watch);
     ws_conn_free(s->ws);
     http_req_free(s->req);

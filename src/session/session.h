@@ -17,6 +17,7 @@
 #include "loop/loop.h"
 #include "proto/chan.h"
 #include "sandbox/forkserver.h"
+#include "session/preauth.h"
 
 struct http_req;
 struct ws_conn;
@@ -39,6 +40,8 @@ struct server {
     struct session *sessions;     /* owned, doubly linked */
     unsigned n_sessions;          /* all connections */
     unsigned n_turns;             /* admitted turns: the capacity count */
+    struct preauth_pool preauth;  /* owned: connections not admitted (yet); entries borrowed */
+    bool accept_paused;           /* out of fds or memory: the listener rests until the tick */
     uint64_t next_id;
     bool single_use_admitted;     /* --single-use: the one turn was admitted */
     bool stopping;                /* leave the loop once sessions are gone */
@@ -72,7 +75,8 @@ struct session {
 
     int fd;                       /* owned: the client socket */
     struct loop_watch watch;
-    struct http_req *req;         /* owned while PHASE_HTTP */
+    struct preauth_entry pa;      /* in srv->preauth until admitted or closed */
+    struct http_req *req;         /* owned while PHASE_HTTP, from the first byte */
     struct buf out;               /* raw bytes to write before any WebSocket data */
     uint64_t deadline_ms;         /* phase deadline (request, reply, close) */
 

@@ -192,6 +192,85 @@ def test_capacity_busy_before_auth(make_daemon):
     assert r2b.stdout == "2\n"        # turns are independent
 
 
+# ---- issue 11, item 7: front-door edges ----------------------------------------
+
+def assert_426(resp):
+    """RFC 6455 4.2.2/4.4 and RFC 7231 6.5.15: a 426 names the upgrade it wants."""
+    assert_plain(resp, 426, "Upgrade Required", b"Upgrade Required\n")
+    assert resp.headers.get("sec-websocket-version") == "13", resp
+    assert resp.headers.get("upgrade", "").lower() == "websocket", resp
+
+
+@pytest.mark.parametrize("version", ["8", "12", "14", "13, 8", ""])
+def test_wrong_version_426_says_13(daemon, version):
+    """A wrong Sec-WebSocket-Version gets 426 with Sec-WebSocket-Version: 13."""
+    req = upgrade_request("/").replace(b"Sec-WebSocket-Version: 13",
+                                       f"Sec-WebSocket-Version: {version}".encode())
+    assert_426(http_raw(daemon.port, req))
+
+
+def test_plain_get_426_says_13(daemon):
+    assert_426(http_raw(daemon.port, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"))
+
+
+def test_wrong_version_routing_order(make_daemon):
+    """Spec 1.1 rows in order for a wrong version: 503 before 401 before 426."""
+    d = make_daemon(["--capacity", "1"], env={"ADK_CODE_MODE_AUTH_TOKEN": TOKEN})
+
+    def wrong(token):
+        return upgrade_request("/", token=token).replace(b"Sec-WebSocket-Version: 13",
+                                                         b"Sec-WebSocket-Version: 8")
+    assert_plain(http_raw(d.port, wrong("nope")), 401, "Unauthorized", b"Unauthorized\n")
+    assert_plain(http_raw(d.port, wrong(None)), 401, "Unauthorized", b"Unauthorized\n")
+    assert_426(http_raw(d.port, wrong(TOKEN)))
+
+    async def at_capacity():
+        turn = await connect(d, token=TOKEN)
+        await turn.run("x = 1")
+        out = [await asyncio.to_thread(http_raw, d.port, wrong(t)) for t in (TOKEN, "nope")]
+        await turn.shutdown()
+        return out
+    for resp in arun(at_capacity(), 30):
+        assert_plain(resp, 503, "Service Unavailable", b"Busy\n")
+    assert wait_until(lambda: turn_possible(d), 5)
+
+
+DUPLICATES = {
+    "auth-right-right": [f"Authorization: Bearer {TOKEN}"],
+    "auth-right-wrong": ["Authorization: Bearer wrong"],
+    "auth-right-empty": ["Authorization:"],
+    "auth-lowercase": [f"authorization: Bearer {TOKEN}"],
+    "key": ["Sec-WebSocket-Key: " + "A" * 22 + "=="],
+    "version": ["Sec-WebSocket-Version: 13"],
+    "upgrade": ["Upgrade: websocket"],
+    "host": ["Host: 127.0.0.1"],
+}
+
+
+@pytest.mark.parametrize("case", list(DUPLICATES))
+def test_duplicated_header_refused_never_upgraded(make_daemon, case):
+    """Two Authorization headers (or two of another header a request carries
+    once) get 400 and are never upgraded, whatever the values; the slot stays
+    free."""
+    d = make_daemon(["--capacity", "1"], env={"ADK_CODE_MODE_AUTH_TOKEN": TOKEN})
+    req = upgrade_request("/", token=TOKEN, headers=DUPLICATES[case])
+    assert_plain(http_raw(d.port, req), 400, "Bad Request", b"Bad Request\n")
+    # the wrong value first, the right one last (what "last wins" accepted)
+    req = upgrade_request("/", auth="Bearer wrong", headers=[f"Authorization: Bearer {TOKEN}"])
+    assert_plain(http_raw(d.port, req), 400, "Bad Request", b"Bad Request\n")
+    assert turn_works(d, token=TOKEN)
+
+
+def test_duplicated_authorization_refused_without_token(daemon):
+    """With no token configured, any Authorization is accepted, but two are not."""
+    req = upgrade_request("/", auth="Bearer a", headers=["Authorization: Bearer a"])
+    assert_plain(http_raw(daemon.port, req), 400, "Bad Request", b"Bad Request\n")
+    resp = http_raw(daemon.port, b"GET /health HTTP/1.1\r\nHost: x\r\nAuthorization: a\r\n"
+                                 b"Authorization: a\r\n\r\n")
+    assert_plain(resp, 400, "Bad Request", b"Bad Request\n")
+    assert_plain(get_health(daemon.port), 200, "OK", b"OK\n")
+
+
 # ---- §9.2: requests that must not wedge the server -------------------------
 
 @pytest.mark.parametrize("req", [

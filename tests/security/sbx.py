@@ -74,6 +74,7 @@ class Daemon:
         self.proc: subprocess.Popen | None = None
         self.port: int | None = None
         self._lines: list[str] = []
+        self._n_lines = 0  # every line ever read (_lines keeps only the last ones)
         self._lock = threading.Lock()
         self._listening = threading.Event()
 
@@ -102,6 +103,7 @@ class Daemon:
             line = raw.decode("utf-8", "replace")
             with self._lock:
                 self._lines.append(line)
+                self._n_lines += 1
                 if len(self._lines) > 20000:
                     del self._lines[:10000]
             m = LISTEN_RE.search(line)
@@ -112,6 +114,11 @@ class Daemon:
     def stderr(self, tail: int = 3000) -> str:
         with self._lock:
             return "".join(self._lines)[-tail:]
+
+    def lines(self) -> int:
+        """How many stderr lines the daemon has written so far."""
+        with self._lock:
+            return self._n_lines
 
     @property
     def pid(self) -> int:

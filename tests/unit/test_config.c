@@ -30,6 +30,8 @@ int main(void)
     is_int(c.idle_timeout_ms, 600000, "default idle 600 s");
     ok(c.isolate, "isolated by default");
     is_int(c.pool_size, 4, "four pre-forked sandboxes by default");
+    is_int(c.preauth_max, 1024, "default pre-auth pool 1024");
+    is_int(c.preauth_per_peer, 128, "default per-peer share 128");
 
     setenv("PORT", "9999", 1);
     is_int(parse(&c, err, 1, a0), 0, "PORT alone");
@@ -61,14 +63,17 @@ int main(void)
 
     const char *bad[][2] = {{"forkboxd", "--capacity=0"}, {"forkboxd", "--listen=nope"},
                             {"forkboxd", "--tools-dir=/x/tool"}, {"forkboxd", "--bogus"},
-                            {"forkboxd", "--output-cap=1"}, {"forkboxd", "--log-level=loud"}};
+                            {"forkboxd", "--output-cap=1"}, {"forkboxd", "--log-level=loud"},
+                            {"forkboxd", "--preauth-max=0"}, {"forkboxd", "--preauth-per-peer=x"}};
     for (unsigned i = 0; i < sizeof bad / sizeof bad[0]; i++)
         ok(parse(&c, err, 2, bad[i]) < 0 && err[0], "refused: %s (%s)", bad[i][1], err);
 
     /* The fork server's argv reproduces the config exactly. */
     const char *a3[] = {"forkboxd", "--listen=[::1]:7", "--preload=json,re", "--no-isolation",
-                        "--site-packages=/opt/x", "--token-file=/secret/t", "--pool=3"};
-    is_int(parse(&c, err, 7, a3), 0, "config for the round trip");
+                        "--site-packages=/opt/x", "--token-file=/secret/t", "--pool=3",
+                        "--preauth-max=77", "--preauth-per-peer=0"};
+    is_int(parse(&c, err, 9, a3), 0, "config for the round trip");
+    ok(c.preauth_max == 77 && c.preauth_per_peer == 0, "--preauth-max, --preauth-per-peer");
     char **v = config_to_argv(&c, "forkboxd", NULL);
     int n = 0;
     int has_secret = 0;

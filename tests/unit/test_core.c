@@ -1,4 +1,4 @@
-/* Unit tests for core/: buf, util, utf8, log. TAP output. */
+/* Unit tests for core/: buf, util, utf8, log, ratelimit. TAP output. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdint.h>
@@ -9,6 +9,7 @@
 #include "core/buf.h"
 #include "core/cleanup.h"
 #include "core/log.h"
+#include "core/ratelimit.h"
 #include "core/utf8.h"
 #include "core/util.h"
 #include "tap.h"
@@ -328,6 +329,137 @@ static void test_log(void)
     is_int(log_min_level(), LOG_LEVEL_DEBUG, "log_init sets the level");
 }
 
+/* ---- ratelimit ---------------------------------------------------------- */
+
+#define MS 1000000ULL
+#define SEC (1000 * MS)
+
+static void test_ratelimit_bucket(void)
+{
+    struct ratelimit rl = RATELIMIT_INIT(3, 1, 1000);
+    uint64_t t0 = 5 * SEC, span = 0;
+    int passed = 0;
+    for (int i = 0; i < 5; i++)
+        passed += ratelimit_take(&rl, t0);
+    is_int(passed, 3, "a burst of 3 passes at once, the rest is dropped");
+    is_int(rl.suppressed, 2, "the drops are counted");
+    ok(!ratelimit_take(&rl, t0 + 999 * MS), "no token 999 ms later");
+    ok(ratelimit_take(&rl, t0 + 1000 * MS), "one token back after 1 s");
+    is_int(ratelimit_take_report(&rl, t0 + 1000 * MS, &span), 3, "report: 3 dropped before it");
+    is_int(span, 1000 * MS, "report: since the first drop");
+    is_int(ratelimit_take_report(&rl, t0 + 1000 * MS, &span), 0, "report resets");
+    is_int(span, 0, "no span without drops");
+
+    /* steady pressure: 1000 attempts a second for 10 s */
+    passed = 0;
+    for (uint64_t t = t0 + 2 * SEC; t < t0 + 12 * SEC; t += MS)
+        passed += ratelimit_take(&rl, t);
+    is_int(passed, 10, "10 s of pressure on an empty bucket: the refill rate, 1 a second");
+    is_int(rl.suppressed, 10000 - passed, "everything else counted");
+
+    /* a long quiet time refills the bucket to the burst, not beyond */
+    passed = 0;
+    for (int i = 0; i < 10; i++)
+        passed += ratelimit_take(&rl, t0 + 1000 * SEC);
+    is_int(passed, 3, "after an hour: still a burst of 3");
+
+    /* several lines per interval, no burst */
+    struct ratelimit fast = RATELIMIT_INIT(1, 10, 1000);
+    passed = 0;
+    for (uint64_t t = 0; t < SEC; t += 10 * MS)
+        passed += ratelimit_take(&fast, t);
+    is_int(passed, 10, "10 per second with a burst of 1: 10 of 100 in one second");
+    ok(ratelimit_take(&fast, 0) == false && ratelimit_take(&fast, SEC) == true,
+       "clock in ns from 0 works");
+
+    /* degenerate settings are clamped, never divide by zero or stall */
+    struct ratelimit zero = RATELIMIT_INIT(0, 0, 0);
+    ok(ratelimit_take(&zero, 1) && ratelimit_take(&zero, 2), "zero settings: one per ns");
+}
+
+static struct ratelimit flush_rl = RATELIMIT_INIT(2, 1, 10000);
+static uint64_t flush_t0;
+static int flush_line;
+
+static void flush_steps(void)
+{
+    log_init("forkboxd", LOG_LEVEL_INFO);
+    flush_t0 = now_ns();
+    for (int i = 0; i < 50; i++) {
+        flush_line = __LINE__ + 1;
+        ratelimit_log(&flush_rl, LOG_LEVEL_WARN, "site", 7, 0, "line %d", i);
+    }
+    /* 48 dropped; no token yet: the flush writes nothing and counts nothing */
+    ratelimit_flush(&flush_rl, flush_t0 + 1 * SEC);
+    is_int(flush_rl.suppressed, 48, "a flush without a token is not a dropped line");
+    ratelimit_flush(&flush_rl, flush_t0 + 12 * SEC);
+    is_int(flush_rl.suppressed, 0, "the flush reported the count");
+    ratelimit_flush(&flush_rl, flush_t0 + 40 * SEC);
+    ratelimit_log(&flush_rl, LOG_LEVEL_DEBUG, "site", 8, 0, "below the level");
+}
+
+static void test_ratelimit_flush(void)
+{
+    char *out = capture_stderr(flush_steps);
+    is_str(out,
+           "forkboxd: WARN site:7: line 0\n"
+           "forkboxd: WARN site:7: line 1\n"
+           "forkboxd: WARN site:7: 48 similar messages suppressed in the last 12 s\n",
+           "burst, then one report line from the flush, nothing more");
+    free(out);
+    ok(flush_rl.suppressed == 0, "lines below the log level are not counted");
+}
+
+static int rl_site_line;
+static void rl_sites(void)
+{
+    log_init("forkboxd", LOG_LEVEL_INFO);
+    for (int i = 0; i < 1000; i++) {
+        rl_site_line = __LINE__ + 1;
+        LOG_W_RL("refused %d", i);
+    }
+    ratelimit_flush_sites(now_ns() + 2 * SEC);
+    ratelimit_flush_sites(now_ns() + 4 * SEC);
+}
+
+static void rl_suffix(void)
+{
+    static struct ratelimit rl = RATELIMIT_INIT(1, 1, 60000);
+    char big[3000];
+    memset(big, 'x', sizeof big - 1);
+    big[sizeof big - 1] = 0;
+    ratelimit_log(&rl, LOG_LEVEL_WARN, "f", 1, 0, "first");
+    ratelimit_log(&rl, LOG_LEVEL_WARN, "f", 1, 0, "dropped");
+    rl.tat_ns = 0; /* hand a token back, as the clock would a minute later */
+    ratelimit_log(&rl, LOG_LEVEL_WARN, "f", 1, ENOENT, "%s", big);
+}
+
+static void test_ratelimit_log(void)
+{
+    char *out = capture_stderr(rl_sites);
+    int lines = 0;
+    for (char *p = out; p && *p; p++)
+        lines += *p == '\n';
+    is_int(lines, LOG_RATELIMIT_BURST + 1, "1000 lines from one site: the burst and one report");
+    char want[160];
+    snprintf(want, sizeof want, "forkboxd: WARN rl_sites:%d: %d similar messages suppressed in the last ",
+             rl_site_line, 1000 - LOG_RATELIMIT_BURST);
+    ok(out && strstr(out, want), "the flush names the site and the count");
+    snprintf(want, sizeof want, "forkboxd: WARN rl_sites:%d: refused 0\n", rl_site_line);
+    ok(out && strncmp(out, want, strlen(want)) == 0, "the first line passes as written");
+    free(out);
+
+    out = capture_stderr(rl_suffix);
+    char *second = out ? strchr(out, '\n') : NULL;
+    size_t n = second ? strlen(second + 1) : 0;
+    ok(second && n <= 1024 && n > 900, "a long line is cut to one line (%zu bytes)", n);
+    static const char tail[] = " (1 similar message suppressed in the last 1 s)\n";
+    ok(n > sizeof tail && strstr(second + 1, ": No such file or directory") == NULL &&
+           strcmp(second + 1 + n - (sizeof tail - 1), tail) == 0,
+       "the count survives the cut");
+    free(out);
+}
+
 int main(void)
 {
     test_buf();
@@ -337,5 +469,8 @@ int main(void)
     test_time();
     test_utf8();
     test_log();
+    test_ratelimit_bucket();
+    test_ratelimit_flush();
+    test_ratelimit_log();
     return tap_done();
 }

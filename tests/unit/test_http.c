@@ -312,6 +312,9 @@ static void test_upgrade_detection(void)
     ok(!upgrade_with("GET", "HTTP/1.1", "websocket", "Upgrade", "13", "dGhlIHNhbXBsZSBub25!ZQ=="),
        "key with a non-base64 character");
     ok(!upgrade_with("GET", "HTTP/1.1", "websocket", "Upgrade", "12", k), "version 12");
+    ok(!upgrade_with("GET", "HTTP/1.1", "websocket", "Upgrade", "8", k), "version 8 (routed to 426)");
+    ok(!upgrade_with("GET", "HTTP/1.1", "websocket", "Upgrade", "013", k), "version 013");
+    ok(upgrade_with("GET", "HTTP/1.1", "websocket", "Upgrade", "13  ", k), "version 13, trailing blanks");
     ok(!upgrade_with("GET", "HTTP/1.1", "websocket", "Upgrade", "13, 8", k), "version list");
     ok(!upgrade_with("GET", "HTTP/1.1", "websocket", "Upgrade", NULL, k), "missing version");
     ok(!upgrade_with("GET", "HTTP/1.1", "websocket", "keep-alive", "13", k), "Connection: keep-alive");
@@ -335,6 +338,80 @@ static void test_upgrade_detection(void)
                                   "\r\n");
     ok(r && http_req_is_websocket_upgrade(r), "header names case-insensitive, Connection repeated");
     http_req_free(r);
+}
+
+/* A valid upgrade with one extra header line inserted before the blank line. */
+static int feed_with_extra(const char *extra, size_t step)
+{
+    char req[1024];
+    size_t base = strlen(UPGRADE_REQ) - 2;
+    snprintf(req, sizeof req, "%.*s%s\r\n\r\n", (int)base, UPGRADE_REQ, extra);
+    struct http_req *r = http_req_new();
+    size_t total = 0;
+    int ret = feed_chunked(r, req, strlen(req), step, &total);
+    if (ret == 1 && !http_req_is_websocket_upgrade(r))
+        ret = 2; /* parsed, but not an upgrade */
+    http_req_free(r);
+    return ret;
+}
+
+static void test_repeated_headers(void)
+{
+    /* Each header that may appear once, repeated with the same value, another
+     * value, another case and an empty value: refused, in any chunking. */
+    static const char *const extra[] = {
+        "Authorization: Bearer tok",
+        "Authorization: Bearer other",
+        "authorization: Bearer tok",
+        "AUTHORIZATION:",
+        "Host: example.com:8080",
+        "host: evil.example",
+        "Upgrade: websocket",
+        "upgrade: h2c",
+        "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==",
+        "sec-websocket-key: AAAAAAAAAAAAAAAAAAAAAA==",
+        "Sec-WebSocket-Version: 13",
+        "Sec-WebSocket-Version: 8",
+    };
+    for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++) {
+        is_int(feed_with_extra(extra[i], 4096), -EBADMSG, "a second \"%s\" is refused", extra[i]);
+        is_int(feed_with_extra(extra[i], 1), -EBADMSG, "... also byte by byte");
+    }
+    /* Content-Length twice (http-parser already refuses it; we list it too). */
+    is_int(parse_err("GET / HTTP/1.1\r\nContent-Length: 0\r\nContent-Length: 0\r\n\r\n", 56),
+           -EBADMSG, "two Content-Length: 0 are refused");
+    /* The first of two Authorization headers is the one a proxy may check:
+     * neither order upgrades. */
+    struct http_req *r = http_req_new();
+    size_t used = 0;
+    static const char two_auth[] = "GET / HTTP/1.1\r\n"
+                                   "Authorization: Bearer right\r\n"
+                                   "Upgrade: websocket\r\n"
+                                   "Connection: Upgrade\r\n"
+                                   "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                                   "Sec-WebSocket-Version: 13\r\n"
+                                   "Authorization: Bearer wrong\r\n"
+                                   "\r\n";
+    is_int(feed_whole(r, two_auth, strlen(two_auth), &used), -EBADMSG, "two Authorization: refused");
+    ok(!http_req_is_websocket_upgrade(r) && http_req_header(r, "Authorization") == NULL,
+       "a refused request is not an upgrade and shows no header");
+    http_req_free(r);
+
+    /* Repeats that stay legal: a list header and headers we do not read. */
+    is_int(feed_with_extra("Connection: keep-alive", 4096), 1, "Connection twice: joined");
+    is_int(feed_with_extra("Sec-WebSocket-Extensions: x", 4096), 1, "Sec-WebSocket-Extensions (not read)");
+    is_int(feed_with_extra("Origin: http://a", 4096), 1, "Origin once more than none");
+    is_int(feed_with_extra("X-Custom: 1\r\nX-Custom: 2", 4096), 1, "unknown header twice");
+    /* A lookalike is another header. */
+    is_int(feed_with_extra("Authorization2: x", 4096), 1, "Authorization2 is not Authorization");
+    /* More than HTTP_MAX_HEADERS still says so first, duplicates or not. */
+    char big[8192];
+    size_t n = (size_t)snprintf(big, sizeof big, "GET / HTTP/1.1\r\nAuthorization: a\r\n"
+                                                 "Authorization: b\r\n");
+    for (int i = 0; i < HTTP_MAX_HEADERS; i++)
+        n += (size_t)snprintf(big + n, sizeof big - n, "X-%d: v\r\n", i);
+    n += (size_t)snprintf(big + n, sizeof big - n, "\r\n");
+    is_int(parse_err(big, n), -E2BIG, "too many headers with a repeat: still too many");
 }
 
 static void test_auth(void)
@@ -429,6 +506,23 @@ static void test_responses(void)
                  "Busy\n",
                  "503");
 
+    /* A 426 says what to upgrade to (RFC 7231 6.5.15, RFC 6455 4.4). */
+    buf_reset(&b);
+    is_int(http_write_response_at(&b, 426, "Upgrade Required", "Upgrade Required\n", t), 0,
+           "426 written");
+    expect_bytes(&b,
+                 "HTTP/1.1 426 Upgrade Required\r\n"
+                 "Content-Type: text/plain; charset=utf-8\r\n"
+                 "Content-Length: 17\r\n"
+                 "Date: Sun, 06 Nov 1994 08:49:37 GMT\r\n"
+                 "Server: forkbox\r\n"
+                 "Upgrade: websocket\r\n"
+                 "Sec-WebSocket-Version: 13\r\n"
+                 "Connection: close\r\n"
+                 "\r\n"
+                 "Upgrade Required\n",
+                 "426");
+
     /* The wall-clock variant: same shape, a 29-character date, body last. */
     buf_reset(&b);
     is_int(http_write_response(&b, 200, "OK", "OK\n"), 0, "200 with the current date");
@@ -467,6 +561,7 @@ int main(void)
     test_malformed();
     test_bodies();
     test_upgrade_detection();
+    test_repeated_headers();
     test_auth();
     test_accept();
     test_responses();
