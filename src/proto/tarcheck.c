@@ -602,9 +602,6 @@ static int gz_member_start(struct tarcheck *tc)
 {
     const uint8_t *g = tc->gzbuf;
 
-    if (g[0] != 0x1f || g[1] != 0x8b)
-        return fail(tc, -EBADMSG, tc->st.gz_members ? "gzip: bytes after the last member"
-                                                    : "gzip: not gzip");
     if (g[2] != 8)
         return fail(tc, -EBADMSG, "gzip: compression method not deflate");
     if (g[3] != 0)
@@ -663,14 +660,18 @@ static int gz_inflate(struct tarcheck *tc, const uint8_t *msg, struct work *w)
     w->out += made;
     tc->z_pending = tc->z.avail_out == 0;
     if (made) {
+        /* The tar layer sees exactly the first max_inflated bytes, however
+         * the input was chunked: the verdict does not depend on it. */
+        bool over = made > room;
+
         tc->st.inflated += made;
-        if (tc->st.inflated > tc->lim.max_inflated)
-            return fail(tc, -EFBIG, "gzip: inflates past the limit");
         tc->crc = (uint32_t)crc32(tc->crc, tc->out, (uInt)made);
         tc->isize += (uint32_t)made;
-        r = tar_consume(tc, tc->out, made);
+        r = tar_consume(tc, tc->out, over ? (size_t)room : made);
         if (r < 0)
             return r;
+        if (over)
+            return fail(tc, -EFBIG, "gzip: inflates past the limit");
     }
     switch (zr) {
     case Z_STREAM_END:
@@ -727,10 +728,14 @@ static int step(struct tarcheck *tc, const uint8_t *msg)
                 r = tar_finish(tc);
                 break;
             }
-            r = gz_collect(tc, msg, GZ_HDR_LEN, &w,
-                           tc->st.gz_members || tc->gz_got ? "gzip: member header truncated"
-                                                           : "gzip: empty message body");
-            if (r == RUNNING && tc->gz_got == GZ_HDR_LEN)
+            r = gz_collect(tc, msg, GZ_HDR_LEN, &w, "gzip: member header truncated");
+            /* The magic is checked as soon as it is there: after the last
+             * member, the first stray byte is the error. */
+            if (r == RUNNING && ((tc->gz_got >= 1 && tc->gzbuf[0] != 0x1f) ||
+                                 (tc->gz_got >= 2 && tc->gzbuf[1] != 0x8b)))
+                r = fail(tc, -EBADMSG, tc->st.gz_members ? "gzip: bytes after the last member"
+                                                         : "gzip: not gzip");
+            else if (r == RUNNING && tc->gz_got == GZ_HDR_LEN)
                 r = gz_member_start(tc) < 0 ? tc->result : RUNNING;
             break;
         case GZ_BODY:
