@@ -45,6 +45,7 @@
 #include "proto/tarcheck.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <zlib.h>
@@ -198,6 +199,8 @@ bool tarcheck_path_ok(const char *p, size_t n, size_t max_path)
         if (clen == 0 || (clen == 1 && p[start] == '.') ||
             (clen == 2 && p[start] == '.' && p[start + 1] == '.'))
             return false; /* leading, trailing or double '/', ".", ".." */
+        if (clen > NAME_MAX)
+            return false; /* no file system holds it: the host's extraction fails */
         start = i + 1;
     }
     return memmem(p, n, "hdrcharset=", 11) == NULL;
@@ -241,6 +244,15 @@ static bool octal_field(const uint8_t *h, size_t off, size_t w, uint64_t *v)
             return false;
     *v = x;
     return true;
+}
+
+/* Device numbers: 0 in canonical octal (libarchive), or all NUL (CPython
+ * writes them empty for anything but a device; both readers take 0). */
+static bool zero_or_empty(const uint8_t *h, size_t off, size_t w)
+{
+    uint64_t v;
+
+    return all_zero(h + off, w) || (octal_field(h, off, w, &v) && v == 0);
 }
 
 /* A string field: anything up to the first NUL, only NULs after it. */
@@ -289,7 +301,7 @@ static int check_fields(struct tarcheck *tc, const uint8_t *h, uint64_t *mode, u
         return fail(tc, -EBADMSG, "tar: numeric field not canonical octal");
     if (!octal_field(h, F_UID, &v) || v != 0 || !octal_field(h, F_GID, &v) || v != 0)
         return fail(tc, -EBADMSG, "tar: owner not uid/gid 0");
-    if (!octal_field(h, F_DEVMAJOR, &v) || v != 0 || !octal_field(h, F_DEVMINOR, &v) || v != 0)
+    if (!zero_or_empty(h, F_DEVMAJOR) || !zero_or_empty(h, F_DEVMINOR))
         return fail(tc, -EBADMSG, "tar: device numbers not 0");
     if (!empty_field(h, F_LINKNAME))
         return fail(tc, -EBADMSG, "tar: link name not empty");

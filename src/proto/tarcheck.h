@@ -18,8 +18,9 @@
  *   tar     512-byte POSIX ustar headers (magic "ustar\0", version "00"),
  *           unsigned checksum; every numeric field 1 to width-1 octal
  *           digits from its first byte, then only NUL or space (no
- *           base-256, no signs, no leading blanks); uid, gid, devmajor,
- *           devminor 0; uname, gname, linkname empty; every string field
+ *           base-256, no signs, no leading blanks); uid, gid 0; devmajor,
+ *           devminor 0 or all NUL (as CPython writes them for files);
+ *           uname, gname, linkname empty; every string field
  *           NUL-padded after its first NUL; bytes 500-511 zero.
  *   types   '0' regular file (mode 0644 to 0755: the bits 0644 set, none
  *           outside 0755), '5' directory (mode 0755, size 0, name with
@@ -146,7 +147,8 @@ uint64_t tarcheck_inflated_bound(uint64_t max_data, uint64_t max_members, size_t
 
 /* The name rule, shared with the writer (which skips files it would fail):
  * p[0, n) is 1..max_path bytes of valid UTF-8 with no NUL, relative ('/'
- * separated, no leading or trailing '/', no empty, "." or ".." component),
- * and without the text "hdrcharset=" (an old CPython 3.11 tarfile searched
- * the raw pax block for that record, values included). */
+ * separated, no leading or trailing '/', no empty, "." or ".." component,
+ * none longer than NAME_MAX), and without the text "hdrcharset=" (an old
+ * CPython 3.11 tarfile searched the raw pax block for that record, values
+ * included). */
 bool tarcheck_path_ok(const char *p, size_t n, size_t max_path);

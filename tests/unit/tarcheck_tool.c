@@ -1,20 +1,60 @@
-/* tarcheck_tool: run the supervisor's snapshot check (proto/tarcheck.h) on
+/* tarcheck_tool: the supervisor's snapshot check (proto/tarcheck.h) on
  * files, for the Python differential test (test_tarcheck_diff.py) and by
- * hand. For each FILE, prints
+ * hand.
+ *
+ *   tarcheck_tool [-c SEED] [-d MAXDATA] [-m MAXMEMBERS] [-p MAXPATH]
+ *                 [-b BUDGET] FILE...
+ * prints for each FILE
  *   M <type> <mode, octal> <size> <path, hex>     one line per member
  *   R <result> <reason>                           0 valid, or -errno
  *   S <calls> <most consumed, most inflated in one call> <inflated> <members>
- * Each file is fed in pseudo-random chunks (--chunk SEED, 0 = whole; the
- * verdict must not depend on it) and checked with --max-data, --max-members,
- * --max-path (defaults: 100 MiB, 100000, 4095) and --budget. */
+ * Each file is fed in pseudo-random chunks (-c SEED, 0 = whole; the verdict
+ * must not depend on it) and checked with -d, -m, -p (defaults: 100 MiB,
+ * 100000, 4095) and -b (step budget).
+ *
+ *   tarcheck_tool -S DIR OUT
+ * writes archive_snapshot() of DIR (the sandbox's writer) to OUT. */
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "proto/tarcheck.h"
+#include "stage/archive.h"
+
+static int snapshot(const char *dir, const char *out_path)
+{
+    struct snapshot_stats st;
+    struct buf out;
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC), rc;
+    FILE *f;
+
+    if (fd < 0) {
+        perror(dir);
+        return 2;
+    }
+    buf_init(&out, 1ULL << 30);
+    archive_snapshot_prepare();
+    rc = archive_snapshot(fd, 100ULL << 20, &out, &st);
+    close(fd);
+    if (rc < 0) {
+        fprintf(stderr, "archive_snapshot: %s\n", strerror(-rc));
+        return 1;
+    }
+    f = fopen(out_path, "wb");
+    if (!f || fwrite(out.data, 1, out.len, f) != out.len || fclose(f) != 0) {
+        perror(out_path);
+        return 2;
+    }
+    printf("files %llu skipped %llu\n", (unsigned long long)st.files,
+           (unsigned long long)st.skipped);
+    buf_free(&out);
+    return 0;
+}
 
 static void on_member(void *ud, const struct tarcheck_member *m)
 {
@@ -57,6 +97,8 @@ int main(int argc, char **argv)
     unsigned seed = 0;
     int c;
 
+    if (argc == 4 && !strcmp(argv[1], "-S"))
+        return snapshot(argv[2], argv[3]);
     while ((c = getopt(argc, argv, "c:d:m:p:b:")) != -1) {
         switch (c) {
         case 'c': seed = (unsigned)strtoul(optarg, NULL, 0); break;
