@@ -413,8 +413,8 @@ static void test_accept(void)
 
     /* pax paths: long, non-ASCII, with a newline, a prefix/name split. */
     char longname[300], deep[4096];
-    memset(longname, 'L', 299);
-    longname[299] = '\0';
+    memset(longname, 'L', 255); /* NAME_MAX */
+    longname[255] = '\0';
     uint8_t h[512];
     memset(deep, 0, sizeof deep);
     for (int i = 0; i < 40; i++)
@@ -440,6 +440,12 @@ static void test_accept(void)
         is_int(r.seen.size[1], 4, "... its size");
     }
     mem_free(&g);
+    mem_free(&t);
+    memset(longname, 'L', 256);
+    longname[256] = '\0';
+    tar_pax_file(&t, longname, "long");
+    tar_end(&t);
+    expect_bad(&t, -EBADMSG, "tar: path not relative", "a component over NAME_MAX");
     mem_free(&t);
 
     /* Trailing zeros: CPython pads to a 10240-byte record. */
