@@ -47,7 +47,7 @@
  * pointers into it, and needs only that msg[0, len) holds the same bytes at
  * every call (len never shrinks). Each call does a bounded amount of work:
  * it consumes at most step_budget compressed bytes and inflates at most
- * step_budget bytes (about 1 ms at the default), so a gzip bomb cannot
+ * step_budget bytes (under 1 ms at the default), so a gzip bomb cannot
  * hold the event loop; the rest is done by further calls.
  *
  *   tc = tarcheck_new(&limits);               // NULL: out of memory
