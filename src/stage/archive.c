@@ -869,6 +869,7 @@ static int snap_dir(struct snap *s, int fd, const char *prefix, unsigned depth)
             s->st->skipped++; /* vanished */
         } else if ((S_ISREG(sb.st_mode) || S_ISDIR(sb.st_mode)) && !snap_name_ok(s, path)) {
             s->st->skipped++; /* a name the supervisor would refuse */
+            s->st->bad_names++;
         } else if (S_ISREG(sb.st_mode)) {
             rc = snap_file(s, dirfd(d), names[i], path);
         } else if (S_ISDIR(sb.st_mode)) {

@@ -46,8 +46,9 @@ int archive_extract(const uint8_t *data, size_t len, int dest_fd,
 struct snapshot_stats {
     uint64_t files;       /* members written */
     uint64_t bytes;       /* file data written */
-    uint64_t skipped;     /* vanished, unreadable, non-regular, or a name
-                             the supervisor's check refuses */
+    uint64_t skipped;     /* vanished, unreadable, non-regular, or bad_names */
+    uint64_t bad_names;   /* files and directories left out for their names
+                             (the supervisor's check would refuse them) */
     uint64_t over_cap;    /* regular files left out because of max_bytes */
 };
 

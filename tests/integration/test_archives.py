@@ -354,7 +354,8 @@ def test_snapshot_passes_the_supervisor_check(daemon):
                              check=True).stdout
     assert "R 0 ok" in out, out
     members = {m.name: m for m, _ in fc.read_tar(r.archive)}
-    assert "bad\udcff" not in members  # not UTF-8: skipped
+    assert "bad\udcff" not in members  # not UTF-8: skipped, and said so
+    assert "[forkbox: 1 file(s) or directories left out of the workspace snapshot: names" in r.stderr
     assert {"h\u00e9llo \u20ac.txt", "l" * 200, "/".join(["d" * 100] * 5) + "/f",
             "nl\nname"} <= set(members)
     assert members["world-writable"].mode == 0o644
