@@ -1253,6 +1253,7 @@ static void test_snapshot_odd(void)
                (unsigned long long)st.files);
         is_int(st.skipped, 5, "... skipping the non-UTF-8 name, the hdrcharset one, the "
                               "non-UTF-8 directory, the path over 4095 bytes and the symlink");
+        is_int(st.bad_names, 4, "... four of them for their names");
         bool modes = true, found_utf8 = false, found_ww = false;
         for (int i = 0; i < r.seen.n && i < 64; i++) {
             if ((r.seen.mode[i] & 0644) != 0644 || (r.seen.mode[i] & ~0755u))
