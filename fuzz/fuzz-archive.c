@@ -36,7 +36,10 @@
  *     max_unpacked, members counted within max_members;
  *   - (0x02) the snapshot of whatever was extracted is a valid archive that
  *     extracts again with no error and as many files as it holds; the
- *     snapshot of an empty directory extracts as a no-op.
+ *     snapshot of an empty directory extracts as a no-op;
+ *   - (0x02) both pass the supervisor's check (proto/tarcheck.h) with the
+ *     members and bytes the writer counted: whatever names and modes a
+ *     workspace holds, an honest snapshot is never refused.
  *
  * The empty tree's archive is prepared once, as in the fork server, so
  * every input also goes through archive_extract()'s check for it. */
@@ -51,6 +54,7 @@
 
 #include "core/buf.h"
 #include "fuzz.h"
+#include "proto/tarcheck.h"
 #include "stage/archive.h"
 
 enum {
@@ -227,6 +231,28 @@ static void check_rc(int rc, const char *msg)
     FUZZ_ASSERT(memchr(msg, '\0', 256) != NULL, "message not terminated");
 }
 
+/* The supervisor's check accepts a snapshot with what the writer counted. */
+static void check_tarcheck(const struct buf *out, const struct snapshot_stats *sst,
+                           uint64_t max_bytes)
+{
+    struct tarcheck_limits tl = {.max_data = max_bytes, .max_members = sst->files};
+    struct tarcheck *tc = tarcheck_new(&tl);
+    struct tarcheck_stats ts;
+    int rc;
+
+    FUZZ_ASSERT(tc, "tarcheck_new");
+    while ((rc = tarcheck_finish(tc, out->data, out->len)) == TARCHECK_AGAIN)
+        ;
+    tarcheck_get_stats(tc, &ts);
+    FUZZ_ASSERT(rc == TARCHECK_VALID, "the supervisor refuses our own snapshot: %d %s", rc,
+                tarcheck_reason(tc));
+    FUZZ_ASSERT(ts.members == sst->files && ts.data == sst->bytes,
+                "tarcheck saw %llu members/%llu bytes, the writer %llu/%llu",
+                (unsigned long long)ts.members, (unsigned long long)ts.data,
+                (unsigned long long)sst->files, (unsigned long long)sst->bytes);
+    tarcheck_free(tc);
+}
+
 /* The empty directory fd: its snapshot is the prepared empty tree
  * (archive_snapshot_prepare), which extracts as a no-op and leaves fd empty. */
 static void check_empty_snapshot(int fd, const struct archive_limits *lim)
@@ -242,6 +268,7 @@ static void check_empty_snapshot(int fd, const struct archive_limits *lim)
     FUZZ_ASSERT(rc == 0 && sst.files == 0 && sst.bytes == 0 && out.len > 0,
                 "snapshot of an empty directory: %d, %llu files", rc,
                 (unsigned long long)sst.files);
+    check_tarcheck(&out, &sst, MAX_UNPACKED);
     rc = archive_extract(out.data, out.len, fd, lim, &est, msg, sizeof msg);
     FUZZ_ASSERT(rc == 0 && est.files == 0 && est.dirs == 0, "empty tree extracts as %d: %s",
                 rc, msg);
@@ -265,6 +292,7 @@ static void check_snapshot(const char *base, int dest_fd, uint64_t max_bytes)
     FUZZ_ASSERT(rc == 0, "archive_snapshot: %d", rc);
     FUZZ_ASSERT(sst.bytes <= max_bytes, "snapshot holds %llu bytes over its cap %llu",
                 (unsigned long long)sst.bytes, (unsigned long long)max_bytes);
+    check_tarcheck(&out, &sst, max_bytes);
 
     snprintf(path, sizeof path, "%s/snap", base);
     FUZZ_ASSERT(mkdir(path, 0700) == 0, "mkdir %s", path);

@@ -282,6 +282,113 @@ INBOX = {
 }
 
 
+# ------------------------------------------------------------------ tarcheck
+# Tar streams in the form libarchive's restricted pax writer makes them (the
+# subset proto/tarcheck.h accepts), and near misses.
+
+
+def lax_num(v, width):
+    """libarchive's octal fields: 6 digits, ' ', NUL (11 digits, ' ' for 12)."""
+    digits = 11 if width == 12 else 6
+    s = b"%0*o " % (digits, v)
+    return s + b"\0" * (width - len(s))
+
+
+def ustar(name, typ=b"0", mode=0o644, size=0, prefix=b"", mtime=1700000000, link=b"",
+          uid=0, magic=b"ustar\x0000", fields=None):
+    h = bytearray(512)
+    h[0:len(name)] = name
+    h[100:108] = lax_num(mode, 8)
+    h[108:116] = lax_num(uid, 8)
+    h[116:124] = lax_num(0, 8)
+    h[124:136] = lax_num(size, 12)
+    h[136:148] = lax_num(mtime, 12)
+    h[156:157] = typ
+    h[157:157 + len(link)] = link
+    h[257:265] = magic
+    h[329:337] = lax_num(0, 8)
+    h[337:345] = lax_num(0, 8)
+    h[345:345 + len(prefix)] = prefix
+    for off, val in (fields or {}).items():
+        h[off:off + len(val)] = val
+    h[148:156] = b" " * 8
+    h[148:156] = b"%06o\0 " % sum(h)
+    return bytes(h)
+
+
+def pad(data):
+    return data + b"\0" * (-len(data) % 512)
+
+
+def pax_rec(key, val):
+    body = b" " + key + b"=" + val + b"\n"
+    n = len(body) + 1
+    while len(b"%d" % n) + len(body) != n:
+        n += 1
+    return b"%d" % n + body
+
+
+def member(name, data=b"", mode=0o644, pax=None, **kw):
+    out = b""
+    if pax is not None:
+        out += ustar(b"PaxHeader/x", b"x", 0o644, len(pax)) + pad(pax)
+    return out + ustar(name, b"0", mode, len(data), **kw) + pad(data)
+
+
+END = b"\0" * 1024
+
+
+def tarcheck_inputs():
+    RAW, GZ, GZ2, STORED, SMALL, BUDGET = 0, 1, 2, 3, 4, 8
+    files = (member(b"a.txt", b"hello\n") + member(b"b/c", b"") +
+             member(b"exec.sh", b"#!/bin/sh\n", 0o755) + END)
+    longp = b"d" * 120 + b"/" + b"f" * 110
+    pax_long = member(b"f" * 99, b"long", pax=pax_rec(b"path", longp) +
+                      pax_rec(b"mtime", b"1700000000.123456789")) + END
+    pax_utf8 = member(b"h?llo", b"utf8", pax=pax_rec(b"path", "h\u00e9llo/\u20ac".encode())) + END
+    dirs = (ustar(b"d/", b"5", 0o755) + ustar(b"d/e/", b"5", 0o755) +
+            member(b"d/x", b"in a dir") + END)
+    prefixed = member(b"n" * 80, b"p", prefix=b"p" * 100) + END
+    out = {
+        "files": (0, GZ, files),
+        "files-bytewise": (1, GZ | BUDGET, files),
+        "files-raw": (7, RAW, gzip.compress(files, mtime=0)),
+        "two-members": (64, GZ2, files),
+        "stored": (7, STORED, files),
+        "pax-long": (0, GZ, pax_long),
+        "pax-utf8": (1, GZ, pax_utf8),
+        "dirs": (7, GZ, dirs),
+        "prefix": (0, GZ, prefixed),
+        "empty": (0, GZ, END),
+        "empty-message": (0, RAW, b""),
+        "small-limits": (3, GZ | SMALL, member(b"a", b"1" * 2000) + member(b"b", b"2" * 2000) + END),
+        "over-small-limits": (3, GZ | SMALL, member(b"a", b"1" * 3000) + member(b"b", b"2" * 3000) + END),
+        "trailer-10k": (0, GZ, files + b"\0" * (10240 - len(files) % 10240)),
+        # near misses
+        "setuid": (0, GZ, member(b"a", b"x", 0o4755) + END),
+        "world-writable": (0, GZ, member(b"a", b"x", 0o666) + END),
+        "symlink": (0, GZ, ustar(b"l", b"2", 0o777, link=b"/etc/passwd") + END),
+        "hardlink": (0, GZ, member(b"a") + ustar(b"h", b"1", link=b"a") + END),
+        "gnu-longname": (0, GZ, ustar(b"././@LongLink", b"L", size=4) + pad(b"abc\0") +
+                         member(b"abc") + END),
+        "global-pax": (0, GZ, ustar(b"g", b"g", size=11) + pad(b"11 a=bcde\n\0")[:512] +
+                       member(b"a") + END),
+        "pax-size": (0, GZ, member(b"a", b"x", pax=pax_rec(b"size", b"1000")) + END),
+        "pax-hdrcharset": (0, GZ, member(b"a", b"x", pax=pax_rec(b"hdrcharset", b"BINARY") +
+                                         pax_rec(b"path", b"\xff")) + END),
+        "base256-size": (0, GZ, member(b"a", b"x", fields={124: b"\x80" + b"\0" * 10 + b"\x01"}) + END),
+        "gnu-magic": (0, GZ, member(b"a", b"x", magic=b"ustar  \0") + END),
+        "out-of-order": (0, GZ, member(b"b") + member(b"a") + END),
+        "beneath-file": (0, GZ, member(b"a") + member(b"a/b") + END),
+        "dotdot": (0, GZ, member(b"../x") + END),
+        "trailing-garbage": (0, RAW, gzip.compress(files, mtime=0) + b"junk"),
+        "bad-crc": (0, RAW, gzip.compress(files, mtime=0)[:-8] + b"\0" * 8),
+        "fname-flag": (0, RAW, gzip.compress(files, mtime=0)[:3] + b"\x08" +
+                       gzip.compress(files, mtime=0)[4:]),
+    }
+    return {k: bytes([seed, flags]) + data for k, (seed, flags, data) in out.items()}
+
+
 def main():
     for name, data in FRAMES.items():
         write("frame", name, data)
@@ -296,6 +403,8 @@ def main():
         write("policy", name, data)
     for name, data in INBOX.items():
         write("inbox", name, data)
+    for name, data in tarcheck_inputs().items():
+        write("tarcheck", name, data)
     with open(os.path.join(ROOT, "..", "..", "policy", "default.policy"), "rb") as f:
         write("policy", "default.policy", f.read())
     return 0

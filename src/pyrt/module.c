@@ -404,8 +404,9 @@ static PyObject *fb_extract_workspace(PyObject *self, PyObject *args)
     return extract_into(args, g_pyrt.ws_fd, "|O:extract_workspace");
 }
 
-/* snapshot() -> (files left out over the cap, error text or None). The
- * archive stays in C until send_snapshot(): it can be 100 MiB. */
+/* snapshot() -> (files left out over the cap, files and directories left
+ * out for their names, error text or None). The archive stays in C until
+ * send_snapshot(): it can be 100 MiB. */
 static PyObject *fb_snapshot(PyObject *self, PyObject *unused)
 {
     struct snapshot_stats st = {0};
@@ -418,9 +419,11 @@ static PyObject *fb_snapshot(PyObject *self, PyObject *unused)
     if (r < 0) {
         /* A zero-length archive leaves the host's copy unchanged (spec 4.4). */
         buf_free(&g_pyrt.snap);
-        return Py_BuildValue("(Ks)", (unsigned long long)st.over_cap, strerror(-r));
+        return Py_BuildValue("(KKs)", (unsigned long long)st.over_cap,
+                             (unsigned long long)st.bad_names, strerror(-r));
     }
-    return Py_BuildValue("(KO)", (unsigned long long)st.over_cap, Py_None);
+    return Py_BuildValue("(KKO)", (unsigned long long)st.over_cap,
+                         (unsigned long long)st.bad_names, Py_None);
 }
 
 static PyObject *fb_send_snapshot(PyObject *self, PyObject *unused)
@@ -566,7 +569,8 @@ static PyMethodDef fb_methods[] = {
     {"capture_end", fb_capture_end, METH_NOARGS, "Stop capturing: ((head, tail, dropped), (...))."},
     {"extract_tools", fb_extract_tools, METH_VARARGS, "Extract the tools archive (default: the one held)."},
     {"extract_workspace", fb_extract_workspace, METH_VARARGS, "Extract a workspace archive (default: the one held)."},
-    {"snapshot", fb_snapshot, METH_NOARGS, "Build the workspace snapshot: (over_cap, error)."},
+    {"snapshot", fb_snapshot, METH_NOARGS,
+     "Build the workspace snapshot: (over_cap, bad_names, error)."},
     {"send_snapshot", fb_send_snapshot, METH_NOARGS, "Send the snapshot built last."},
     {"snapshot_max", fb_snapshot_max, METH_NOARGS, "The snapshot data cap in bytes."},
     {"snapshot_discard", fb_snapshot_discard, METH_NOARGS, "Drop the snapshot built last."},

@@ -32,6 +32,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/openat2.h>
+#include <locale.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -43,6 +44,7 @@
 
 #include "core/cleanup.h"
 #include "core/limits.h"
+#include "proto/tarcheck.h"
 
 /* Compressed bytes handed to libarchive per read callback. The callback is
  * where the decompressed-stream budget is enforced (see struct src), so this
@@ -56,6 +58,13 @@
 
 #define SNAPSHOT_MAX_DEPTH 256
 #define SNAPSHOT_IO_CHUNK (64 * KiB)
+/* The largest mtime the ustar field holds in octal with its terminator
+ * (11 digits). Past it, or below 0, libarchive writes base-256, which the
+ * supervisor's check refuses: the writer clamps instead. */
+#define SNAPSHOT_MAX_MTIME 077777777777LL
+/* The largest size the ustar field holds the same way (8 GiB - 1): beyond
+ * it libarchive adds a pax "size" record. --snapshot-max is far below. */
+#define SNAPSHOT_MAX_FILE 077777777777ULL
 
 static void set_msg(char *msg, size_t msg_len, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -596,7 +605,38 @@ struct snap {
     uint64_t max_bytes;
     struct snapshot_stats *st;
     uint8_t *io;         /* SNAPSHOT_IO_CHUNK bytes, owned */
+    bool ascii_only;     /* no UTF-8 locale: non-ASCII names are skipped */
 };
+
+/* libarchive's pax writer converts names from the thread's locale to UTF-8;
+ * in the C locale a non-ASCII name fails and it writes hdrcharset=BINARY,
+ * which the supervisor refuses. The writer runs under this locale instead
+ * (uselocale: per thread, so user code calling setlocale() changes nothing),
+ * made in the fork server by archive_snapshot_prepare() or on first use. */
+static locale_t utf8_locale = (locale_t)0;
+
+static locale_t snapshot_locale(void)
+{
+    if (utf8_locale == (locale_t)0)
+        utf8_locale = newlocale(LC_CTYPE_MASK, "C.UTF-8", (locale_t)0);
+    return utf8_locale;
+}
+
+/* Names the supervisor's check accepts (tarcheck_path_ok: valid UTF-8,
+ * clean, at most SNAPSHOT_MAX_PATH bytes); without a UTF-8 locale, ASCII
+ * only. A file whose name fails is skipped, a directory with its tree. */
+static bool snap_name_ok(const struct snap *s, const char *path)
+{
+    size_t n = strlen(path);
+
+    if (!tarcheck_path_ok(path, n, SNAPSHOT_MAX_PATH))
+        return false;
+    if (s->ascii_only)
+        for (size_t i = 0; i < n; i++)
+            if ((unsigned char)path[i] >= 0x80)
+                return false;
+    return true;
+}
 
 static la_ssize_t snap_write(struct archive *a, void *client, const void *buff, size_t n)
 {
@@ -645,7 +685,7 @@ static int snap_file(struct snap *s, int dirfd, const char *name, const char *pa
         return 0;
     }
     size = sb.st_size > 0 ? (uint64_t)sb.st_size : 0;
-    if (size > s->max_bytes - s->st->bytes) {
+    if (size > s->max_bytes - s->st->bytes || size > SNAPSHOT_MAX_FILE) {
         s->st->over_cap++;
         return 0;
     }
@@ -659,12 +699,23 @@ static int snap_file(struct snap *s, int dirfd, const char *name, const char *pa
         }
     }
 
+    /* Exactly what the supervisor's check accepts (proto/tarcheck.h): mode
+     * rw-r--r-- plus the file's execute bits, never setuid/setgid/sticky or
+     * group/other write (the host applies the mode bits); owner 0 with no
+     * names; an mtime the ustar field holds in octal. */
+    time_t mtime = sb.st_mtim.tv_sec;
+    long nsec = sb.st_mtim.tv_nsec;
+
+    if (mtime < 0 || mtime > SNAPSHOT_MAX_MTIME) {
+        mtime = mtime < 0 ? 0 : SNAPSHOT_MAX_MTIME;
+        nsec = 0;
+    }
     archive_entry_clear(s->e);
     archive_entry_copy_pathname(s->e, path);
     archive_entry_set_filetype(s->e, AE_IFREG);
-    archive_entry_set_perm(s->e, (0644 | sb.st_mode) & 0777);
+    archive_entry_set_perm(s->e, (0644 | sb.st_mode) & 0755);
     archive_entry_set_size(s->e, (la_int64_t)size);
-    archive_entry_set_mtime(s->e, sb.st_mtim.tv_sec, sb.st_mtim.tv_nsec);
+    archive_entry_set_mtime(s->e, mtime, nsec);
     archive_entry_set_uid(s->e, 0);
     archive_entry_set_gid(s->e, 0);
     int r = archive_write_header(s->a, s->e);
@@ -675,6 +726,13 @@ static int snap_file(struct snap *s, int dirfd, const char *name, const char *pa
     }
     if (r < ARCHIVE_WARN)
         return snap_error(s);
+    if (r == ARCHIVE_WARN) {
+        /* A name libarchive could not convert to UTF-8 despite the checks
+         * above: the header it wrote says hdrcharset=BINARY and the whole
+         * snapshot would be refused. Fail it here instead (the host then
+         * keeps its files, and the block's stderr says why). */
+        return -EILSEQ;
+    }
 
     /* Exactly `size` bytes: a file that grew is cut, one that shrank (or
      * stopped being readable) is padded with zeros. */
@@ -809,6 +867,9 @@ static int snap_dir(struct snap *s, int fd, const char *prefix, unsigned depth)
         }
         if (fstatat(dirfd(d), names[i], &sb, AT_SYMLINK_NOFOLLOW) < 0) {
             s->st->skipped++; /* vanished */
+        } else if ((S_ISREG(sb.st_mode) || S_ISDIR(sb.st_mode)) && !snap_name_ok(s, path)) {
+            s->st->skipped++; /* a name the supervisor would refuse */
+            s->st->bad_names++;
         } else if (S_ISREG(sb.st_mode)) {
             rc = snap_file(s, dirfd(d), names[i], path);
         } else if (S_ISDIR(sb.st_mode)) {
@@ -835,8 +896,13 @@ static int snap_dir(struct snap *s, int fd, const char *prefix, unsigned depth)
 /* The archive of the directory fd (owned), or of an empty tree (fd -1). */
 static int snapshot_write(struct snap *s, int fd)
 {
+    locale_t loc = snapshot_locale(), saved = (locale_t)0;
     int rc;
 
+    if (loc != (locale_t)0)
+        saved = uselocale(loc);
+    else
+        s->ascii_only = true;
     s->io = malloc(SNAPSHOT_IO_CHUNK);
     s->a = archive_write_new();
     s->e = archive_entry_new();
@@ -867,6 +933,8 @@ out:
     if (s->a)
         archive_write_free(s->a);
     free(s->io);
+    if (saved != (locale_t)0)
+        uselocale(saved);
     return rc;
 }
 
@@ -899,6 +967,7 @@ int archive_snapshot_prepare(void)
     struct snapshot_stats st = {0};
     struct snap s = { .out = &empty_tree, .max_bytes = 0, .st = &st };
 
+    (void)snapshot_locale(); /* here, while the fork server can read locales */
     if (empty_tree.len)
         return 0;
     buf_init(&empty_tree, 4096);

@@ -46,7 +46,9 @@ int archive_extract(const uint8_t *data, size_t len, int dest_fd,
 struct snapshot_stats {
     uint64_t files;       /* members written */
     uint64_t bytes;       /* file data written */
-    uint64_t skipped;     /* vanished, unreadable, or non-regular */
+    uint64_t skipped;     /* vanished, unreadable, non-regular, or bad_names */
+    uint64_t bad_names;   /* files and directories left out for their names
+                             (the supervisor's check would refuse them) */
     uint64_t over_cap;    /* regular files left out because of max_bytes */
 };
 
@@ -57,10 +59,21 @@ struct snapshot_stats {
  * regular file; a file that vanishes or cannot be read is skipped. Files that
  * would take the data total past max_bytes are left out (counted in
  * over_cap). Always produces a valid archive, possibly with zero members.
- * 0, or -ENOMEM / -errno if root itself cannot be read. */
+ *
+ * The archive is in the canonical subset the supervisor checks before it
+ * relays it (proto/tarcheck.h), for every tree: members in walk order
+ * (sorted by name in each directory, depth first); mode 0644 plus the
+ * file's execute bits (never more than 0755); uid/gid 0 without names;
+ * mtimes clamped to 0..8^11-1 s; names written as UTF-8 whatever the
+ * process locale. A file or directory whose path tarcheck_path_ok()
+ * refuses (not UTF-8, over SNAPSHOT_MAX_PATH bytes, containing
+ * "hdrcharset=") is skipped with everything below it.
+ * 0, or -ENOMEM / -errno if root itself cannot be read, -EILSEQ if
+ * libarchive still could not write a name as UTF-8. */
 int archive_snapshot(int root_fd, uint64_t max_bytes, struct buf *out,
                      struct snapshot_stats *st);
 /* Make (once) the archive of an empty tree: archive_snapshot() then copies
  * it instead of running libarchive for an empty root, and archive_extract()
- * given exactly these bytes has nothing to do. Optional; 0 or -ENOMEM. */
+ * given exactly these bytes has nothing to do. Also loads the C.UTF-8
+ * locale the writer runs under. Optional; 0 or -ENOMEM. */
 int archive_snapshot_prepare(void);

@@ -546,10 +546,14 @@ class _Turn:
         (oh, ot, od), (eh, et, ed) = _fb.capture_end()
         stdout = _join_stream(oh, ot, od, "stdout")
         stderr = _join_stream(eh, et, ed, "stderr")
-        over_cap, snap_err = _fb.snapshot()
+        over_cap, bad_names, snap_err = _fb.snapshot()
         if over_cap:
             stderr = _add_note(stderr, f"[forkbox: {over_cap} file(s) left out of the workspace "
                                        f"snapshot: over the {_fb.snapshot_max()}-byte limit]")
+        if bad_names:
+            stderr = _add_note(stderr, f"[forkbox: {bad_names} file(s) or directories left out of "
+                                       "the workspace snapshot: names that are not UTF-8, longer "
+                                       "than 4095 bytes, or contain 'hdrcharset=']")
         if snap_err:
             stderr = _add_note(stderr, f"[forkbox: workspace snapshot failed: {snap_err}]")
         _fb.send(_CHAN_FRAME, _output_frame(stdout, stderr, exit_code))

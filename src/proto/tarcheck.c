@@ -1,0 +1,876 @@
+/* The supervisor's incremental check of a workspace snapshot: gzip members
+ * inflated with zlib, the tar stream read block by block, everything outside
+ * the canonical subset refused. Runs in the supervisor, on sandbox bytes.
+ * The subset and the API contract are in tarcheck.h.
+ *
+ * Two layers, each a small state machine that resumes where the last call
+ * stopped:
+ *   gzip  the 10-byte member header and the 8-byte trailer are parsed here
+ *         (zlib's gzip mode would take FEXTRA/FNAME/FCOMMENT we refuse);
+ *         the deflate data goes through zlib's raw inflate, in calls of at
+ *         most IN_CHUNK bytes in and OUT_CHUNK out, so the step budget holds
+ *         even for input that inflates to nothing (empty stored blocks);
+ *   tar   every inflated byte is header, pax records, file data, padding or
+ *         end zeros; headers and pax blocks are copied out whole (they may
+ *         straddle inflate calls), file data is skipped without a copy.
+ *
+ * Where the subset draws its lines (each a place where libarchive 3.6 and
+ * CPython's tarfile could read the same bytes differently, or where the
+ * host would apply something we do not want):
+ *   - numbers: tarfile's nti() takes int(text.strip(), 8), so " +7", "0_7"
+ *     or "0o7" parse; libarchive's tar_atol stops at the first non-digit,
+ *     and both take base-256. Only digits from the first byte, then
+ *     NUL/space, are read the same by both.
+ *   - checksums: both accept the signed sum too; we want the one the
+ *     writer writes.
+ *   - magic: tarfile never looks at it and joins prefix + "/" + name for
+ *     any type but GNU's; libarchive ignores the prefix unless the magic
+ *     says ustar, and does not add the '/' when the prefix ends in one.
+ *     Exact "ustar\0" "00", and no empty components after the join.
+ *   - pax: libarchive parses the block as a C string (a NUL ends it) and
+ *     warns but keeps the entry on a malformed record; tarfile stops at a
+ *     NUL and applies "size", "uid", ..., GNU sparse maps, and
+ *     hdrcharset=BINARY switches its decoding. Only "path" and "mtime",
+ *     exact syntax, no NUL, filling the block.
+ *   - the end: tarfile stops at the first zero block and, at an offset
+ *     other than 0, at the first *invalid* header too, silently; both stop
+ *     reading there, so whatever follows would be unchecked by them. We
+ *     require two zero blocks and only zeros after.
+ *   - gzip: tarfile's gzip skips zero bytes between members, libarchive
+ *     stops at anything that is not a member header; libarchive does not
+ *     check the CRC. Members back to back only, CRC and ISIZE checked.
+ *   - directories: tarfile does not skip a directory's data, libarchive
+ *     does. Size 0.
+ */
+#include "proto/tarcheck.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zlib.h>
+
+#include "core/utf8.h"
+
+#define BLOCK 512
+/* Inflated bytes per inflate() call (and the output buffer). */
+#define OUT_CHUNK (64 * 1024)
+/* Compressed bytes offered per inflate() call. */
+#define IN_CHUNK (64 * 1024)
+#define GZ_HDR_LEN 10
+#define GZ_TRL_LEN 8
+/* pax block bytes beyond the path: both records' length fields and keys,
+ * the '\n's, and an mtime of up to 11 + 1 + 9 characters. */
+#define PAX_OVERHEAD 64
+
+/* Offsets and widths of the ustar header fields (POSIX.1-1988). */
+#define F_NAME 0, 100
+#define F_MODE 100, 8
+#define F_UID 108, 8
+#define F_GID 116, 8
+#define F_SIZE 124, 12
+#define F_MTIME 136, 12
+#define F_CHKSUM 148, 8
+#define F_TYPE 156
+#define F_LINKNAME 157, 100
+#define F_MAGIC 257 /* "ustar\0" then version "00" */
+#define F_UNAME 265, 32
+#define F_GNAME 297, 32
+#define F_DEVMAJOR 329, 8
+#define F_DEVMINOR 337, 8
+#define F_PREFIX_OFF 345
+#define F_PREFIX F_PREFIX_OFF, 155
+#define F_PAD 500, 12
+
+enum gz_state { GZ_HEADER, GZ_BODY, GZ_TRAILER };
+enum tar_state { TAR_HEADER, TAR_PAX, TAR_DATA, TAR_PAD, TAR_END };
+
+/* result while the check runs; VALID (0) and errors (< 0) end it. */
+#define RUNNING 3 /* distinct from every enum tarcheck_result */
+
+struct tarcheck {
+    struct tarcheck_limits lim; /* copied, defaults filled in */
+    size_t pax_max;             /* largest pax block accepted */
+    tarcheck_member_fn fn;      /* borrowed, may be NULL */
+    void *ud;                   /* borrowed */
+
+    int result;      /* RUNNING, TARCHECK_VALID or -errno (sticky) */
+    const char *why; /* static reason */
+    size_t len;      /* message bytes the caller has said are there */
+    bool finished;   /* len is the whole message */
+    size_t pos;      /* message bytes consumed */
+
+    /* gzip layer */
+    enum gz_state gz;
+    uint8_t gzbuf[GZ_HDR_LEN]; /* member header or trailer being collected */
+    size_t gz_got;
+    z_stream z;
+    bool z_init;
+    bool z_pending; /* the last inflate() filled its output: it may hold more */
+    uint32_t crc;   /* of this member's inflated bytes */
+    uint32_t isize; /* this member's inflated bytes mod 2^32 */
+
+    /* tar layer */
+    enum tar_state tar;
+    uint8_t hdr[BLOCK]; /* header being collected */
+    size_t hdr_got;
+    uint8_t *pax;       /* owned, pax_max bytes: the pax block being collected */
+    size_t pax_size, pax_got;
+    uint64_t data_left; /* file data still to skip */
+    size_t pad_left;    /* zero padding still to check */
+    bool pax_pending;   /* a pax block was read; the next header is its member */
+    char *pax_path;     /* owned, max_path + 2: the pending pax path */
+    size_t pax_path_len;
+    bool have_pax_path;
+    char *prev; /* owned, max_path + 2: the last member's path */
+    size_t prev_len;
+    bool prev_dir;
+    bool have_prev;
+    char *cur;          /* owned, max(max_path, 256) + 2: path being built */
+    uint64_t end_zeros; /* zero bytes after the first end block */
+
+    uint8_t *out; /* owned, OUT_CHUNK: inflated bytes */
+    struct tarcheck_stats st;
+};
+
+static int fail(struct tarcheck *tc, int err, const char *why)
+{
+    tc->result = err;
+    tc->why = why;
+    return err;
+}
+
+static uint64_t sat_add(uint64_t a, uint64_t b)
+{
+    return a > UINT64_MAX - b ? UINT64_MAX : a + b;
+}
+
+static uint64_t sat_mul(uint64_t a, uint64_t b)
+{
+    return b && a > UINT64_MAX / b ? UINT64_MAX : a * b;
+}
+
+static uint64_t round_block(uint64_t n)
+{
+    return (n + BLOCK - 1) / BLOCK * BLOCK;
+}
+
+static size_t pax_max_for(size_t max_path)
+{
+    return max_path + 1 + PAX_OVERHEAD; /* + 1: a directory's trailing '/' */
+}
+
+uint64_t tarcheck_inflated_bound(uint64_t max_data, uint64_t max_members, size_t max_path)
+{
+    /* pax header, pax block, member header, data padding */
+    uint64_t per_member = BLOCK + round_block(pax_max_for(max_path)) + BLOCK + (BLOCK - 1);
+
+    return sat_add(sat_add(max_data, sat_mul(max_members, per_member)),
+                   2 * BLOCK + TARCHECK_MAX_TRAILER);
+}
+
+static bool all_zero(const uint8_t *p, size_t n)
+{
+    uint8_t acc = 0;
+
+    for (size_t i = 0; i < n; i++)
+        acc |= p[i];
+    return acc == 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Names                                                                     */
+/* ------------------------------------------------------------------------ */
+
+bool tarcheck_path_ok(const char *p, size_t n, size_t max_path)
+{
+    size_t start = 0;
+
+    if (n == 0 || n > max_path || memchr(p, '\0', n))
+        return false;
+    if (!utf8_valid((const uint8_t *)p, n))
+        return false;
+    for (size_t i = 0; i <= n; i++) {
+        size_t clen;
+
+        if (i < n && p[i] != '/')
+            continue;
+        clen = i - start;
+        if (clen == 0 || (clen == 1 && p[start] == '.') ||
+            (clen == 2 && p[start] == '.' && p[start + 1] == '.'))
+            return false; /* leading, trailing or double '/', ".", ".." */
+        if (clen > NAME_MAX)
+            return false; /* no file system holds it: the host's extraction fails */
+        start = i + 1;
+    }
+    return memmem(p, n, "hdrcharset=", 11) == NULL;
+}
+
+/* The writer's walk order: paths compared component by component with
+ * strcmp, which is byte order with '/' below every other byte and a prefix
+ * before what it prefixes. */
+static int path_cmp(const char *a, size_t an, const char *b, size_t bn)
+{
+    size_t n = an < bn ? an : bn;
+
+    for (size_t i = 0; i < n; i++) {
+        unsigned ca = a[i] == '/' ? 0 : (unsigned char)a[i];
+        unsigned cb = b[i] == '/' ? 0 : (unsigned char)b[i];
+
+        if (ca != cb)
+            return ca < cb ? -1 : 1;
+    }
+    return an < bn ? -1 : an > bn ? 1 : 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Tar headers                                                               */
+/* ------------------------------------------------------------------------ */
+
+/* A numeric field in the one form both readers agree on: 1 to w-1 octal
+ * digits from the first byte, then only NUL or space. */
+static bool octal_field(const uint8_t *h, size_t off, size_t w, uint64_t *v)
+{
+    const uint8_t *f = h + off;
+    uint64_t x = 0;
+    size_t i = 0;
+
+    while (i < w && f[i] >= '0' && f[i] <= '7')
+        x = x * 8 + (uint64_t)(f[i++] - '0');
+    if (i == 0 || i == w)
+        return false;
+    for (; i < w; i++)
+        if (f[i] != '\0' && f[i] != ' ')
+            return false;
+    *v = x;
+    return true;
+}
+
+/* Device numbers: 0 in canonical octal (libarchive), or all NUL (CPython
+ * writes them empty for anything but a device; both readers take 0). */
+static bool zero_or_empty(const uint8_t *h, size_t off, size_t w)
+{
+    uint64_t v;
+
+    return all_zero(h + off, w) || (octal_field(h, off, w, &v) && v == 0);
+}
+
+/* A string field: anything up to the first NUL, only NULs after it. */
+static bool nul_padded(const uint8_t *h, size_t off, size_t w)
+{
+    const uint8_t *f = h + off, *nul = memchr(f, '\0', w);
+
+    return !nul || all_zero(nul, w - (size_t)(nul - f));
+}
+
+static bool empty_field(const uint8_t *h, size_t off, size_t w)
+{
+    return all_zero(h + off, w);
+}
+
+static size_t field_len(const uint8_t *h, size_t off, size_t w)
+{
+    const uint8_t *nul = memchr(h + off, '\0', w);
+
+    return nul ? (size_t)(nul - (h + off)) : w;
+}
+
+static uint64_t unsigned_sum(const uint8_t *h)
+{
+    uint64_t sum = 8 * ' '; /* the checksum field counts as spaces */
+
+    for (size_t i = 0; i < BLOCK; i++)
+        if (i < 148 || i >= 156)
+            sum += h[i];
+    return sum;
+}
+
+/* The fields every header must have right, whatever its type. */
+static int check_fields(struct tarcheck *tc, const uint8_t *h, uint64_t *mode, uint64_t *size)
+{
+    uint64_t v;
+
+    if (!octal_field(h, F_CHKSUM, &v))
+        return fail(tc, -EBADMSG, "tar: checksum field not canonical octal");
+    if (v != unsigned_sum(h))
+        return fail(tc, -EBADMSG, "tar: header checksum mismatch");
+    if (memcmp(h + F_MAGIC, "ustar\0" "00", 8) != 0)
+        return fail(tc, -EBADMSG, "tar: header is not POSIX ustar");
+    if (!octal_field(h, F_MODE, mode) || !octal_field(h, F_SIZE, size) ||
+        !octal_field(h, F_MTIME, &v))
+        return fail(tc, -EBADMSG, "tar: numeric field not canonical octal");
+    if (!octal_field(h, F_UID, &v) || v != 0 || !octal_field(h, F_GID, &v) || v != 0)
+        return fail(tc, -EBADMSG, "tar: owner not uid/gid 0");
+    if (!zero_or_empty(h, F_DEVMAJOR) || !zero_or_empty(h, F_DEVMINOR))
+        return fail(tc, -EBADMSG, "tar: device numbers not 0");
+    if (!empty_field(h, F_LINKNAME))
+        return fail(tc, -EBADMSG, "tar: link name not empty");
+    if (!empty_field(h, F_UNAME) || !empty_field(h, F_GNAME))
+        return fail(tc, -EBADMSG, "tar: owner names not empty");
+    if (!nul_padded(h, F_NAME) || !nul_padded(h, F_PREFIX) || !empty_field(h, F_PAD))
+        return fail(tc, -EBADMSG, "tar: name fields not NUL-padded");
+    if (*mode & ~(uint64_t)0755)
+        return fail(tc, -EBADMSG, "tar: mode has bits outside 0755");
+    return 0;
+}
+
+/* The member's path from the header's prefix and name fields, joined as
+ * tarfile joins them; ASCII only (tarfile decodes these fields with the
+ * host's filesystem encoding, pax paths always as UTF-8). */
+static int ustar_path(struct tarcheck *tc, const uint8_t *h, size_t *len)
+{
+    size_t plen = field_len(h, F_PREFIX), nlen = field_len(h, F_NAME), n = 0;
+
+    if (plen) {
+        memcpy(tc->cur, h + F_PREFIX_OFF, plen);
+        n = plen;
+        tc->cur[n++] = '/';
+    }
+    memcpy(tc->cur + n, h, nlen);
+    n += nlen;
+    tc->cur[n] = '\0';
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)tc->cur[i] >= 0x80)
+            return fail(tc, -EBADMSG, "tar: non-ASCII name outside a pax record");
+    *len = n;
+    return 0;
+}
+
+static int member_header(struct tarcheck *tc, const uint8_t *h, uint64_t mode, uint64_t size)
+{
+    char type = (char)h[F_TYPE];
+    const char *path;
+    size_t len;
+    int r;
+
+    if (type == '0') {
+        if ((mode & 0644) != 0644)
+            return fail(tc, -EBADMSG, "tar: file mode not within 0644..0755");
+    } else if (mode != 0755 || size != 0) {
+        return fail(tc, -EBADMSG, "tar: directory not mode 0755 and size 0");
+    }
+
+    if (tc->have_pax_path) {
+        path = tc->pax_path;
+        len = tc->pax_path_len;
+    } else {
+        r = ustar_path(tc, h, &len);
+        if (r < 0)
+            return r;
+        path = tc->cur;
+    }
+    /* A directory's name ends in one '/' (libarchive's writer adds it;
+     * tarfile strips it, libarchive keeps it). */
+    if (type == '5') {
+        if (len == 0 || path[len - 1] != '/')
+            return fail(tc, -EBADMSG, "tar: directory name without its trailing '/'");
+        len--;
+    }
+    if (len > tc->lim.max_path)
+        return fail(tc, -ENAMETOOLONG, "tar: path longer than the limit");
+    if (!tarcheck_path_ok(path, len, tc->lim.max_path))
+        return fail(tc, -EBADMSG, "tar: path not relative, clean, UTF-8 text");
+
+    if (tc->have_prev) {
+        if (path_cmp(tc->prev, tc->prev_len, path, len) >= 0)
+            return fail(tc, -EBADMSG, "tar: members out of order or repeated");
+        if (!tc->prev_dir && len > tc->prev_len && path[tc->prev_len] == '/' &&
+            memcmp(path, tc->prev, tc->prev_len) == 0)
+            return fail(tc, -EBADMSG, "tar: member beneath a file");
+    }
+    if (tc->st.members >= tc->lim.max_members)
+        return fail(tc, -E2BIG, "tar: more members than the limit");
+    if (size > tc->lim.max_data - tc->st.data)
+        return fail(tc, -EFBIG, "tar: more file data than the limit");
+
+    memmove(tc->prev, path, len);
+    tc->prev[len] = '\0';
+    tc->prev_len = len;
+    tc->prev_dir = type == '5';
+    tc->have_prev = true;
+    tc->st.members++;
+    tc->st.dirs += type == '5';
+    tc->st.data += size;
+    tc->pax_pending = false;
+    if (tc->fn) {
+        struct tarcheck_member m = {
+            .path = tc->prev, .path_len = len, .type = type, .mode = (uint32_t)mode,
+            .size = size, .pax = tc->have_pax_path,
+        };
+        tc->fn(tc->ud, &m);
+    }
+    tc->have_pax_path = false;
+
+    tc->data_left = size;
+    tc->pad_left = (size_t)(round_block(size) - size);
+    tc->tar = size ? TAR_DATA : TAR_HEADER;
+    return 0;
+}
+
+static int header(struct tarcheck *tc)
+{
+    const uint8_t *h = tc->hdr;
+    uint64_t mode, size;
+    int r;
+
+    if (all_zero(h, BLOCK)) {
+        if (tc->pax_pending)
+            return fail(tc, -EBADMSG, "tar: pax header without its member");
+        tc->tar = TAR_END;
+        tc->end_zeros = 0;
+        return 0;
+    }
+    r = check_fields(tc, h, &mode, &size);
+    if (r < 0)
+        return r;
+    switch (h[F_TYPE]) {
+    case 'x':
+        if (tc->pax_pending)
+            return fail(tc, -EBADMSG, "tar: two pax headers for one member");
+        if (size == 0 || size > tc->pax_max)
+            return fail(tc, -EBADMSG, "tar: pax header size out of range");
+        tc->pax_size = (size_t)size;
+        tc->pax_got = 0;
+        tc->tar = TAR_PAX;
+        return 0;
+    case '0':
+    case '5':
+        return member_header(tc, h, mode, size);
+    default:
+        return fail(tc, -EBADMSG, "tar: member type other than file, directory, pax");
+    }
+}
+
+/* mtime as libarchive's add_pax_attr_time writes a non-negative time:
+ * seconds without leading zeros, an optional fraction without trailing
+ * zeros. The writer clamps mtimes to 0..8^11-1, so at most 11 digits. */
+static bool mtime_ok(const uint8_t *v, size_t n)
+{
+    size_t i = 0, f;
+
+    if (n == 0 || v[0] < '0' || v[0] > '9')
+        return false;
+    if (v[0] == '0')
+        i = 1;
+    else
+        while (i < n && i < 11 && v[i] >= '0' && v[i] <= '9')
+            i++;
+    if (i == n)
+        return true;
+    if (v[i] != '.')
+        return false;
+    f = ++i;
+    while (i < n && v[i] >= '0' && v[i] <= '9')
+        i++;
+    return i == n && n - f >= 1 && n - f <= 9 && v[n - 1] != '0';
+}
+
+/* The pax block is complete: records "LEN key=value\n" filling it. */
+static int pax_parse(struct tarcheck *tc)
+{
+    const uint8_t *b = tc->pax;
+    size_t n = tc->pax_size, pos = 0;
+    int rank = 0; /* path 1, mtime 2: in this order, once each */
+
+    if (memchr(b, '\0', n))
+        return fail(tc, -EBADMSG, "pax: NUL byte in the records");
+    while (pos < n) {
+        size_t i = pos, len = 0, end, klen, vlen;
+        const uint8_t *key, *eq, *val;
+
+        if (b[i] < '1' || b[i] > '9')
+            return fail(tc, -EBADMSG, "pax: record length not canonical decimal");
+        while (i < n && b[i] >= '0' && b[i] <= '9') {
+            len = len * 10 + (size_t)(b[i++] - '0');
+            if (len > n)
+                return fail(tc, -EBADMSG, "pax: record runs past the block");
+        }
+        if (i == n || b[i] != ' ')
+            return fail(tc, -EBADMSG, "pax: record length not followed by a space");
+        i++;
+        if (len > n - pos)
+            return fail(tc, -EBADMSG, "pax: record runs past the block");
+        end = pos + len; /* one past the record's '\n' */
+        if (end <= i || b[end - 1] != '\n')
+            return fail(tc, -EBADMSG, "pax: record length does not end at a newline");
+        key = b + i;
+        eq = memchr(key, '=', end - 1 - i);
+        if (!eq || eq == key)
+            return fail(tc, -EBADMSG, "pax: record without key=value");
+        klen = (size_t)(eq - key);
+        val = eq + 1;
+        vlen = (size_t)(b + end - 1 - val);
+        if (klen == 4 && !memcmp(key, "path", 4) && rank < 1) {
+            rank = 1;
+            if (vlen > tc->lim.max_path + 1)
+                return fail(tc, -ENAMETOOLONG, "tar: path longer than the limit");
+            memcpy(tc->pax_path, val, vlen);
+            tc->pax_path[vlen] = '\0';
+            tc->pax_path_len = vlen;
+            tc->have_pax_path = true;
+        } else if (klen == 5 && !memcmp(key, "mtime", 5) && rank < 2) {
+            rank = 2;
+            if (!mtime_ok(val, vlen))
+                return fail(tc, -EBADMSG, "pax: mtime not in the writer's form");
+        } else if ((klen == 4 && !memcmp(key, "path", 4)) ||
+                   (klen == 5 && !memcmp(key, "mtime", 5))) {
+            return fail(tc, -EBADMSG, "pax: records repeated or out of order");
+        } else {
+            return fail(tc, -EBADMSG, "pax: record other than path or mtime");
+        }
+        pos = end;
+    }
+    tc->pax_pending = true;
+    return 0;
+}
+
+/* Take n inflated bytes (n <= OUT_CHUNK: the work is bounded by the
+ * caller's budget). */
+static int tar_consume(struct tarcheck *tc, const uint8_t *p, size_t n)
+{
+    while (n > 0) {
+        size_t k;
+        int r;
+
+        switch (tc->tar) {
+        case TAR_HEADER:
+            k = BLOCK - tc->hdr_got < n ? BLOCK - tc->hdr_got : n;
+            memcpy(tc->hdr + tc->hdr_got, p, k);
+            tc->hdr_got += k;
+            if (tc->hdr_got == BLOCK) {
+                tc->hdr_got = 0;
+                r = header(tc);
+                if (r < 0)
+                    return r;
+            }
+            break;
+        case TAR_PAX:
+            k = tc->pax_size - tc->pax_got < n ? tc->pax_size - tc->pax_got : n;
+            memcpy(tc->pax + tc->pax_got, p, k);
+            tc->pax_got += k;
+            if (tc->pax_got == tc->pax_size) {
+                r = pax_parse(tc);
+                if (r < 0)
+                    return r;
+                tc->pad_left = (size_t)(round_block(tc->pax_size) - tc->pax_size);
+                tc->tar = tc->pad_left ? TAR_PAD : TAR_HEADER;
+            }
+            break;
+        case TAR_DATA:
+            k = tc->data_left < n ? (size_t)tc->data_left : n;
+            tc->data_left -= k;
+            if (tc->data_left == 0)
+                tc->tar = tc->pad_left ? TAR_PAD : TAR_HEADER;
+            break;
+        case TAR_PAD:
+            k = tc->pad_left < n ? tc->pad_left : n;
+            if (!all_zero(p, k))
+                return fail(tc, -EBADMSG, "tar: padding not zero");
+            tc->pad_left -= k;
+            if (tc->pad_left == 0)
+                tc->tar = TAR_HEADER;
+            break;
+        case TAR_END:
+        default:
+            k = n;
+            if (!all_zero(p, k))
+                return fail(tc, -EBADMSG, "tar: data after the end-of-archive blocks");
+            if (k > BLOCK + TARCHECK_MAX_TRAILER - tc->end_zeros)
+                return fail(tc, -EBADMSG, "tar: too many zeros after the end");
+            tc->end_zeros += k;
+            break;
+        }
+        p += k;
+        n -= k;
+    }
+    return 0;
+}
+
+/* The whole message is consumed: the tar stream must have ended. */
+static int tar_finish(struct tarcheck *tc)
+{
+    if (tc->tar != TAR_END)
+        return fail(tc, -EBADMSG,
+                    tc->tar == TAR_HEADER && tc->hdr_got == 0 && !tc->pax_pending
+                        ? "tar: no end-of-archive blocks"
+                        : "tar: archive truncated inside a member");
+    if (tc->end_zeros < BLOCK)
+        return fail(tc, -EBADMSG, "tar: one end-of-archive block, not two");
+    tc->result = TARCHECK_VALID;
+    tc->why = "ok";
+    return TARCHECK_VALID;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Gzip                                                                      */
+/* ------------------------------------------------------------------------ */
+
+static uint32_t le32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static int gz_member_start(struct tarcheck *tc)
+{
+    const uint8_t *g = tc->gzbuf;
+
+    if (g[2] != 8)
+        return fail(tc, -EBADMSG, "gzip: compression method not deflate");
+    if (g[3] != 0)
+        return fail(tc, -EBADMSG, "gzip: header flags set");
+    if (!tc->z_init) {
+        if (inflateInit2(&tc->z, -MAX_WBITS) != Z_OK)
+            return fail(tc, -ENOMEM, "gzip: out of memory");
+        tc->z_init = true;
+    } else if (inflateReset(&tc->z) != Z_OK) {
+        return fail(tc, -ENOMEM, "gzip: cannot reset zlib");
+    }
+    tc->crc = (uint32_t)crc32(0, Z_NULL, 0);
+    tc->isize = 0;
+    tc->z_pending = false;
+    tc->gz = GZ_BODY;
+    tc->gz_got = 0;
+    return 0;
+}
+
+/* Work done by one call: compressed bytes consumed, bytes inflated. */
+struct work {
+    size_t in, out;
+};
+
+/* One inflate() call within what is left of the budget. */
+static int gz_inflate(struct tarcheck *tc, const uint8_t *msg, struct work *w)
+{
+    size_t in = tc->len - tc->pos, outn = OUT_CHUNK, used, made;
+    size_t in_left = tc->lim.step_budget - w->in, out_left = tc->lim.step_budget - w->out;
+    uint64_t room = tc->lim.max_inflated - tc->st.inflated;
+    int zr, r;
+
+    if (in > IN_CHUNK)
+        in = IN_CHUNK;
+    if (in > in_left)
+        in = in_left;
+    if (outn > out_left)
+        outn = out_left;
+    if (room < outn) /* one byte past the limit is enough to tell */
+        outn = (size_t)room + 1;
+    if (in == 0 && !tc->z_pending) {
+        if (!tc->finished)
+            return TARCHECK_NEED_INPUT;
+        return fail(tc, -EBADMSG, "gzip: deflate stream truncated");
+    }
+    tc->z.next_in = (Bytef *)(msg + tc->pos);
+    tc->z.avail_in = (uInt)in;
+    tc->z.next_out = tc->out;
+    tc->z.avail_out = (uInt)outn;
+    zr = inflate(&tc->z, Z_NO_FLUSH);
+    used = in - tc->z.avail_in;
+    made = outn - tc->z.avail_out;
+    tc->pos += used;
+    tc->st.consumed += used;
+    w->in += used;
+    w->out += made;
+    tc->z_pending = tc->z.avail_out == 0;
+    if (made) {
+        /* The tar layer sees exactly the first max_inflated bytes, however
+         * the input was chunked: the verdict does not depend on it. */
+        bool over = made > room;
+
+        tc->st.inflated += made;
+        tc->crc = (uint32_t)crc32(tc->crc, tc->out, (uInt)made);
+        tc->isize += (uint32_t)made;
+        r = tar_consume(tc, tc->out, over ? (size_t)room : made);
+        if (r < 0)
+            return r;
+        if (over)
+            return fail(tc, -EFBIG, "gzip: inflates past the limit");
+    }
+    switch (zr) {
+    case Z_STREAM_END:
+        tc->gz = GZ_TRAILER;
+        tc->gz_got = 0;
+        return RUNNING;
+    case Z_OK:
+        return RUNNING;
+    case Z_BUF_ERROR: /* no progress: only when no input was offered */
+        tc->z_pending = false;
+        return RUNNING;
+    case Z_MEM_ERROR:
+        return fail(tc, -ENOMEM, "gzip: out of memory");
+    default:
+        return fail(tc, -EBADMSG, "gzip: corrupt deflate data");
+    }
+}
+
+/* Collect up to want bytes of a member header or trailer into gzbuf.
+ * RUNNING with gz_got == want when complete. */
+static int gz_collect(struct tarcheck *tc, const uint8_t *msg, size_t want, struct work *w,
+                      const char *truncated)
+{
+    size_t k = tc->len - tc->pos;
+
+    if (k == 0) {
+        if (!tc->finished)
+            return TARCHECK_NEED_INPUT;
+        return fail(tc, -EBADMSG, truncated);
+    }
+    if (k > want - tc->gz_got)
+        k = want - tc->gz_got;
+    memcpy(tc->gzbuf + tc->gz_got, msg + tc->pos, k);
+    tc->gz_got += k;
+    tc->pos += k;
+    tc->st.consumed += k;
+    w->in += k;
+    return RUNNING;
+}
+
+static int step(struct tarcheck *tc, const uint8_t *msg)
+{
+    struct work w = {0};
+    int r = RUNNING;
+
+    while (r == RUNNING) {
+        if (w.in >= tc->lim.step_budget || w.out >= tc->lim.step_budget) {
+            r = TARCHECK_AGAIN;
+            break;
+        }
+        switch (tc->gz) {
+        case GZ_HEADER:
+            if (tc->gz_got == 0 && tc->pos == tc->len && tc->finished && tc->st.gz_members) {
+                r = tar_finish(tc);
+                break;
+            }
+            r = gz_collect(tc, msg, GZ_HDR_LEN, &w, "gzip: member header truncated");
+            /* The magic is checked as soon as it is there: after the last
+             * member, the first stray byte is the error. */
+            if (r == RUNNING && ((tc->gz_got >= 1 && tc->gzbuf[0] != 0x1f) ||
+                                 (tc->gz_got >= 2 && tc->gzbuf[1] != 0x8b)))
+                r = fail(tc, -EBADMSG, tc->st.gz_members ? "gzip: bytes after the last member"
+                                                         : "gzip: not gzip");
+            else if (r == RUNNING && tc->gz_got == GZ_HDR_LEN)
+                r = gz_member_start(tc) < 0 ? tc->result : RUNNING;
+            break;
+        case GZ_BODY:
+            r = gz_inflate(tc, msg, &w);
+            break;
+        case GZ_TRAILER:
+            r = gz_collect(tc, msg, GZ_TRL_LEN, &w, "gzip: member trailer truncated");
+            if (r != RUNNING || tc->gz_got < GZ_TRL_LEN)
+                break;
+            if (le32(tc->gzbuf) != tc->crc)
+                r = fail(tc, -EBADMSG, "gzip: CRC mismatch");
+            else if (le32(tc->gzbuf + 4) != tc->isize)
+                r = fail(tc, -EBADMSG, "gzip: length mismatch (ISIZE)");
+            else {
+                tc->st.gz_members++;
+                tc->gz = GZ_HEADER;
+                tc->gz_got = 0;
+            }
+            break;
+        }
+    }
+    if (w.in > tc->st.max_step_in)
+        tc->st.max_step_in = w.in;
+    if (w.out > tc->st.max_step_out)
+        tc->st.max_step_out = w.out;
+    return r;
+}
+
+/* ------------------------------------------------------------------------ */
+/* API                                                                       */
+/* ------------------------------------------------------------------------ */
+
+static int run(struct tarcheck *tc, const uint8_t *msg, size_t len, bool finish)
+{
+    if (tc->result != RUNNING)
+        return tc->result;
+    if (len < tc->len || (tc->finished && len != tc->len))
+        return fail(tc, -EINVAL, "tarcheck: caller error: the message length went back");
+    tc->len = len;
+    tc->finished |= finish;
+    if (tc->finished && len == 0) {
+        /* Zero-length: "no archive", the host keeps its files (spec 4.4). */
+        tc->result = TARCHECK_VALID;
+        tc->why = "ok";
+        return TARCHECK_VALID;
+    }
+    tc->st.calls++;
+    return step(tc, msg);
+}
+
+int tarcheck_feed(struct tarcheck *tc, const uint8_t *msg, size_t len)
+{
+    return run(tc, msg, len, false);
+}
+
+int tarcheck_finish(struct tarcheck *tc, const uint8_t *msg, size_t len)
+{
+    return run(tc, msg, len, true);
+}
+
+const char *tarcheck_reason(const struct tarcheck *tc)
+{
+    return tc->why;
+}
+
+void tarcheck_get_stats(const struct tarcheck *tc, struct tarcheck_stats *st)
+{
+    *st = tc->st;
+}
+
+void tarcheck_set_member_fn(struct tarcheck *tc, tarcheck_member_fn fn, void *ud)
+{
+    tc->fn = fn;
+    tc->ud = ud;
+}
+
+struct tarcheck *tarcheck_new(const struct tarcheck_limits *lim)
+{
+    struct tarcheck *tc = calloc(1, sizeof *tc);
+    size_t path_buf, cur_buf;
+
+    if (!tc)
+        return NULL;
+    tc->lim = *lim;
+    if (tc->lim.max_path == 0)
+        tc->lim.max_path = TARCHECK_DEFAULT_MAX_PATH;
+    if (tc->lim.max_path > TARCHECK_MAX_PATH_CEILING)
+        tc->lim.max_path = TARCHECK_MAX_PATH_CEILING;
+    if (tc->lim.step_budget == 0)
+        tc->lim.step_budget = TARCHECK_STEP_BUDGET;
+    if (tc->lim.max_inflated == 0)
+        tc->lim.max_inflated = tarcheck_inflated_bound(tc->lim.max_data, tc->lim.max_members,
+                                                       tc->lim.max_path);
+    tc->pax_max = pax_max_for(tc->lim.max_path);
+    path_buf = tc->lim.max_path + 2;
+    /* A ustar name is built before its length is checked: up to 155 + 1 + 100. */
+    cur_buf = (tc->lim.max_path > 256 ? tc->lim.max_path : 256) + 2;
+    tc->pax = malloc(tc->pax_max);
+    tc->pax_path = malloc(path_buf);
+    tc->prev = malloc(path_buf);
+    tc->cur = malloc(cur_buf);
+    tc->out = malloc(OUT_CHUNK);
+    if (!tc->pax || !tc->pax_path || !tc->prev || !tc->cur || !tc->out) {
+        tarcheck_free(tc);
+        return NULL;
+    }
+    tc->result = RUNNING;
+    tc->why = "incomplete";
+    tc->gz = GZ_HEADER;
+    tc->tar = TAR_HEADER;
+    return tc;
+}
+
+void tarcheck_free(struct tarcheck *tc)
+{
+    if (!tc)
+        return;
+    if (tc->z_init)
+        inflateEnd(&tc->z);
+    free(tc->pax);
+    free(tc->pax_path);
+    free(tc->prev);
+    free(tc->cur);
+    free(tc->out);
+    free(tc);
+}
