@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <linux/seccomp.h>
+#include <sys/file.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/mount.h>
@@ -44,6 +45,7 @@
 #include "tap.h"
 
 extern char **environ;
+
 
 /* --- part 1: the parser --- */
 
@@ -88,7 +90,7 @@ static void test_parser(void)
                 "t.policy:2: unknown group '@b' (groups must be defined before use)");
     parse_fails("default deny EPERM\npermit read\n",
                 "t.policy:2: unknown statement 'permit' (expected default, define, group, "
-                "allow, deny, errno or kill)");
+                "allow, deny, errno, noop, kill or supervise)");
     parse_fails("default deny EPERM\n# comment\n\nallow read\nallow write read\n",
                 "t.policy:5: duplicate rule for 'read' (first at line 4)");
     parse_fails("default deny EPERM\nallow read\ndeny EPERM read\n",
@@ -153,6 +155,32 @@ static void test_parser(void)
     parse_fails("default deny EPERM\ngroup a { read }\n",
                 "t.policy:2: bad group name 'a' (want @ followed by a-z, 0-9, '-')");
 
+    /* noop: ERRNO 0, combines like a refusal; supervise: flock only, no when */
+    parse_fails("default noop\n", "t.policy:1: 'default noop' would fake success for every "
+                "unlisted call; use deny, errno or kill");
+    parse_fails("default deny EPERM\nsupervise read\n",
+                "t.policy:2: the supervisor has no handler for 'read' (supervise: flock only)");
+    parse_fails("default deny EPERM\ngroup @a { flock read }\nsupervise @a\n",
+                "t.policy:3: the supervisor has no handler for 'read' (supervise: flock only)");
+    parse_fails("default deny EPERM\nsupervise flock when arg1 == 2\n",
+                "t.policy:2: 'supervise' takes no 'when'");
+    parse_fails("default deny EPERM\nallow flock\nsupervise flock\n",
+                "t.policy:3: conflicting rules for 'flock': allow (line 2) and supervise");
+    parse_fails("default deny EPERM\nsupervise flock\nsupervise flock\n",
+                "t.policy:3: duplicate rule for 'flock' (first at line 2)");
+    parse_fails("default deny EPERM\nnoop readahead\nnoop readahead when arg0 == 1\n",
+                "t.policy:3: conflicting rules for 'readahead': refused unconditionally "
+                "(line 2) and conditionally");
+    parse_fails("default deny EPERM\nallow madvise\nnoop madvise when arg2 == 3\n"
+                "errno EPERM madvise when arg2 == 4\n",
+                "t.policy:4: conflicting rules for 'madvise': noop (line 3) and errno EPERM; "
+                "conditional refusals of one syscall must share one action");
+    parse_ok("default deny EPERM\nnoop madvise when arg2 & 0xffffffff == MADV_COLD\n"
+             "allow madvise\nnoop readahead\nnoop fadvise64 when arg3 == POSIX_FADV_DONTNEED\n"
+             "supervise flock\nerrno EPERM flock when arg1 & 0xffffffff == 99\n"
+             "errno EOPNOTSUPP preadv2 when arg5 & RWF_NOWAIT == RWF_NOWAIT\n"
+             "allow inotify_add_watch\nerrno EPERM inotify_add_watch when arg2 & IN_OPEN == IN_OPEN\n",
+             "noop (before or after the allow it carves out of), supervise with an exception");
     parse_ok("default deny EPERM\ngroup @a { read write }\ngroup @b {\n  write # c\n  close\n}\n"
              "group @c { @a @b }\nallow @a @b @c\n",
              "overlapping groups with one action");
@@ -181,6 +209,7 @@ struct check {
     int (*fn)(void);       /* runs after the filter is installed: 0 = as expected */
     int want_signal;       /* 0: expect exit 0; else the fatal signal */
     const char *counted;   /* the counted refusals, one name per call, in any order */
+    unsigned supervised;   /* calls handed to the holder to carry out (flock) */
 };
 
 #define EXPECT_ERR(call, e)                                                    \
@@ -465,6 +494,27 @@ static void child_install(const struct sbx_policy *p, int sock, int timing_fd)
     close(sock);
 }
 
+/* The holder's side of `supervise flock`, reduced to what this test needs
+ * (the supervisor's handler, src/session/flock.c, also refuses shared files
+ * and parks blocking calls; the security suite tests it): fetch the caller's
+ * open file and lock it with LOCK_NB. */
+static unsigned supervised_calls;
+static void answer_supervised(int listener)
+{
+    const struct seccomp_notif *req = policy_notify_request(answers);
+    supervised_calls++;
+    int err = 0, fd = policy_notify_getfd(listener, req, (int)(unsigned)req->data.args[0]);
+    if (fd == -ESRCH)
+        return;
+    if (fd < 0)
+        err = -fd;
+    else if (flock(fd, (int)((unsigned)req->data.args[1] | LOCK_NB)) < 0)
+        err = errno;
+    if (fd >= 0)
+        close(fd);
+    policy_notify_reply(answers, listener, req->id, 0, err);
+}
+
 /* Parent side: receive the listener, then answer counted refusals until the
  * child exits, counting them per syscall. The child's exit status in *st. */
 static void supervise(pid_t pid, int sock, uint32_t *counts, uint64_t *total, int *st)
@@ -497,6 +547,8 @@ static void supervise(pid_t pid, int sock, uint32_t *counts, uint64_t *total, in
                 (*total)++;
                 if (nr >= 0 && nr < POLICY_NR_MAX)
                     counts[nr]++;
+            } else if (r == POLICY_NOTIFY_SUPERVISE) {
+                answer_supervised(listener);
             } else if (r != POLICY_NOTIFY_GONE) {
                 if (r < 0 && r != -EPIPE)
                     printf("#   policy_notify_answer: %s\n", strerror(-r));
@@ -563,6 +615,7 @@ static void run_check(const struct check *c)
     memset(counts, 0, sizeof counts);
     uint64_t total = 0;
     int st = 0;
+    supervised_calls = 0;
     supervise(pid, sv[0], counts, &total, &st);
     bool ran;
     if (c->want_signal) {
@@ -578,9 +631,11 @@ static void run_check(const struct check *c)
     }
     char why[512];
     bool counted = counts_match(c->counted, counts, why, sizeof why);
-    ok(ran && counted, "%s", c->name);
+    ok(ran && counted && supervised_calls == c->supervised, "%s", c->name);
     if (!counted)
         printf("#   counted refusals differ:%s\n", why);
+    if (supervised_calls != c->supervised)
+        printf("#   %u supervised calls, expected %u\n", supervised_calls, c->supervised);
 }
 
 /* A policy of its own: the errno of a counted refusal is the rule's, else
