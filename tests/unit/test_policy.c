@@ -21,6 +21,7 @@
 #include <string.h>
 #include <linux/seccomp.h>
 #include <sys/file.h>
+#include <sys/inotify.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/mount.h>
@@ -34,6 +35,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -46,6 +48,10 @@
 
 extern char **environ;
 
+#ifndef RWF_DONTCACHE
+#define RWF_DONTCACHE 0x00000080
+#endif
+#define SYS_cachestat_ 451 /* same number on every architecture */
 
 /* --- part 1: the parser --- */
 
@@ -428,6 +434,98 @@ static int c_python(void)
     return WEXITSTATUS(st) ? 50 + WEXITSTATUS(st) % 50 : 0;
 }
 
+/* Channels through files shared with the host and other sandboxes
+ * (policy: "Files shared with the host and with other turns"): read events
+ * of inotify and dnotify refused (change events work), page-cache probes
+ * refused the way a filesystem without them refuses them, hints made no-ops
+ * that return 0. High bits in 32-bit arguments must not slip past. */
+static int c_shared_files(void)
+{
+    int in = inotify_init1(IN_CLOEXEC);
+    if (in < 0)
+        return 2;
+    EXPECT_ERR(inotify_add_watch(in, "/tmp", IN_OPEN), EPERM);
+    EXPECT_ERR(inotify_add_watch(in, "/tmp", IN_ACCESS | IN_MODIFY), EPERM);
+    EXPECT_ERR(inotify_add_watch(in, "/tmp", IN_CLOSE_NOWRITE), EPERM);
+    EXPECT_ERR(inotify_add_watch(in, "/tmp", IN_ALL_EVENTS), EPERM);
+    EXPECT_ERR(syscall(SYS_inotify_add_watch, in, "/tmp", (1UL << 32) | IN_OPEN), EPERM);
+    if (inotify_add_watch(in, "/tmp", IN_CLOSE_WRITE | IN_CREATE | IN_MODIFY | IN_DELETE |
+                                          IN_MOVE | IN_ATTRIB | IN_DELETE_SELF) < 0)
+        return 3;
+    signal(SIGIO, SIG_IGN); /* dnotify's signal, should /tmp change meanwhile */
+    int d = open("/tmp", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    EXPECT_ERR(fcntl(d, F_NOTIFY, DN_ACCESS), EPERM);
+    EXPECT_ERR(fcntl(d, F_NOTIFY, DN_ACCESS | DN_MODIFY | DN_MULTISHOT), EPERM);
+    EXPECT_ERR(syscall(SYS_fcntl, d, (1UL << 32) | F_NOTIFY, DN_ACCESS), EPERM);
+    if (fcntl(d, F_NOTIFY, DN_MODIFY | DN_CREATE) < 0 || fcntl(d, F_NOTIFY, 0) < 0)
+        return 4;
+
+    char tmpl[] = "/tmp/fbpolXXXXXX", buf[4096] = "x";
+    int f = mkstemp(tmpl);
+    if (f < 0 || unlink(tmpl) < 0 || write(f, buf, sizeof buf) != sizeof buf)
+        return 5;
+    struct iovec v = { .iov_base = buf, .iov_len = sizeof buf };
+    EXPECT_ERR(preadv2(f, &v, 1, 0, RWF_NOWAIT), EOPNOTSUPP);
+    EXPECT_ERR(syscall(SYS_preadv2, f, &v, 1, 0, 0, (1UL << 32) | RWF_NOWAIT), EOPNOTSUPP);
+    EXPECT_ERR(preadv2(f, &v, 1, 0, RWF_DONTCACHE | RWF_HIPRI), EOPNOTSUPP);
+    if (preadv2(f, &v, 1, 0, 0) != sizeof buf || preadv2(f, &v, 1, 0, RWF_DSYNC) != sizeof buf)
+        return 6;
+    uint64_t range[2] = { 0, 0 }, cs[5];
+    EXPECT_ERR(syscall(SYS_cachestat_, f, range, cs, 0), ENOSYS);
+
+    if (syscall(SYS_readahead, f, 0, 4096) != 0 ||
+        posix_fadvise(f, 0, 0, POSIX_FADV_DONTNEED) != 0 ||
+        posix_fadvise(f, 0, 0, POSIX_FADV_WILLNEED) != 0 ||
+        syscall(SYS_fadvise64, f, 0, 0, (1UL << 32) | POSIX_FADV_DONTNEED) != 0 ||
+        posix_fadvise(f, 0, 0, POSIX_FADV_SEQUENTIAL) != 0)
+        return 7;
+    EXPECT_ERR(syscall(SYS_fadvise64, f, 0, 0, 99), EINVAL); /* the real call */
+    char *m = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED)
+        return 8;
+    m[0] = 1;
+    if (madvise(m, 4096, MADV_COLD) != 0 || madvise(m, 4096, MADV_PAGEOUT) != 0 ||
+        madvise(m, 4096, MADV_WILLNEED) != 0 || m[0] != 1)
+        return 9;
+    /* MADV_DONTNEED stays real: malloc relies on it to drop memory */
+    if (madvise(m, 4096, MADV_DONTNEED) != 0 || m[0] != 0)
+        return 40;
+    return 0;
+}
+
+/* flock is supervised: each call is handed to the holder, which fetches the
+ * caller's open file (policy_notify_getfd) and locks it there; the lock is
+ * the caller's (another open file of the same inode sees it), also for a
+ * call made on another thread (a pidfd for a thread, or its group). */
+static int flock_nb_from_thread_result;
+static void *flock_thread(void *arg)
+{
+    int fd = *(int *)arg;
+    errno = 0;
+    flock_nb_from_thread_result = flock(fd, LOCK_SH | LOCK_NB) == -1 ? errno : 0;
+    return NULL;
+}
+static int c_flock(void)
+{
+    char tmpl[] = "/tmp/fbpolXXXXXX";
+    int a = mkstemp(tmpl);
+    if (a < 0)
+        return 2;
+    int b = open(tmpl, O_RDONLY | O_CLOEXEC);
+    unlink(tmpl);
+    if (b < 0 || flock(a, LOCK_EX) != 0)
+        return 3;
+    EXPECT_ERR(flock(b, LOCK_EX | LOCK_NB), EWOULDBLOCK);
+    pthread_t t;
+    if (pthread_create(&t, NULL, flock_thread, &b) != 0 || pthread_join(t, NULL) != 0 ||
+        flock_nb_from_thread_result != EWOULDBLOCK)
+        return 4;
+    if (flock(a, LOCK_UN) != 0 || flock(b, LOCK_SH | LOCK_NB) != 0)
+        return 5;
+    EXPECT_ERR(flock(12345, LOCK_EX), EBADF);
+    return 0;
+}
+
 static const struct check checks[] = {
     { "getpid works", c_getpid, 0, "" },
     { "mount family incl. new mount API -> EPERM", c_mount, 0,
@@ -456,6 +554,11 @@ static const struct check checks[] = {
       "setuid" },
     { "python3 subprocess: threads, sqlite3, subprocess, sockets, nothing counted", c_python, 0,
       "" },
+    { "shared files: inotify/dnotify read events -> EPERM, change events work; RWF_NOWAIT, "
+      "RWF_DONTCACHE -> EOPNOTSUPP; cachestat -> ENOSYS; fadvise/readahead/madvise hints -> 0 "
+      "(also with high bits); MADV_DONTNEED real", c_shared_files, 0, "" },
+    { "flock is supervised: the holder locks the caller's open file (also from a thread), "
+      "EWOULDBLOCK and EBADF relayed", c_flock, 0, "", 6 },
 };
 
 static uint64_t install_ns[32];
@@ -703,6 +806,86 @@ static void test_custom_errnos(void)
     policy_free(p);
 }
 
+/* Pages of path in the page cache, seen from outside any filter: this
+ * process owns the file, so mincore on a mapping reports the cache. */
+static long cached_pages(const char *path)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) < 0 || st.st_size == 0)
+        return -1;
+    void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+    close(fd);
+    size_t n = ((size_t)st.st_size + 4095) / 4096;
+    unsigned char *vec = calloc(n, 1);
+    long cached = -1;
+    if (m != MAP_FAILED && vec && mincore(m, (size_t)st.st_size, vec) == 0) {
+        cached = 0;
+        for (size_t i = 0; i < n; i++)
+            cached += vec[i] & 1;
+    }
+    free(vec);
+    if (m != MAP_FAILED)
+        munmap(m, (size_t)st.st_size);
+    return cached;
+}
+
+static const char *cache_path;
+static int c_evict(void)
+{
+    int fd = open(cache_path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 2;
+    char buf[4096];
+    struct iovec v = { .iov_base = buf, .iov_len = sizeof buf };
+    void *m = mmap(NULL, 1 << 20, PROT_READ, MAP_SHARED, fd, 0);
+    if (posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED) != 0 ||
+        syscall(SYS_fadvise64, fd, 0, 0, (1UL << 32) | POSIX_FADV_DONTNEED) != 0 ||
+        m == MAP_FAILED || madvise(m, 1 << 20, MADV_PAGEOUT) != 0 ||
+        madvise(m, 1 << 20, MADV_COLD) != 0)
+        return 3;
+    for (off_t off = 0; off < 1 << 20; off += sizeof buf)
+        if (preadv2(fd, &v, 1, off, RWF_DONTCACHE) != -1)
+            return 4;
+    return 0;
+}
+
+/* The calls that evict a file's pages from the page cache (which other
+ * sandboxes and the host share) leave it cached under the filter. The file
+ * is the test's own, on the build directory's filesystem; the same
+ * fadvise from this process, without a filter, must evict it first, or the
+ * check would prove nothing (tmpfs keeps its pages). */
+static void test_page_cache(void)
+{
+    char path[] = "fbpol-cache-XXXXXX";
+    int fd = mkstemp(path);
+    static char data[1 << 20];
+    memset(data, 'x', sizeof data);
+    if (fd < 0 || write(fd, data, sizeof data) != sizeof data || fsync(fd) < 0)
+        abort();
+    long before = (posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), cached_pages(path));
+    if (before != 0) {
+        printf("ok %d - # SKIP fadvise DONTNEED does not evict on this filesystem (%ld pages "
+               "stay)\n", ++tap_n, before);
+        close(fd);
+        unlink(path);
+        return;
+    }
+    if (pread(fd, data, sizeof data, 0) != sizeof data)
+        abort();
+    close(fd);
+    long cached = cached_pages(path);
+    cache_path = path;
+    struct check c = { "page cache: fadvise DONTNEED (also with high bits), MADV_PAGEOUT, "
+                       "MADV_COLD, RWF_DONTCACHE under the filter leave the file cached",
+                       c_evict, 0, "", 0 };
+    run_check(&c);
+    long after = cached_pages(path);
+    is_int(after, cached, "page cache: %ld of 256 pages cached before, still cached after "
+           "(the same fadvise without the filter evicted all of them)", cached);
+    unlink(path);
+}
+
 /* The cost of one counted refusal: the child makes N refused calls in a row;
  * each is a round trip through this process (poll, RECV, SEND). Baseline: a
  * quiet refusal (SECCOMP_RET_ERRNO) never leaves the kernel. */
@@ -870,6 +1053,7 @@ static void test_filter(const char *path)
     }
     test_custom_errnos();
     test_recv_after_pollin();
+    test_page_cache();
     bench_refusals();
 
     /* Without no_new_privs install must refuse (EPERM), not half-install. */
