@@ -5,16 +5,17 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
-#include <linux/magic.h>
 #include <linux/seccomp.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/statfs.h>
-#include <sys/statvfs.h>
 #include <sys/syscall.h>
+#include <sys/sysmacros.h>
 #include <sys/timerfd.h>
 #include <unistd.h>
 
@@ -41,33 +42,87 @@ struct flock_wait {
     unsigned delay_ms; /* current back-off */
 };
 
-/* Whether a lock on fd can reach nothing but this sandbox: a file on a
- * writable tmpfs (the sandbox's own scratch, /workspace /tmp /dev/shm, and
- * memfds: every writable tmpfs a sandbox can reach is its own; the shared
- * root and /tools are read-only mounts), a pipe or a socket (an inode each).
- * Everything else is treated as shared: read-only mounts (/usr, /etc, site
- * dirs, the root; also the sandbox's own /tools, which nothing needs to
- * lock), device nodes (the host's), anonymous inodes (one inode behind every
- * eventfd, epoll and timerfd on the host), nsfs, pidfs, procfs. The test is
- * on the open file itself, so a path or fd swapped afterwards cannot change
- * what it says. */
-static bool lock_is_private(int fd)
+/* The kernel-internal filesystems where every open object is an inode of
+ * its own: a lock there reaches nobody else. Learned once, from objects of
+ * our own. */
+static struct {
+    bool known;
+    dev_t pipe, sock, memfd; /* pipefs, sockfs, the internal tmpfs of memfd_create */
+} internal;
+
+/* st_dev and st_mode without asking the filesystem to revalidate anything:
+ * for a network or FUSE filesystem a plain fstat can wait on a server, and
+ * this runs in the event loop. */
+static int dev_of(int dirfd, const char *path, int flags, dev_t *dev, mode_t *mode)
 {
-    struct stat st;
-    struct statfs sf;
-    if (fstat(fd, &st) < 0 || fstatfs(fd, &sf) < 0)
-        return false;
-    if (S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode))
-        return false;
-    switch ((unsigned long)sf.f_type) {
-    case TMPFS_MAGIC:
-        return !(sf.f_flags & ST_RDONLY); /* the mount's flag, as the caller opened it */
-    case PIPEFS_MAGIC:
-    case SOCKFS_MAGIC:
-        return true;
-    default:
-        return false;
+    struct statx stx;
+    if (statx(dirfd, path, flags | AT_STATX_DONT_SYNC, STATX_TYPE, &stx) < 0)
+        return -errno;
+    *dev = makedev(stx.stx_dev_major, stx.stx_dev_minor);
+    *mode = stx.stx_mode;
+    return 0;
+}
+
+static void learn_internal(void)
+{
+    int p[2], sv[2] = {-1, -1}, m = memfd_create("forkbox-flock", MFD_CLOEXEC);
+    mode_t mode;
+    if (pipe2(p, O_CLOEXEC) < 0) {
+        p[0] = p[1] = -1;
     }
+    internal.known = m >= 0 && p[0] >= 0 &&
+                     socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0 &&
+                     dev_of(p[0], "", AT_EMPTY_PATH, &internal.pipe, &mode) == 0 &&
+                     dev_of(sv[0], "", AT_EMPTY_PATH, &internal.sock, &mode) == 0 &&
+                     dev_of(m, "", AT_EMPTY_PATH, &internal.memfd, &mode) == 0;
+    int fds[] = {p[0], p[1], sv[0], sv[1], m};
+    for (size_t i = 0; i < sizeof fds / sizeof *fds; i++)
+        if (fds[i] >= 0)
+            close(fds[i]);
+}
+
+/* The sandbox's scratch tmpfs (/workspace, /tmp and /dev/shm are one), as
+ * the caller's root shows it: found through /proc/PID/root, which the
+ * sandbox cannot change (no chroot, no mounts, a read-only root), and
+ * confirmed by the request still pending afterwards (so PID was the
+ * caller's). Once per turn. 0, -ESRCH if the request is gone, or -errno. */
+static int learn_scratch(struct session *s, const struct seccomp_notif *req)
+{
+    struct flock_state *f = &s->flock;
+    char path[64];
+    mode_t mode;
+    dev_t dev;
+    snprintf(path, sizeof path, "/proc/%d/root/workspace", (int)req->pid);
+    int r = dev_of(AT_FDCWD, path, 0, &dev, &mode);
+    if (!policy_notify_valid(s->notify_fd, req->id))
+        return -ESRCH;
+    if (r < 0)
+        return r;
+    f->scratch_dev = dev;
+    f->scratch_known = true;
+    return 0;
+}
+
+/* Whether a lock on fd can reach nothing but this sandbox: a file on its own
+ * scratch tmpfs (/workspace, /tmp, /dev/shm), a pipe, a socket or a memfd.
+ * Everything else is shared, or may be: /usr, the /etc files, site dirs and
+ * the root (other sandboxes and the host see the same inodes), device nodes
+ * (the host's), the anonymous inode behind every eventfd, epoll and timerfd
+ * on the host, nsfs, pidfs, procfs, and /tools (the sandbox's own, but
+ * nothing needs to lock it). It is an allowlist by the open file's device,
+ * so a mount added to the sandbox later is refused until it is listed, and
+ * the test is on the open file itself: a path or fd swapped afterwards
+ * cannot change what it says. */
+static bool lock_is_private(const struct flock_state *f, int fd)
+{
+    dev_t dev;
+    mode_t mode;
+    if (dev_of(fd, "", AT_EMPTY_PATH, &dev, &mode) < 0 || S_ISCHR(mode) || S_ISBLK(mode))
+        return false;
+    if (f->scratch_known && dev == f->scratch_dev)
+        return true;
+    return internal.known &&
+           (dev == internal.pipe || dev == internal.sock || dev == internal.memfd);
 }
 
 static void log_call(const struct session *s, int pid, int fd, unsigned cmd, const char *what)
@@ -140,36 +195,34 @@ static void on_timer(struct loop_watch *lw, uint32_t events)
     if (read(f->timer_fd, &ticks, sizeof ticks) < 0 && errno != EAGAIN)
         PLOG_W("turn %" PRIu64 ": flock timer", s->id);
     uint64_t now = now_ms();
-    for (unsigned i = 0; i < f->n && s->notify_fd >= 0;) {
-        struct flock_wait *w = &f->w[i];
-        if (w->due_ms > now) {
+    for (unsigned i = 0; i < f->n;) {
+        struct flock_wait w = f->w[i]; /* a copy: answering may tear the lot down */
+        if (w.due_ms > now) {
             i++;
             continue;
         }
         /* Gone: interrupted by a signal (a restarted call comes back as a
          * new request) or killed. Its lock was never taken. */
-        if (!policy_notify_valid(s->notify_fd, w->id)) {
-            log_call(s, w->pid, w->caller_fd, w->cmd, "no longer waiting");
+        if (!policy_notify_valid(s->notify_fd, w.id)) {
+            log_call(s, w.pid, w.caller_fd, w.cmd, "no longer waiting");
             drop(f, i);
             continue;
         }
-        int r = try_lock(s, w->id, w->fd, w->cmd);
+        int r = try_lock(s, w.id, w.fd, w.cmd);
         if (r == 0) {
-            w->delay_ms = w->delay_ms * 2 > FLOCK_RETRY_MAX_MS ? FLOCK_RETRY_MAX_MS
-                                                               : w->delay_ms * 2;
-            w->due_ms = now + w->delay_ms;
+            f->w[i].delay_ms = w.delay_ms * 2 > FLOCK_RETRY_MAX_MS ? FLOCK_RETRY_MAX_MS
+                                                                   : w.delay_ms * 2;
+            f->w[i].due_ms = now + f->w[i].delay_ms;
             i++;
             continue;
         }
-        int rr = r < 0 ? reply(s, w->id, -r) : 0;
+        int rr = r < 0 ? reply(s, w.id, -r) : 0;
         if (rr < 0)
             notify_listener_failed(s, -rr);
-        log_call(s, w->pid, w->caller_fd, w->cmd, r > 0 ? "granted after waiting" : strerror(-r));
+        if (s->notify_fd < 0)
+            return; /* the listener failed: flock_close() has dropped every call */
+        log_call(s, w.pid, w.caller_fd, w.cmd, r > 0 ? "granted after waiting" : strerror(-r));
         drop(f, i);
-    }
-    if (s->notify_fd < 0) {
-        flock_close(s); /* the listener is gone: nobody can be answered */
-        return;
     }
     arm(f);
 }
@@ -225,6 +278,17 @@ int flock_handle(struct session *s, const struct seccomp_notif *req)
     /* The kernel's order: the command first, then the fd. */
     if (!(cmd & LOCK_MAND) && op != LOCK_SH && op != LOCK_EX && op != LOCK_UN)
         return (r = reply(s, req->id, EINVAL)) < 0 ? r : 0;
+    if (!internal.known)
+        learn_internal();
+    if (!s->flock.scratch_known && (r = learn_scratch(s, req)) < 0) {
+        if (r == -ESRCH)
+            return 0; /* no longer waiting */
+        /* Then only pipes, sockets and memfds can be locked this turn. */
+        LOG_W("turn %" PRIu64 ": cannot find the sandbox's /workspace: %s; flock on its "
+              "files fails with ENOLCK", s->id, strerror(-r));
+        s->flock.scratch_known = true;
+        s->flock.scratch_dev = (dev_t)-1; /* matches no file */
+    }
     int fd = fdnum > INT32_MAX ? -EBADF
                                : policy_notify_getfd(s->notify_fd, req, (int)fdnum);
     if (fd == -ESRCH)
@@ -244,7 +308,7 @@ int flock_handle(struct session *s, const struct seccomp_notif *req)
             close(fd);
         return (r = reply(s, req->id, EBADF)) < 0 ? r : 0;
     }
-    if (!lock_is_private(fd)) {
+    if (!lock_is_private(&s->flock, fd)) {
         close(fd);
         if (op == LOCK_UN && !(cmd & LOCK_MAND)) /* no lock can be held there */
             return (r = reply(s, req->id, 0)) < 0 ? r : 0;
@@ -276,4 +340,5 @@ void flock_close(struct session *s)
         f->timer_on = false;
     }
     f->warned = false;
+    f->scratch_known = false;
 }

@@ -10,8 +10,9 @@
  *
  * For each call: the caller's open file is fetched with pidfd_getfd (after
  * SECCOMP_IOCTL_NOTIF_ID_VALID has ruled out a reused pid). A file on the
- * sandbox's own writable tmpfs (/workspace, /tmp, /dev/shm, memfds), a pipe
- * or a socket is locked by the supervisor on that duplicate: flock locks
+ * sandbox's own scratch tmpfs (/workspace, /tmp, /dev/shm; its device is
+ * looked up once per turn through /proc/PID/root), a pipe, a socket or a
+ * memfd is locked by the supervisor on that duplicate: flock locks
  * belong to the open file description, so this is exactly the caller's lock,
  * and no later change of the caller's fd table can redirect it (the call is
  * never let through with SECCOMP_USER_NOTIF_FLAG_CONTINUE). Anything else is
@@ -26,6 +27,7 @@
 #pragma once
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "loop/loop.h"
 
@@ -43,6 +45,8 @@ struct flock_state {
     bool timer_on;
     struct loop_watch timer_watch;
     bool warned;                  /* "cannot fetch the caller's fd" logged this turn */
+    bool scratch_known;           /* scratch_dev was looked up this turn */
+    dev_t scratch_dev;            /* st_dev of the sandbox's /workspace, /tmp, /dev/shm */
 };
 
 /* Answer (or park) the flock request req received on s's listener. 0, or

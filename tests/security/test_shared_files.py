@@ -484,6 +484,12 @@ for d in ("/workspace", "/tmp", "/dev/shm"):
     R[d] = r
 rfd, wfd = os.pipe()
 R["pipe"] = lk(rfd, fcntl.LOCK_EX)
+import socket
+S = socket.socketpair()
+R["socket"] = lk(S[0].fileno(), fcntl.LOCK_EX)
+M = os.memfd_create("m")
+R["memfd"] = [lk(M, fcntl.LOCK_EX), lk(os.open("/proc/self/fd/%d" % M, os.O_RDWR), fcntl.LOCK_EX | fcntl.LOCK_NB)]
+R["tools"] = lk(os.open("/tools/__init__.py", os.O_RDONLY), fcntl.LOCK_SH)
 R["badfd"] = lk(9999, fcntl.LOCK_EX)
 R["badop"] = try_(lambda: fcntl.flock(rfd, 77))
 report(R)
@@ -491,14 +497,16 @@ report(R)
     want = ["ok", "ok", "EAGAIN", "ok", "ok", "EAGAIN", "EAGAIN", "ok", "ok", "ok"]
     for d in ("/workspace", "/tmp", "/dev/shm"):
         assert rep[d] == want, (d, rep)
-    assert rep["pipe"] == "ok" and rep["badfd"] == "EBADF", rep
+    assert rep["pipe"] == rep["socket"] == "ok" and rep["badfd"] == "EBADF", rep
+    assert rep["memfd"] == ["ok", "EAGAIN"], rep     # a second open of it sees the lock
+    assert rep["tools"] == "ENOLCK", rep             # read-only, nothing needs to lock it
     assert rep["badop"]["errno"] == "EINVAL", rep
 
 
 def test_flock_blocking_waits_across_processes(daemon):
     """A blocking exclusive lock in a child waits while the parent holds the lock
     and is granted soon after it is released; a shared lock waits for an
-    exclusive one the same way."""
+    exclusive one the same way; so does a lock asked for on another thread."""
     rep = one_block(daemon, LOCKS + r'''
 def waiter(op, hold):
     a = os.open("/workspace/lk", os.O_RDWR | os.O_CREAT, 0o644)
@@ -521,9 +529,29 @@ def waiter(op, hold):
     os.waitpid(pid, 0)
     os.close(a)
     return {"result": out[0], "waited": float(out[1]), "granted_after_release": after}
-report({"ex": waiter(fcntl.LOCK_EX, 0.5), "sh": waiter(fcntl.LOCK_SH, 0.3)})
+def thread_waiter(hold):
+    import threading
+    a = os.open("/workspace/lk", os.O_RDWR | os.O_CREAT, 0o644)
+    b = os.open("/workspace/lk", os.O_RDWR)
+    fcntl.flock(a, fcntl.LOCK_EX)
+    out = {}
+    def run():
+        t0 = _time.monotonic()
+        out["result"] = lk(b, fcntl.LOCK_EX)
+        out["waited"] = _time.monotonic() - t0
+    t = threading.Thread(target=run)
+    t.start()
+    _time.sleep(hold)
+    t_rel = _time.monotonic()
+    fcntl.flock(a, fcntl.LOCK_UN)
+    t.join(30)
+    out["granted_after_release"] = _time.monotonic() - t_rel
+    os.close(a); os.close(b)
+    return out
+report({"ex": waiter(fcntl.LOCK_EX, 0.5), "sh": waiter(fcntl.LOCK_SH, 0.3),
+        "thread": thread_waiter(0.4)})
 ''')
-    for k, hold in (("ex", 0.5), ("sh", 0.3)):
+    for k, hold in (("ex", 0.5), ("sh", 0.3), ("thread", 0.4)):
         r = rep[k]
         assert r["result"] == "ok", rep
         assert r["waited"] >= hold - 0.05, rep          # it did wait for the holder
