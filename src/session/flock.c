@@ -28,7 +28,7 @@
 #include "session/session.h"
 
 #ifndef LOCK_MAND
-#define LOCK_MAND 32 /* ignored by Linux since 5.15; a lock of its own before */
+#define LOCK_MAND 32
 #endif
 
 /* A blocking flock that would have blocked: retried until granted or gone. */
@@ -275,8 +275,12 @@ int flock_handle(struct session *s, const struct seccomp_notif *req)
     unsigned op = cmd & ~(unsigned)LOCK_NB;
     int pid = (int)req->pid, r;
 
-    /* The kernel's order: the command first, then the fd. */
-    if (!(cmd & LOCK_MAND) && op != LOCK_SH && op != LOCK_EX && op != LOCK_UN)
+    /* The kernel's order: the command first, then the fd. LOCK_MAND
+     * requests return 0 without looking at the fd (Linux 5.18 removed them;
+     * they never conflicted with anything before). */
+    if (cmd & LOCK_MAND)
+        return (r = reply(s, req->id, 0)) < 0 ? r : 0;
+    if (op != LOCK_SH && op != LOCK_EX && op != LOCK_UN)
         return (r = reply(s, req->id, EINVAL)) < 0 ? r : 0;
     if (!internal.known)
         learn_internal();
@@ -310,7 +314,7 @@ int flock_handle(struct session *s, const struct seccomp_notif *req)
     }
     if (!lock_is_private(&s->flock, fd)) {
         close(fd);
-        if (op == LOCK_UN && !(cmd & LOCK_MAND)) /* no lock can be held there */
+        if (op == LOCK_UN) /* no lock can be held there */
             return (r = reply(s, req->id, 0)) < 0 ? r : 0;
         notify_count_refusal(s, SYS_flock);
         log_call(s, pid, (int)fdnum, cmd, "a shared file: ENOLCK");
