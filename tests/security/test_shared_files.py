@@ -25,14 +25,13 @@ cannot be evicted, which would make the page-cache checks vacuous; the first
 check proves eviction works there from the host).
 """
 
-import asyncio
 import ctypes
 import fcntl
 import mmap
 import os
+import re
 import shutil
 import tempfile
-import threading
 import time
 
 import pytest
@@ -436,7 +435,10 @@ report(res)
                      epoll="ENOLCK", unlock="ok"), a
     assert host == {USR_FILE: "ok", site_file(site): "ok"}, host
     assert b == dict({p: "ENOLCK" for p in targets}, eventfd="ENOLCK", epoll="ENOLCK"), b
-    assert "flock" in daemon.stderr(20000), "refused flocks are counted in the turn summary"
+    # the turn summary is logged once the turn has ended, which may be after we return
+    summary = re.compile(r"system calls refused by the policy \(.*flock \u00d7")
+    assert sbx.wait_until(lambda: summary.search(daemon.stderr(20000)), 10), \
+        "refused flocks are counted in the turn summary"
 
 
 def test_host_lock_on_shared_file_neither_blocks_nor_shows(daemon, site):
