@@ -45,14 +45,17 @@ static void check_rules(const struct policy_rules *r)
     FUZZ_ASSERT(r->n_groups <= POLICY_MAX_GROUPS, "%zu groups", r->n_groups);
     for (int nr = 0; nr < POLICY_NR_MAX; nr++) {
         const struct policy_sys *s = &r->sys[nr];
-        FUZZ_ASSERT(s->act >= POLICY_NONE && s->act <= POLICY_KILL, "action %d", (int)s->act);
+        FUZZ_ASSERT(s->act >= POLICY_NONE && s->act <= POLICY_SUPERVISE, "action %d",
+                    (int)s->act);
         if (s->act == POLICY_DENY)
             FUZZ_ASSERT(policy_deny_errno(r, nr) == s->err, "deny errno of %d", nr);
+        if (s->act == POLICY_SUPERVISE)
+            FUZZ_ASSERT(policy_supervisable(nr), "supervise on %d, which has no handler", nr);
     }
     for (size_t i = 0; i < r->n_when; i++) {
         const struct policy_when *w = &r->when[i];
         FUZZ_ASSERT(w->nr >= 0 && w->nr < POLICY_NR_MAX, "when rule on syscall %d", w->nr);
-        FUZZ_ASSERT(w->act >= POLICY_ALLOW && w->act <= POLICY_KILL, "when action %d",
+        FUZZ_ASSERT(w->act >= POLICY_ALLOW && w->act <= POLICY_NOOP, "when action %d",
                     (int)w->act);
         FUZZ_ASSERT(w->ncond >= 1 && w->ncond <= 6, "%u conditions", (unsigned)w->ncond);
         for (unsigned k = 0; k < w->ncond; k++) {

@@ -256,6 +256,15 @@ POLICY = {
     "bad-errno": "default deny ENOTANERRNO\n",
     "numeric-errno": "default deny 1\nerrno 38 clone3\n",
     "crlf": "default deny EPERM\r\nallow read\r\n",
+    "noop-supervise": (
+        "default deny EPERM\nallow madvise fadvise64 preadv2\nsupervise flock\nnoop readahead\n"
+        "noop madvise when arg2 & 0xffffffff == MADV_COLD\n"
+        "noop fadvise64 when arg3 & 0xffffffff == POSIX_FADV_DONTNEED\n"
+        "errno EOPNOTSUPP preadv2 when arg5 & RWF_NOWAIT == RWF_NOWAIT\n"
+        "errno EPERM flock when arg1 & 0xffffffff == 99\n"
+    ),
+    "supervise-unsupported": "default kill\nsupervise read\n",
+    "default-noop": "default noop\n",
 }
 
 

@@ -61,3 +61,10 @@
 #define LOG_RATELIMIT_BURST 10
 #define LOG_RATELIMIT_PER_INTERVAL 1
 #define LOG_RATELIMIT_INTERVAL_MS 1000
+
+/* flock(2) of a sandbox, carried out by the supervisor (src/session/flock.c).
+ * A blocking call that would block is parked and retried with LOCK_NB, the
+ * delay doubling from MIN to MAX; each parked call holds one supervisor fd. */
+#define FLOCK_MAX_PARKED 16        /* per turn; one more blocking call gets ENOLCK */
+#define FLOCK_RETRY_MIN_MS 1
+#define FLOCK_RETRY_MAX_MS 50

@@ -19,13 +19,21 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/inotify.h>
 #include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <sys/personality.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include "core/cleanup.h"
+
+#ifndef RWF_DONTCACHE
+#define RWF_DONTCACHE 0x00000080 /* Linux 6.14: read, then drop the pages from the cache */
+#endif
 
 #define MAX_TOKENS 512
 
@@ -58,6 +66,17 @@ static const struct constant builtin_constants[] = {
     C(PR_GET_TID_ADDRESS), C(PR_SET_THP_DISABLE), C(PR_GET_THP_DISABLE),
     C(PR_CAP_AMBIENT), C(PR_SET_VMA),
     C(PER_LINUX), C(PER_LINUX32), C(ADDR_NO_RANDOMIZE),
+    C(IN_ACCESS), C(IN_MODIFY), C(IN_ATTRIB), C(IN_CLOSE_WRITE), C(IN_CLOSE_NOWRITE),
+    C(IN_OPEN), C(IN_MOVED_FROM), C(IN_MOVED_TO), C(IN_CREATE), C(IN_DELETE),
+    C(IN_DELETE_SELF), C(IN_MOVE_SELF), C(IN_ALL_EVENTS),
+    C(F_NOTIFY), C(DN_ACCESS), C(DN_MODIFY), C(DN_CREATE), C(DN_DELETE), C(DN_RENAME),
+    C(DN_ATTRIB), C(F_SETLK), C(F_SETLKW), C(F_GETLK), C(F_OFD_SETLK), C(F_OFD_SETLKW),
+    C(F_OFD_GETLK),
+    C(RWF_HIPRI), C(RWF_DSYNC), C(RWF_SYNC), C(RWF_NOWAIT), C(RWF_APPEND), C(RWF_DONTCACHE),
+    C(POSIX_FADV_NORMAL), C(POSIX_FADV_RANDOM), C(POSIX_FADV_SEQUENTIAL),
+    C(POSIX_FADV_WILLNEED), C(POSIX_FADV_DONTNEED), C(POSIX_FADV_NOREUSE),
+    C(MADV_NORMAL), C(MADV_RANDOM), C(MADV_SEQUENTIAL), C(MADV_WILLNEED), C(MADV_DONTNEED),
+    C(MADV_FREE), C(MADV_REMOVE), C(MADV_COLD), C(MADV_PAGEOUT),
 };
 #undef C
 
@@ -113,12 +132,25 @@ const char *policy_action_str(enum policy_action act, uint16_t err, char *buf, s
     case POLICY_DENY: snprintf(buf, len, "deny %s", en ? en : "?"); break;
     case POLICY_ERRNO: snprintf(buf, len, "errno %s", en ? en : "?"); break;
     case POLICY_KILL: snprintf(buf, len, "kill"); break;
+    case POLICY_NOOP: snprintf(buf, len, "noop"); break;
+    case POLICY_SUPERVISE: snprintf(buf, len, "supervise"); break;
     default: snprintf(buf, len, "none"); break;
     }
     return buf;
 }
 
-static bool refusing(enum policy_action a) { return a == POLICY_DENY || a == POLICY_ERRNO || a == POLICY_KILL; }
+/* Actions that override an `allow`: a refusal, or `noop` (a refusal whose
+ * errno is 0). `supervise` combines like `allow`. */
+static bool refusing(enum policy_action a)
+{
+    return a == POLICY_DENY || a == POLICY_ERRNO || a == POLICY_KILL || a == POLICY_NOOP;
+}
+
+bool policy_supervisable(int nr)
+{
+    /* The supervisor's handlers (src/session/flock.c); keep in step. */
+    return nr == SYS_flock;
+}
 
 /* --- tokens and values --- */
 
@@ -470,7 +502,19 @@ static int parse_conditions(struct parser *p, char **tok, size_t ntok, struct po
     }
 }
 
-/* allow|deny E|errno E|kill TARGETS [when ...]; tok[0] is the action word. */
+/* `supervise` hands a call to the supervisor: it must have a handler, or
+ * the call would only ever be refused there. */
+static int check_supervisable(struct parser *p, enum policy_action act, int nr)
+{
+    char name[64];
+    if (act != POLICY_SUPERVISE || policy_supervisable(nr))
+        return 0;
+    return perr(p, "the supervisor has no handler for '%s' (supervise: flock only)",
+                sys_name(nr, name, sizeof name));
+}
+
+/* allow|deny E|errno E|kill|noop|supervise TARGETS [when ...]; tok[0] is the
+ * action word. */
 static int stmt_rule(struct parser *p, char **tok, size_t ntok)
 {
     enum policy_action act;
@@ -480,6 +524,10 @@ static int stmt_rule(struct parser *p, char **tok, size_t ntok)
         act = POLICY_ALLOW;
     else if (strcmp(tok[0], "kill") == 0)
         act = POLICY_KILL;
+    else if (strcmp(tok[0], "noop") == 0)
+        act = POLICY_NOOP;
+    else if (strcmp(tok[0], "supervise") == 0)
+        act = POLICY_SUPERVISE;
     else {
         act = strcmp(tok[0], "deny") == 0 ? POLICY_DENY : POLICY_ERRNO;
         if (ntok < 2)
@@ -497,6 +545,11 @@ static int stmt_rule(struct parser *p, char **tok, size_t ntok)
         return perr(p, "'%s' names no syscall or group", tok[0]);
 
     if (i < ntok) { /* when */
+        /* A conditional notification would have to sit in the main filter
+         * next to `allow ... when` rules, ordered by libseccomp; the one
+         * handler (flock) needs no condition. */
+        if (act == POLICY_SUPERVISE)
+            return perr(p, "'supervise' takes no 'when'");
         if (ntargets != 1 || tok[first][0] == '@')
             return perr(p, "a 'when' rule names exactly one syscall");
         struct policy_when w = { .act = act, .err = err, .line = p->line };
@@ -518,13 +571,15 @@ static int stmt_rule(struct parser *p, char **tok, size_t ntok)
             struct policy_group *grp = &p->r->groups[g];
             grp->used = true;
             for (size_t k = 0; k < grp->n; k++)
-                if ((rc = apply_uncond(p, grp->nrs[k], act, err, false)) < 0)
+                if ((rc = check_supervisable(p, act, grp->nrs[k])) < 0 ||
+                    (rc = apply_uncond(p, grp->nrs[k], act, err, false)) < 0)
                     return rc;
         } else {
             int nr;
             if ((rc = resolve_syscall(p, tok[t], &nr)) < 0)
                 return rc;
-            if (nr >= 0 && (rc = apply_uncond(p, nr, act, err, true)) < 0)
+            if (nr >= 0 && ((rc = check_supervisable(p, act, nr)) < 0 ||
+                            (rc = apply_uncond(p, nr, act, err, true)) < 0))
                 return rc;
         }
     }
@@ -545,6 +600,9 @@ static int stmt_default(struct parser *p, char **tok, size_t ntok)
         r->def = tok[1][0] == 'd' ? POLICY_DENY : POLICY_ERRNO;
     } else if (ntok >= 2 && strcmp(tok[1], "allow") == 0) {
         return perr(p, "'default allow' is not a sandbox; use deny, errno or kill");
+    } else if (ntok >= 2 && strcmp(tok[1], "noop") == 0) {
+        return perr(p, "'default noop' would fake success for every unlisted call; use deny, "
+                    "errno or kill");
     } else {
         return perr(p, "expected 'default deny ERRNO', 'default errno ERRNO' or 'default kill'");
     }
@@ -647,12 +705,13 @@ static int parse_line(struct parser *p, char *line)
     if (strcmp(tok[0], "group") == 0)
         return stmt_group(p, tok, ntok);
     if (strcmp(tok[0], "allow") == 0 || strcmp(tok[0], "deny") == 0 ||
-        strcmp(tok[0], "errno") == 0 || strcmp(tok[0], "kill") == 0)
+        strcmp(tok[0], "errno") == 0 || strcmp(tok[0], "kill") == 0 ||
+        strcmp(tok[0], "noop") == 0 || strcmp(tok[0], "supervise") == 0)
         return stmt_rule(p, tok, ntok);
     if (strcmp(tok[0], "}") == 0)
         return perr(p, "'}' without an open group");
     return perr(p, "unknown statement '%s' (expected default, define, group, allow, deny, "
-                "errno or kill)", tok[0]);
+                "errno, noop, kill or supervise)", tok[0]);
 }
 
 void policy_rules_free(struct policy_rules *r)
@@ -775,13 +834,17 @@ int policy_parse_file(const char *path, struct policy_rules **out, char *err, si
  * by whoever holds the listener) only in the main filter and only without
  * `when`: conditional refusals live in the exceptions filter, which cannot
  * have a listener of its own (one per filter stack), so they are plain
- * ERRNO there, and the same in the main filter's copy. */
+ * ERRNO there, and the same in the main filter's copy. `noop` is ERRNO 0:
+ * the kernel skips the call and returns 0. `supervise` is a notification
+ * the holder carries out (always unconditional, in the main filter). */
 static uint32_t scmp_action(enum policy_action act, uint16_t err, bool conditional)
 {
     switch (act) {
     case POLICY_ALLOW: return SCMP_ACT_ALLOW;
     case POLICY_DENY: return conditional ? SCMP_ACT_ERRNO(err) : SCMP_ACT_NOTIFY;
     case POLICY_ERRNO: return SCMP_ACT_ERRNO(err);
+    case POLICY_NOOP: return SCMP_ACT_ERRNO(0);
+    case POLICY_SUPERVISE: return SCMP_ACT_NOTIFY;
     default: return SCMP_ACT_KILL_PROCESS;
     }
 }

@@ -11,7 +11,9 @@
  *   allow TARGETS [when COND [and COND]...]
  *   deny ERRNO TARGETS [when ...]     refused and counted (without `when`: see below)
  *   errno ERRNO TARGETS [when ...]    refused quietly
+ *   noop TARGETS [when ...]           not made; returns 0 (hints that may do nothing)
  *   kill TARGETS [when ...]
+ *   supervise TARGETS                 answered by the supervisor's own handler (flock)
  *   COND := argN [& VALUE] OP VALUE,  OP one of == != < <= > >=  (& only with ==)
  *
  * How rules become filters, so that libseccomp's rule semantics never
@@ -32,6 +34,17 @@
  * The kernel allows one listener per filter stack, so a `deny ... when` rule
  * (which lives in the exceptions filter) compiles to plain SECCOMP_RET_ERRNO:
  * refused with its errno, not counted.
+ *
+ * `noop` is SECCOMP_RET_ERRNO with errno 0: the kernel skips the call and
+ * returns 0. For the rules that combine it is a refusal like `errno` (it
+ * overrides an unconditional `allow` from the exceptions filter), and the
+ * same masking advice applies: a caller must not slip past it with high bits.
+ *
+ * `supervise` is SECCOMP_RET_USER_NOTIF like a counted refusal, but the
+ * holder of the listener carries the call out itself (on the caller's open
+ * file, fetched with pidfd_getfd) instead of refusing it. Only syscalls the
+ * supervisor has a handler for may be named (policy_supervisable); for the
+ * rules that combine it is an unconditional `allow`.
  */
 #pragma once
 #include <seccomp.h>
@@ -54,6 +67,9 @@ enum policy_action {
                      with `when`: SECCOMP_RET_ERRNO, not counted) */
     POLICY_ERRNO, /* refused with an errno, not counted (SECCOMP_RET_ERRNO) */
     POLICY_KILL,  /* SECCOMP_RET_KILL_PROCESS */
+    POLICY_NOOP,  /* not made, returns 0 (SECCOMP_RET_ERRNO with errno 0) */
+    POLICY_SUPERVISE, /* carried out by the listener's holder (SECCOMP_RET_USER_NOTIF);
+                         unconditional only */
 };
 
 struct policy_cond {
@@ -124,5 +140,9 @@ int policy_build(const struct policy_rules *r, scmp_filter_ctx *main, scmp_filte
  * default's (EPERM if the default does not count). */
 uint16_t policy_deny_errno(const struct policy_rules *r, int nr);
 
-/* "allow", "deny EPERM", "errno ENOSYS", "kill" into buf. */
+/* Whether the supervisor has a handler for native syscall nr, so that
+ * `supervise` may name it (today: flock). */
+bool policy_supervisable(int nr);
+
+/* "allow", "deny EPERM", "errno ENOSYS", "kill", "noop", "supervise" into buf. */
 const char *policy_action_str(enum policy_action act, uint16_t err, char *buf, size_t len);

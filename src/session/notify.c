@@ -6,12 +6,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "core/cleanup.h"
 #include "core/log.h"
 #include "sandbox/policy.h"
 #include "sandbox/seccomp.h"
+#include "session/flock.h"
 #include "session/session.h"
 
 #define SUMMARY_NAMES 12 /* syscalls named in the turn's log line */
@@ -21,7 +23,7 @@ static void stop_watching(struct session *s)
     loop_unwatch(s->srv->loop, &s->notify_watch);
 }
 
-static void count(struct session *s, int nr, int pid)
+void notify_count_refusal(struct session *s, int nr)
 {
     s->refused++;
     if (nr >= 0 && nr < POLICY_NR_MAX) {
@@ -30,12 +32,42 @@ static void count(struct session *s, int nr, int pid)
         if (s->refused_by_nr && s->refused_by_nr[nr] < UINT32_MAX)
             s->refused_by_nr[nr]++;
     }
+}
+
+static void count(struct session *s, int nr, int pid)
+{
+    notify_count_refusal(s, nr);
     if (log_min_level() <= LOG_LEVEL_DEBUG) {
         char name[64];
         LOG_D("turn %" PRIu64 ": refused %s (pid %d): %s", s->id,
               nr >= 0 ? policy_syscall_name(nr, name, sizeof name) : "a foreign call", pid,
               strerrorname_np(policy_notify_errno(s->srv->notify, nr)));
     }
+}
+
+void notify_listener_failed(struct session *s, int err)
+{
+    if (s->notify_fd < 0)
+        return;
+    /* Fail closed: without a holder, counted refusals and supervised calls
+     * get ENOSYS. */
+    LOG_W("turn %" PRIu64 ": seccomp listener: %s; refused and supervised calls now fail "
+          "with ENOSYS and are not counted", s->id, strerror(err));
+    stop_watching(s);
+    close_and_reset(&s->notify_fd);
+    flock_close(s);
+}
+
+/* A `supervise`d call: its handler answers it. policy_supervisable() names
+ * the syscalls that have one; anything else is refused like a `deny`. */
+static int supervise(struct session *s, int nr)
+{
+    const struct seccomp_notif *req = policy_notify_request(s->srv->notify);
+    if (nr == SYS_flock)
+        return flock_handle(s, req);
+    int r = policy_notify_reply(s->srv->notify, s->notify_fd, req->id, 0,
+                                policy_notify_errno(s->srv->notify, nr));
+    return r < 0 ? r : 0;
 }
 
 static void on_notify(struct loop_watch *w, uint32_t events)
@@ -52,15 +84,14 @@ static void on_notify(struct loop_watch *w, uint32_t events)
             stop_watching(s);
             return;
         }
+        if (r == POLICY_NOTIFY_SUPERVISE)
+            r = supervise(s, nr);
+        else if (r == POLICY_NOTIFY_ANSWERED)
+            count(s, nr, pid);
         if (r < 0) {
-            /* Fail closed: without a holder, counted refusals get ENOSYS. */
-            LOG_W("turn %" PRIu64 ": seccomp listener: %s; refused calls now fail with ENOSYS "
-                  "and are not counted", s->id, strerror(-r));
-            stop_watching(s);
-            close_and_reset(&s->notify_fd);
+            notify_listener_failed(s, -r);
             return;
         }
-        count(s, nr, pid);
     }
 }
 
@@ -122,6 +153,7 @@ static void log_summary(struct session *s)
 
 void notify_close(struct session *s)
 {
+    flock_close(s);
     if (s->notify_fd >= 0) {
         stop_watching(s);
         close_and_reset(&s->notify_fd);

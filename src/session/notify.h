@@ -1,4 +1,5 @@
-/* Counted refusals: the supervisor's side of the sandbox's seccomp listener.
+/* Counted refusals and supervised calls: the supervisor's side of the
+ * sandbox's seccomp listener.
  *
  * A counted refusal (`deny`, `default deny`) stops the calling task in the
  * kernel and queues a notification on the listener, which the sandbox sent
@@ -6,7 +7,8 @@
  * any untrusted code ran. The supervisor holds it for the turn: each
  * notification is counted per syscall and answered with the policy's errno
  * for that syscall (never "let it run"). The count is logged when the turn
- * ends; each refusal at debug level.
+ * ends; each refusal at debug level. A `supervise`d call (flock) goes to its
+ * handler (flock.c), which carries it out on the caller's behalf.
  *
  * Non-blocking throughout: answering polls first (policy_notify_answer), and
  * one wakeup answers at most NOTIFY_BATCH calls so a sandbox that does
@@ -24,3 +26,9 @@ void notify_adopt(struct session *s, int fd);
  * close the listener (calls still waiting get ENOSYS; the sandbox is being
  * killed). Idempotent. */
 void notify_close(struct session *s);
+/* Count one refusal of native syscall nr (for the turn's summary); the
+ * caller logs it. */
+void notify_count_refusal(struct session *s, int nr);
+/* The listener failed with err: warn, stop answering and close it (calls
+ * still waiting and any later ones get ENOSYS). Idempotent. */
+void notify_listener_failed(struct session *s, int err);

@@ -18,6 +18,7 @@
 #include "proto/chan.h"
 #include "sandbox/forkserver.h"
 #include "session/preauth.h"
+#include "session/flock.h"
 
 struct http_req;
 struct ws_conn;
@@ -117,6 +118,7 @@ struct session {
     struct loop_watch notify_watch;
     uint64_t refused;             /* counted refusals answered this turn */
     uint32_t *refused_by_nr;      /* owned: per native syscall, from the first refusal */
+    struct flock_state flock;     /* flock calls carried out for the sandbox (flock.c) */
     uint64_t spawn_ns;            /* from the fork server */
     uint64_t accept_ns;           /* when the upgrade was accepted */
 };

@@ -20,6 +20,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <linux/seccomp.h>
+#include <sys/file.h>
+#include <sys/inotify.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/mount.h>
@@ -33,6 +35,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -44,6 +47,11 @@
 #include "tap.h"
 
 extern char **environ;
+
+#ifndef RWF_DONTCACHE
+#define RWF_DONTCACHE 0x00000080
+#endif
+#define SYS_cachestat_ 451 /* same number on every architecture */
 
 /* --- part 1: the parser --- */
 
@@ -88,7 +96,7 @@ static void test_parser(void)
                 "t.policy:2: unknown group '@b' (groups must be defined before use)");
     parse_fails("default deny EPERM\npermit read\n",
                 "t.policy:2: unknown statement 'permit' (expected default, define, group, "
-                "allow, deny, errno or kill)");
+                "allow, deny, errno, noop, kill or supervise)");
     parse_fails("default deny EPERM\n# comment\n\nallow read\nallow write read\n",
                 "t.policy:5: duplicate rule for 'read' (first at line 4)");
     parse_fails("default deny EPERM\nallow read\ndeny EPERM read\n",
@@ -153,6 +161,32 @@ static void test_parser(void)
     parse_fails("default deny EPERM\ngroup a { read }\n",
                 "t.policy:2: bad group name 'a' (want @ followed by a-z, 0-9, '-')");
 
+    /* noop: ERRNO 0, combines like a refusal; supervise: flock only, no when */
+    parse_fails("default noop\n", "t.policy:1: 'default noop' would fake success for every "
+                "unlisted call; use deny, errno or kill");
+    parse_fails("default deny EPERM\nsupervise read\n",
+                "t.policy:2: the supervisor has no handler for 'read' (supervise: flock only)");
+    parse_fails("default deny EPERM\ngroup @a { flock read }\nsupervise @a\n",
+                "t.policy:3: the supervisor has no handler for 'read' (supervise: flock only)");
+    parse_fails("default deny EPERM\nsupervise flock when arg1 == 2\n",
+                "t.policy:2: 'supervise' takes no 'when'");
+    parse_fails("default deny EPERM\nallow flock\nsupervise flock\n",
+                "t.policy:3: conflicting rules for 'flock': allow (line 2) and supervise");
+    parse_fails("default deny EPERM\nsupervise flock\nsupervise flock\n",
+                "t.policy:3: duplicate rule for 'flock' (first at line 2)");
+    parse_fails("default deny EPERM\nnoop readahead\nnoop readahead when arg0 == 1\n",
+                "t.policy:3: conflicting rules for 'readahead': refused unconditionally "
+                "(line 2) and conditionally");
+    parse_fails("default deny EPERM\nallow madvise\nnoop madvise when arg2 == 3\n"
+                "errno EPERM madvise when arg2 == 4\n",
+                "t.policy:4: conflicting rules for 'madvise': noop (line 3) and errno EPERM; "
+                "conditional refusals of one syscall must share one action");
+    parse_ok("default deny EPERM\nnoop madvise when arg2 & 0xffffffff == MADV_COLD\n"
+             "allow madvise\nnoop readahead\nnoop fadvise64 when arg3 == POSIX_FADV_DONTNEED\n"
+             "supervise flock\nerrno EPERM flock when arg1 & 0xffffffff == 99\n"
+             "errno EOPNOTSUPP preadv2 when arg5 & RWF_NOWAIT == RWF_NOWAIT\n"
+             "allow inotify_add_watch\nerrno EPERM inotify_add_watch when arg2 & IN_OPEN == IN_OPEN\n",
+             "noop (before or after the allow it carves out of), supervise with an exception");
     parse_ok("default deny EPERM\ngroup @a { read write }\ngroup @b {\n  write # c\n  close\n}\n"
              "group @c { @a @b }\nallow @a @b @c\n",
              "overlapping groups with one action");
@@ -181,6 +215,7 @@ struct check {
     int (*fn)(void);       /* runs after the filter is installed: 0 = as expected */
     int want_signal;       /* 0: expect exit 0; else the fatal signal */
     const char *counted;   /* the counted refusals, one name per call, in any order */
+    unsigned supervised;   /* calls handed to the holder to carry out (flock) */
 };
 
 #define EXPECT_ERR(call, e)                                                    \
@@ -399,6 +434,98 @@ static int c_python(void)
     return WEXITSTATUS(st) ? 50 + WEXITSTATUS(st) % 50 : 0;
 }
 
+/* Channels through files shared with the host and other sandboxes
+ * (policy: "Files shared with the host and with other turns"): read events
+ * of inotify and dnotify refused (change events work), page-cache probes
+ * refused the way a filesystem without them refuses them, hints made no-ops
+ * that return 0. High bits in 32-bit arguments must not slip past. */
+static int c_shared_files(void)
+{
+    int in = inotify_init1(IN_CLOEXEC);
+    if (in < 0)
+        return 2;
+    EXPECT_ERR(inotify_add_watch(in, "/tmp", IN_OPEN), EPERM);
+    EXPECT_ERR(inotify_add_watch(in, "/tmp", IN_ACCESS | IN_MODIFY), EPERM);
+    EXPECT_ERR(inotify_add_watch(in, "/tmp", IN_CLOSE_NOWRITE), EPERM);
+    EXPECT_ERR(inotify_add_watch(in, "/tmp", IN_ALL_EVENTS), EPERM);
+    EXPECT_ERR(syscall(SYS_inotify_add_watch, in, "/tmp", (1UL << 32) | IN_OPEN), EPERM);
+    if (inotify_add_watch(in, "/tmp", IN_CLOSE_WRITE | IN_CREATE | IN_MODIFY | IN_DELETE |
+                                          IN_MOVE | IN_ATTRIB | IN_DELETE_SELF) < 0)
+        return 3;
+    signal(SIGIO, SIG_IGN); /* dnotify's signal, should /tmp change meanwhile */
+    int d = open("/tmp", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    EXPECT_ERR(fcntl(d, F_NOTIFY, DN_ACCESS), EPERM);
+    EXPECT_ERR(fcntl(d, F_NOTIFY, DN_ACCESS | DN_MODIFY | DN_MULTISHOT), EPERM);
+    EXPECT_ERR(syscall(SYS_fcntl, d, (1UL << 32) | F_NOTIFY, DN_ACCESS), EPERM);
+    if (fcntl(d, F_NOTIFY, DN_MODIFY | DN_CREATE) < 0 || fcntl(d, F_NOTIFY, 0) < 0)
+        return 4;
+
+    char tmpl[] = "/tmp/fbpolXXXXXX", buf[4096] = "x";
+    int f = mkstemp(tmpl);
+    if (f < 0 || unlink(tmpl) < 0 || write(f, buf, sizeof buf) != sizeof buf)
+        return 5;
+    struct iovec v = { .iov_base = buf, .iov_len = sizeof buf };
+    EXPECT_ERR(preadv2(f, &v, 1, 0, RWF_NOWAIT), EOPNOTSUPP);
+    EXPECT_ERR(syscall(SYS_preadv2, f, &v, 1, 0, 0, (1UL << 32) | RWF_NOWAIT), EOPNOTSUPP);
+    EXPECT_ERR(preadv2(f, &v, 1, 0, RWF_DONTCACHE | RWF_HIPRI), EOPNOTSUPP);
+    if (preadv2(f, &v, 1, 0, 0) != sizeof buf || preadv2(f, &v, 1, 0, RWF_DSYNC) != sizeof buf)
+        return 6;
+    uint64_t range[2] = { 0, 0 }, cs[5];
+    EXPECT_ERR(syscall(SYS_cachestat_, f, range, cs, 0), ENOSYS);
+
+    if (syscall(SYS_readahead, f, 0, 4096) != 0 ||
+        posix_fadvise(f, 0, 0, POSIX_FADV_DONTNEED) != 0 ||
+        posix_fadvise(f, 0, 0, POSIX_FADV_WILLNEED) != 0 ||
+        syscall(SYS_fadvise64, f, 0, 0, (1UL << 32) | POSIX_FADV_DONTNEED) != 0 ||
+        posix_fadvise(f, 0, 0, POSIX_FADV_SEQUENTIAL) != 0)
+        return 7;
+    EXPECT_ERR(syscall(SYS_fadvise64, f, 0, 0, 99), EINVAL); /* the real call */
+    char *m = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED)
+        return 8;
+    m[0] = 1;
+    if (madvise(m, 4096, MADV_COLD) != 0 || madvise(m, 4096, MADV_PAGEOUT) != 0 ||
+        madvise(m, 4096, MADV_WILLNEED) != 0 || m[0] != 1)
+        return 9;
+    /* MADV_DONTNEED stays real: malloc relies on it to drop memory */
+    if (madvise(m, 4096, MADV_DONTNEED) != 0 || m[0] != 0)
+        return 40;
+    return 0;
+}
+
+/* flock is supervised: each call is handed to the holder, which fetches the
+ * caller's open file (policy_notify_getfd) and locks it there; the lock is
+ * the caller's (another open file of the same inode sees it), also for a
+ * call made on another thread (a pidfd for a thread, or its group). */
+static int flock_nb_from_thread_result;
+static void *flock_thread(void *arg)
+{
+    int fd = *(int *)arg;
+    errno = 0;
+    flock_nb_from_thread_result = flock(fd, LOCK_SH | LOCK_NB) == -1 ? errno : 0;
+    return NULL;
+}
+static int c_flock(void)
+{
+    char tmpl[] = "/tmp/fbpolXXXXXX";
+    int a = mkstemp(tmpl);
+    if (a < 0)
+        return 2;
+    int b = open(tmpl, O_RDONLY | O_CLOEXEC);
+    unlink(tmpl);
+    if (b < 0 || flock(a, LOCK_EX) != 0)
+        return 3;
+    EXPECT_ERR(flock(b, LOCK_EX | LOCK_NB), EWOULDBLOCK);
+    pthread_t t;
+    if (pthread_create(&t, NULL, flock_thread, &b) != 0 || pthread_join(t, NULL) != 0 ||
+        flock_nb_from_thread_result != EWOULDBLOCK)
+        return 4;
+    if (flock(a, LOCK_UN) != 0 || flock(b, LOCK_SH | LOCK_NB) != 0)
+        return 5;
+    EXPECT_ERR(flock(12345, LOCK_EX), EBADF);
+    return 0;
+}
+
 static const struct check checks[] = {
     { "getpid works", c_getpid, 0, "" },
     { "mount family incl. new mount API -> EPERM", c_mount, 0,
@@ -427,6 +554,11 @@ static const struct check checks[] = {
       "setuid" },
     { "python3 subprocess: threads, sqlite3, subprocess, sockets, nothing counted", c_python, 0,
       "" },
+    { "shared files: inotify/dnotify read events -> EPERM, change events work; RWF_NOWAIT, "
+      "RWF_DONTCACHE -> EOPNOTSUPP; cachestat -> ENOSYS; fadvise/readahead/madvise hints -> 0 "
+      "(also with high bits); MADV_DONTNEED real", c_shared_files, 0, "" },
+    { "flock is supervised: the holder locks the caller's open file (also from a thread), "
+      "EWOULDBLOCK and EBADF relayed", c_flock, 0, "", 6 },
 };
 
 static uint64_t install_ns[32];
@@ -465,6 +597,27 @@ static void child_install(const struct sbx_policy *p, int sock, int timing_fd)
     close(sock);
 }
 
+/* The holder's side of `supervise flock`, reduced to what this test needs
+ * (the supervisor's handler, src/session/flock.c, also refuses shared files
+ * and parks blocking calls; the security suite tests it): fetch the caller's
+ * open file and lock it with LOCK_NB. */
+static unsigned supervised_calls;
+static void answer_supervised(int listener)
+{
+    const struct seccomp_notif *req = policy_notify_request(answers);
+    supervised_calls++;
+    int err = 0, fd = policy_notify_getfd(listener, req, (int)(unsigned)req->data.args[0]);
+    if (fd == -ESRCH)
+        return;
+    if (fd < 0)
+        err = -fd;
+    else if (flock(fd, (int)((unsigned)req->data.args[1] | LOCK_NB)) < 0)
+        err = errno;
+    if (fd >= 0)
+        close(fd);
+    policy_notify_reply(answers, listener, req->id, 0, err);
+}
+
 /* Parent side: receive the listener, then answer counted refusals until the
  * child exits, counting them per syscall. The child's exit status in *st. */
 static void supervise(pid_t pid, int sock, uint32_t *counts, uint64_t *total, int *st)
@@ -497,6 +650,8 @@ static void supervise(pid_t pid, int sock, uint32_t *counts, uint64_t *total, in
                 (*total)++;
                 if (nr >= 0 && nr < POLICY_NR_MAX)
                     counts[nr]++;
+            } else if (r == POLICY_NOTIFY_SUPERVISE) {
+                answer_supervised(listener);
             } else if (r != POLICY_NOTIFY_GONE) {
                 if (r < 0 && r != -EPIPE)
                     printf("#   policy_notify_answer: %s\n", strerror(-r));
@@ -563,6 +718,7 @@ static void run_check(const struct check *c)
     memset(counts, 0, sizeof counts);
     uint64_t total = 0;
     int st = 0;
+    supervised_calls = 0;
     supervise(pid, sv[0], counts, &total, &st);
     bool ran;
     if (c->want_signal) {
@@ -578,9 +734,11 @@ static void run_check(const struct check *c)
     }
     char why[512];
     bool counted = counts_match(c->counted, counts, why, sizeof why);
-    ok(ran && counted, "%s", c->name);
+    ok(ran && counted && supervised_calls == c->supervised, "%s", c->name);
     if (!counted)
         printf("#   counted refusals differ:%s\n", why);
+    if (supervised_calls != c->supervised)
+        printf("#   %u supervised calls, expected %u\n", supervised_calls, c->supervised);
 }
 
 /* A policy of its own: the errno of a counted refusal is the rule's, else
@@ -646,6 +804,86 @@ static void test_custom_errnos(void)
     answers = saved;
     policy_notify_free(mine);
     policy_free(p);
+}
+
+/* Pages of path in the page cache, seen from outside any filter: this
+ * process owns the file, so mincore on a mapping reports the cache. */
+static long cached_pages(const char *path)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) < 0 || st.st_size == 0)
+        return -1;
+    void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+    close(fd);
+    size_t n = ((size_t)st.st_size + 4095) / 4096;
+    unsigned char *vec = calloc(n, 1);
+    long cached = -1;
+    if (m != MAP_FAILED && vec && mincore(m, (size_t)st.st_size, vec) == 0) {
+        cached = 0;
+        for (size_t i = 0; i < n; i++)
+            cached += vec[i] & 1;
+    }
+    free(vec);
+    if (m != MAP_FAILED)
+        munmap(m, (size_t)st.st_size);
+    return cached;
+}
+
+static const char *cache_path;
+static int c_evict(void)
+{
+    int fd = open(cache_path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 2;
+    char buf[4096];
+    struct iovec v = { .iov_base = buf, .iov_len = sizeof buf };
+    void *m = mmap(NULL, 1 << 20, PROT_READ, MAP_SHARED, fd, 0);
+    if (posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED) != 0 ||
+        syscall(SYS_fadvise64, fd, 0, 0, (1UL << 32) | POSIX_FADV_DONTNEED) != 0 ||
+        m == MAP_FAILED || madvise(m, 1 << 20, MADV_PAGEOUT) != 0 ||
+        madvise(m, 1 << 20, MADV_COLD) != 0)
+        return 3;
+    for (off_t off = 0; off < 1 << 20; off += sizeof buf)
+        if (preadv2(fd, &v, 1, off, RWF_DONTCACHE) != -1)
+            return 4;
+    return 0;
+}
+
+/* The calls that evict a file's pages from the page cache (which other
+ * sandboxes and the host share) leave it cached under the filter. The file
+ * is the test's own, on the build directory's filesystem; the same
+ * fadvise from this process, without a filter, must evict it first, or the
+ * check would prove nothing (tmpfs keeps its pages). */
+static void test_page_cache(void)
+{
+    char path[] = "fbpol-cache-XXXXXX";
+    int fd = mkstemp(path);
+    static char data[1 << 20];
+    memset(data, 'x', sizeof data);
+    if (fd < 0 || write(fd, data, sizeof data) != sizeof data || fsync(fd) < 0)
+        abort();
+    long before = (posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), cached_pages(path));
+    if (before != 0) {
+        printf("ok %d - # SKIP fadvise DONTNEED does not evict on this filesystem (%ld pages "
+               "stay)\n", ++tap_n, before);
+        close(fd);
+        unlink(path);
+        return;
+    }
+    if (pread(fd, data, sizeof data, 0) != sizeof data)
+        abort();
+    close(fd);
+    long cached = cached_pages(path);
+    cache_path = path;
+    struct check c = { "page cache: fadvise DONTNEED (also with high bits), MADV_PAGEOUT, "
+                       "MADV_COLD, RWF_DONTCACHE under the filter leave the file cached",
+                       c_evict, 0, "", 0 };
+    run_check(&c);
+    long after = cached_pages(path);
+    is_int(after, cached, "page cache: %ld of 256 pages cached before, still cached after "
+           "(the same fadvise without the filter evicted all of them)", cached);
+    unlink(path);
 }
 
 /* The cost of one counted refusal: the child makes N refused calls in a row;
@@ -815,6 +1053,7 @@ static void test_filter(const char *path)
     }
     test_custom_errnos();
     test_recv_after_pollin();
+    test_page_cache();
     bench_refusals();
 
     /* Without no_new_privs install must refuse (EPERM), not half-install. */
