@@ -84,6 +84,25 @@ def sandbox_procs(d: sbx.Daemon) -> dict[int, dict]:
     return out
 
 
+def settled(procs: dict[int, dict]) -> bool:
+    """Every process past setup step 2: a sandbox cloned a moment ago (a pool
+    refill) still has host root as its saved ids until then."""
+    return all(len(set(p["uids"])) == 1 and len(set(p["gids"])) == 1 for p in procs.values())
+
+
+def settled_view(d: sbx.Daemon, min_namespaces: int) -> dict[int, dict]:
+    """sandbox_procs() once every sandbox is past step 2 and at least
+    min_namespaces exist (bounded wait; the last sample otherwise)."""
+    view = {}
+
+    def ok():
+        nonlocal view
+        view = sandbox_procs(d)
+        return settled(view) and len({p["ns"] for p in view.values()}) >= min_namespaces
+    sbx.wait_until(ok, 20, 0.1)
+    return view
+
+
 def ids_by_namespace(procs: dict[int, dict]) -> dict[int, int]:
     """user namespace -> the one host id all its processes run as (asserted)."""
     by_ns: dict[int, set] = {}
@@ -124,7 +143,7 @@ def test_concurrent_sandboxes_have_distinct_host_ids(daemon):
         turns = [await sbx.Turn.open(daemon) for _ in range(4)]
         try:
             blocks = await asyncio.gather(*(t.run(UID_MAP) for t in turns))
-            host = sandbox_procs(daemon)  # while all four turns are open
+            host = settled_view(daemon, 4)  # while all four turns are open
         finally:
             for t in turns:
                 await t.close()
@@ -144,9 +163,7 @@ def test_concurrent_sandboxes_have_distinct_host_ids(daemon):
 def test_pooled_sandboxes_are_not_owned_by_root(daemon):
     """With no turn running, the pooled sandboxes: user namespaces owned by their
     own ids (never 0), each a different one."""
-    assert sbx.wait_until(lambda: len(ids_by_namespace(sandbox_procs(daemon))) >= POOL, 20), \
-        sandbox_procs(daemon)
-    per_ns = ids_by_namespace(sandbox_procs(daemon))
+    per_ns = ids_by_namespace(settled_view(daemon, POOL))
     owners = list(per_ns.values())
     assert 0 not in owners and len(set(owners)) == len(owners), per_ns
 
