@@ -9,7 +9,9 @@
  * channel socketpair and a pidfd, and kills with pidfd_send_signal().
  *
  * Control protocol (SOCK_SEQPACKET, one record per message):
- *   supervisor -> fork server   struct fs_request
+ *   supervisor -> fork server   first, once: its struct config
+ *                               (config_for_forkserver), then
+ *                               struct fs_request
  *   fork server -> supervisor   struct fs_reply, with SCM_RIGHTS
  *                               {chan_fd, pidfd} when status == 0
  * Replies come in request order. */

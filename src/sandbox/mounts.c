@@ -396,8 +396,10 @@ size_t mounts_len(const struct mount_plan *mp) { return mp ? mp->n : 0; }
  * An idmapped mount of the root tmpfs (not of the /usr binds: that would
  * give sandbox root the owner bits of root's files) could make "/" read as
  * root's again, at the price of a tree copy, an idmap and an fd passed to
- * every sandbox by the fork server, with this as the fallback anyway for
- * kernels before 6.3 (Debian 12 runs 6.1), whose tmpfs cannot be idmapped. */
+ * every sandbox by the fork server (open_tree of this root plus the idmap:
+ * ~65 us, measured, moved into the fork server's serial path), with this as
+ * the fallback anyway for kernels before 6.3 (Debian 12 runs 6.1), whose
+ * tmpfs cannot be idmapped. */
 
 /* mkdir, relative to dfd; an existing directory is fine (and left as it is). */
 static int make_dir(int dfd, const char *path, mode_t mode)
