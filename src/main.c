@@ -108,24 +108,14 @@ static int read_token(const struct config *cfg, char **token, size_t *len, char 
     return 0;
 }
 
-static int run_forkserver(int argc, char **argv)
-{
-    struct config cfg;
-    char err[512];
-    log_init("forkserver", LOG_LEVEL_INFO);
-    if (config_parse(argc, argv, &cfg, err, sizeof err) != 0) {
-        LOG_E("bad configuration from the supervisor: %s", err);
-        return 2;
-    }
-    log_init("forkserver", cfg.log_level);
-    forkserver_main(&cfg, 3);
-}
-
 int main(int argc, char **argv)
 {
     raise_nofile();
-    if (argc > 1 && strcmp(argv[1], "--internal-forkserver") == 0)
-        return run_forkserver(argc - 1, argv + 1);
+    if (argc == 2 && strcmp(argv[1], FS_ARGV_FLAG) == 0) {
+        /* Its configuration comes on the control socket (fd 3), not in argv. */
+        log_init("forkserver", LOG_LEVEL_INFO);
+        forkserver_main(3);
+    }
 
     struct config cfg;
     char err[512] = "";
@@ -146,14 +136,11 @@ int main(int argc, char **argv)
               "LimitNOFILE=)", cfg.capacity, cfg.preauth_max, fds_wanted,
               (unsigned long long)nofile.rlim_cur);
 
-    char **fs_argv = config_to_argv(&cfg, "forkboxd", "--internal-forkserver");
     struct fs_client fs;
-    if (!fs_argv || fs_client_start(&cfg, fs_argv, &fs, err, sizeof err) < 0) {
+    if (fs_client_start(&cfg, &fs, err, sizeof err) < 0) {
         fprintf(stderr, "forkboxd: cannot start the fork server: %s\n", err);
-        config_argv_free(fs_argv);
         return 1;
     }
-    config_argv_free(fs_argv);
 
     char *token;
     size_t token_len;

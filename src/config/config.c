@@ -20,8 +20,8 @@
 enum {
     OPT_LISTEN = 1000, OPT_CAPACITY, OPT_SINGLE_USE, OPT_TOKEN_FILE, OPT_MAX_UP_TOOLS,
     OPT_MAX_UP_WS, OPT_MAX_UNPACKED, OPT_MAX_MEMBERS, OPT_SNAPSHOT_MAX, OPT_OUTPUT_CAP,
-    OPT_TOOLS_DIR, OPT_NO_ISOLATION, OPT_UID, OPT_GID, OPT_POLICY, OPT_SITE, OPT_PRELOAD,
-    OPT_POOL, OPT_MEMORY, OPT_PIDS, OPT_CPU, OPT_TMPFS, OPT_BLOCK_TO, OPT_TURN_TO,
+    OPT_TOOLS_DIR, OPT_NO_ISOLATION, OPT_UID, OPT_GID, OPT_ID_RANGE, OPT_POLICY, OPT_SITE,
+    OPT_PRELOAD, OPT_POOL, OPT_MEMORY, OPT_PIDS, OPT_CPU, OPT_TMPFS, OPT_BLOCK_TO, OPT_TURN_TO,
     OPT_IDLE_TO, OPT_LOG_LEVEL, OPT_PREAUTH_MAX, OPT_PREAUTH_PER_PEER, OPT_HELP,
 };
 
@@ -40,6 +40,7 @@ static const struct option long_opts[] = {
     {"no-isolation", no_argument, NULL, OPT_NO_ISOLATION},
     {"uid", required_argument, NULL, OPT_UID},
     {"gid", required_argument, NULL, OPT_GID},
+    {"id-range", required_argument, NULL, OPT_ID_RANGE},
     {"policy", required_argument, NULL, OPT_POLICY},
     {"site-packages", required_argument, NULL, OPT_SITE},
     {"preload", required_argument, NULL, OPT_PRELOAD},
@@ -77,7 +78,8 @@ static const char usage[] =
     "  --output-cap SIZE          bytes kept per stream per block (16M)\n"
     "  --tools-dir DIR            tools package dir ($ADK_CODE_MODE_TOOLS_DIR, /tools)\n"
     "  --no-isolation             no namespaces/seccomp (benchmarks only)\n"
-    "  --uid N, --gid N           host ids sandboxes map to (65534)\n"
+    "  --id-range FIRST:COUNT     host uids/gids for sandboxes, one per live sandbox\n"
+    "                             (2013265920:65536); no other user may use them\n"
     "  --policy FILE              seccomp policy (" FORKBOX_DEFAULT_POLICY ")\n"
     "  --site-packages DIR        extra read-only package dir (repeatable)\n"
     "  --preload a,b,c            modules imported once before forking\n"
@@ -158,6 +160,22 @@ static int parse_listen(struct config *cfg, const char *s)
     return 0;
 }
 
+static int parse_id_range(struct config *cfg, const char *s)
+{
+    const char *colon = strchr(s, ':');
+    char first[16];
+    uint64_t f, n;
+    if (!colon || (size_t)(colon - s) >= sizeof first)
+        return -EINVAL;
+    memcpy(first, s, (size_t)(colon - s));
+    first[colon - s] = '\0';
+    if (parse_u64(first, UINT32_MAX, &f) < 0 || parse_u64(colon + 1, UINT32_MAX, &n) < 0)
+        return -EINVAL;
+    cfg->id_first = (uint32_t)f;
+    cfg->id_count = (uint32_t)n;
+    return 0;
+}
+
 static void set_defaults(struct config *cfg)
 {
     memset(cfg, 0, sizeof *cfg);
@@ -177,8 +195,17 @@ static void set_defaults(struct config *cfg)
     /* Four warm sandboxes (~14 MB) absorb small bursts; a refill takes ~18 ms,
      * so a larger pool only helps bursts bigger than that. */
     cfg->pool_size = 4;
-    cfg->sandbox_uid = 65534;
-    cfg->sandbox_gid = 65534;
+    /* One host uid and gid per live sandbox, so that nothing the kernel
+     * counts per user (processes, pending signals, inotify, pipe buffers,
+     * fds in flight, ...) is shared between sandboxes or with root. The
+     * default block lies in 1879048192..2147352575, which systemd's
+     * UIDS-GIDS.md leaves unused: above its container range (524288..) and
+     * Debian's subordinate ids (100000..600100000), below its foreign range
+     * (2147352576..) and below 2^31 (ids that look negative to signed code).
+     * Regular users (1000..60000), systemd's dynamic users (61184..65519)
+     * and nobody (65534) are far away. */
+    cfg->id_first = 2013265920; /* 0x78000000 */
+    cfg->id_count = 65536;
     copy_str(cfg->policy_file, sizeof cfg->policy_file, FORKBOX_DEFAULT_POLICY);
     cfg->memory_max = 1024 * MiB;
     cfg->pids_max = 256;
@@ -222,6 +249,32 @@ static int parse_level(const char *s, enum log_level *out)
     return -EINVAL;
 }
 
+/* The id range: no special id inside (root, nobody, the two -1s), and room
+ * for every sandbox that can hold an id at once. That is capacity + pool
+ * live ones, plus up to one dying per turn slot and per pool slot: a slot is
+ * free again as soon as its sandbox is killed, while the id stays taken
+ * until the fork server has reaped it. Twice (capacity + pool) covers that,
+ * and leaves as many free ids again, so a freed id waits at least that many
+ * spawns before it is reused (ids are handed out round robin). */
+static int check_id_range(const struct config *cfg, char *err, size_t errlen)
+{
+    uint64_t first = cfg->id_first, end = first + cfg->id_count; /* exclusive */
+    static const uint64_t special[] = {0, 65534, 65535, 4294967295ULL};
+    if (cfg->id_count == 0 || end > 4294967295ULL)
+        return fail(err, errlen, "--id-range %" PRIu64 ":%u: must be non-empty and end below "
+                    "4294967295", first, cfg->id_count);
+    for (size_t i = 0; i < sizeof special / sizeof *special; i++)
+        if (special[i] >= first && special[i] < end)
+            return fail(err, errlen, "--id-range %" PRIu64 ":%u: holds %" PRIu64
+                        " (root, nobody or -1)", first, cfg->id_count, special[i]);
+    uint64_t need = 2 * ((uint64_t)cfg->capacity + cfg->pool_size);
+    if (cfg->id_count < need)
+        return fail(err, errlen, "--id-range %" PRIu64 ":%u: too small for --capacity %u and "
+                    "--pool %u: needs at least %" PRIu64 " ids (twice capacity + pool)",
+                    first, cfg->id_count, cfg->capacity, cfg->pool_size, need);
+    return 0;
+}
+
 static int check(const struct config *cfg, char *err, size_t errlen)
 {
     const char *base = strrchr(cfg->tools_dir, '/');
@@ -234,7 +287,7 @@ static int check(const struct config *cfg, char *err, size_t errlen)
         return fail(err, errlen, "--preauth-max must be at least 1");
     if (cfg->output_cap < 1024)
         return fail(err, errlen, "--output-cap must be at least 1K");
-    return 0;
+    return check_id_range(cfg, err, errlen);
 }
 
 int config_parse(int argc, char **argv, struct config *cfg, char *err, size_t errlen)
@@ -287,8 +340,6 @@ int config_parse(int argc, char **argv, struct config *cfg, char *err, size_t er
             cfg->FIELD = v * (MULT);                                                \
             break;
         NUM_OPT(OPT_MAX_MEMBERS, max_members, 100000000, 1)
-        NUM_OPT(OPT_UID, sandbox_uid, 4294967294ULL, 1)
-        NUM_OPT(OPT_GID, sandbox_gid, 4294967294ULL, 1)
         NUM_OPT(OPT_POOL, pool_size, 100000, 1)
         NUM_OPT(OPT_PIDS, pids_max, 1000000, 1)
         NUM_OPT(OPT_CPU, cpu_millis, 1000000, 1)
@@ -303,6 +354,14 @@ int config_parse(int argc, char **argv, struct config *cfg, char *err, size_t er
                 return fail(err, errlen, "--tools-dir: path too long");
             break;
         case OPT_NO_ISOLATION: cfg->isolate = false; break;
+        case OPT_UID:
+        case OPT_GID:
+            return fail(err, errlen, "--uid and --gid are gone: every sandbox gets a host id of "
+                        "its own from --id-range FIRST:COUNT");
+        case OPT_ID_RANGE:
+            if (parse_id_range(cfg, a) < 0)
+                return fail(err, errlen, "--id-range: expected FIRST:COUNT, got %s", a);
+            break;
         case OPT_POLICY:
             if (copy_str(cfg->policy_file, sizeof cfg->policy_file, a) < 0)
                 return fail(err, errlen, "--policy: path too long");
@@ -337,75 +396,16 @@ int config_parse(int argc, char **argv, struct config *cfg, char *err, size_t er
     return check(cfg, err, errlen);
 }
 
-static int push(char ***argv, size_t *n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int push(char ***argv, size_t *n, const char *fmt, ...)
+void config_for_forkserver(const struct config *cfg, struct config *out)
 {
-    char **nv = realloc(*argv, (*n + 2) * sizeof(char *));
-    if (!nv)
-        return -ENOMEM;
-    *argv = nv;
-    va_list ap;
-    va_start(ap, fmt);
-    int r = vasprintf(&nv[*n], fmt, ap);
-    va_end(ap);
-    if (r < 0)
-        return -ENOMEM;
-    nv[++*n] = NULL;
-    return 0;
-}
-
-char **config_to_argv(const struct config *cfg, const char *argv0, const char *first_flag)
-{
-    static const char *const levels[] = {"debug", "info", "warn", "error"};
-    char **v = NULL;
-    size_t n = 0;
-    int r = 0;
-    r |= push(&v, &n, "%s", argv0);
-    if (first_flag)
-        r |= push(&v, &n, "%s", first_flag);
-    r |= push(&v, &n, "--listen=[%s]:%u", cfg->listen_host, cfg->listen_port);
-    r |= push(&v, &n, "--capacity=%u", cfg->capacity);
-    r |= push(&v, &n, "--preauth-max=%u", cfg->preauth_max);
-    r |= push(&v, &n, "--preauth-per-peer=%u", cfg->preauth_per_peer);
-    if (cfg->single_use)
-        r |= push(&v, &n, "--single-use");
-    r |= push(&v, &n, "--max-upload-tools=%" PRIu64, cfg->max_upload_tools);
-    r |= push(&v, &n, "--max-upload-workspace=%" PRIu64, cfg->max_upload_workspace);
-    r |= push(&v, &n, "--max-unpacked=%" PRIu64, cfg->max_unpacked);
-    r |= push(&v, &n, "--max-members=%" PRIu64, cfg->max_members);
-    r |= push(&v, &n, "--snapshot-max=%" PRIu64, cfg->snapshot_max);
-    r |= push(&v, &n, "--output-cap=%" PRIu64, cfg->output_cap);
-    r |= push(&v, &n, "--tools-dir=%s", cfg->tools_dir);
-    if (!cfg->isolate)
-        r |= push(&v, &n, "--no-isolation");
-    r |= push(&v, &n, "--uid=%u", cfg->sandbox_uid);
-    r |= push(&v, &n, "--gid=%u", cfg->sandbox_gid);
-    r |= push(&v, &n, "--policy=%s", cfg->policy_file);
-    for (unsigned i = 0; i < cfg->n_site_dirs; i++)
-        r |= push(&v, &n, "--site-packages=%s", cfg->site_dirs[i]);
-    if (cfg->preload[0])
-        r |= push(&v, &n, "--preload=%s", cfg->preload);
-    r |= push(&v, &n, "--pool=%u", cfg->pool_size);
-    r |= push(&v, &n, "--memory=%" PRIu64, cfg->memory_max);
-    r |= push(&v, &n, "--pids=%" PRIu64, cfg->pids_max);
-    r |= push(&v, &n, "--cpu=%" PRIu64, cfg->cpu_millis);
-    r |= push(&v, &n, "--tmpfs-size=%" PRIu64, cfg->tmpfs_size);
-    r |= push(&v, &n, "--block-timeout=%" PRIu64, cfg->block_timeout_ms / 1000);
-    r |= push(&v, &n, "--turn-timeout=%" PRIu64, cfg->turn_timeout_ms / 1000);
-    r |= push(&v, &n, "--idle-timeout=%" PRIu64, cfg->idle_timeout_ms / 1000);
-    r |= push(&v, &n, "--log-level=%s", levels[cfg->log_level]);
-    if (r) {
-        config_argv_free(v);
-        return NULL;
-    }
-    return v;
-}
-
-void config_argv_free(char **argv)
-{
-    if (!argv)
-        return;
-    for (char **p = argv; *p; p++)
-        free(*p);
-    free(argv);
+    *out = *cfg;
+    /* The front door, the token and the turn clock are the supervisor's. */
+    memset(out->listen_host, 0, sizeof out->listen_host);
+    out->listen_port = 0;
+    out->single_use = false;
+    memset(out->token_file, 0, sizeof out->token_file);
+    out->allow_no_token = false;
+    out->max_upload_tools = out->max_upload_workspace = 0;
+    out->block_timeout_ms = out->turn_timeout_ms = out->idle_timeout_ms = 0;
+    out->preauth_max = out->preauth_per_peer = 0;
 }

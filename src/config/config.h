@@ -1,9 +1,11 @@
 /* Daemon configuration: flags and environment -> one immutable struct.
  *
- * The supervisor parses it once at start. The fork server is exec'd with the
- * argv produced by config_to_argv(), which carries every setting but the
- * token, so both processes see the same values and the fork server never
- * sees a secret. */
+ * The supervisor parses it once at start. The fork server gets its share,
+ * config_for_forkserver(), as bytes on its control socket, not as argv:
+ * sandboxes are clones of the fork server and can read its command line
+ * (/proc/self/cmdline), so that holds nothing but a fixed marker. Settings
+ * only the supervisor uses (listen address, token file, upload limits,
+ * timeouts) are not sent at all. */
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>
@@ -35,8 +37,8 @@ struct config {
     /* sandbox */
     char tools_dir[256];        /* env ADK_CODE_MODE_TOOLS_DIR, default /tools */
     bool isolate;               /* false only with --no-isolation (benchmarks) */
-    unsigned sandbox_uid;       /* host uid the sandbox maps to (65534) */
-    unsigned sandbox_gid;
+    uint32_t id_first;          /* host uids/gids forkboxd owns: one per live sandbox, */
+    uint32_t id_count;          /* from [id_first, id_first + id_count) (--id-range) */
     char policy_file[256];      /* seccomp policy */
     char site_dirs[CONFIG_MAX_SITE_DIRS][256]; /* --site-packages, repeatable */
     unsigned n_site_dirs;
@@ -59,8 +61,8 @@ struct config {
  * with a message in err. Prints help and returns 1 for --help. */
 int config_parse(int argc, char **argv, struct config *cfg, char *err, size_t errlen);
 
-/* A NULL-terminated argv (malloc'd strings; free with config_argv_free) that
- * makes config_parse() in another process produce the same struct, without
- * the token and without reading the environment. */
-char **config_to_argv(const struct config *cfg, const char *argv0, const char *first_flag);
-void config_argv_free(char **argv);
+/* What the fork server is given: cfg with every supervisor-only setting
+ * (listen address, single-use, token file, upload limits, timeouts) reset to
+ * zero. Sent as is on the control socket (the fork server is the same
+ * binary, so the layout is the same). */
+void config_for_forkserver(const struct config *cfg, struct config *out);

@@ -68,3 +68,20 @@
 #define FLOCK_MAX_PARKED 16        /* per turn; one more blocking call gets ENOLCK */
 #define FLOCK_RETRY_MIN_MS 1
 #define FLOCK_RETRY_MAX_MS 50
+
+/* Per-sandbox shares of what the kernel counts per user. Each sandbox has a
+ * host uid of its own (--id-range), so the host-wide per-user limits already
+ * apply to one sandbox at a time; these keep that share small. Chosen so that
+ * ordinary code (threads, subprocess, asyncio, multiprocessing, a file
+ * watcher) never meets them. */
+/* inotify (user namespace caps, written in setup step 4): the host default is
+ * 128 instances and ~190k watches per user. */
+#define SBX_MAX_INOTIFY_INSTANCES 32
+#define SBX_MAX_INOTIFY_WATCHES 8192
+/* RLIMIT_SIGPENDING: queued signals. Only real-time signals sent with
+ * sigqueue and POSIX timers ever fail on it; a standard signal is delivered
+ * without its extra info instead. The host default is ~96k here. */
+#define SBX_RLIMIT_SIGPENDING 1024
+/* RLIMIT_MSGQUEUE: bytes in POSIX message queues (the Linux default). The
+ * default seccomp policy refuses mq_open; this holds under another policy. */
+#define SBX_RLIMIT_MSGQUEUE (800 * KiB)

@@ -5,7 +5,13 @@
  * initialised), the fork server sends one "ready" record: a struct fs_reply
  * with turn_id 0, pid = its pid, spawn_ns = its start-up time and status 0 or
  * -errno; on failure the same record carries the reason as text after the
- * struct (at most FS_READY_MAX_MSG bytes, not NUL-terminated). */
+ * struct (at most FS_READY_MAX_MSG bytes, not NUL-terminated).
+ *
+ * Before that, the supervisor's first record on the control socket is the
+ * fork server's configuration (config_for_forkserver: a struct config with
+ * the supervisor's own settings cleared). It is not on the command line:
+ * sandboxes are clones of the fork server and read its argv as their own
+ * /proc/self/cmdline, which is therefore only FS_ARGV. */
 #include "sandbox/forkserver.h"
 
 #include <dirent.h>
@@ -31,6 +37,7 @@
 #include "core/cleanup.h"
 #include "core/log.h"
 #include "proto/chan.h"
+#include "sandbox/ids.h"
 #include "sandbox/limits.h"
 #include "sandbox/mounts.h"
 #include "sandbox/seccomp.h"
@@ -89,8 +96,7 @@ static pid_t fork_helper(const char *what, int *fd, char *err, size_t errlen)
     return pid;
 }
 
-int fs_client_start(const struct config *cfg, char *const argv[], struct fs_client *fs,
-                    char *err, size_t errlen)
+int fs_client_start(const struct config *cfg, struct fs_client *fs, char *err, size_t errlen)
 {
     fs->ctl_fd = -1;
     fs->pid = 0;
@@ -147,11 +153,26 @@ int fs_client_start(const struct config *cfg, char *const argv[], struct fs_clie
         sigset_t none;
         sigemptyset(&none);
         sigprocmask(SIG_SETMASK, &none, NULL); /* the mask survives execve */
+        static char *const argv[] = FS_ARGV;
         execve("/proc/self/exe", argv, envp);
         _exit(127);
     }
     fs->ctl_fd = ctl_fd;
     fs->pid = pid;
+
+    /* Its configuration, as the first record (it waits for it). */
+    struct config fcfg;
+    config_for_forkserver(cfg, &fcfg);
+    ssize_t sent;
+    do
+        sent = send(fs->ctl_fd, &fcfg, sizeof fcfg, MSG_NOSIGNAL);
+    while (sent < 0 && errno == EINTR);
+    if (sent != (ssize_t)sizeof fcfg) {
+        snprintf(err, errlen, "sending the fork server its configuration: %s",
+                 sent < 0 ? strerror(errno) : "short write");
+        fs_client_stop(fs);
+        return -EPIPE;
+    }
 
     /* sync 0: wait for the ready record. */
     struct {
@@ -311,6 +332,7 @@ struct pool_slot {
 
 struct forkserver {
     const struct config *cfg;    /* borrowed */
+    struct sbx_ids *ids;         /* owned: host ids of live sandboxes, pooled ones too */
     int ctl_fd;                  /* borrowed (fd 3) */
     int sig_fd;                  /* owned: signalfd for SIGCHLD */
     struct sbx_plan plan;
@@ -561,12 +583,24 @@ static void placer_send(struct forkserver *fsv, enum placer_op op, pid_t pid, in
     }
 }
 
-/* Spawn one sandbox (fresh or pooled): clone and maps here, cgroups and the
- * release by the helper. Same contract as sbx_spawn(). */
+/* Spawn one sandbox (fresh or pooled) as a host id of its own: clone and maps
+ * here, cgroups and the release by the helper. Same contract as sbx_spawn();
+ * the id goes back when the sandbox has been reaped (reap), or here if no
+ * process was made. */
 static int spawn_one(struct forkserver *fsv, unsigned flags, struct sbx_child *c, char *err,
                      size_t errlen)
 {
-    int r = sbx_spawn(&fsv->plan, flags | SBX_SPAWN_DEFER_GO, c, err, errlen);
+    uint32_t id;
+    int r = ids_take(fsv->ids, &id);
+    if (r < 0) {
+        *c = (struct sbx_child){.pidfd = -1, .chan_fd = -1, .warm_fd = -1, .go_fd = -1};
+        snprintf(err, errlen, "no free host id: all %zu of --id-range are held by sandboxes "
+                 "not yet reaped", ids_live(fsv->ids));
+        return r;
+    }
+    r = sbx_spawn(&fsv->plan, id, flags | SBX_SPAWN_DEFER_GO, c, err, errlen);
+    if (r < 0 && c->pid <= 0)
+        ids_put(fsv->ids, id);
     if (r == 0) {
         placer_send(fsv, PLACER_ATTACH, c->pid, c->go_fd);
         close_and_reset(&c->go_fd);
@@ -796,6 +830,9 @@ static void reap(struct forkserver *fsv)
             if (fsv->kids[i].pid != pid)
                 continue;
             placer_send(fsv, PLACER_RELEASE, pid, -1);
+            /* Reaped: its whole pid namespace is gone (init's exit waits for
+             * the rest), so the id is free again. */
+            ids_put(fsv->ids, fsv->kids[i].id);
             sbx_child_release(&fsv->plan, &fsv->kids[i]); /* plan.cgroups is NULL */
             fsv->kids[i] = fsv->kids[--fsv->nkids];
             break;
@@ -874,10 +911,26 @@ static bool request_pending(int ctl_fd)
     return poll(&p, 1, 0) != 0;
 }
 
-_Noreturn void forkserver_main(const struct config *cfg, int ctl_fd)
+/* The configuration the supervisor sends first (see the top). The record
+ * must be exactly one struct config: we are the same binary. */
+static void recv_config(int ctl_fd, struct config *cfg)
+{
+    ssize_t n;
+    do
+        n = recv(ctl_fd, cfg, sizeof *cfg, MSG_TRUNC);
+    while (n < 0 && errno == EINTR);
+    if (n != (ssize_t)sizeof *cfg)
+        fail_start(ctl_fd, n < 0 ? -errno : -EPROTO,
+                   "no configuration from the supervisor on the control socket");
+}
+
+_Noreturn void forkserver_main(int ctl_fd)
 {
     struct timespec t0;
     clock_gettime(CLOCK_MONOTONIC, &t0);
+    static struct config config; /* ours for good: sandboxes see it in their copy of us */
+    recv_config(ctl_fd, &config);
+    const struct config *cfg = &config;
     log_init("forkserver", cfg->log_level);
     char err[512];
 
@@ -898,25 +951,31 @@ _Noreturn void forkserver_main(const struct config *cfg, int ctl_fd)
     if (geteuid() == 0 && setgroups(0, NULL) < 0)
         fail_start(ctl_fd, -errno, "setgroups(0): cannot drop supplementary groups");
 
-    if (cfg->isolate) {
-        if (geteuid() != 0)
-            fail_start(ctl_fd, -EPERM,
-                       "isolation needs root (to map the sandbox uid); use --no-isolation "
-                       "for benchmarks only");
-        if (cfg->sandbox_uid == 0 || cfg->sandbox_gid == 0)
-            fail_start(ctl_fd, -EINVAL, "the sandbox uid/gid must not be 0");
-    }
+    if (cfg->isolate && geteuid() != 0)
+        fail_start(ctl_fd, -EPERM,
+                   "isolation needs root (to map the sandbox ids); use --no-isolation "
+                   "for benchmarks only");
 
-    /* Policy errors stop forkboxd at start, isolated or not. */
-    int r = policy_load(cfg->policy_file, &fsv.policy, err, sizeof err);
+    /* The host ids sandboxes run as: a range no host user has (config.c
+     * refused ranges with root, nobody or too few ids in them). */
+    int r = geteuid() == 0 ? ids_check_host("/etc", cfg->id_first, cfg->id_count, err, sizeof err)
+                           : 0;
     if (r < 0)
         fail_start(ctl_fd, r, err);
+    if (ids_new(cfg->id_first, cfg->id_count, &fsv.ids) < 0)
+        fail_start(ctl_fd, -ENOMEM, "out of memory for the id range");
+
+    /* Policy errors stop forkboxd at start, isolated or not. The path is a
+     * host path and nothing needs it again: every sandbox reads our memory. */
+    r = policy_load(cfg->policy_file, &fsv.policy, err, sizeof err);
+    if (r < 0)
+        fail_start(ctl_fd, r, err);
+    explicit_bzero(config.policy_file, sizeof config.policy_file);
     if (cfg->isolate) {
         r = mounts_prepare(cfg, &fsv.mounts, err, sizeof err);
         if (r < 0)
             fail_start(ctl_fd, r, err);
     }
-    limits_rlimits_prepare();
     r = limits_cgroups_init(cfg, &fsv.cgroups);
     if (r < 0) {
         snprintf(err, sizeof err, "cgroups: %s", strerror(-r));
@@ -994,10 +1053,11 @@ _Noreturn void forkserver_main(const struct config *cfg, int ctl_fd)
     clock_gettime(CLOCK_MONOTONIC, &t1);
     uint64_t start_ns = (uint64_t)(t1.tv_sec - t0.tv_sec) * 1000000000ull +
                         (uint64_t)(t1.tv_nsec - t0.tv_nsec);
-    LOG_I("ready in %llu ms: %s, %zu mount ops, seccomp %zu insns, %s clone, pool %u",
-          (unsigned long long)(start_ns / 1000000), cfg->isolate ? "isolated" : "NOT isolated",
-          mounts_len(fsv.mounts), policy_bpf_len(fsv.policy), tid_addr ? "one" : "fork-path",
-          cfg->pool_size);
+    LOG_I("ready in %llu ms: %s, %zu mount ops, seccomp %zu insns, %s clone, pool %u, "
+          "host ids %u..%u", (unsigned long long)(start_ns / 1000000),
+          cfg->isolate ? "isolated" : "NOT isolated", mounts_len(fsv.mounts),
+          policy_bpf_len(fsv.policy), tid_addr ? "one" : "fork-path", cfg->pool_size,
+          cfg->id_first, cfg->id_first + cfg->id_count - 1);
     if (send_ready(ctl_fd, 0, start_ns, NULL) < 0)
         _exit(1);
 

@@ -9,7 +9,9 @@
  * channel socketpair and a pidfd, and kills with pidfd_send_signal().
  *
  * Control protocol (SOCK_SEQPACKET, one record per message):
- *   supervisor -> fork server   struct fs_request
+ *   supervisor -> fork server   first, once: its struct config
+ *                               (config_for_forkserver), then
+ *                               struct fs_request
  *   fork server -> supervisor   struct fs_reply, with SCM_RIGHTS
  *                               {chan_fd, pidfd} when status == 0
  * Replies come in request order. */
@@ -49,12 +51,16 @@ struct fs_client {
     pid_t pid;   /* the fork server */
 };
 
-/* Start the fork server (exe is an fd or path of our own binary, reopened from
- * /proc/self/exe at start) and wait until it reports that it is ready
+/* The fork server's whole command line (and so every sandbox's
+ * /proc/self/cmdline): a marker main() dispatches on, nothing configured. */
+#define FS_ARGV_FLAG "--internal-forkserver"
+#define FS_ARGV {"forkboxd", FS_ARGV_FLAG, NULL}
+
+/* Start the fork server (an execve of /proc/self/exe with FS_ARGV), send it
+ * config_for_forkserver(cfg), and wait until it reports that it is ready
  * (interpreter initialised, policy compiled) or failed. 0, or -errno with a
  * message in err (the fork server's own reason when it sent one). */
-int fs_client_start(const struct config *cfg, char *const argv[], struct fs_client *fs,
-                    char *err, size_t errlen);
+int fs_client_start(const struct config *cfg, struct fs_client *fs, char *err, size_t errlen);
 /* Queue one spawn request; 0, -EAGAIN if the socket is full, or -errno. */
 int fs_client_request(struct fs_client *fs, uint64_t turn_id);
 /* Read one reply. 1 with *rep filled (and *chan_fd, *pidfd owned by the
@@ -66,5 +72,5 @@ void fs_client_stop(struct fs_client *fs);
 /* --- fork server side --- */
 
 /* Entry point when forkboxd is exec'd as the fork server: ctl_fd is the
- * control socket; cfg was parsed from argv. Never returns. */
-_Noreturn void forkserver_main(const struct config *cfg, int ctl_fd);
+ * control socket, on which the configuration arrives first. Never returns. */
+_Noreturn void forkserver_main(int ctl_fd);

@@ -7,7 +7,8 @@
  *   pids    v2 or v1 pids.max: the real cap on processes and threads.
  *   cpu     v2 cpu.max, or v1 cpu.cfs_quota_us/cfs_period_us where the v1 cpu
  *           controller is mounted.
- *   rlimits in the child: RLIMIT_CORE 0, RLIMIT_FSIZE = tmpfs size, RLIMIT_NOFILE.
+ *   rlimits in the child: RLIMIT_CORE 0, RLIMIT_FSIZE = tmpfs size, RLIMIT_NOFILE,
+ *           RLIMIT_NPROC = pids, RLIMIT_SIGPENDING, RLIMIT_MSGQUEUE.
  *
  * Cgroups are created under the fork server's own cgroup in each hierarchy
  * (read from /proc/self/cgroup), so the daemon's own limits still bound all
@@ -30,11 +31,16 @@
  * and removed a cgroup, measured); an empty cgroup holds ~100 KiB of kernel
  * memory.
  *
- * RLIMIT_NPROC is only a backstop. It counts processes per (user namespace,
- * uid) from Linux 5.14 and per uid host-wide before; every sandbox maps to
- * the same host uid, so on older kernels or without a user namespace it would
- * let one turn starve the others. It is therefore set only when the sandbox
- * has its own user namespace on >= 5.14; pids.max is the limit relied on. */
+ * The per-user rlimits count per sandbox: each has a host uid of its own
+ * (ids.h), in a user namespace that uid owns. RLIMIT_NPROC (processes of the
+ * uid: per (user namespace, uid) from Linux 5.14, per host uid before) is a
+ * backstop to pids.max, the limit relied on. RLIMIT_SIGPENDING and
+ * RLIMIT_MSGQUEUE bound the queued signals and message queue bytes one turn
+ * may pin (core/limits.h). RLIMIT_NOFILE also bounds the fds one turn can
+ * hold in flight in unix socket messages: the kernel refuses to queue more
+ * once the sender's host user has more in flight than the sender's nofile
+ * limit; that count is per host user, i.e. per sandbox, as are pipe buffers
+ * (fs.pipe-user-pages-*) and epoll watches. */
 #include "sandbox/limits.h"
 
 #include <errno.h>
@@ -46,11 +52,11 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
-#include <sys/utsname.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "core/cleanup.h"
+#include "core/limits.h"
 #include "core/log.h"
 
 #define LIMITS_NOFILE 1024
@@ -609,25 +615,6 @@ void limits_cgroups_free(struct sbx_cgroups *cg)
     free(cg);
 }
 
-/* RLIMIT_NPROC counts per user namespace from 5.14 on. */
-static int g_nproc_per_userns = -1; /* -1: not looked up yet */
-
-static bool nproc_is_per_userns(void)
-{
-    if (g_nproc_per_userns < 0) {
-        struct utsname u;
-        unsigned maj = 0, min = 0;
-        g_nproc_per_userns = uname(&u) == 0 && sscanf(u.release, "%u.%u", &maj, &min) == 2 &&
-                             (maj > 5 || (maj == 5 && min >= 14));
-    }
-    return g_nproc_per_userns;
-}
-
-void limits_rlimits_prepare(void)
-{
-    (void)nproc_is_per_userns();
-}
-
 static int set_rlimit(int res, rlim_t v)
 {
     struct rlimit cur;
@@ -650,8 +637,12 @@ int limits_apply_rlimits(const struct config *cfg)
         return rc;
     if ((rc = set_rlimit(RLIMIT_NOFILE, LIMITS_NOFILE)) < 0)
         return rc;
-    if (cfg->isolate && cfg->pids_max && nproc_is_per_userns() &&
-        (rc = set_rlimit(RLIMIT_NPROC, cfg->pids_max)) < 0)
+    if ((rc = set_rlimit(RLIMIT_SIGPENDING, SBX_RLIMIT_SIGPENDING)) < 0 ||
+        (rc = set_rlimit(RLIMIT_MSGQUEUE, SBX_RLIMIT_MSGQUEUE)) < 0)
+        return rc;
+    /* Isolated only: without isolation (benchmarks) as a non-root user,
+     * every sandbox runs as that user, whose other processes count too. */
+    if (cfg->isolate && cfg->pids_max && (rc = set_rlimit(RLIMIT_NPROC, cfg->pids_max)) < 0)
         return rc;
     return 0;
 }

@@ -25,8 +25,5 @@ size_t limits_cgroups_retry(struct sbx_cgroups *cg);
 void limits_cgroups_free(struct sbx_cgroups *cg);
 
 /* In the child: RLIMIT_CORE 0, RLIMIT_FSIZE, RLIMIT_NOFILE, RLIMIT_NPROC
- * backstop. 0 or -errno. */
+ * backstop, RLIMIT_SIGPENDING, RLIMIT_MSGQUEUE. 0 or -errno. */
 int limits_apply_rlimits(const struct config *cfg);
-/* In the fork server, once: what limits_apply_rlimits() asks the kernel
- * (its version), so that no child has to. */
-void limits_rlimits_prepare(void);

@@ -386,30 +386,31 @@ size_t mounts_len(const struct mount_plan *mp) { return mp ? mp->n : 0; }
 
 /* --- shared helpers ------------------------------------------------------ */
 
-/* What the fork server creates in the root belongs to the sandbox's ids, so
- * that inside it reads as root's, as in any container image; the superblock
- * is read-only for good once built, so owning it allows nothing. Only what
- * was created just now is chowned: an existing path may be a bind. */
-struct owner {
-    uid_t uid;
-    gid_t gid;
-};
-
-static int own(int dfd, const char *path, const struct owner *o)
-{
-    return o ? fchownat(dfd, path, o->uid, o->gid, AT_SYMLINK_NOFOLLOW) : 0;
-}
+/* What the fork server creates in the root (the tmpfs itself, the synthetic
+ * /etc files, the mountpoints) is owned by host root, like /usr. Every
+ * sandbox has a host id of its own, and the root is built once for all of
+ * them, so no owner could read as root in each; inside, root-owned files
+ * read as nobody (the overflow id), as /usr always did. Nothing is lost: the
+ * root is read-only for good once built, and what a sandbox must own
+ * (/workspace, /tmp, /dev/shm, /tools) is on tmpfs mounts it makes itself.
+ * An idmapped mount of the root tmpfs (not of the /usr binds: that would
+ * give sandbox root the owner bits of root's files) could make "/" read as
+ * root's again, at the price of a tree copy, an idmap and an fd passed to
+ * every sandbox by the fork server (open_tree of this root plus the idmap:
+ * ~65 us, measured, moved into the fork server's serial path), with this as
+ * the fallback anyway for kernels before 6.3 (Debian 12 runs 6.1), whose
+ * tmpfs cannot be idmapped. */
 
 /* mkdir, relative to dfd; an existing directory is fine (and left as it is). */
-static int make_dir(int dfd, const char *path, mode_t mode, const struct owner *o)
+static int make_dir(int dfd, const char *path, mode_t mode)
 {
     if (mkdirat(dfd, path, mode) == 0)
-        return own(dfd, path, o);
+        return 0;
     return errno == EEXIST ? 0 : -1;
 }
 
 /* mkdir -p path (absolute, or relative to dfd), parents 0755. */
-static int mkdir_p(int dfd, const char *path, mode_t mode, const struct owner *o)
+static int mkdir_p(int dfd, const char *path, mode_t mode)
 {
     char buf[OP_PATH_MAX + 8];
     if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf) {
@@ -418,51 +419,47 @@ static int mkdir_p(int dfd, const char *path, mode_t mode, const struct owner *o
     }
     for (char *s = strchr(buf + 1, '/'); s; s = strchr(s + 1, '/')) {
         *s = '\0';
-        int r = make_dir(dfd, buf, 0755, o);
+        int r = make_dir(dfd, buf, 0755);
         *s = '/';
         if (r < 0)
             return -1;
     }
-    return make_dir(dfd, buf, mode, o);
+    return make_dir(dfd, buf, mode);
 }
 
 /* --- the fork server: the sandbox root, built once ------------------------ */
 
-static int write_file_owned(int root, const char *path, const char *data, mode_t mode,
-                            const struct owner *o)
+static int write_file(int root, const char *path, const char *data, mode_t mode)
 {
     int fd = openat(root, path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, mode);
     if (fd < 0)
         return -1;
     size_t n = strlen(data);
     ssize_t w = write(fd, data, n);
-    int r = -1, e = w < 0 ? errno : EIO; /* a short write: EIO */
-    if (w == (ssize_t)n) {
-        r = fchown(fd, o->uid, o->gid);
-        e = errno;
-    }
+    int e = w < 0 ? errno : EIO; /* a short write: EIO */
     close(fd);
+    if (w == (ssize_t)n)
+        return 0;
     errno = e;
-    return r;
+    return -1;
 }
 
 /* One operation of the plan, inside the new root (root: its directory fd).
  * tree: for a bind, the detached copy of its source (see mounts_build). */
-static int build_op(int root, const struct mount_op *op, int tree, const struct owner *o)
+static int build_op(int root, const struct mount_op *op, int tree)
 {
     const char *dst = op->dst + 1; /* "/etc/passwd" -> "etc/passwd", relative to root */
     switch (op->kind) {
     case MOP_DIR:
-        return make_dir(root, dst, op->mode, o);
+        return make_dir(root, dst, op->mode);
     case MOP_FILE:
-        return write_file_owned(root, dst, op->data, op->mode, o);
+        return write_file(root, dst, op->data, op->mode);
     case MOP_SYMLINK:
-        return symlinkat(op->src, root, dst) < 0 ? -1 : own(root, dst, o);
+        return symlinkat(op->src, root, dst);
     case MOP_BIND_RO:
     case MOP_BIND_DEV:
-        /* The mountpoint's owner is hidden under the bind. */
         if (op->is_dir) {
-            if (make_dir(root, dst, 0755, NULL) < 0)
+            if (make_dir(root, dst, 0755) < 0)
                 return -1;
         } else {
             int fd = openat(root, dst, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0444);
@@ -526,11 +523,6 @@ int mounts_build(const struct config *cfg, const struct mount_plan *mp, char *er
         r = perr(err, errlen, errno, "open " ROOT_AT ": %s", strerror(errno));
         goto out;
     }
-    const struct owner o = {.uid = cfg->sandbox_uid, .gid = cfg->sandbox_gid};
-    if (fchownat(root, "", o.uid, o.gid, AT_EMPTY_PATH) < 0) {
-        r = perr(err, errlen, errno, "chown the root: %s", strerror(errno));
-        goto out;
-    }
     /* The mountpoints of what every sandbox mounts for itself. */
     static const struct {
         const char *path;
@@ -538,16 +530,16 @@ int mounts_build(const struct config *cfg, const struct mount_plan *mp, char *er
     } points[] = {{"workspace", 0755}, {"tmp", 0755}, {"dev", 0755}, {"dev/shm", 0755},
                   {"proc", 0555}};
     for (size_t i = 0; i < sizeof points / sizeof *points; i++)
-        if (make_dir(root, points[i].path, points[i].mode, &o) < 0) {
+        if (make_dir(root, points[i].path, points[i].mode) < 0) {
             r = perr(err, errlen, errno, "mkdir %s: %s", points[i].path, strerror(errno));
             goto out;
         }
-    if (mkdir_p(root, cfg->tools_dir + 1, 0755, &o) < 0) {
+    if (mkdir_p(root, cfg->tools_dir + 1, 0755) < 0) {
         r = perr(err, errlen, errno, "mkdir %s: %s", cfg->tools_dir, strerror(errno));
         goto out;
     }
     for (size_t i = 0; i < mp->n; i++)
-        if (build_op(root, &mp->ops[i], tree[i], &o) < 0) {
+        if (build_op(root, &mp->ops[i], tree[i]) < 0) {
             r = perr(err, errlen, errno, "%s: %s", mp->ops[i].dst, strerror(errno));
             goto out;
         }
@@ -612,7 +604,7 @@ static int scratch_binds(const struct config *cfg, char *what, size_t whatlen)
         if (!path_under(p, "/tmp"))
             continue;
         snprintf(in_scratch, sizeof in_scratch, "/proc%s", p);
-        if (mkdir_p(AT_FDCWD, in_scratch, 0755, NULL) < 0 ||
+        if (mkdir_p(AT_FDCWD, in_scratch, 0755) < 0 ||
             mount(p, in_scratch, NULL, MS_BIND, NULL) < 0)
             return cfail(what, whatlen, "bind site dir", p);
     }

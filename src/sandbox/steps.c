@@ -1,8 +1,9 @@
 /* Spawning one sandbox (see steps.h).
  *
  * Parent (fork server):  socketpair + sync pipe (+ the warm socket for a
- *   pooled spawn) -> ONE clone() with every namespace flag and CLONE_PIDFD ->
- *   write setgroups/uid_map/gid_map -> cgroup placement -> "go" byte
+ *   pooled spawn) -> ONE clone() with every namespace flag and CLONE_PIDFD,
+ *   made as the sandbox's own host id (clone_as) -> write
+ *   setgroups/uid_map/gid_map -> cgroup placement -> "go" byte
  *   (sync 1) -> hand the channel end and the pidfd to the caller.
  * Child: the ordered step table below, then hooks->serve(). A failing step
  *   writes a `log` error frame on the channel and exits 70 + step (habit 4),
@@ -33,6 +34,7 @@
 #include <unistd.h>
 
 #include "core/cleanup.h"
+#include "core/limits.h"
 #include "proto/chan.h"
 #include "sandbox/caps.h"
 #include "sandbox/limits.h"
@@ -65,6 +67,7 @@ struct sbx_state {
     int sync_fd;        /* read end of the parent's "go" pipe; -1 once consumed */
     int tools_fd;       /* writable tools dir (O_DIRECTORY), from step 3 */
     int warm_fd;        /* pooled spawns: the child's end of the warm socket, else -1 */
+    uint32_t id;        /* the sandbox's host uid and gid */
     const char *tools_dir;
     const char *workspace_dir;
     char what[256];     /* what failed, for the error frame */
@@ -161,10 +164,12 @@ static int step_signals(const struct sbx_plan *p, struct sbx_state *st)
 }
 
 /* 2. Before touching any file: until the parent has written the id maps we
- * still carry host uid 0's credentials (without its capabilities). After
- * "go", become uid/gid 0 of the namespace (= cfg->sandbox_uid/gid on the
- * host). The cgroup namespace is created here rather than in clone() so
- * that its root is the turn's cgroup, which the parent has just attached. */
+ * run as our host id, unmapped in here, with host root only as saved ids
+ * (see clone_as; the fork path has dropped even those). After "go", become
+ * uid/gid 0 of the namespace, i.e. our host id for all of real, effective,
+ * saved and fs ids: host root is gone from our credentials for good. The
+ * cgroup namespace is created here rather than in clone() so that its root
+ * is the turn's cgroup, which the parent has just attached. */
 static int wait_go(struct sbx_state *st)
 {
     unsigned char c[2] = {0, 0};
@@ -202,10 +207,13 @@ static int step_ids(const struct sbx_plan *p, struct sbx_state *st)
         return set_what(st, "setresgid(0)");
     if (setresuid(0, 0, 0) < 0)
         return set_what(st, "setresuid(0)");
-    /* The id change made us non-dumpable, which hands our /proc/self files
-     * (mem, environ, ...) to host root, unmapped in here: user code could not
-     * read its own memory. Dumpable again, they belong to our uid. No other
-     * sandbox can name our pids (sibling pid namespaces) to ptrace us. */
+    /* We start non-dumpable (the fork server is: it changed its ids for the
+     * clone), which hands our /proc/self files (mem, environ, ...) to host
+     * root, unmapped in here: user code could not read its own memory.
+     * Dumpable again, they belong to our uid. No other sandbox can name our
+     * pids (sibling pid namespaces) to ptrace us. The id change above kept
+     * our euid and fsuid (our host id before and after), so unlike a change
+     * from host root it did not clear the parent-death signal of step 1. */
     if (prctl(PR_SET_DUMPABLE, 1, 0, 0, 0) < 0)
         return set_what(st, "PR_SET_DUMPABLE");
     if (unshare(CLONE_NEWCGROUP) < 0)
@@ -226,15 +234,50 @@ static int step_mounts(const struct sbx_plan *p, struct sbx_state *st)
     return r;
 }
 
-/* 4. Namespace settings that need CAP_SYS_ADMIN/CAP_NET_ADMIN in ours, so
- * before the privilege drop, and our /proc, so after step 3:
+/* Per-user-namespace caps (/proc/sys/user) written into ours in step 4.
+ * The kernel charges each to (our namespace, our id) and then to (the
+ * parent namespace, our namespace's owner), i.e. to our own host id, whose
+ * host-wide limits (fs.inotify.*: 128 instances, ~190k watches per user
+ * here) no one else shares. These caps keep one turn's share small. */
+static const struct {
+    const char *file;
+    unsigned long long value;
+} userns_caps[] = {
+    /* Creating a user namespace needs no capability, and a nested one would
+     * hand user code a fresh full set over new mount/net namespaces. This
+     * holds whatever the seccomp policy allows. */
+    {"/proc/sys/user/max_user_namespaces", 0},
+    {"/proc/sys/user/max_inotify_instances", SBX_MAX_INOTIFY_INSTANCES},
+    {"/proc/sys/user/max_inotify_watches", SBX_MAX_INOTIFY_WATCHES},
+};
+
+static int write_userns_caps(struct sbx_state *st)
+{
+    for (size_t i = 0; i < sizeof userns_caps / sizeof *userns_caps; i++) {
+        char val[24];
+        int n = snprintf(val, sizeof val, "%llu\n", userns_caps[i].value);
+        int fd = open(userns_caps[i].file, O_WRONLY | O_CLOEXEC);
+        ssize_t w = fd < 0 ? -1 : write(fd, val, (size_t)n);
+        int e = errno;
+        if (fd >= 0)
+            close(fd);
+        if (w != n) {
+            errno = w < 0 ? e : EIO;
+            snprintf(st->what, sizeof st->what, "write %s", userns_caps[i].file);
+            return -errno;
+        }
+    }
+    return 0;
+}
+
+/* 4. Namespace settings that need CAP_SYS_ADMIN/CAP_NET_ADMIN (or
+ * CAP_SYS_RESOURCE) in ours, so before the privilege drop, and our /proc,
+ * so after step 3:
  * - hostname;
  * - loopback up, so code that talks to itself over 127.0.0.1 works; the
  *   network namespace has no other interface and no route anywhere;
- * - max_user_namespaces = 0 for our user namespace: creating a user
- *   namespace needs no capability, and a nested one would hand user code a
- *   fresh full set over new mount/net namespaces. This holds whatever the
- *   seccomp policy allows. */
+ * - the per-user-namespace caps above: no nested user namespaces, a small
+ *   share of inotify. */
 static int step_namespaces(const struct sbx_plan *p, struct sbx_state *st)
 {
     if (sethostname(SBX_HOSTNAME, sizeof SBX_HOSTNAME - 1) < 0)
@@ -255,26 +298,18 @@ static int step_namespaces(const struct sbx_plan *p, struct sbx_state *st)
         errno = e;
         return set_what(st, "bring up lo");
     }
-    int fd = open("/proc/sys/user/max_user_namespaces", O_WRONLY | O_CLOEXEC);
-    if (fd < 0)
-        return set_what(st, "open /proc/sys/user/max_user_namespaces");
-    r = (int)write(fd, "0\n", 2);
-    e = errno;
-    close(fd);
-    if (r != 2) {
-        errno = r < 0 ? e : EIO;
-        return set_what(st, "max_user_namespaces = 0");
-    }
-    return 0;
+    return write_userns_caps(st);
 }
 
 /* rlimits, after seccomp (the table's order, not this number, is the order):
  * step 8 sends the seccomp listener to the supervisor over a unix socket, and
- * the kernel caps fds in flight per user against the *sender's*
- * RLIMIT_NOFILE. Every sandbox maps to the same host uid, so sending under the
- * fork server's limit keeps one turn from using up that cap for the next.
- * Lowering limits needs no privilege, and the policy allows prlimit64 on the
- * caller itself. Before init, so both processes carry the limits. */
+ * the kernel caps fds in flight per host user against the *sender's*
+ * RLIMIT_NOFILE. Since each sandbox has a host id of its own, no other turn
+ * can have filled that cap before the listener goes (it once could: every
+ * sandbox was one uid), so the order no longer matters for that, and costs
+ * nothing. Lowering limits needs no privilege, and the policy allows
+ * prlimit64 on the caller itself. Before init, so both processes carry the
+ * limits (limits.c has the values and why). */
 static int step_rlimits(const struct sbx_plan *p, struct sbx_state *st)
 {
     int r = limits_apply_rlimits(p->cfg);
@@ -383,9 +418,9 @@ static int send_listener(int chan_fd, int listener)
  * here, before init forks and long before user code runs, and our copy is
  * closed at once. Whoever held it could answer its own refused calls, even
  * with "let it run". If it cannot be sent (the kernel caps the fds in flight
- * per user, a cap sandboxes share and user code can fill), the sandbox goes
- * on without it: counted refusals then fail with ENOSYS, uncounted, and the
- * supervisor logs our warning. */
+ * per host user; our id is ours alone and no user code has run yet, so this
+ * is not expected), the sandbox goes on without it: counted refusals then
+ * fail with ENOSYS, uncounted, and the supervisor logs our warning. */
 static int step_seccomp(const struct sbx_plan *p, struct sbx_state *st)
 {
     if (p->flags & SBX_PLAN_NO_SECCOMP)
@@ -581,8 +616,8 @@ static int step_init(const struct sbx_plan *p, struct sbx_state *st)
 }
 
 /* Non-isolated mode (benchmarks only): no namespaces, mounts, caps or
- * seccomp. The child waits for the parent (cgroups), then runs as the
- * sandbox uid when we are root, in its per-turn dir. */
+ * seccomp. The child waits for the parent (cgroups), then runs as its host
+ * id when we are root, in its per-turn dir. */
 static int step_ids_plain(const struct sbx_plan *p, struct sbx_state *st)
 {
     int r = st->sync_fd >= 0 ? wait_go(st) : 0;
@@ -590,10 +625,13 @@ static int step_ids_plain(const struct sbx_plan *p, struct sbx_state *st)
         return r;
     if (geteuid() != 0)
         return 0;
-    if (setresgid(p->cfg->sandbox_gid, p->cfg->sandbox_gid, p->cfg->sandbox_gid) < 0)
+    if (setresgid(st->id, st->id, st->id) < 0)
         return set_what(st, "setresgid");
-    if (setresuid(p->cfg->sandbox_uid, p->cfg->sandbox_uid, p->cfg->sandbox_uid) < 0)
+    if (setresuid(st->id, st->id, st->id) < 0)
         return set_what(st, "setresuid");
+    /* The id change cleared the parent-death signal of step 1. */
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0)
+        return set_what(st, "PR_SET_PDEATHSIG");
     return 0;
 }
 
@@ -722,12 +760,13 @@ static int write_proc(int dirfd, const char *name, const char *text)
     return 0;
 }
 
-/* Map exactly one id each way: 0 in the namespace is the unprivileged
- * sandbox id on the host. Written by us, the parent: a child writing its
- * own map while we are root would map host root. */
-static int write_maps(pid_t pid, const struct config *cfg, char *err, size_t errlen)
+/* Map exactly one id each way: 0 in the namespace is the sandbox's own
+ * unprivileged host id. Written by us, the parent, as root again (mapping an
+ * id needs CAP_SETUID/CAP_SETGID over the parent namespace in the writer;
+ * the child could only map the id it runs as, but must not choose). */
+static int write_maps(pid_t pid, uint32_t id, char *err, size_t errlen)
 {
-    if (cfg->sandbox_uid == 0 || cfg->sandbox_gid == 0) {
+    if (id == 0) {
         snprintf(err, errlen, "refusing to map host root into a sandbox");
         return -EPERM;
     }
@@ -740,11 +779,10 @@ static int write_maps(pid_t pid, const struct config *cfg, char *err, size_t err
     }
     int r = write_proc(dfd, "setgroups", "deny");
     if (r == 0) {
-        snprintf(map, sizeof map, "0 %u 1\n", cfg->sandbox_uid);
+        snprintf(map, sizeof map, "0 %u 1\n", id);
         r = write_proc(dfd, "uid_map", map);
     }
     if (r == 0) {
-        snprintf(map, sizeof map, "0 %u 1\n", cfg->sandbox_gid);
         r = write_proc(dfd, "gid_map", map);
     }
     if (r < 0)
@@ -777,10 +815,10 @@ int sbx_child_go(int go_fd, int err)
 
 /* Parent-side work between clone and "go": maps (isolated) and cgroups
  * (unless deferred to whoever calls sbx_child_go). */
-static int place_child(const struct sbx_plan *p, pid_t pid, bool maps, bool cgroups, char *err,
-                       size_t errlen)
+static int place_child(const struct sbx_plan *p, pid_t pid, uint32_t id, bool maps, bool cgroups,
+                       char *err, size_t errlen)
 {
-    int r = maps ? write_maps(pid, p->cfg, err, errlen) : 0;
+    int r = maps ? write_maps(pid, id, err, errlen) : 0;
     if (r == 0 && cgroups && p->cgroups) {
         r = limits_cgroups_attach(p->cgroups, pid, p->cfg);
         if (r < 0)
@@ -804,6 +842,12 @@ static void kill_child(struct sbx_child *c)
  * 2.5 ms slower with a large parent (ARCHITECTURE.md). */
 _Noreturn static void middle_main(const struct sbx_plan *p, struct sbx_state *st, int ack_fd)
 {
+    /* Host root goes for good before the user namespace exists: the
+     * namespace is then owned by the sandbox's id (see clone_as) and no
+     * process of the sandbox holds host root in any of its ids. First, as
+     * an id change clears the parent-death signal. */
+    if (setresgid(st->id, st->id, st->id) < 0 || setresuid(st->id, st->id, st->id) < 0)
+        setup_failed(st->chan_fd, SBX_STEP_CLONE, "fork path", "become the sandbox's id", errno);
     if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0)
         setup_failed(st->chan_fd, SBX_STEP_CLONE, "fork path", "PR_SET_PDEATHSIG", errno);
     if (unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC |
@@ -847,8 +891,9 @@ _Noreturn static void middle_main(const struct sbx_plan *p, struct sbx_state *st
     _exit(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
 }
 
-static int spawn_forked(const struct sbx_plan *p, unsigned spawn_flags, struct sbx_child *out,
-                        int chan[2], int sync[2], int warm_child, char *err, size_t errlen)
+static int spawn_forked(const struct sbx_plan *p, uint32_t id, unsigned spawn_flags,
+                        struct sbx_child *out, int chan[2], int sync[2], int warm_child,
+                        char *err, size_t errlen)
 {
     int ack[2];
     if (pipe2(ack, O_CLOEXEC) < 0) {
@@ -871,7 +916,7 @@ static int spawn_forked(const struct sbx_plan *p, unsigned spawn_flags, struct s
         if (out->warm_fd >= 0)
             close(out->warm_fd);
         struct sbx_state st = {.chan_fd = chan[1], .sync_fd = sync[0], .tools_fd = -1,
-                               .warm_fd = warm_child};
+                               .warm_fd = warm_child, .id = id};
         middle_main(p, &st, ack[1]);
     }
     close(ack[1]);
@@ -888,7 +933,7 @@ static int spawn_forked(const struct sbx_plan *p, unsigned spawn_flags, struct s
         return -ECHILD;
     }
     bool defer = spawn_flags & SBX_SPAWN_DEFER_GO;
-    int ret = place_child(p, pid, true, !defer, err, errlen);
+    int ret = place_child(p, pid, id, true, !defer, err, errlen);
     if (ret == 0 && defer) {
         out->go_fd = sync[1];
         sync[1] = -1;
@@ -901,7 +946,7 @@ static int spawn_forked(const struct sbx_plan *p, unsigned spawn_flags, struct s
 
 /* Non-isolated mode: a per-turn directory under /tmp with tools/ and
  * workspace/, removed when the child is reaped. */
-static int make_turn_dir(const struct config *cfg, char **out, char *err, size_t errlen)
+static int make_turn_dir(uint32_t id, char **out, char *err, size_t errlen)
 {
     char tmpl[] = "/tmp/forkbox-turn-XXXXXX";
     if (!mkdtemp(tmpl)) {
@@ -915,7 +960,7 @@ static int make_turn_dir(const struct config *cfg, char **out, char *err, size_t
     for (int i = 0; r == 0 && i < 2; i++) {
         snprintf(sub, sizeof sub, "%s/%s", tmpl, i ? "workspace" : "tools");
         if (mkdir(sub, 0755) < 0 ||
-            (geteuid() == 0 && chown(sub, cfg->sandbox_uid, cfg->sandbox_gid) < 0))
+            (geteuid() == 0 && chown(sub, id, id) < 0))
             r = -errno;
     }
     if (r == 0 && !(*out = strdup(tmpl)))
@@ -969,19 +1014,63 @@ static void drop_turn_dir(struct sbx_child *c)
     }
 }
 
-int sbx_spawn(const struct sbx_plan *p, unsigned spawn_flags, struct sbx_child *out, char *err,
-              size_t errlen)
+/* The clone of an isolated sandbox is made with the sandbox's host id as
+ * our real and effective uid and gid; the saved ids stay host root, so we can
+ * come back (clone_done). The kernel makes the creator's effective uid the
+ * owner of a new user namespace, and charges what it counts per user to the
+ * chain (namespace, uid) -> (parent namespace, owner): created by root, every
+ * sandbox's processes, pending signals, inotify instances and watches were
+ * also host root's, and one turn could exhaust root's share (and with it the
+ * other turns'). Created by the sandbox's id, they are that id's alone.
+ * The child starts with these credentials: its host id as real and effective
+ * ids (unmapped until we write the maps) and host root only as saved ids,
+ * which step 2 replaces. Until then no set*id call in it can name host root
+ * (unmapped in its namespace), and no permission check grants anything on
+ * the strength of a saved id.
+ * Side effects on us: an euid change clears the parent-death signal
+ * (clone_done re-arms it) and makes us non-dumpable (it stays so; a sandbox
+ * undoes it for itself in step 2). We are single-threaded (CLONE_NEWUSER
+ * requires it): no other thread ever runs with these ids. */
+static int clone_as(uint32_t id, int *pdeath)
 {
-    *out = (struct sbx_child){.pid = 0, .pidfd = -1, .chan_fd = -1, .warm_fd = -1, .go_fd = -1};
+    if (prctl(PR_GET_PDEATHSIG, pdeath, 0, 0, 0) < 0 || setresgid(id, id, 0) < 0)
+        return -errno;
+    if (setresuid(id, id, 0) < 0) {
+        int e = errno;
+        if (setresgid(0, 0, 0) < 0)
+            abort(); /* saved gid 0: cannot happen; never go on as the sandbox's gid */
+        return -e;
+    }
+    return 0;
+}
+
+static void clone_done(int pdeath)
+{
+    /* Cannot fail (the saved ids are root); never go on as the sandbox's id. */
+    if (setresuid(0, 0, 0) < 0 || setresgid(0, 0, 0) < 0)
+        abort();
+    if (pdeath)
+        prctl(PR_SET_PDEATHSIG, pdeath, 0, 0, 0);
+}
+
+int sbx_spawn(const struct sbx_plan *p, uint32_t id, unsigned spawn_flags,
+              struct sbx_child *out, char *err, size_t errlen)
+{
+    *out = (struct sbx_child){.pid = 0, .id = id, .pidfd = -1, .chan_fd = -1, .warm_fd = -1,
+                              .go_fd = -1};
     const struct config *cfg = p->cfg;
     if (cfg->isolate && !p->mounts) {
         snprintf(err, errlen, "no sandbox root (mounts_build)");
         return -EINVAL;
     }
+    if (cfg->isolate && (id == 0 || geteuid() != 0)) {
+        snprintf(err, errlen, id ? "isolation needs root" : "refusing host id 0 for a sandbox");
+        return -EPERM;
+    }
 
     char tools_dir[64] = "", workspace_dir[64] = "";
     if (!cfg->isolate) {
-        int r = make_turn_dir(cfg, &out->turn_dir, err, errlen);
+        int r = make_turn_dir(id, &out->turn_dir, err, errlen);
         if (r < 0)
             return r;
         snprintf(tools_dir, sizeof tools_dir, "%s/tools", out->turn_dir);
@@ -1021,7 +1110,7 @@ int sbx_spawn(const struct sbx_plan *p, unsigned spawn_flags, struct sbx_child *
 
     int ret;
     if (cfg->isolate && (!p->tid_addr || (p->flags & SBX_PLAN_FORCE_FORK))) {
-        ret = spawn_forked(p, spawn_flags, out, chan, sync, warm[1], err, errlen);
+        ret = spawn_forked(p, id, spawn_flags, out, chan, sync, warm[1], err, errlen);
     } else {
         /* ONE clone: every namespace at once is far cheaper than fork +
          * unshare + fork (ARCHITECTURE.md). CLONE_CHILD_SETTID repairs
@@ -1032,7 +1121,7 @@ int sbx_spawn(const struct sbx_plan *p, unsigned spawn_flags, struct sbx_child *
                      CLONE_NEWUTS;
         if (p->tid_addr)
             flags |= CLONE_CHILD_SETTID;
-        int pidfd = -1;
+        int pidfd = -1, pdeath = 0, r;
         uint64_t t0 = mono_ns();
         long pid;
         if (!cfg->isolate && !p->tid_addr) {
@@ -1040,8 +1129,16 @@ int sbx_spawn(const struct sbx_plan *p, unsigned spawn_flags, struct sbx_child *
             pid = _Fork();
             if (pid > 0 && (pidfd = pidfd_open((pid_t)pid, 0)) < 0)
                 kill((pid_t)pid, SIGKILL); /* reaped and released by the caller */
+        } else if (cfg->isolate && (r = clone_as(id, &pdeath)) < 0) {
+            errno = -r;
+            pid = -1;
         } else {
             pid = syscall(SYS_clone, flags, NULL, &pidfd, p->tid_addr, 0);
+            if (pid != 0 && cfg->isolate) {
+                int e = errno;
+                clone_done(pdeath);
+                errno = e;
+            }
         }
         if (pid == 0) {
             close(sync[1]);
@@ -1049,20 +1146,20 @@ int sbx_spawn(const struct sbx_plan *p, unsigned spawn_flags, struct sbx_child *
             if (warm[0] >= 0)
                 close(warm[0]);
             struct sbx_state st = {.chan_fd = chan[1], .sync_fd = sync[0], .tools_fd = -1,
-                                   .warm_fd = warm[1], .tools_dir = tools_dir,
+                                   .warm_fd = warm[1], .id = id, .tools_dir = tools_dir,
                                    .workspace_dir = workspace_dir};
             child_main(p, &st);
         }
         if (pid < 0) {
             ret = -errno;
-            snprintf(err, errlen, "clone: %s", strerror(errno));
+            snprintf(err, errlen, "clone as id %u: %s", id, strerror(errno));
         } else {
             out->pid = (pid_t)pid;
             out->pidfd = pidfd;
             /* sync 1: maps and cgroup in place -> go (or deferred: the
              * caller places and releases it). */
             bool defer = spawn_flags & SBX_SPAWN_DEFER_GO;
-            ret = place_child(p, out->pid, cfg->isolate, !defer, err, errlen);
+            ret = place_child(p, out->pid, id, cfg->isolate, !defer, err, errlen);
             if (ret == 0 && defer) {
                 out->go_fd = sync[1];
                 sync[1] = -1;

@@ -66,6 +66,8 @@ enum sbx_spawn_flags {
 /* One spawned sandbox, as the fork server keeps it. */
 struct sbx_child {
     pid_t pid;         /* host pid; > 0 whenever a process exists to be reaped */
+    uint32_t id;       /* host uid and gid of the sandbox (its root inside); the
+                          caller's to give back once pid has been reaped */
     int pidfd;         /* owned; -1 after hand-off */
     int chan_fd;       /* owned: the supervisor's end of the channel; -1 after hand-off */
     int warm_fd;       /* owned, pooled spawns only (else -1): SOCK_SEQPACKET, one byte
@@ -80,12 +82,16 @@ struct sbx_child {
  * set, or -ENOENT/-EEXIST (none / ambiguous: use the fork path). */
 int sbx_tid_probe(pid_t **out);
 
-/* Spawn one sandbox per plan; flags: enum sbx_spawn_flags. 0 with *out
- * filled, or -errno with a reason in err. Even on failure out->pid may be
- * > 0: that child has been killed but still has to be reaped and released
- * with sbx_child_release(). */
-int sbx_spawn(const struct sbx_plan *plan, unsigned flags, struct sbx_child *out, char *err,
-              size_t errlen);
+/* Spawn one sandbox per plan as host uid and gid `id` (never 0; one that no
+ * other live sandbox holds, see ids.h); flags: enum sbx_spawn_flags. 0 with
+ * *out filled, or -errno with a reason in err. Even on failure out->pid may
+ * be > 0: that child has been killed but still has to be reaped and released
+ * with sbx_child_release(). Isolated, the caller must be root and
+ * single-threaded: the clone is made with `id` as our real and effective ids
+ * (restored before returning, with our parent-death signal; we stay
+ * non-dumpable after, as any process that changed its ids). */
+int sbx_spawn(const struct sbx_plan *plan, uint32_t id, unsigned flags, struct sbx_child *out,
+              char *err, size_t errlen);
 
 /* Release a child spawned with SBX_SPAWN_DEFER_GO once its cgroups are in
  * place (err == 0), or make it fail its setup with err (an errno: "cgroup

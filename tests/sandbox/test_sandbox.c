@@ -21,9 +21,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/nsfs.h>
+#include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/pidfd.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -40,6 +43,12 @@
 static char g_expected_root[512]; /* space-separated sorted names of / */
 static char g_site_dir[128];      /* a site dir bound read-only, with a file "mod.py" */
 static volatile sig_atomic_t g_usr1;
+/* Host ids for the spawns: each spawn takes the next one (next_id()); the
+ * child, a clone of us, reads the one it was given from g_id. */
+#define TEST_ID_BASE 2030043136u /* 0x79000000: inside the unused range, like the default */
+static uint32_t g_id = TEST_ID_BASE;
+
+static uint32_t next_id(void) { return ++g_id; }
 
 static int tap_n, tap_failed;
 
@@ -140,12 +149,31 @@ static void check_isolated(int chan_fd, int tools_fd, const char *tools_dir, con
         getuid(), getgid());
     unsigned a, b, c;
     r = read_text("/proc/self/uid_map", buf, sizeof buf);
-    say(r > 0 && sscanf(buf, "%u %u %u", &a, &b, &c) == 3 && a == 0 && b == 65534 && c == 1 &&
+    say(r > 0 && sscanf(buf, "%u %u %u", &a, &b, &c) == 3 && a == 0 && b == g_id && c == 1 &&
             !strchr(strchr(buf, '\n') ? strchr(buf, '\n') + 1 : "", '\n'),
-        "uid_map is exactly 0 -> 65534", "uid_map: %s", r > 0 ? buf : strerror(-r));
+        "uid_map is exactly 0 -> the spawn's host id", "uid_map: %s (id %u)",
+        r > 0 ? buf : strerror(-r), g_id);
     r = read_text("/proc/self/gid_map", buf, sizeof buf);
-    say(r > 0 && sscanf(buf, "%u %u %u", &a, &b, &c) == 3 && a == 0 && b == 65534 && c == 1,
-        "gid_map is exactly 0 -> 65534", "gid_map: %s", r > 0 ? buf : strerror(-r));
+    say(r > 0 && sscanf(buf, "%u %u %u", &a, &b, &c) == 3 && a == 0 && b == g_id && c == 1,
+        "gid_map is exactly 0 -> the spawn's host id", "gid_map: %s (id %u)",
+        r > 0 ? buf : strerror(-r), g_id);
+    uid_t ru, eu, su;
+    gid_t rg, eg, sg;
+    say(getresuid(&ru, &eu, &su) == 0 && getresgid(&rg, &eg, &sg) == 0 && ru == 0 && eu == 0 &&
+            su == 0 && rg == 0 && eg == 0 && sg == 0,
+        "real, effective and saved ids all 0 inside (no unmapped host root left)",
+        "uids %d %d %d gids %d %d %d", (int)ru, (int)eu, (int)su, (int)rg, (int)eg, (int)sg);
+    r = read_text("/proc/sys/user/max_inotify_instances", buf, sizeof buf);
+    say(r > 0 && atoi(buf) == 32, "max_inotify_instances 32 in our user namespace", "%s", buf);
+    r = read_text("/proc/sys/user/max_inotify_watches", buf, sizeof buf);
+    say(r > 0 && atoi(buf) == 8192, "max_inotify_watches 8192 in our user namespace", "%s", buf);
+    struct rlimit rl;
+    say(getrlimit(RLIMIT_SIGPENDING, &rl) == 0 && rl.rlim_cur == 1024 && rl.rlim_max == 1024,
+        "RLIMIT_SIGPENDING 1024", "%llu", (unsigned long long)rl.rlim_cur);
+    say(getrlimit(RLIMIT_MSGQUEUE, &rl) == 0 && rl.rlim_cur == 819200,
+        "RLIMIT_MSGQUEUE 800K", "%llu", (unsigned long long)rl.rlim_cur);
+    say(getrlimit(RLIMIT_NPROC, &rl) == 0 && rl.rlim_cur == 64, "RLIMIT_NPROC = pids (64)",
+        "%llu", (unsigned long long)rl.rlim_cur);
     r = read_text("/proc/self/setgroups", buf, sizeof buf);
     say(r > 0 && strncmp(buf, "deny", 4) == 0, "setgroups denied", "%s", buf);
     gid_t groups[8];
@@ -170,12 +198,13 @@ static void check_isolated(int chan_fd, int tools_fd, const char *tools_dir, con
     list_dir("/etc", buf, sizeof buf);
     say(strstr(buf, "passwd") && strstr(buf, "ld.so.cache") && !strstr(buf, "shadow"),
         "/etc is the minimal subset", "got \"%s\"", buf);
-    /* The root the fork server built reads as root's; the host's own files
-     * (here /usr) stay owned by an unmapped id. */
+    /* The root the fork server built is host root's, like /usr: unmapped
+     * here, so it reads as the overflow id (nobody), not as our root. */
     struct stat rs, ps, us;
     say(stat("/", &rs) == 0 && stat("/etc/passwd", &ps) == 0 && stat("/usr", &us) == 0 &&
-            rs.st_uid == 0 && ps.st_uid == 0 && ps.st_gid == 0 && us.st_uid != 0,
-        "/ and /etc/passwd are root's, /usr is not mapped", "uids %u %u %u",
+            rs.st_uid != 0 && rs.st_uid == us.st_uid && ps.st_uid == us.st_uid &&
+            ps.st_gid == us.st_gid && us.st_uid != 0,
+        "/, /etc/passwd and /usr are host root's, unmapped", "uids %u %u %u",
         (unsigned)rs.st_uid, (unsigned)ps.st_uid, (unsigned)us.st_uid);
     say(access("/etc/shadow", F_OK) < 0 && errno == ENOENT, "/etc/shadow absent", "%s",
         strerror(errno));
@@ -355,8 +384,8 @@ __attribute__((noreturn)) static void serve_plain(int chan_fd, int tools_fd, int
     g_out = chan_fd;
     char buf[256];
     say(getppid() > 1, "non-isolated: ordinary child", "ppid %d", getppid());
-    say(geteuid() == 65534 && getegid() == 65534, "non-isolated: runs as the sandbox uid",
-        "uid %d", geteuid());
+    say(geteuid() == g_id && getegid() == g_id && getuid() == g_id,
+        "non-isolated: runs as the spawn's host id", "uid %d (id %u)", geteuid(), g_id);
     int fd = openat(tools_fd, "t.py", O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     say(fd >= 0, "non-isolated: tools fd writable", "%s", strerror(errno));
     if (fd >= 0)
@@ -544,7 +573,7 @@ static void bench(const char *label, const struct sbx_plan *plan)
         struct sbx_child c;
         char err[256];
         uint64_t t0 = mono_ns();
-        if (sbx_spawn(plan, 0, &c, err, sizeof err) < 0) {
+        if (sbx_spawn(plan, next_id(), 0, &c, err, sizeof err) < 0) {
             tap(false, "%s: spawn %d: %s", label, i, err);
             return;
         }
@@ -567,6 +596,64 @@ static void bench(const char *label, const struct sbx_plan *plan)
                parent[got / 2] / 1e3);
 }
 
+/* From the host: every id of pid (real, effective, saved, fs) is id, and
+ * its user namespace is owned by id, not by host root. */
+static void check_host_ids(const char *label, pid_t pid, uint32_t id)
+{
+    char path[64], buf[4096];
+    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    ssize_t n = fd >= 0 ? read(fd, buf, sizeof buf - 1) : -1;
+    if (fd >= 0)
+        close(fd);
+    buf[n > 0 ? n : 0] = '\0';
+    unsigned u[4] = {0}, g[4] = {0};
+    char *lu = strstr(buf, "\nUid:"), *lg = strstr(buf, "\nGid:");
+    bool ok = lu && lg && sscanf(lu, "\nUid: %u %u %u %u", &u[0], &u[1], &u[2], &u[3]) == 4 &&
+              sscanf(lg, "\nGid: %u %u %u %u", &g[0], &g[1], &g[2], &g[3]) == 4;
+    for (int i = 0; i < 4; i++)
+        ok = ok && u[i] == id && g[i] == id;
+    tap(ok, "%s: host uids %u %u %u %u, gids %u %u %u %u, all the spawn's id %u", label, u[0],
+        u[1], u[2], u[3], g[0], g[1], g[2], g[3], id);
+    snprintf(path, sizeof path, "/proc/%d/ns/user", (int)pid);
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    uid_t owner = 0;
+    ok = fd >= 0 && ioctl(fd, NS_GET_OWNER_UID, &owner) == 0;
+    if (fd >= 0)
+        close(fd);
+    tap(ok && owner == id, "%s: its user namespace is owned by the spawn's id, not root "
+        "(owner %u)", label, (unsigned)owner);
+}
+
+/* After a spawn, the parent (the fork server's part) is root again, with
+ * the parent-death signal main() set still armed. */
+static void check_parent_restored(const char *label)
+{
+    uid_t ru = 1, eu = 1, su = 1;
+    gid_t rg = 1, eg = 1, sg = 1;
+    int sig = 0;
+    getresuid(&ru, &eu, &su);
+    getresgid(&rg, &eg, &sg);
+    prctl(PR_GET_PDEATHSIG, &sig, 0, 0, 0);
+    tap(ru == 0 && eu == 0 && su == 0 && rg == 0 && eg == 0 && sg == 0 && sig == SIGWINCH,
+        "%s: the parent is root again (uids %d %d %d, gids %d %d %d), parent-death signal %d",
+        label, (int)ru, (int)eu, (int)su, (int)rg, (int)eg, (int)sg, sig);
+}
+
+/* The first child pid listed for pid (its main thread's children). */
+static pid_t first_child(pid_t pid)
+{
+    char path[64], kids[64] = "";
+    snprintf(path, sizeof path, "/proc/%d/task/%d/children", (int)pid, (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        ssize_t k = read(fd, kids, sizeof kids - 1);
+        kids[k > 0 ? k : 0] = '\0';
+        close(fd);
+    }
+    return (pid_t)atoi(kids);
+}
+
 static void enter_mnt_ns(int fd)
 {
     if (setns(fd, CLONE_NEWNS) < 0)
@@ -584,7 +671,9 @@ int main(void)
         printf("1..0 # SKIP user namespaces unavailable\n");
         return 77;
     }
-    /* Like the fork server: SIGCHLD blocked, no supplementary groups. */
+    /* Like the fork server: SIGCHLD blocked, no supplementary groups, a
+     * parent-death signal (a harmless one here) that spawning must keep. */
+    prctl(PR_SET_PDEATHSIG, SIGWINCH, 0, 0, 0);
     sigset_t chld;
     sigemptyset(&chld);
     sigaddset(&chld, SIGCHLD);
@@ -604,7 +693,8 @@ int main(void)
 
     struct config cfg = {0};
     cfg.isolate = true;
-    cfg.sandbox_uid = cfg.sandbox_gid = 65534;
+    cfg.id_first = TEST_ID_BASE;
+    cfg.id_count = 65536;
     snprintf(cfg.tools_dir, sizeof cfg.tools_dir, "/tools");
     cfg.tmpfs_size = 64ull << 20;
     cfg.max_unpacked = 64ull << 20;
@@ -643,9 +733,10 @@ int main(void)
     static char text[65536];
     struct sbx_child c;
     uint64_t t0 = mono_ns();
-    r = sbx_spawn(&plan, 0, &c, err, sizeof err);
-    tap(r == 0 && c.pid > 0 && c.pidfd >= 0 && c.chan_fd >= 0, "spawn (one clone): %s",
-        r ? err : "ok");
+    r = sbx_spawn(&plan, next_id(), 0, &c, err, sizeof err);
+    tap(r == 0 && c.pid > 0 && c.pidfd >= 0 && c.chan_fd >= 0 && c.id == g_id,
+        "spawn (one clone): %s", r ? err : "ok");
+    check_parent_restored("one clone");
     if (r == 0) {
         slurp(c.chan_fd, text, sizeof text);
         uint64_t ts = relay_results("isolated: ", text, NULL);
@@ -662,8 +753,9 @@ int main(void)
 
     /* 2. The fork()+unshare fallback gives the same sandbox. */
     plan.flags |= SBX_PLAN_FORCE_FORK;
-    r = sbx_spawn(&plan, 0, &c, err, sizeof err);
+    r = sbx_spawn(&plan, next_id(), 0, &c, err, sizeof err);
     tap(r == 0, "spawn (fork fallback): %s", r ? err : "ok");
+    check_parent_restored("fork path");
     if (r == 0) {
         slurp(c.chan_fd, text, sizeof text);
         relay_results("fork path: ", text, NULL);
@@ -678,7 +770,7 @@ int main(void)
 
     /* 3. A failing step reports a log frame and exits 70 + step. */
     plan.flags &= ~SBX_PLAN_NO_SECCOMP; /* and no policy: step 8 must fail */
-    r = sbx_spawn(&plan, 0, &c, err, sizeof err);
+    r = sbx_spawn(&plan, next_id(), 0, &c, err, sizeof err);
     if (r == 0) {
         size_t n = slurp(c.chan_fd, text, sizeof text);
         bool pidfd_ok;
@@ -696,23 +788,20 @@ int main(void)
     }
     plan.flags |= SBX_PLAN_NO_SECCOMP;
 
-    /* 4. Killing pid 1 through the pidfd takes its whole namespace along. */
+    /* 4. Killing pid 1 through the pidfd takes its whole namespace along.
+     * While it runs, its host ids and its user namespace's owner are checked
+     * from outside: its own id everywhere, host root nowhere. */
     plan.hooks = &hooks_hang;
-    r = sbx_spawn(&plan, 0, &c, err, sizeof err);
+    r = sbx_spawn(&plan, next_id(), 0, &c, err, sizeof err);
     if (r == 0) {
         char ch = 0;
         struct pollfd p = {.fd = c.chan_fd, .events = POLLIN};
         bool up = poll(&p, 1, 5000) == 1 && read(c.chan_fd, &ch, 1) == 1 && ch == 'R';
-        char path[64], kids[64] = "";
-        snprintf(path, sizeof path, "/proc/%d/task/%d/children", c.pid, c.pid);
-        int fd = open(path, O_RDONLY | O_CLOEXEC);
-        if (fd >= 0) {
-            ssize_t k = read(fd, kids, sizeof kids - 1);
-            kids[k > 0 ? k : 0] = '\0';
-            close(fd);
-        }
-        pid_t grandchild = (pid_t)atoi(kids);
+        char path[64];
+        pid_t grandchild = first_child(c.pid);
         tap(up && grandchild > 0, "hanging sandbox with a grandchild (%d)", grandchild);
+        check_host_ids("one clone: init", c.pid, c.id);
+        check_host_ids("one clone: runtime", grandchild, c.id);
         tap(pidfd_send_signal(c.pidfd, SIGKILL, NULL, 0) == 0, "pidfd_send_signal(SIGKILL)");
         bool pidfd_ok;
         int st = await_exit(&c, &pidfd_ok);
@@ -724,13 +813,34 @@ int main(void)
     } else {
         tap(false, "spawn for the kill test: %s", err);
     }
+    /* The same from the fork path: its middle process too. */
+    plan.flags |= SBX_PLAN_FORCE_FORK;
+    r = sbx_spawn(&plan, next_id(), 0, &c, err, sizeof err);
+    if (r == 0) {
+        char ch = 0;
+        struct pollfd p = {.fd = c.chan_fd, .events = POLLIN};
+        bool up = poll(&p, 1, 5000) == 1 && read(c.chan_fd, &ch, 1) == 1 && ch == 'R';
+        pid_t init = first_child(c.pid);
+        tap(up && init > 0, "fork path: hanging sandbox (%d) under its middle process", init);
+        check_host_ids("fork path: middle", c.pid, c.id);
+        check_host_ids("fork path: init", init, c.id);
+        pidfd_send_signal(c.pidfd, SIGKILL, NULL, 0);
+        bool pidfd_ok;
+        await_exit(&c, &pidfd_ok);
+        sbx_child_release(&plan, &c);
+    } else {
+        tap(false, "spawn for the fork-path ids test: %s", err);
+    }
+    plan.flags &= ~SBX_PLAN_FORCE_FORK;
+    r = sbx_spawn(&plan, 0, 0, &c, err, sizeof err);
+    tap(r == -EPERM && c.pid == 0, "host id 0 refused: %s", err);
 
     /* 5. Non-isolated mode (benchmarks): per-turn dir, removed at release. */
     struct config pcfg = cfg;
     pcfg.isolate = false;
     struct sbx_plan pplan = {.cfg = &pcfg, .hooks = &hooks_plain, .tid_addr = tid_addr};
     enter_mnt_ns(host_ns);
-    r = sbx_spawn(&pplan, 0, &c, err, sizeof err);
+    r = sbx_spawn(&pplan, next_id(), 0, &c, err, sizeof err);
     tap(r == 0 && c.turn_dir, "spawn (non-isolated): %s", r ? err : "ok");
     if (r == 0) {
         slurp(c.chan_fd, text, sizeof text);
@@ -752,7 +862,7 @@ int main(void)
 
     /* 6. Pooled spawn: the warm socket survives step 6, and only it. */
     plan.hooks = &hooks_warm;
-    r = sbx_spawn(&plan, SBX_SPAWN_POOLED, &c, err, sizeof err);
+    r = sbx_spawn(&plan, next_id(), SBX_SPAWN_POOLED, &c, err, sizeof err);
     tap(r == 0 && c.warm_fd >= 0 && c.go_fd < 0, "spawn (pooled): %s", r ? err : "ok");
     if (r == 0) {
         char w = 0;
@@ -772,7 +882,7 @@ int main(void)
     /* 7. Deferred go: the child waits until sbx_child_go(); an error there
      * makes it fail step 2 with the reason. */
     plan.hooks = &hooks_ready;
-    r = sbx_spawn(&plan, SBX_SPAWN_DEFER_GO, &c, err, sizeof err);
+    r = sbx_spawn(&plan, next_id(), SBX_SPAWN_DEFER_GO, &c, err, sizeof err);
     tap(r == 0 && c.go_fd >= 0, "spawn (deferred go): %s", r ? err : "ok");
     if (r == 0) {
         struct pollfd p = {.fd = c.chan_fd, .events = POLLIN};
@@ -786,7 +896,7 @@ int main(void)
         await_exit(&c, &pidfd_ok);
         sbx_child_release(&plan, &c);
     }
-    r = sbx_spawn(&plan, SBX_SPAWN_DEFER_GO, &c, err, sizeof err);
+    r = sbx_spawn(&plan, next_id(), SBX_SPAWN_DEFER_GO, &c, err, sizeof err);
     if (r == 0) {
         tap(sbx_child_go(c.go_fd, EPERM) == 0, "sbx_child_go(EPERM)");
         c.go_fd = -1;

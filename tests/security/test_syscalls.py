@@ -533,13 +533,13 @@ PARK_FDS = sbx.prelude(textwrap.dedent(r'''
 
 
 def test_fds_in_flight_from_one_turn_do_not_stop_another(daemon):
-    """The kernel caps the fds in flight in SCM_RIGHTS messages per user against
-    the sender's RLIMIT_NOFILE, and every sandbox runs as the same host uid, so
-    one turn can fill the cap up to its own nofile limit (here: about 1250 fds
-    parked in its own socketpair). A sandbox set up meanwhile passes its
-    listener before it lowers its own limits (the rlimits step follows the
-    seccomp step), so the cap does not stop it: its refused calls are still
-    answered, counted, with the policy's EPERM."""
+    """The kernel caps the fds in flight in SCM_RIGHTS messages per host user
+    against the sender's RLIMIT_NOFILE; one turn can fill its own cap (here:
+    about 1250 fds parked in its own socketpair). Each sandbox has a host uid of
+    its own (test_identity.py), so a sandbox set up meanwhile still passes its
+    listener: its refused calls are still answered, counted, with the policy's
+    EPERM. (When every sandbox was one uid, this held only because the listener
+    goes before the rlimits step lowers nofile.)"""
     res = {}
     t = threading.Thread(target=lambda: res.update(a=daemon.run(PARK_FDS, timeout=60)))
     t.start()

@@ -68,25 +68,44 @@ int main(void)
     for (unsigned i = 0; i < sizeof bad / sizeof bad[0]; i++)
         ok(parse(&c, err, 2, bad[i]) < 0 && err[0], "refused: %s (%s)", bad[i][1], err);
 
-    /* The fork server's argv reproduces the config exactly. */
+    /* Host ids: a range of their own, big enough, with no special id. */
+    is_int(parse(&c, err, 1, a0), 0, "defaults again");
+    ok(c.id_first == 2013265920u && c.id_count == 65536, "default --id-range 2013265920:65536");
+    const char *ir[] = {"forkboxd", "--id-range=3000000:1000", "--capacity=10", "--pool=2"};
+    is_int(parse(&c, err, 4, ir), 0, "--id-range FIRST:COUNT");
+    ok(c.id_first == 3000000 && c.id_count == 1000, "--id-range parsed");
+    const char *small[] = {"forkboxd", "--id-range=3000000:23", "--capacity=10", "--pool=2"};
+    ok(parse(&c, err, 4, small) < 0 && strstr(err, "needs at least 24"),
+       "a range under twice capacity + pool is refused (%s)", err);
+    const char *just[] = {"forkboxd", "--id-range=3000000:24", "--capacity=10", "--pool=2"};
+    is_int(parse(&c, err, 4, just), 0, "exactly twice capacity + pool is enough");
+    const char *badids[][2] = {{"forkboxd", "--id-range=0:1000"},
+                               {"forkboxd", "--id-range=65000:1000"},
+                               {"forkboxd", "--id-range=4294967000:1000"},
+                               {"forkboxd", "--id-range=100000"},
+                               {"forkboxd", "--id-range=100000:0"},
+                               {"forkboxd", "--uid=1234"},
+                               {"forkboxd", "--gid=1234"}};
+    for (unsigned i = 0; i < sizeof badids / sizeof badids[0]; i++)
+        ok(parse(&c, err, 2, badids[i]) < 0 && err[0], "refused: %s (%s)", badids[i][1], err);
+
+    /* The fork server's share: the supervisor's own settings are not in it. */
     const char *a3[] = {"forkboxd", "--listen=[::1]:7", "--preload=json,re", "--no-isolation",
                         "--site-packages=/opt/x", "--token-file=/secret/t", "--pool=3",
+                        "--block-timeout=9", "--max-upload-tools=5", "--id-range=3000000:1000",
                         "--preauth-max=77", "--preauth-per-peer=0"};
-    is_int(parse(&c, err, 9, a3), 0, "config for the round trip");
+    is_int(parse(&c, err, 12, a3), 0, "config for the fork server");
     ok(c.preauth_max == 77 && c.preauth_per_peer == 0, "--preauth-max, --preauth-per-peer");
-    char **v = config_to_argv(&c, "forkboxd", NULL);
-    int n = 0;
-    int has_secret = 0;
-    while (v[n]) {
-        if (strstr(v[n], "secret"))
-            has_secret = 1;
-        n++;
-    }
-    ok(!has_secret, "the fork server argv carries no token file");
-    is_int(config_parse(n, v, &d, err, sizeof err), 0, "the argv parses back");
-    memset(d.token_file, 0, sizeof d.token_file);
-    memset(c.token_file, 0, sizeof c.token_file);
-    ok(memcmp(&c, &d, sizeof c) == 0, "same config after the round trip");
-    config_argv_free(v);
+    config_for_forkserver(&c, &d);
+    ok(!d.listen_host[0] && d.listen_port == 0 && !d.token_file[0] &&
+           d.block_timeout_ms == 0 && d.idle_timeout_ms == 0 && d.max_upload_tools == 0,
+       "no listen address, token file, timeouts or upload limits");
+    ok(!memmem(&d, sizeof d, "secret", 6) && !memmem(&d, sizeof d, "::1", 3),
+       "no byte of them either");
+    ok(d.pool_size == 3 && !d.isolate && d.n_site_dirs == 1 && !strcmp(d.preload, "json,re") &&
+           d.id_first == 3000000 && d.id_count == 1000 && d.capacity == c.capacity &&
+           d.output_cap == c.output_cap && d.max_unpacked == c.max_unpacked &&
+           !strcmp(d.policy_file, c.policy_file),
+       "what the fork server uses is kept");
     return tap_done();
 }
