@@ -1,6 +1,8 @@
 /* Growable byte buffer with a hard ceiling (see buf.h). */
 #include "core/buf.h"
 
+#include "core/budget.h"
+
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -12,6 +14,32 @@
 void buf_init(struct buf *b, size_t max)
 {
     *b = (struct buf){.max = max};
+}
+
+void buf_init_budget(struct buf *b, size_t max, struct budget *budget)
+{
+    *b = (struct buf){.max = max, .budget = budget};
+}
+
+/* Reallocate to exactly cap bytes, charging the difference first. */
+static int buf_realloc(struct buf *b, size_t cap)
+{
+    if (b->budget && cap > b->cap) {
+        int r = budget_take(b->budget, cap - b->cap);
+        if (r < 0)
+            return r;
+    }
+    uint8_t *p = realloc(b->data, cap);
+    if (!p) {
+        if (b->budget && cap > b->cap)
+            budget_give(b->budget, cap - b->cap);
+        return -ENOMEM;
+    }
+    if (b->budget && cap < b->cap)
+        budget_give(b->budget, b->cap - cap);
+    b->data = p;
+    b->cap = cap;
+    return 0;
 }
 
 /* Make cap >= need. Capacity doubles (amortised O(1) appends) but is clamped
@@ -28,12 +56,7 @@ static int buf_grow(struct buf *b, size_t need)
         cap = b->max;
     if (cap < need)
         cap = need;
-    uint8_t *p = realloc(b->data, cap);
-    if (!p)
-        return -ENOMEM;
-    b->data = p;
-    b->cap = cap;
-    return 0;
+    return buf_realloc(b, cap);
 }
 
 int buf_reserve(struct buf *b, size_t n)
@@ -41,6 +64,33 @@ int buf_reserve(struct buf *b, size_t n)
     if (b->len > b->max || n > b->max - b->len)
         return -ENOBUFS;
     return buf_grow(b, b->len + n);
+}
+
+int buf_reserve_exact(struct buf *b, size_t n)
+{
+    if (b->len > b->max || n > b->max - b->len)
+        return -ENOBUFS;
+    return b->len + n > b->cap ? buf_realloc(b, b->len + n) : 0;
+}
+
+int buf_move(struct buf *dst, struct buf *src)
+{
+    buf_free(dst); /* empty, but it may hold capacity */
+    if (dst->budget != src->budget && src->cap) {
+        if (dst->budget) {
+            int r = budget_take(dst->budget, src->cap);
+            if (r < 0)
+                return r;
+        }
+        if (src->budget)
+            budget_give(src->budget, src->cap);
+    }
+    dst->data = src->data;
+    dst->len = src->len;
+    dst->cap = src->cap;
+    src->data = NULL;
+    src->len = src->cap = 0;
+    return 0;
 }
 
 int buf_append(struct buf *b, const void *p, size_t n)
@@ -92,6 +142,8 @@ void buf_reset(struct buf *b) { b->len = 0; }
 void buf_free(struct buf *b)
 {
     free(b->data);
+    if (b->budget)
+        budget_give(b->budget, b->cap);
     b->data = NULL;
     b->len = b->cap = 0;
 }
@@ -101,6 +153,8 @@ uint8_t *buf_steal(struct buf *b, size_t *len)
     uint8_t *p = b->data;
     if (len)
         *len = b->len;
+    if (b->budget)
+        budget_give(b->budget, b->cap);
     b->data = NULL;
     b->len = b->cap = 0;
     return p;

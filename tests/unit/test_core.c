@@ -1,4 +1,4 @@
-/* Unit tests for core/: buf, util, utf8, log, ratelimit. TAP output. */
+/* Unit tests for core/: buf, budget, outq, util, utf8, log, ratelimit. TAP output. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdint.h>
@@ -6,7 +6,11 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <sys/socket.h>
+
+#include "core/budget.h"
 #include "core/buf.h"
+#include "core/outq.h"
 #include "core/cleanup.h"
 #include "core/log.h"
 #include "core/ratelimit.h"
@@ -460,9 +464,100 @@ static void test_ratelimit_log(void)
     free(out);
 }
 
+/* ---- budget ------------------------------------------------------------- */
+
+static void test_budget(void)
+{
+    struct budget all = {.max = 100}, a = {.max = 60, .up = &all}, b = {.max = 60, .up = &all};
+    is_int(budget_take(&a, 50), 0, "a takes 50 of its 60");
+    is_int(budget_take(&a, 11), -EDQUOT, "a's own ceiling: -EDQUOT");
+    is_int(budget_take(&b, 51), -ENOSPC, "b within its 60 but past the 100 of all: -ENOSPC");
+    ok(a.used == 50 && b.used == 0 && all.used == 50, "a refused take changes nothing");
+    is_int(budget_take(&b, 50), 0, "b takes the 50 left");
+    budget_give(&a, 50);
+    ok(a.used == 0 && all.used == 50, "give returns it at every level");
+    budget_give(&b, 80);
+    ok(b.used == 0 && all.used == 0, "giving more than was taken stops at 0");
+
+    /* a buffer charges what it allocates, and gives it back */
+    struct budget t = {.max = 4096};
+    struct buf x, y;
+    buf_init_budget(&x, SIZE_MAX, &t);
+    buf_init_budget(&y, SIZE_MAX, &t);
+    is_int(buf_reserve_exact(&x, 1000), 0, "reserve exactly 1000");
+    ok(x.cap == 1000 && t.used == 1000, "charged the capacity, no more (%zu)", x.cap);
+    is_int(buf_reserve_exact(&y, 4000), -EDQUOT, "a second buffer over the budget: -EDQUOT");
+    ok(y.data == NULL && t.used == 1000, "nothing allocated on refusal");
+    buf_append(&x, "abc", 3);
+    is_int(buf_move(&y, &x), 0, "move");
+    ok(x.data == NULL && x.cap == 0 && y.len == 3 && memcmp(y.data, "abc", 3) == 0 && t.used == 1000,
+       "move keeps the bytes and the charge");
+    struct budget other = {.max = 10};
+    struct buf z;
+    buf_init_budget(&z, SIZE_MAX, &other);
+    is_int(buf_move(&z, &y), -EDQUOT, "move into a budget that cannot hold it: refused");
+    buf_free(&y);
+    is_int(t.used, 0, "free gives back everything");
+}
+
+/* ---- outq --------------------------------------------------------------- */
+
+static void test_outq(void)
+{
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, sv) < 0) {
+        ok(0, "socketpair");
+        return;
+    }
+    struct budget t = {.max = 64 << 20};
+    struct outq q;
+    outq_init(&q, &t);
+    /* a header, a large message taken over, another header, a small piece */
+    struct buf big;
+    buf_init_budget(&big, SIZE_MAX, &t);
+    size_t n = 3 << 20;
+    buf_reserve_exact(&big, n);
+    for (size_t i = 0; i < n; i++)
+        big.data[i] = (uint8_t)(i * 7);
+    big.len = n;
+    uint8_t *keep = big.data;
+    ok(outq_append(&q, "HDR1", 4) == 0 && outq_take(&q, &big) == 0 && outq_append(&q, "HDR2", 4) == 0 &&
+           outq_append(&q, "tail", 4) == 0,
+       "queued");
+    ok(big.data == NULL && q.bytes == n + 12, "taken over without a copy (%zu bytes queued)", q.bytes);
+    (void)keep;
+    /* drain the other end while sending: everything arrives once, in order */
+    uint8_t *got = malloc(n + 12);
+    size_t have = 0;
+    int r = 1, rounds = 0;
+    while ((r == 1 || have < n + 12) && rounds++ < 100000) {
+        r = outq_send(&q, sv[0]);
+        ssize_t k;
+        while ((k = recv(sv[1], got + have, n + 12 - have, MSG_DONTWAIT)) > 0)
+            have += (size_t)k;
+        if (r < 0)
+            break;
+    }
+    bool same = have == n + 12 && memcmp(got, "HDR1", 4) == 0 &&
+                memcmp(got + 4 + n, "HDR2tail", 8) == 0;
+    for (size_t i = 0; same && i < n; i++)
+        same = got[4 + i] == (uint8_t)(i * 7);
+    ok(r == 0 && same, "sent in order, every byte once (%zu bytes)", have);
+    ok(q.bytes == 0 && q.head == NULL && t.used == 0, "sent runs are freed and given back");
+    free(got);
+    outq_append(&q, "x", 1);
+    close(sv[1]);
+    is_int(outq_send(&q, sv[0]), -EPIPE, "a closed peer: -EPIPE");
+    outq_free(&q);
+    is_int(t.used, 0, "outq_free gives back what is queued");
+    close(sv[0]);
+}
+
 int main(void)
 {
     test_buf();
+    test_budget();
+    test_outq();
     test_ct_equal();
     test_parse_u64();
     test_fd();

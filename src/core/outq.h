@@ -1,0 +1,32 @@
+/* A queue of byte runs to write to a non-blocking socket, oldest first.
+ *
+ * What a relay queues is written with one sendmsg() over several runs and
+ * consumed by offset, so a large message is never moved or copied to be
+ * sent (a buffer that shifted its tail to the front after every partial
+ * send cost the supervisor O(n^2) for an upload). A message already in a
+ * struct buf is queued by taking the buffer over (outq_take); small pieces
+ * (envelope headers) are copied into the last run. Every run is charged to
+ * the queue's budget until it has been written. */
+#pragma once
+#include <stddef.h>
+
+#include "core/buf.h"
+
+struct outq_run;
+
+struct outq {
+    struct outq_run *head, *tail; /* owned */
+    size_t bytes;                 /* queued and not yet written */
+    struct budget *budget;        /* borrowed, or NULL */
+};
+
+void outq_init(struct outq *q, struct budget *budget);
+/* Copy n bytes to the end of the queue. 0, -ENOMEM or the budget's error. */
+int outq_append(struct outq *q, const void *p, size_t n);
+/* Queue b's bytes without copying them; b is left empty (even on error,
+ * when its bytes are dropped). 0, -ENOMEM or the budget's error. */
+int outq_take(struct outq *q, struct buf *b);
+/* Write what the socket takes: 0 when the queue is empty, 1 when bytes
+ * remain (the socket is full), -errno on a fatal socket error. */
+int outq_send(struct outq *q, int fd);
+void outq_free(struct outq *q); /* drops what is queued; safe twice */
