@@ -15,7 +15,8 @@ struct loop {
     int timerfd;
     struct loop_watch timer_watch;
     loop_hook_cb tick, before_sleep;
-    void *tick_ud, *sleep_ud;
+    loop_work_cb work;
+    void *tick_ud, *sleep_ud, *work_ud;
     bool stop;
 };
 
@@ -98,15 +99,22 @@ void loop_set_before_sleep(struct loop *l, loop_hook_cb cb, void *ud)
     l->sleep_ud = ud;
 }
 
+void loop_set_work(struct loop *l, loop_work_cb work, void *ud)
+{
+    l->work = work;
+    l->work_ud = ud;
+}
+
 int loop_run(struct loop *l)
 {
     struct epoll_event evs[LOOP_MAX_EVENTS];
     while (!l->stop) {
+        bool busy = l->work && l->work(l->work_ud);
         if (l->before_sleep)
             l->before_sleep(l->sleep_ud);
         if (l->stop)
             break;
-        int n = epoll_wait(l->epfd, evs, LOOP_MAX_EVENTS, -1);
+        int n = epoll_wait(l->epfd, evs, LOOP_MAX_EVENTS, busy ? 0 : -1);
         if (n < 0) {
             if (errno == EINTR)
                 continue;

@@ -35,6 +35,12 @@ void loop_unwatch(struct loop *l, struct loop_watch *w);
 /* tick runs every period_ms; before_sleep runs after every batch of events. */
 void loop_set_tick(struct loop *l, unsigned period_ms, loop_hook_cb tick, void *ud);
 void loop_set_before_sleep(struct loop *l, loop_hook_cb cb, void *ud);
+/* work runs after every batch of events, before before_sleep; while it
+ * returns true (work is left), the loop only polls for events instead of
+ * sleeping. For work done in bounded steps, one per round, so that it
+ * shares the loop with everything else. */
+typedef bool (*loop_work_cb)(void *ud);
+void loop_set_work(struct loop *l, loop_work_cb work, void *ud);
 
 /* Run until loop_stop(). 0, or -errno if epoll fails. */
 int loop_run(struct loop *l);
