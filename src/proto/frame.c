@@ -433,6 +433,17 @@ int frame_set_stringn(struct frame *f, const char *name, const char *value, size
     return 0;
 }
 
+int frame_set_json(struct frame *f, const char *name, char *json, size_t len)
+{
+    int fi = field_index(f->kind, name);
+    if (fi < 0) {
+        free(json);
+        return -EINVAL;
+    }
+    field_replace(&f->field[fi], json, len);
+    return 0;
+}
+
 int frame_set_int(struct frame *f, const char *name, int64_t value)
 {
     int fi = field_index(f->kind, name);

@@ -125,6 +125,9 @@ int frame_set_int(struct frame *f, const char *name, int64_t value);
 /* Like frame_set_string for a counted string that may hold NUL bytes (written
  * as \u0000); same escaping as cJSON (spec 3.1). value must be UTF-8. */
 int frame_set_stringn(struct frame *f, const char *name, const char *value, size_t len);
+/* Set a field to JSON text the caller made (json: malloc'd, taken over even on
+ * error; must be valid JSON of the field's type). 0 or -EINVAL. */
+int frame_set_json(struct frame *f, const char *name, char *json, size_t len);
 /* Borrowed JSON text of a field, or NULL if the kind has no such field. */
 const struct frame_field *frame_get(const struct frame *f, const char *name);
 
