@@ -33,18 +33,26 @@
  *
  * Properties (the handlers' contract in ws.h):
  *   - text is delivered only if it is valid UTF-8, and no message is longer
- *     than max_msg; msg is never NULL;
+ *     than max_msg; msg is never NULL; on_msg_data always shows a prefix of
+ *     the message that on_msg_end then delivers; a message dropped at its
+ *     start (every third one) is never delivered;
  *   - after ws_conn_close() no message is delivered;
  *   - the bytes delivered never exceed the bytes sent;
  *   - ws_conn_read()/ws_conn_write() return 0 or a documented error, and once
  *     the client's EOF is read a connection that still wants to read reports
- *     the end instead of 0. */
+ *     the end instead of 0;
+ *   - what the connection holds is charged to its budget and every byte is
+ *     given back by ws_conn_free();
+ *   - every close frame the server sends carries a code a client may see
+ *     (1000, 1002, 1007, 1009, 1011, 1013, none) and a reason of at most 123
+ *     bytes of UTF-8. */
 #include <errno.h>
 #include <fcntl.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "core/budget.h"
 #include "core/utf8.h"
 #include "fuzz.h"
 #include "net/ws.h"
@@ -78,42 +86,61 @@ struct state {
     size_t max_msg;
     bool closed;      /* ws_conn_close() was called */
     size_t delivered; /* message bytes handed to the handlers */
-    size_t messages;
+    size_t messages;  /* begun */
+    bool dropping;    /* the current message was dropped at its start */
+    uint8_t seen[64]; /* the first bytes on_msg_data showed */
+    size_t seen_len;
     size_t pongs;
 };
 
-static void on_message(struct state *s, const uint8_t *msg, size_t len)
-{
-    FUZZ_ASSERT(msg != NULL, "NULL message");
-    FUZZ_ASSERT(len <= s->max_msg, "message of %zu bytes over max %zu", len, s->max_msg);
-    FUZZ_ASSERT(!s->closed, "message delivered after ws_conn_close()");
-    s->delivered += len;
-    s->messages++;
-}
-
-static void on_text(void *ud, const uint8_t *msg, size_t len)
+static uint64_t on_begin(void *ud, bool text)
 {
     struct state *s = ud;
+    FUZZ_ASSERT(!s->closed, "message begun after ws_conn_close()");
+    s->dropping = ++s->messages % 3 == 0;
+    s->seen_len = 0;
+    return s->dropping ? WS_MSG_DROP : s->max_msg;
+}
 
-    on_message(s, msg, len);
-    FUZZ_ASSERT(utf8_valid(msg, len), "text message of %zu bytes is not UTF-8", len);
-    if (s->flags & F_REPLY)
+static void on_data(void *ud, const uint8_t *msg, size_t len)
+{
+    struct state *s = ud;
+    FUZZ_ASSERT(!s->dropping, "data of a dropped message");
+    FUZZ_ASSERT(len >= s->seen_len && memcmp(msg, s->seen, s->seen_len) == 0,
+                "on_msg_data is not a growing prefix");
+    s->seen_len = len < sizeof s->seen ? len : sizeof s->seen;
+    memcpy(s->seen, msg, s->seen_len);
+}
+
+static void on_end(void *ud, bool text, struct buf *m)
+{
+    struct state *s = ud;
+    const uint8_t *msg = m->data ? m->data : (const uint8_t *)"";
+    size_t len = m->len;
+
+    FUZZ_ASSERT(!s->dropping, "a dropped message was delivered");
+    FUZZ_ASSERT(len <= s->max_msg, "message of %zu bytes over max %zu", len, s->max_msg);
+    FUZZ_ASSERT(!s->closed, "message delivered after ws_conn_close()");
+    FUZZ_ASSERT(len >= s->seen_len && memcmp(msg, s->seen, s->seen_len) == 0,
+                "the message does not start with what on_msg_data showed");
+    s->delivered += len;
+    if (text)
+        FUZZ_ASSERT(utf8_valid(msg, len), "text message of %zu bytes is not UTF-8", len);
+    if (text && (s->flags & F_REPLY))
         ws_conn_send_text(s->c, msg, len < 64 ? len : 64);
-    if (s->flags & F_CLOSE_ON_TEXT) {
+    if (!text && (s->flags & F_REPLY)) {
+        /* a large reply goes out as fragments from the buffer itself */
+        struct buf b;
+        buf_init(&b, SIZE_MAX);
+        for (size_t k = 0; k < (len > 32 ? 3 : 0); k++)
+            buf_append(&b, msg, len);
+        ws_conn_send_buf(s->c, false, &b);
+        ws_conn_send_ping(s->c);
+    }
+    if (text && (s->flags & F_CLOSE_ON_TEXT)) {
         int r = ws_conn_close(s->c, 1000, "turn over");
         if (r == 0)
             s->closed = true;
-    }
-}
-
-static void on_binary(void *ud, const uint8_t *msg, size_t len)
-{
-    struct state *s = ud;
-
-    on_message(s, msg, len);
-    if (s->flags & F_REPLY) {
-        ws_conn_send_binary(s->c, msg, len < 64 ? len : 64);
-        ws_conn_send_ping(s->c);
     }
 }
 
@@ -123,7 +150,7 @@ static void on_pong(void *ud)
     s->pongs++;
 }
 
-static const struct ws_handlers handlers = {on_text, on_binary, on_pong};
+static const struct ws_handlers handlers = {on_begin, on_data, on_end, on_pong};
 
 /* Turn frame descriptions into a client stream (see the top comment). */
 static uint8_t *build_frames(const uint8_t *p, size_t n, size_t *out_len)
@@ -183,8 +210,9 @@ static uint8_t *build_frames(const uint8_t *p, size_t n, size_t *out_len)
 
 static void check_rc(int rc, const char *what)
 {
-    FUZZ_ASSERT(rc == 0 || rc == -ECONNRESET || rc == -EPROTO || rc == -ESHUTDOWN, "%s: %d",
-                what, rc);
+    FUZZ_ASSERT(rc == 0 || rc == -ECONNRESET || rc == -EPROTO || rc == -ESHUTDOWN ||
+                    rc == -EMSGSIZE || rc == -ENOSPC || rc == -ENOMEM,
+                "%s: %d", what, rc);
 }
 
 /* What the loop does on EPOLLIN: read, and again while the budget cut it. */
@@ -198,17 +226,92 @@ static int read_all(struct ws_conn *c)
     return rc;
 }
 
+/* The server's side of the stream, as a client reads it: every close frame
+ * must carry a code a client may see and a short UTF-8 reason. Server frames
+ * are unmasked; the parser only needs to follow headers and lengths. */
+struct server_stream {
+    uint8_t hdr[10];
+    size_t hdr_got;
+    uint64_t left;       /* payload bytes to skip */
+    bool in_close;       /* the payload being read is a close frame's */
+    uint8_t close[125];
+    size_t close_got;
+};
+
+static void check_close(const uint8_t *p, size_t n)
+{
+    if (n == 0)
+        return;
+    FUZZ_ASSERT(n >= 2, "close frame with a 1-byte payload");
+    unsigned code = (unsigned)p[0] << 8 | p[1];
+    FUZZ_ASSERT(code == 1000 || code == 1002 || code == 1007 || code == 1009 || code == 1011 ||
+                    code == 1013,
+                "server closed with %u", code);
+    FUZZ_ASSERT(n - 2 <= 123 && utf8_valid(p + 2, n - 2), "bad close reason");
+}
+
+static void server_bytes(struct server_stream *st, const uint8_t *p, size_t n)
+{
+    while (n > 0) {
+        if (st->left == 0 && !st->in_close) {
+            st->hdr[st->hdr_got++] = *p++;
+            n--;
+            if (st->hdr_got < 2)
+                continue;
+            uint8_t len7 = st->hdr[1] & 0x7f;
+            size_t need = 2 + (len7 == 126 ? 2 : len7 == 127 ? 8 : 0);
+            if (st->hdr_got < need)
+                continue;
+            uint64_t len = len7;
+            if (len7 == 126)
+                len = (uint64_t)st->hdr[2] << 8 | st->hdr[3];
+            else if (len7 == 127)
+                for (int k = 0; k < 8; k++)
+                    len = (k ? len << 8 : 0) | st->hdr[2 + k];
+            FUZZ_ASSERT(!(st->hdr[1] & 0x80), "server frame masked");
+            st->hdr_got = 0;
+            st->left = len;
+            st->in_close = (st->hdr[0] & 0x0f) == 0x8;
+            st->close_got = 0;
+            if (st->in_close) {
+                FUZZ_ASSERT(len <= 125, "close frame of %llu bytes", (unsigned long long)len);
+                if (len == 0) {
+                    st->in_close = false;
+                    check_close(NULL, 0);
+                }
+            }
+            continue;
+        }
+        size_t k = st->left < n ? (size_t)st->left : n;
+        if (st->in_close) {
+            memcpy(st->close + st->close_got, p, k);
+            st->close_got += k;
+        }
+        st->left -= k;
+        p += k;
+        n -= k;
+        if (st->left == 0 && st->in_close) {
+            st->in_close = false;
+            check_close(st->close, st->close_got);
+        }
+    }
+}
+
+static struct server_stream out_stream;
+
 static void drain(int fd)
 {
     uint8_t sink[16384];
-    while (recv(fd, sink, sizeof sink, MSG_DONTWAIT) > 0)
-        ;
+    ssize_t n;
+    while ((n = recv(fd, sink, sizeof sink, MSG_DONTWAIT)) > 0)
+        server_bytes(&out_stream, sink, (size_t)n);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     struct fuzz_chunker ch;
     struct state s = {0};
+    struct budget budget = {.max = 8u << 20};
     uint8_t *stream;
     size_t len, off = 0, initial_len = 0;
     int sv[2], rc = 0;
@@ -264,7 +367,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     if (s.flags & F_INITIAL)
         initial_len = off = fuzz_chunker_next(&ch, len);
-    s.c = ws_conn_new(sv[1], s.max_msg, stream, initial_len, &handlers, &s);
+    out_stream = (struct server_stream){0};
+    s.c = ws_conn_new(sv[1], &budget, stream, initial_len, &handlers, &s);
     FUZZ_ASSERT(s.c != NULL, "ws_conn_new");
     if (initial_len > 0) /* as the session does right after the upgrade */
         rc = read_all(s.c);
@@ -308,6 +412,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     FUZZ_ASSERT(s.delivered <= len, "delivered %zu bytes of %zu sent", s.delivered, len);
 
     ws_conn_free(s.c);
+    FUZZ_ASSERT(budget.used == 0, "%llu bytes still charged after ws_conn_free",
+                (unsigned long long)budget.used);
     close(sv[0]);
     close(sv[1]);
     free(stream);

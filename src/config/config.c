@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/limits.h"
 #include "core/util.h"
@@ -22,7 +23,8 @@ enum {
     OPT_MAX_UP_WS, OPT_MAX_UNPACKED, OPT_MAX_MEMBERS, OPT_SNAPSHOT_MAX, OPT_OUTPUT_CAP,
     OPT_TOOLS_DIR, OPT_NO_ISOLATION, OPT_UID, OPT_GID, OPT_ID_RANGE, OPT_POLICY, OPT_SITE,
     OPT_PRELOAD, OPT_POOL, OPT_MEMORY, OPT_PIDS, OPT_CPU, OPT_TMPFS, OPT_BLOCK_TO, OPT_TURN_TO,
-    OPT_IDLE_TO, OPT_LOG_LEVEL, OPT_PREAUTH_MAX, OPT_PREAUTH_PER_PEER, OPT_HELP,
+    OPT_IDLE_TO, OPT_LOG_LEVEL, OPT_PREAUTH_MAX, OPT_PREAUTH_PER_PEER, OPT_TURN_BUF,
+    OPT_TOTAL_BUF, OPT_HELP,
 };
 
 static const struct option long_opts[] = {
@@ -55,6 +57,8 @@ static const struct option long_opts[] = {
     {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
     {"preauth-max", required_argument, NULL, OPT_PREAUTH_MAX},
     {"preauth-per-peer", required_argument, NULL, OPT_PREAUTH_PER_PEER},
+    {"turn-buffer", required_argument, NULL, OPT_TURN_BUF},
+    {"total-buffer", required_argument, NULL, OPT_TOTAL_BUF},
     {"help", no_argument, NULL, OPT_HELP},
     {NULL, 0, NULL, 0},
 };
@@ -91,6 +95,8 @@ static const char usage[] =
     "  --block-timeout SEC        wall clock per block (0 = none)\n"
     "  --turn-timeout SEC         wall clock per turn (0 = none)\n"
     "  --idle-timeout SEC         idle time between blocks (600)\n"
+    "  --turn-buffer SIZE         supervisor memory one turn's messages may hold (528M)\n"
+    "  --total-buffer SIZE        ... all turns together (a quarter of RAM, >= 528M)\n"
     "  --log-level LEVEL          debug, info, warn, error (info)\n"
     "SIZE accepts K, M and G suffixes (powers of 1024).\n";
 
@@ -176,6 +182,15 @@ static int parse_id_range(struct config *cfg, const char *s)
     return 0;
 }
 
+/* A quarter of the machine's memory: what the supervisor may hold of all
+ * turns' messages at once, by default. */
+static uint64_t default_total_buffer(void)
+{
+    long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
+    uint64_t quarter = pages > 0 && size > 0 ? (uint64_t)pages * (uint64_t)size / 4 : 0;
+    return quarter > TOTAL_BUFFER_MIN ? quarter : TOTAL_BUFFER_MIN;
+}
+
 static void set_defaults(struct config *cfg)
 {
     memset(cfg, 0, sizeof *cfg);
@@ -212,6 +227,8 @@ static void set_defaults(struct config *cfg)
     cfg->cpu_millis = 1000;
     cfg->tmpfs_size = 512 * MiB;
     cfg->idle_timeout_ms = 600 * 1000;
+    cfg->turn_buffer = TURN_BUFFER_DEFAULT;
+    cfg->total_buffer = default_total_buffer();
     cfg->log_level = LOG_LEVEL_INFO;
 }
 
@@ -287,6 +304,9 @@ static int check(const struct config *cfg, char *err, size_t errlen)
         return fail(err, errlen, "--preauth-max must be at least 1");
     if (cfg->output_cap < 1024)
         return fail(err, errlen, "--output-cap must be at least 1K");
+    if (cfg->turn_buffer < MiB || cfg->total_buffer < cfg->turn_buffer)
+        return fail(err, errlen, "--turn-buffer must be at least 1M and --total-buffer at least "
+                                 "--turn-buffer");
     return check_id_range(cfg, err, errlen);
 }
 
@@ -332,6 +352,8 @@ int config_parse(int argc, char **argv, struct config *cfg, char *err, size_t er
         SIZE_OPT(OPT_OUTPUT_CAP, output_cap, 100 * MiB)
         SIZE_OPT(OPT_MEMORY, memory_max, 1ULL << 40)
         SIZE_OPT(OPT_TMPFS, tmpfs_size, 1ULL << 40)
+        SIZE_OPT(OPT_TURN_BUF, turn_buffer, 1ULL << 40)
+        SIZE_OPT(OPT_TOTAL_BUF, total_buffer, 1ULL << 44)
 #undef SIZE_OPT
 #define NUM_OPT(OPT, FIELD, MAX, MULT)                                              \
         case OPT:                                                                   \
@@ -408,4 +430,5 @@ void config_for_forkserver(const struct config *cfg, struct config *out)
     out->max_upload_tools = out->max_upload_workspace = 0;
     out->block_timeout_ms = out->turn_timeout_ms = out->idle_timeout_ms = 0;
     out->preauth_max = out->preauth_per_peer = 0;
+    out->turn_buffer = out->total_buffer = 0;
 }

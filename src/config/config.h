@@ -53,6 +53,8 @@ struct config {
     uint64_t block_timeout_ms;  /* 0 = none */
     uint64_t turn_timeout_ms;   /* 0 = none */
     uint64_t idle_timeout_ms;   /* between blocks; default 600 s */
+    uint64_t turn_buffer;       /* bytes of messages one turn may make the supervisor hold */
+    uint64_t total_buffer;      /* ... all turns together */
 
     enum log_level log_level;
 };

@@ -85,3 +85,25 @@
 /* RLIMIT_MSGQUEUE: bytes in POSIX message queues (the Linux default). The
  * default seccomp policy refuses mq_open; this holds under another policy. */
 #define SBX_RLIMIT_MSGQUEUE (800 * KiB)
+
+/* Memory a turn's buffers may hold in the supervisor (--turn-buffer): one
+ * message of the largest size in each direction, plus what backpressure
+ * lets queue; and all turns together (--total-buffer, default a quarter of
+ * the machine's memory, at least the minimum). */
+#define TURN_BUFFER_DEFAULT (2 * WS_MAX_MESSAGE_BYTES + 4 * RELAY_HIGH_WATER)
+#define TOTAL_BUFFER_MIN (TURN_BUFFER_DEFAULT)
+
+/* What a sandbox may send, by state and kind (session.c). Between blocks only
+ * ready and log frames are legal, and they are small; a block's tool_call may
+ * be as large as any message. */
+#define SANDBOX_SMALL_FRAME_MAX (4 * MiB)
+#define SANDBOX_READY_ITEMS (1u << 20)  /* ready.packages of a large site dir */
+#define SANDBOX_OUTPUT_ITEMS 16         /* done, output: a few scalars */
+#define SANDBOX_LOG_ITEMS 16
+#define SANDBOX_LOG_MSG_MAX (64 * KiB)
+/* Output streams are held to --output-cap plus the notes the sandbox adds
+ * ("[forkbox: N bytes of stdout dropped]", snapshot notes). */
+#define OUTPUT_NOTE_ALLOWANCE (4 * KiB)
+/* A sandbox's log lines in the operator log: a burst, then a few a minute. */
+#define SANDBOX_LOG_BURST 20
+#define SANDBOX_LOG_PER_MINUTE 10

@@ -1,15 +1,18 @@
 /* WebSocket server connection over wslay's event API (see ws.h).
  *
- * wslay owns framing, reassembly, the mask and UTF-8 checks, ping replies and
- * the close handshake. This file gives it non-blocking recv/send callbacks on
- * the socket, hands complete messages to the handlers, and decides when the
- * connection is over.
+ * Incoming: wslay runs with buffering off and hands us each frame's payload
+ * in chunks (on_frame_recv_*); this file appends data frames to the current
+ * message's buffer, whose room is reserved (and charged) when a frame header
+ * announces its length, and calls the handlers. Before wslay sees any byte,
+ * hdr_check() walks the frame headers in the byte stream for the protocol
+ * errors wslay would answer with an empty close frame (RFC 6455 wants 1002);
+ * a header is only handed to wslay once it is complete and checked.
  *
- * Copies: wslay copies each frame's payload out of its 4 KiB read buffer into
- * a per-frame chunk and, when the message is complete, flattens the chunks
- * into one buffer (so a message briefly needs twice its size). The handlers
- * get that flattened buffer itself; nothing here copies a received message.
- * Outgoing messages are copied once, by wslay_event_queue_msg. */
+ * Outgoing: small messages are copied into wslay's queue (charged to the
+ * budget until wslay has written them); large ones are fragmented messages
+ * whose read callback copies 4 KiB at a time from our buffer into wslay's
+ * frame buffer. Everything wslay writes goes through wbuf, so that a run of
+ * small frames (headers, 4 KiB fragments) costs one send(). */
 #include "net/ws.h"
 
 #include <errno.h>
@@ -19,168 +22,432 @@
 #include <sys/types.h>
 #include <wslay/wslay.h>
 
-#include "core/utf8.h"
+#include "core/budget.h"
+#include "core/limits.h"
+
+#define WS_HDR_MAX 14          /* 2 + 8 (length) + 4 (mask) */
+#define WS_WBUF (64 * 1024)    /* gathered writes */
+#define WS_WBUF_DIRECT 16384   /* writes this large skip wbuf when it is empty */
+
+/* A large outgoing message being read by wslay in fragments. */
+struct ws_src {
+    struct ws_src *next;
+    struct buf data; /* owned, charged */
+    size_t off;      /* bytes handed to wslay */
+};
 
 struct ws_conn {
     int fd;                       /* borrowed: the caller closes it */
     wslay_event_context_ptr ctx;  /* owned */
     struct ws_handlers h;
     void *ud;
+    struct budget *budget;        /* borrowed, may be NULL */
+
+    /* input */
     uint8_t *initial;             /* owned: bytes read past the HTTP request */
-    size_t initial_len;
-    size_t initial_off;           /* how much of initial wslay has taken */
+    size_t initial_len, initial_off;
     size_t read_left;             /* byte budget left in the current ws_conn_read */
     bool read_more;               /* the last read stopped on the budget, not EAGAIN */
+    uint8_t hold[WS_HDR_MAX];     /* an incomplete frame header not yet given to wslay */
+    size_t hold_len;
+    uint64_t payload_left;        /* hdr_check: payload bytes before the next header */
+    bool frame_data;              /* the frame being received belongs to the message */
+    bool frame_fin;
+    bool msg_text, msg_drop;      /* the current data message */
+    uint64_t msg_limit;
+    uint64_t msg_announced;       /* its frames' lengths so far, dropped or not */
+    struct buf msg;               /* owned, charged: the message so far */
+
+    /* output */
+    struct ws_src *srcs;          /* owned: fragmented messages not yet fully read */
+    size_t src_left;              /* bytes in srcs not yet handed to wslay */
+    size_t charged_copy;          /* charged for wslay's copies of queued messages */
+    uint8_t *wbuf;                /* owned, WS_WBUF bytes */
+    size_t wlen, woff;            /* wbuf[woff..wlen) is waiting for the socket */
+
+    int err;                      /* why this module closed (ws_conn_read's return) */
+    const char *bad;              /* a protocol error found by hdr_check, refused once
+                                     wslay has taken the frames before it */
     bool io_failed;               /* EOF or a socket error: nothing more can move */
     bool failed;                  /* wslay gave up (I/O, protocol or memory) */
 };
 
-static ssize_t ws_recv_cb(wslay_event_context_ptr ctx, uint8_t *buf, size_t len, int flags,
-                          void *user_data)
-{
-    struct ws_conn *c = user_data;
+/* ---------------------------------------------------------------- closing */
 
-    /* Bytes that came in with the HTTP request precede anything on the
-     * socket, and they are already in memory: no budget for them. */
+/* Close for a reason decided here, once; reading stops. */
+static void refuse(struct ws_conn *c, int err, uint16_t code, const char *reason)
+{
+    if (c->err)
+        return;
+    c->err = err;
+    wslay_event_queue_close(c->ctx, code, (const uint8_t *)reason, strlen(reason));
+    wslay_event_shutdown_read(c->ctx);
+}
+
+/* ---------------------------------------------------------------- input */
+
+/* Walk the frame headers in p[0..n) (the stream continues from the last
+ * call). Returns how many bytes may go to wslay: all of them, or up to the
+ * start of a header that is incomplete (*hold_from = that start) or that is
+ * a protocol error (refused here). */
+static size_t hdr_check(struct ws_conn *c, const uint8_t *p, size_t n, size_t *hold_from)
+{
+    size_t i = 0;
+    *hold_from = n;
+    for (;;) {
+        uint64_t skip = c->payload_left < n - i ? c->payload_left : n - i;
+        i += skip;
+        c->payload_left -= skip;
+        if (i >= n)
+            return n;
+        /* a header starts at p[i] */
+        if (n - i < 2) {
+            *hold_from = i;
+            return i;
+        }
+        uint8_t b0 = p[i], b1 = p[i + 1], opcode = b0 & 0x0F, len7 = b1 & 0x7F;
+        size_t need = 2 + (len7 == 126 ? 2 : len7 == 127 ? 8 : 0) + ((b1 & 0x80) ? 4 : 0);
+        if (n - i < need) {
+            *hold_from = i;
+            return i;
+        }
+        uint64_t len = len7;
+        if (len7 == 126)
+            len = (uint64_t)p[i + 2] << 8 | p[i + 3];
+        else if (len7 == 127)
+            for (int k = 0; k < 8; k++)
+                len = (k ? len << 8 : 0) | p[i + 2 + k];
+        const char *bad = NULL;
+        if ((opcode & 0x8) && (len > 125 || !(b0 & 0x80)))
+            bad = "control frame too long or fragmented";
+        else if ((len7 == 126 && len < 126) || (len7 == 127 && len < 65536))
+            bad = "frame length not in its shortest form";
+        else if (len7 == 127 && (len >> 63))
+            bad = "frame length over 2^63";
+        else if (opcode == WSLAY_CONNECTION_CLOSE && len == 1)
+            bad = "close frame with a 1-byte payload";
+        if (bad) {
+            c->bad = bad;
+            return i;
+        }
+        i += need;
+        c->payload_left = len;
+    }
+}
+
+/* Fill buf with the next input bytes (held-back header bytes first, then the
+ * initial bytes, then the socket): the count, 0 for "none now", -1 on EOF or
+ * a socket error. */
+static ssize_t fill(struct ws_conn *c, uint8_t *buf, size_t len)
+{
+    /* wslay asks for bytes with ~4 KiB free (it keeps no partial header,
+     * since it only ever gets complete ones); be exact all the same. */
+    size_t got = c->hold_len < len ? c->hold_len : len;
+    memcpy(buf, c->hold, got);
+    memmove(c->hold, c->hold + got, c->hold_len - got);
+    c->hold_len -= got;
+    if (c->hold_len)
+        return (ssize_t)got;
     if (c->initial_off < c->initial_len) {
-        size_t n = c->initial_len - c->initial_off;
-        if (n > len)
-            n = len;
-        memcpy(buf, c->initial + c->initial_off, n);
-        c->initial_off += n;
+        /* already in memory: no read budget for them */
+        size_t k = c->initial_len - c->initial_off;
+        if (k > len - got)
+            k = len - got;
+        memcpy(buf + got, c->initial + c->initial_off, k);
+        c->initial_off += k;
+        got += k;
         if (c->initial_off == c->initial_len) {
             free(c->initial);
             c->initial = NULL;
             c->initial_len = c->initial_off = 0;
         }
-        return (ssize_t)n;
+        return (ssize_t)got;
     }
-
     if (c->read_left == 0) {
-        /* Budget spent: pretend the socket is drained so wslay_event_recv
-         * returns. wslay only asks for bytes once it has used up the ones it
-         * holds, so nothing that could be processed is left waiting. */
         c->read_more = true;
-        wslay_event_set_error(ctx, WSLAY_ERR_WOULDBLOCK);
-        return -1;
+        return (ssize_t)got;
     }
-    if (len > c->read_left)
-        len = c->read_left;
-
+    size_t want = len - got < c->read_left ? len - got : c->read_left;
     for (;;) {
-        ssize_t r = recv(c->fd, buf, len, 0);
+        ssize_t r = recv(c->fd, buf + got, want, 0);
         if (r > 0) {
             c->read_left -= (size_t)r;
-            return r;
+            return (ssize_t)(got + (size_t)r);
         }
         if (r < 0 && errno == EINTR)
             continue;
-        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return (ssize_t)got;
+        return -1; /* EOF (r == 0) or a real error */
+    }
+}
+
+static ssize_t ws_recv_cb(wslay_event_context_ptr ctx, uint8_t *buf, size_t len, int flags,
+                          void *user_data)
+{
+    struct ws_conn *c = user_data;
+    if (c->bad) /* wslay has taken every byte before the bad header */
+        refuse(c, -EPROTO, WSLAY_CODE_PROTOCOL_ERROR, c->bad);
+    if (c->err) {
+        wslay_event_set_error(ctx, WSLAY_ERR_WOULDBLOCK);
+        return -1;
+    }
+    for (;;) {
+        size_t held = c->hold_len;
+        ssize_t got = fill(c, buf, len);
+        if (got < 0) {
+            /* Returning 0 would read as "would block" to wslay, so EOF must
+             * be reported as a failure. */
+            c->io_failed = true;
+            wslay_event_set_error(ctx, WSLAY_ERR_CALLBACK_FAILURE);
+            return -1;
+        }
+        size_t hold_from, ok = hdr_check(c, buf, (size_t)got, &hold_from);
+        if (hold_from < (size_t)got && !c->bad) {
+            c->hold_len = (size_t)got - hold_from;
+            memmove(c->hold, buf + hold_from, c->hold_len);
+        }
+        if (ok > 0)
+            return (ssize_t)ok;
+        /* Only part of a header so far: read on while bytes come, as wslay
+         * would (and so that an EOF behind them is seen now). */
+        if (c->bad) {
+            refuse(c, -EPROTO, WSLAY_CODE_PROTOCOL_ERROR, c->bad);
             wslay_event_set_error(ctx, WSLAY_ERR_WOULDBLOCK);
             return -1;
         }
-        /* EOF (r == 0) or a real error. Returning 0 would read as "would
-         * block" to wslay, so EOF must be reported as a failure. */
-        c->io_failed = true;
-        wslay_event_set_error(ctx, WSLAY_ERR_CALLBACK_FAILURE);
-        return -1;
+        if ((size_t)got <= held) {
+            wslay_event_set_error(ctx, WSLAY_ERR_WOULDBLOCK);
+            return -1;
+        }
     }
+}
+
+static void msg_reset(struct ws_conn *c)
+{
+    buf_free(&c->msg);
+    c->msg_drop = false;
+    c->msg_limit = 0;
+}
+
+static void on_frame_start(wslay_event_context_ptr ctx,
+                           const struct wslay_event_on_frame_recv_start_arg *arg, void *user_data)
+{
+    struct ws_conn *c = user_data;
+    c->frame_data = false;
+    if (arg->opcode & 0x8 || c->err)
+        return; /* control frames are wslay's */
+    if (arg->opcode != WSLAY_CONTINUATION_FRAME) {
+        msg_reset(c);
+        c->msg_text = arg->opcode == WSLAY_TEXT_FRAME;
+        c->msg_limit = c->h.on_msg_begin ? c->h.on_msg_begin(c->ud, c->msg_text) : WS_MSG_DROP;
+        c->msg_drop = c->msg_limit == WS_MSG_DROP;
+        c->msg_announced = 0;
+    }
+    c->frame_data = true;
+    c->frame_fin = arg->fin;
+    if (c->err)
+        return;
+    /* spec 1.4: 256 MiB per message, whatever happens to it */
+    c->msg_announced += arg->payload_length;
+    if (c->msg_announced > WS_MAX_MESSAGE_BYTES) {
+        refuse(c, -EMSGSIZE, WSLAY_CODE_MESSAGE_TOO_BIG, "message too large");
+        return;
+    }
+    if (c->msg_drop)
+        return;
+    if (arg->payload_length > c->msg_limit - c->msg.len) {
+        refuse(c, -EMSGSIZE, WSLAY_CODE_MESSAGE_TOO_BIG, "message too large");
+        return;
+    }
+    int r = buf_reserve_exact(&c->msg, (size_t)arg->payload_length);
+    if (r == -ENOSPC)
+        refuse(c, -ENOSPC, 1013, "server memory budget exhausted, try again later");
+    else if (r == -EDQUOT || r == -ENOBUFS)
+        refuse(c, -EMSGSIZE, WSLAY_CODE_MESSAGE_TOO_BIG, "message over the turn's memory budget");
+    else if (r < 0)
+        refuse(c, -ENOMEM, WSLAY_CODE_INTERNAL_SERVER_ERROR, "out of memory");
+}
+
+static void on_frame_chunk(wslay_event_context_ptr ctx,
+                           const struct wslay_event_on_frame_recv_chunk_arg *arg, void *user_data)
+{
+    struct ws_conn *c = user_data;
+    if (!c->frame_data || c->msg_drop || c->err || arg->data_length == 0)
+        return;
+    /* The room was reserved at the frame's start: this cannot fail. */
+    if (buf_append(&c->msg, arg->data, arg->data_length) < 0) {
+        refuse(c, -ENOMEM, WSLAY_CODE_INTERNAL_SERVER_ERROR, "out of memory");
+        return;
+    }
+    if (c->h.on_msg_data)
+        c->h.on_msg_data(c->ud, c->msg.data, c->msg.len);
+}
+
+static void on_frame_end(wslay_event_context_ptr ctx, void *user_data)
+{
+    struct ws_conn *c = user_data;
+    if (!c->frame_data || !c->frame_fin)
+        return;
+    c->frame_data = false;
+    /* wslay calls this only once a final text frame's UTF-8 is complete. */
+    if (!c->msg_drop && !c->err && c->h.on_msg_end)
+        c->h.on_msg_end(c->ud, c->msg_text, &c->msg);
+    msg_reset(c);
+}
+
+static void on_msg(wslay_event_context_ptr ctx, const struct wslay_event_on_msg_recv_arg *arg,
+                   void *user_data)
+{
+    struct ws_conn *c = user_data;
+    /* Close and ping: wslay has queued the reply. Data messages arrive
+     * through the frame callbacks (buffering is off). */
+    if (arg->opcode == WSLAY_PONG && c->h.on_pong)
+        c->h.on_pong(c->ud);
+}
+
+/* ---------------------------------------------------------------- output */
+
+/* Write what wbuf holds: 0 when empty, 1 if the socket is full, -1 on error. */
+static int wflush(struct ws_conn *c)
+{
+    while (c->woff < c->wlen) {
+        ssize_t r = send(c->fd, c->wbuf + c->woff, c->wlen - c->woff, MSG_NOSIGNAL);
+        if (r < 0) {
+            if (errno == EINTR)
+                continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK)
+                return 1;
+            c->io_failed = true;
+            return -1;
+        }
+        c->woff += (size_t)r;
+    }
+    c->woff = c->wlen = 0;
+    return 0;
 }
 
 static ssize_t ws_send_cb(wslay_event_context_ptr ctx, const uint8_t *data, size_t len, int flags,
                           void *user_data)
 {
     struct ws_conn *c = user_data;
-    /* MSG_MORE: wslay sends a frame header and its payload in separate calls;
-     * let TCP put them in one segment. MSG_NOSIGNAL: a closed peer is an
-     * error return, not SIGPIPE. */
-    int sflags = MSG_NOSIGNAL | ((flags & WSLAY_MSG_MORE) ? MSG_MORE : 0);
-
-    for (;;) {
-        ssize_t r = send(c->fd, data, len, sflags);
-        if (r >= 0)
-            return r;
-        if (errno == EINTR)
-            continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK) {
-            wslay_event_set_error(ctx, WSLAY_ERR_WOULDBLOCK);
-            return -1;
+    if (c->wlen && WS_WBUF - c->wlen < len && wflush(c) < 0)
+        goto fail;
+    if (c->wlen == 0 && len >= WS_WBUF_DIRECT) {
+        /* large and nothing gathered before it: straight to the socket */
+        for (;;) {
+            ssize_t r = send(c->fd, data, len, MSG_NOSIGNAL);
+            if (r >= 0)
+                return r;
+            if (errno == EINTR)
+                continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK)
+                goto block;
+            c->io_failed = true;
+            goto fail;
         }
-        c->io_failed = true;
-        wslay_event_set_error(ctx, WSLAY_ERR_CALLBACK_FAILURE);
-        return -1;
     }
+    if (c->woff == c->wlen)
+        c->woff = c->wlen = 0;
+    size_t room = WS_WBUF - c->wlen;
+    if (room == 0)
+        goto block;
+    if (len > room)
+        len = room;
+    memcpy(c->wbuf + c->wlen, data, len);
+    c->wlen += len;
+    return (ssize_t)len;
+block:
+    wslay_event_set_error(ctx, WSLAY_ERR_WOULDBLOCK);
+    return -1;
+fail:
+    wslay_event_set_error(ctx, WSLAY_ERR_CALLBACK_FAILURE);
+    return -1;
 }
 
-static void ws_msg_cb(wslay_event_context_ptr ctx, const struct wslay_event_on_msg_recv_arg *arg,
-                      void *user_data)
+static ssize_t src_read(wslay_event_context_ptr ctx, uint8_t *buf, size_t len,
+                        const union wslay_event_msg_source *source, int *eof, void *user_data)
 {
     struct ws_conn *c = user_data;
-    static const uint8_t empty[1];
-    /* wslay passes NULL for an empty message; handlers get a real pointer so
-     * a memcpy(dst, msg, 0) downstream is not undefined behaviour. */
-    const uint8_t *msg = arg->msg ? arg->msg : empty;
+    struct ws_src *s = source->data;
+    size_t n = s->data.len - s->off;
+    if (n > len)
+        n = len;
+    memcpy(buf, s->data.data + s->off, n);
+    s->off += n;
+    c->src_left -= n;
+    if (s->off == s->data.len) {
+        *eof = 1;
+        buf_free(&s->data); /* wslay has the last bytes in its own buffer */
+    }
+    return (ssize_t)n;
+}
 
-    /* Close: wslay has already queued the reply and stopped reading.
-     * Ping: wslay has already queued the pong. */
-    switch (arg->opcode) {
-    case WSLAY_TEXT_FRAME:
-        /* wslay validates text as it arrives and closes with 1007 itself;
-         * checking again costs one pass and keeps the handler's promise of
-         * valid UTF-8 independent of the library's version. */
-        if (!utf8_valid(msg, arg->msg_length)) {
-            ws_conn_close(c, WSLAY_CODE_INVALID_FRAME_PAYLOAD_DATA, NULL);
-            return;
+/* Free the sources wslay has read to the end. */
+static void srcs_reap(struct ws_conn *c)
+{
+    for (struct ws_src **pp = &c->srcs; *pp;) {
+        struct ws_src *s = *pp;
+        if (s->data.data == NULL) {
+            *pp = s->next;
+            free(s);
+        } else {
+            pp = &s->next;
         }
-        if (c->h.on_text)
-            c->h.on_text(c->ud, msg, arg->msg_length);
-        break;
-    case WSLAY_BINARY_FRAME:
-        if (c->h.on_binary)
-            c->h.on_binary(c->ud, msg, arg->msg_length);
-        break;
-    case WSLAY_PONG:
-        if (c->h.on_pong)
-            c->h.on_pong(c->ud);
-        break;
-    default:
-        break;
     }
 }
 
-struct ws_conn *ws_conn_new(int fd, size_t max_msg, const uint8_t *initial, size_t initial_len,
-                            const struct ws_handlers *h, void *ud)
+/* Give back what wslay no longer holds of the copied messages. */
+static void copies_settle(struct ws_conn *c)
+{
+    size_t q = wslay_event_get_queued_msg_length(c->ctx);
+    if (q < c->charged_copy) {
+        if (c->budget)
+            budget_give(c->budget, c->charged_copy - q);
+        c->charged_copy = q;
+    }
+}
+
+/* ---------------------------------------------------------------- lifetime */
+
+struct ws_conn *ws_conn_new(int fd, struct budget *budget, const uint8_t *initial,
+                            size_t initial_len, const struct ws_handlers *h, void *ud)
 {
     const struct wslay_event_callbacks cbs = {
         .recv_callback = ws_recv_cb,
         .send_callback = ws_send_cb,
         /* genmask: only clients mask. */
-        .on_msg_recv_callback = ws_msg_cb,
+        .on_frame_recv_start_callback = on_frame_start,
+        .on_frame_recv_chunk_callback = on_frame_chunk,
+        .on_frame_recv_end_callback = on_frame_end,
+        .on_msg_recv_callback = on_msg,
     };
     struct ws_conn *c = calloc(1, sizeof(*c));
-
     if (!c)
         return NULL;
     c->fd = fd;
     c->h = *h;
     c->ud = ud;
+    c->budget = budget;
+    buf_init_budget(&c->msg, SIZE_MAX, budget);
+    c->wbuf = malloc(WS_WBUF);
     if (initial_len > 0) {
         c->initial = malloc(initial_len);
-        if (!c->initial) {
-            free(c);
-            return NULL;
+        if (c->initial) {
+            memcpy(c->initial, initial, initial_len);
+            c->initial_len = initial_len;
         }
-        memcpy(c->initial, initial, initial_len);
-        c->initial_len = initial_len;
     }
-    if (wslay_event_context_server_init(&c->ctx, &cbs, c) != 0) {
+    if (!c->wbuf || (initial_len > 0 && !c->initial) ||
+        wslay_event_context_server_init(&c->ctx, &cbs, c) != 0) {
         free(c->initial);
+        free(c->wbuf);
         free(c);
         return NULL;
     }
-    /* wslay's default is 2 GiB - 1. Over the limit it queues close 1009 and
-     * stops reading, checking each frame header before it allocates. */
-    wslay_event_config_set_max_recv_msg_length(c->ctx, max_msg);
+    /* Messages are assembled here (limits and budget at each frame's header),
+     * not by wslay. */
+    wslay_event_config_set_no_buffering(c->ctx, 1);
     return c;
 }
 
@@ -189,7 +456,17 @@ void ws_conn_free(struct ws_conn *c)
     if (!c)
         return;
     wslay_event_context_free(c->ctx);
+    while (c->srcs) {
+        struct ws_src *s = c->srcs;
+        c->srcs = s->next;
+        buf_free(&s->data);
+        free(s);
+    }
+    if (c->budget)
+        budget_give(c->budget, c->charged_copy);
+    buf_free(&c->msg);
     free(c->initial);
+    free(c->wbuf);
     free(c);
 }
 
@@ -197,6 +474,8 @@ static int ws_status(const struct ws_conn *c)
 {
     if (c->io_failed)
         return -ECONNRESET;
+    if (c->err)
+        return c->err;
     if (c->failed)
         return -EPROTO;
     if (ws_conn_finished(c))
@@ -206,18 +485,21 @@ static int ws_status(const struct ws_conn *c)
 
 int ws_conn_read(struct ws_conn *c)
 {
-    if (c->failed || !wslay_event_want_read(c->ctx))
+    if (c->failed || c->err || !wslay_event_want_read(c->ctx))
         return ws_status(c);
 
     c->read_left = WS_READ_BUDGET;
     c->read_more = false;
     int r = wslay_event_recv(c->ctx);
-    if (r != 0) {
+    if (r != 0)
         c->failed = true;
-        /* A frame-level protocol error (not I/O) leaves a close frame queued:
-         * one best-effort attempt to send it, then the connection is over. */
-        if (!c->io_failed && r == WSLAY_ERR_CALLBACK_FAILURE)
-            wslay_event_send(c->ctx);
+    if (c->bad)
+        refuse(c, -EPROTO, WSLAY_CODE_PROTOCOL_ERROR, c->bad);
+    if ((r != 0 && !c->io_failed) || c->err) {
+        /* A protocol error (ours or wslay's) left a close frame queued: one
+         * best-effort attempt to send it, then the connection is over. */
+        wslay_event_send(c->ctx);
+        wflush(c);
     }
     return ws_status(c);
 }
@@ -226,20 +508,35 @@ int ws_conn_write(struct ws_conn *c)
 {
     if (c->failed)
         return ws_status(c);
+    if (wflush(c) < 0)
+        return ws_status(c);
     if (wslay_event_send(c->ctx) != 0)
         c->failed = true;
+    wflush(c);
+    copies_settle(c);
+    srcs_reap(c);
     return ws_status(c);
 }
 
 static int ws_queue(struct ws_conn *c, uint8_t opcode, const uint8_t *p, size_t n)
 {
     const struct wslay_event_msg msg = {.opcode = opcode, .msg = p, .msg_length = n};
-
     if (c->failed)
         return -EPIPE;
-    switch (wslay_event_queue_msg(c->ctx, &msg)) {
-    case 0:
+    if (c->budget && !(opcode & 0x8)) {
+        int r = budget_take(c->budget, n);
+        if (r < 0)
+            return r;
+    }
+    int r = wslay_event_queue_msg(c->ctx, &msg);
+    if (r == 0) {
+        if (!(opcode & 0x8))
+            c->charged_copy += n;
         return 0;
+    }
+    if (c->budget && !(opcode & 0x8))
+        budget_give(c->budget, n);
+    switch (r) {
     case WSLAY_ERR_NOMEM:
         return -ENOMEM;
     case WSLAY_ERR_INVALID_ARGUMENT:
@@ -257,6 +554,37 @@ int ws_conn_send_text(struct ws_conn *c, const uint8_t *p, size_t n)
 int ws_conn_send_binary(struct ws_conn *c, const uint8_t *p, size_t n)
 {
     return ws_queue(c, WSLAY_BINARY_FRAME, p, n);
+}
+
+int ws_conn_send_buf(struct ws_conn *c, bool text, struct buf *b)
+{
+    uint8_t opcode = text ? WSLAY_TEXT_FRAME : WSLAY_BINARY_FRAME;
+    if (b->len <= WS_SEND_COPY_MAX || c->failed) {
+        int r = ws_queue(c, opcode, b->data, b->len);
+        buf_free(b);
+        return r;
+    }
+    struct ws_src *s = calloc(1, sizeof *s);
+    if (!s) {
+        buf_free(b);
+        return -ENOMEM;
+    }
+    buf_init_budget(&s->data, SIZE_MAX, c->budget);
+    int r = buf_move(&s->data, b);
+    const struct wslay_event_fragmented_msg msg = {
+        .opcode = opcode, .source.data = s, .read_callback = src_read};
+    if (r == 0 && wslay_event_queue_fragmented_msg(c->ctx, &msg) != 0)
+        r = -EPIPE;
+    if (r < 0) {
+        buf_free(b);
+        buf_free(&s->data);
+        free(s);
+        return r;
+    }
+    s->next = c->srcs;
+    c->srcs = s;
+    c->src_left += s->data.len;
+    return 0;
 }
 
 int ws_conn_send_ping(struct ws_conn *c)
@@ -301,12 +629,12 @@ int ws_conn_close(struct ws_conn *c, uint16_t code, const char *reason)
 
 bool ws_conn_want_read(const struct ws_conn *c)
 {
-    return !c->failed && wslay_event_want_read(c->ctx);
+    return !c->failed && !c->err && wslay_event_want_read(c->ctx);
 }
 
 bool ws_conn_want_write(const struct ws_conn *c)
 {
-    return !c->failed && wslay_event_want_write(c->ctx);
+    return !c->failed && (c->wlen > c->woff || wslay_event_want_write(c->ctx));
 }
 
 bool ws_conn_read_more(const struct ws_conn *c)
@@ -316,13 +644,20 @@ bool ws_conn_read_more(const struct ws_conn *c)
 
 size_t ws_conn_queued(const struct ws_conn *c)
 {
-    return wslay_event_get_queued_msg_length(c->ctx);
+    return wslay_event_get_queued_msg_length(c->ctx) + c->src_left + (c->wlen - c->woff);
+}
+
+bool ws_conn_pending(const struct ws_conn *c)
+{
+    return wslay_event_get_queued_msg_count(c->ctx) > 0 || c->wlen > c->woff;
 }
 
 bool ws_conn_finished(const struct ws_conn *c)
 {
     if (c->failed)
         return true;
+    if (c->wlen > c->woff)
+        return false; /* our last bytes (maybe the close) are still gathered */
     /* wslay stops writing once its close frame is out. */
     if (wslay_event_get_close_sent(c->ctx))
         return true;

@@ -1,48 +1,80 @@
-/* WebSocket server connection: glue between the event loop and wslay.
+/* WebSocket server connection: glue between the event loop and wslay (runs
+ * in the supervisor).
  *
- * wslay does the RFC 6455 framing, reassembly, masking checks, control frames
- * (pong replies to pings) and close handshake; this module owns only the
- * non-blocking socket callbacks and turns complete messages into callbacks.
- * Text messages that are not valid UTF-8 close the connection with 1007;
- * messages over max_msg are closed with 1009 (wslay). */
+ * wslay does the RFC 6455 framing, masking checks, UTF-8 checks of text,
+ * control frames (pong replies to pings) and the close handshake. This module
+ * owns the non-blocking socket callbacks and the messages:
+ *  - Incoming messages are not buffered by wslay: their frames are appended
+ *    to one buffer per message, charged to the connection's budget, whose
+ *    size is reserved when each frame's header announces it. The handler
+ *    says at a message's start how large it may be (or that it is dropped
+ *    unread), so an upload over its limit is refused at the header that
+ *    announces it (close 1009), before its bytes arrive.
+ *  - Frame headers are checked before wslay sees them for what RFC 6455 calls
+ *    protocol errors that wslay would close without a status code: control
+ *    frames over 125 bytes or fragmented, a non-minimal or 2^63+ length, a
+ *    close frame with a 1-byte payload. They close with 1002.
+ *  - Outgoing messages over WS_SEND_COPY_MAX are sent as fragments read
+ *    straight from the caller's buffer (no copy of the message, and pongs and
+ *    a close can go out between fragments); small ones are copied. Writes are
+ *    gathered in a small buffer so that many small frames cost one send(). */
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/buf.h"
+
 struct ws_conn; /* opaque */
+struct budget;
 
 /* Most socket bytes one ws_conn_read() takes, so one busy client cannot
  * starve the rest of the loop. wslay reads at most 4 KiB per recv(), so this
  * is at most 64 recv() calls; a 256 MiB upload takes 1024 loop turns. */
 #define WS_READ_BUDGET (256 * 1024)
+/* Outgoing messages up to this size are copied into wslay's queue; larger
+ * ones are sent as fragments from the caller's buffer. */
+#define WS_SEND_COPY_MAX (64 * 1024)
+
+#define WS_MSG_DROP UINT64_MAX
 
 struct ws_handlers {
-    /* A complete message; msg is borrowed for the duration of the call.
-     * Handlers may send or ws_conn_close(), never ws_conn_free(). Text is
-     * valid UTF-8. Any handler may be NULL (the message is dropped). */
-    void (*on_text)(void *ud, const uint8_t *msg, size_t len);
-    void (*on_binary)(void *ud, const uint8_t *msg, size_t len);
-    void (*on_pong)(void *ud);
+    /* A text or binary message starts. Returns the most bytes it may have
+     * (a frame announcing more is refused: close 1009), or WS_MSG_DROP to
+     * drop it unread: its bytes are read and discarded and on_msg_end is not
+     * called. May send or ws_conn_close(), never ws_conn_free(). */
+    uint64_t (*on_msg_begin)(void *ud, bool text);
+    /* More of the message arrived: msg[0..len) is all of it so far (the
+     * buffer may move between calls). NULL = not wanted. */
+    void (*on_msg_data)(void *ud, const uint8_t *msg, size_t len);
+    /* The message is complete; text is valid UTF-8. The handler may take
+     * the bytes with buf_move(); what it leaves is freed. */
+    void (*on_msg_end)(void *ud, bool text, struct buf *msg);
+    void (*on_pong)(void *ud); /* NULL = not wanted */
 };
 
 /* fd: a connected, non-blocking socket (borrowed: the caller closes it).
- * initial: bytes already read past the HTTP request (copied). Returns NULL on
- * allocation failure. */
-struct ws_conn *ws_conn_new(int fd, size_t max_msg, const uint8_t *initial, size_t initial_len,
-                            const struct ws_handlers *h, void *ud);
+ * budget: what incoming messages and queued outgoing ones are charged to
+ * (borrowed, may be NULL). initial: bytes already read past the HTTP request
+ * (copied). Returns NULL on allocation failure. */
+struct ws_conn *ws_conn_new(int fd, struct budget *budget, const uint8_t *initial,
+                            size_t initial_len, const struct ws_handlers *h, void *ud);
 void ws_conn_free(struct ws_conn *c); /* NULL is fine */
 
 /* Drive I/O when the loop says the socket is readable / writable.
  * 0 to continue, or negative when the connection is finished (peer EOF or
- * error, or the close handshake has completed): the caller then ends it.
+ * error, a close this module decided, or the close handshake is over): the
+ * caller then ends it. A close decided here has been queued and, as far as
+ * the socket took it, written.
  *   -ECONNRESET  EOF or a socket error
- *   -EPROTO      wslay gave up (frame-level protocol error, out of memory)
+ *   -EPROTO      a protocol error (close 1002), or wslay gave up
+ *   -EMSGSIZE    a message over its limit or the turn's budget (close 1009)
+ *   -ENOSPC      the daemon's budget is exhausted (close 1013, try again)
+ *   -ENOMEM      out of memory (close 1011)
  *   -ESHUTDOWN   a close frame was sent, or received and answered
  * Handlers may run during ws_conn_read(); they may queue messages or close.
  * ws_conn_read() stops after WS_READ_BUDGET socket bytes even if more are
- * waiting: with level-triggered epoll the fd simply stays readable; with
- * edge-triggered, call it again while ws_conn_read_more() says so. The
+ * waiting: with level-triggered epoll the fd simply stays readable. The
  * initial bytes are not on the socket: call ws_conn_read() once after
  * ws_conn_new() (ws_conn_read_more() is true until they are consumed). */
 int ws_conn_read(struct ws_conn *c);
@@ -51,9 +83,14 @@ int ws_conn_write(struct ws_conn *c);
  * are still pending), so there may be input without a new readiness event. */
 bool ws_conn_read_more(const struct ws_conn *c);
 
-/* Queue a message (copied). 0, or negative if closing or out of memory. */
+/* Queue a message (copied). 0, or negative if closing, out of memory or over
+ * the budget (-EDQUOT / -ENOSPC). */
 int ws_conn_send_text(struct ws_conn *c, const uint8_t *p, size_t n);
 int ws_conn_send_binary(struct ws_conn *c, const uint8_t *p, size_t n);
+/* Queue the message in *b, taking the buffer over (b is left empty, also on
+ * error): large messages are sent from it without a copy, and it is freed
+ * once sent. Same errors. */
+int ws_conn_send_buf(struct ws_conn *c, bool text, struct buf *b);
 int ws_conn_send_ping(struct ws_conn *c);
 /* Queue a close frame (code, short reason: cut to 123 bytes on a UTF-8
  * boundary); further sends fail and no more messages are delivered. */
@@ -65,5 +102,7 @@ bool ws_conn_want_write(const struct ws_conn *c);
 /* Bytes queued for sending and not yet written (for backpressure). A
  * message counts in full until its last byte is written. */
 size_t ws_conn_queued(const struct ws_conn *c);
+/* True while any message (an empty one too) is queued and not written. */
+bool ws_conn_pending(const struct ws_conn *c);
 /* True once a close frame has been received or sent and nothing remains. */
 bool ws_conn_finished(const struct ws_conn *c);

@@ -242,6 +242,21 @@ static void server_tick(void *ud)
         loop_stop(srv->loop);
 }
 
+/* One step of every check still running on a complete message (session_work),
+ * each turn in turn: a snapshot that takes many steps to inflate shares the
+ * loop with every other turn instead of holding it. */
+static bool server_work(void *ud)
+{
+    struct server *srv = ud;
+    bool more = false;
+    if (srv->n_working == 0)
+        return false;
+    for (struct session *s = srv->sessions; s; s = s->next)
+        if (s->in_complete)
+            more |= session_work(s);
+    return more;
+}
+
 /* Before sleeping: free sessions marked dead; stop when asked and idle. */
 static void server_reap(void *ud)
 {
@@ -276,6 +291,7 @@ int server_init(struct server *srv, struct loop *loop, const struct config *cfg,
     srv->fs = *fs;
     srv->next_id = 1;
     srv->signal_fd = -1;
+    srv->budget = (struct budget){.max = cfg->total_buffer};
     srv->listen_fd = -1;
     int rp = preauth_init(&srv->preauth, cfg->preauth_max, cfg->preauth_per_peer);
     if (rp < 0) {
@@ -326,6 +342,7 @@ int server_init(struct server *srv, struct loop *loop, const struct config *cfg,
     }
     loop_set_tick(loop, SERVER_TICK_MS, server_tick, srv);
     loop_set_before_sleep(loop, server_reap, srv);
+    loop_set_work(loop, server_work, srv);
 
     const char *h = cfg->listen_host;
     bool v6 = strchr(h, ':') != NULL;

@@ -1,10 +1,27 @@
 /* One connection: the HTTP request, then the WebSocket turn relayed between
- * the client and its sandbox (spec 2.3 state machine).
+ * the client and its sandbox (spec 2.3 state machine). Runs in the
+ * supervisor.
  *
- * The supervisor never interprets user data: frames are validated by the
- * codec and re-encoded; archives are checked for size and passed through.
- * Everything the sandbox sends is hostile: only the frames that are legal in
- * the current state are relayed; anything else ends this turn only. */
+ * The supervisor relays, it does not trust. Everything a sandbox sends is
+ * hostile, including envelopes written by user code:
+ *  - a message is refused at its envelope header unless its type is legal in
+ *    the turn's state and its announced length is within that state's limit
+ *    (a `log` between blocks is small; only a block's `tool_call` may be
+ *    large); its room is then reserved against the turn's and the daemon's
+ *    memory budgets, so nothing is held that was not paid for;
+ *  - its body is checked as it arrives, a bounded amount per loop round
+ *    (frames by the incremental JSON scanner with per-state item limits,
+ *    snapshots by tarcheck), so one turn cannot hold the loop;
+ *  - a frame is relayed only if its kind is legal in the state, its fields
+ *    have their spec types and its size fits its kind (output streams are
+ *    cut to --output-cap here, whatever the sandbox claims); a snapshot only
+ *    if it is in tarcheck's canonical subset (regular files and directories,
+ *    modes within 0755, owners 0, within --snapshot-max and --max-members);
+ *  - anything else ends this turn only, with a close reason from this file's
+ *    own vocabulary: never text a sandbox wrote.
+ * What the client sends is checked the same way (limits at frame headers,
+ * budgets, incremental scan). Relayed bytes are not copied where they need
+ * not be: a frame already in canonical form is passed on as it came. */
 #include <errno.h>
 #include <inttypes.h>
 #include <signal.h>
@@ -18,17 +35,17 @@
 #include "core/cleanup.h"
 #include "core/limits.h"
 #include "core/log.h"
-#include "core/utf8.h"
 #include "core/util.h"
 #include "net/http.h"
 #include "net/ws.h"
 #include "proto/frame.h"
+#include "proto/tarcheck.h"
 #include "session/notify.h"
 #include "session/session.h"
 
 #define REPLY_LINGER_MS 1000   /* after a non-101 reply: wait for the peer's EOF */
 #define CLOSE_LINGER_MS 5000   /* ending a turn: flush what is queued, then close */
-#define CHAN_READ_BUDGET (1 * MiB) /* bytes read from a sandbox per wakeup */
+#define CHAN_READ_BUDGET (256 * KiB) /* bytes read from a sandbox per wakeup */
 #define CHAN_MAX_FDS 8             /* fds taken (and closed) per read; the kernel drops the rest */
 
 static void update_interest(struct session *s);
@@ -62,7 +79,8 @@ static void reply_and_close(struct session *s, int status, const char *reason, c
 }
 
 /* Write what b holds to fd without blocking: -1 on a fatal socket error, 0
- * when everything was written, 1 if bytes remain. */
+ * when everything was written, 1 if bytes remain. (A short HTTP reply only:
+ * relays go through an outq.) */
 static int send_buf(int fd, struct buf *b)
 {
     while (b->len) {
@@ -79,51 +97,74 @@ static int flush_out(struct session *s)
     return send_buf(s->fd, &s->out);
 }
 
-/* ---------------------------------------------------------------- sandbox I/O */
+/* ---------------------------------------------------------------- to the sandbox */
 
-static int chan_send(struct session *s, enum chan_type type, const uint8_t *p, size_t n)
+/* Queue one envelope whose body is *body, taken over (no copy). */
+static int chan_queue(struct session *s, enum chan_type type, struct buf *body)
 {
     uint8_t hdr[CHAN_HDR_LEN];
-    if (n > CHAN_MAX_MESSAGE_BYTES)
+    if (body->len > CHAN_MAX_MESSAGE_BYTES) {
+        buf_free(body);
         return -EMSGSIZE;
-    chan_hdr_encode(hdr, type, (uint32_t)n);
-    int r = buf_append(&s->chan_out, hdr, sizeof hdr);
-    if (r == 0 && n)
-        r = buf_append(&s->chan_out, p, n);
+    }
+    chan_hdr_encode(hdr, type, (uint32_t)body->len);
+    int r = outq_append(&s->chan_out, hdr, sizeof hdr);
+    if (r == 0)
+        r = outq_take(&s->chan_out, body);
+    else
+        buf_free(body);
     update_interest(s);
     return r;
 }
 
-/* Re-encode a decoded frame straight into the sandbox's queue (no copy):
- * the envelope's length is filled in once the encoding is known. */
-static int chan_send_frame(struct session *s, const struct frame *f)
+/* Queue a frame the client sent, decoded from *msg: as it came if it is
+ * already in the supervisor's encoding (the sandbox's readers rely on that
+ * form, pyrt/shape.c), else re-encoded. msg is consumed either way. */
+static int chan_queue_frame(struct session *s, const struct frame *f, struct buf *msg)
 {
-    uint8_t hdr[CHAN_HDR_LEN] = {0};
-    size_t start = s->chan_out.len;
-    int r = buf_append(&s->chan_out, hdr, sizeof hdr);
-    if (r == 0)
-        r = frame_encode(f, &s->chan_out);
-    size_t n = s->chan_out.len - start - CHAN_HDR_LEN;
-    if (r == 0 && n > CHAN_MAX_MESSAGE_BYTES)
-        r = -EMSGSIZE;
+    if (f->canonical)
+        return chan_queue(s, CHAN_FRAME, msg);
+    struct buf b;
+    buf_init_budget(&b, CHAN_MAX_MESSAGE_BYTES, &s->budget);
+    int r = frame_encode(f, &b); /* f may point into msg: encode first */
+    buf_free(msg);
     if (r < 0) {
-        s->chan_out.len = start; /* drop the partial envelope */
+        buf_free(&b);
         return r;
     }
-    chan_hdr_encode(s->chan_out.data + start, CHAN_FRAME, (uint32_t)n);
-    update_interest(s);
-    return 0;
+    return chan_queue(s, CHAN_FRAME, &b);
+}
+
+/* Write what is queued for the sandbox: 0 when all of it went or the socket
+ * is full, -1 when the sandbox is gone. */
+static int chan_flush(struct session *s)
+{
+    return outq_send(&s->chan_out, s->chan_fd) < 0 ? -1 : 0;
+}
+
+/* ---------------------------------------------------------------- to the client */
+
+/* Send a frame to the client: body (consumed) holds its bytes when it is
+ * canonical and unchanged; otherwise it is encoded anew. */
+static int ws_relay_frame(struct session *s, const struct frame *f, struct buf *body)
+{
+    if (body && f->canonical)
+        return ws_conn_send_buf(s->ws, true, body);
+    struct buf b;
+    buf_init_budget(&b, WS_MAX_MESSAGE_BYTES, &s->budget);
+    int r = frame_encode(f, &b);
+    if (body)
+        buf_free(body);
+    if (r < 0) {
+        buf_free(&b);
+        return r;
+    }
+    return ws_conn_send_buf(s->ws, true, &b);
 }
 
 static int ws_send_frame(struct session *s, const struct frame *f)
 {
-    struct buf b;
-    buf_init(&b, WS_MAX_MESSAGE_BYTES);
-    int r = frame_encode(f, &b);
-    if (r == 0)
-        r = ws_conn_send_text(s->ws, b.data, b.len);
-    buf_free(&b);
-    return r;
+    return ws_relay_frame(s, f, NULL);
 }
 
 /* A `log` error frame for the client; only sent while a block runs (the host
@@ -162,27 +203,205 @@ static void finish_block_for_timeout(struct session *s, const char *what, uint64
     s->turn = TURN_BETWEEN;
 }
 
-/* One complete message from the sandbox. Returns 0, or -1 after failing the
- * session. */
-static int handle_child_frame(struct session *s, const uint8_t *p, size_t n)
+/* ---------------------------------------------------------------- sandbox: limits */
+
+/* The longest 'F' message legal from the sandbox in the turn's state, 0 if
+ * none is. Only a block's tool_call (and a ready pipelined into it) may be
+ * large; an output frame holds two capped streams, each at most 6 bytes of
+ * JSON per byte (\u00XX). */
+static uint64_t sandbox_frame_limit(const struct session *s)
 {
-    const char *why = NULL;
-    char reason[200];
-    struct frame f;
-    if (!utf8_valid(p, n)) {
-        session_fail(s, 1011, "sandbox protocol error: frame is not valid UTF-8");
-        return -1;
+    switch (s->turn) {
+    case TURN_TOOLS:
+    case TURN_BETWEEN:
+    case TURN_ARCHIVED:
+        return SANDBOX_SMALL_FRAME_MAX; /* ready, log */
+    case TURN_RUNNING:
+        return CHAN_MAX_MESSAGE_BYTES; /* tool_call, log, done, a late ready */
+    case TURN_WANT_OUTPUT:
+        return 2 * 6 * (s->srv->cfg->output_cap + OUTPUT_NOTE_ALLOWANCE) + 256;
+    case TURN_WANT_SNAPSHOT:
+        return 0;
     }
-    int r = frame_decode(p, n, FRAME_FROM_CHILD, &f, &why);
-    if (r < 0) {
-        snprintf(reason, sizeof reason, "sandbox protocol error: %s", why ? why : "bad frame");
-        session_fail(s, 1011, reason);
+    return 0;
+}
+
+/* The most JSON items such a message may hold (cost bounded before the kind
+ * is known: "kind" may come last). */
+static uint64_t sandbox_item_limit(const struct session *s)
+{
+    switch (s->turn) {
+    case TURN_RUNNING:
+        return FRAME_MAX_ITEMS;
+    case TURN_WANT_OUTPUT:
+        return SANDBOX_OUTPUT_ITEMS;
+    default:
+        return SANDBOX_READY_ITEMS;
+    }
+}
+
+/* Structural limits per kind, once the kind is known (a log frame needs a
+ * handful of items, not millions). NULL if f fits, else why not. */
+static const char *sandbox_frame_misfit(const struct frame *f, uint64_t items)
+{
+    switch (f->kind) {
+    case FRAME_LOG:
+        if (items > SANDBOX_LOG_ITEMS || frame_get(f, "msg")->str_bytes > SANDBOX_LOG_MSG_MAX ||
+            frame_get(f, "level")->str_bytes > 64)
+            return "log frame too large";
+        return NULL;
+    case FRAME_DONE:
+    case FRAME_OUTPUT:
+        return items > SANDBOX_OUTPUT_ITEMS ? "frame has unexpected members" : NULL;
+    case FRAME_READY:
+        return items > SANDBOX_READY_ITEMS ? "ready frame too large" : NULL;
+    default:
+        return NULL;
+    }
+}
+
+/* The 4 hex digits at p (already checked by the scanner). */
+static unsigned hex4(const char *p)
+{
+    unsigned v = 0;
+    for (int k = 0; k < 4; k++) {
+        char c = p[k];
+        v = v << 4 | (unsigned)(c <= '9' ? c - '0' : (c | 0x20) - 'a' + 10);
+    }
+    return v;
+}
+
+/* One unit (a character or an escape) of the JSON string text p[i..n):
+ * its length in the text, and in *dec its decoded length in UTF-8 bytes
+ * (a lone surrogate escape: 3). The text was scanned: it is valid. */
+static size_t json_unit(const char *p, size_t i, size_t n, uint64_t *dec)
+{
+    uint8_t c = (uint8_t)p[i];
+    if (c != '\\') {
+        size_t k = c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
+        *dec = k;
+        return k;
+    }
+    if (p[i + 1] != 'u') {
+        *dec = 1;
+        return 2;
+    }
+    unsigned u = hex4(p + i + 2);
+    if (u >= 0xD800 && u <= 0xDBFF && i + 12 <= n && p[i + 6] == '\\' && p[i + 7] == 'u') {
+        unsigned v = hex4(p + i + 8);
+        if (v >= 0xDC00 && v <= 0xDFFF) {
+            *dec = 4;
+            return 12;
+        }
+    }
+    *dec = u < 0x80 ? 1 : u < 0x800 ? 2 : 3;
+    return 6;
+}
+
+/* Hold one stream of an output frame to --output-cap: if the string decodes
+ * to more than cap (plus the sandbox's own notes), keep its first and last
+ * cap/2 bytes, cut between characters, with a note between, as the sandbox
+ * itself does. 1 if the field was cut, 0 if it fits, -ENOMEM. */
+static int cap_stream(struct frame *f, const char *name, uint64_t cap)
+{
+    const struct frame_field *fld = frame_get(f, name);
+    if (fld->str_bytes <= cap + OUTPUT_NOTE_ALLOWANCE)
+        return 0;
+    const char *t = fld->json;
+    size_t n = fld->len - 1; /* the closing quote */
+    uint64_t total = fld->str_bytes, head = cap / 2, dec = 0, dec_head = 0;
+    size_t head_end = 0, tail_start = n;
+    for (size_t i = 1; i < n;) {
+        uint64_t d;
+        size_t k = json_unit(t, i, n, &d);
+        if (!head_end && dec + d > head) {
+            head_end = i;
+            dec_head = dec;
+        }
+        if (total - dec <= cap - head) {
+            tail_start = i;
+            break;
+        }
+        dec += d;
+        i += k;
+    }
+    if (!head_end)
+        head_end = tail_start;
+    char note[96];
+    int nl = snprintf(note, sizeof note, "\\n[forkbox: %" PRIu64 " bytes of %s dropped]\\n",
+                      dec - dec_head, name);
+    size_t len = 1 + (head_end - 1) + (size_t)nl + (n - tail_start) + 1;
+    char *json = malloc(len + 1);
+    if (!json)
+        return -ENOMEM;
+    char *o = json;
+    *o++ = '"';
+    memcpy(o, t + 1, head_end - 1);
+    o += head_end - 1;
+    memcpy(o, note, (size_t)nl);
+    o += nl;
+    memcpy(o, t + tail_start, n - tail_start);
+    o += n - tail_start;
+    *o++ = '"';
+    *o = '\0';
+    return frame_set_json(f, name, json, len) < 0 ? -ENOMEM : 1;
+}
+
+/* ---------------------------------------------------------------- sandbox: messages */
+
+/* What a sandbox's error report means, in words of ours: the text itself is
+ * the sandbox's (logged for the operator, never sent as a close reason). */
+static const char *child_error_class(const struct frame_field *msg)
+{
+    static const struct { const char *prefix, *meaning; } known[] = {
+        {"\"sandbox setup:", "sandbox setup failed"},
+        {"\"tools archive:", "the tools archive could not be extracted"},
+        {"\"workspace archive:", "the workspace archive could not be extracted"},
+        {"\"forkbox runtime: internal error", "the sandbox runtime failed"},
+    };
+    for (size_t i = 0; i < sizeof known / sizeof *known; i++)
+        if (msg->len >= strlen(known[i].prefix) &&
+            memcmp(msg->json, known[i].prefix, strlen(known[i].prefix)) == 0)
+            return known[i].meaning;
+    return "the sandbox reported an error";
+}
+
+/* A sandbox's log line in the operator log, as its JSON text (escaped: it
+ * cannot forge lines), cut to 300 bytes. Its token was taken when its
+ * envelope arrived (chan_begin): lines over the turn's rate were dropped
+ * unread, and the next line says how many. */
+static void log_sandbox_line(struct session *s, const struct frame_field *msg)
+{
+    uint64_t span_ns, dropped = ratelimit_take_report(&s->log_rl, now_ns(), &span_ns);
+    char more[96] = "";
+    if (dropped)
+        snprintf(more, sizeof more, " (%" PRIu64 " more sandbox log lines dropped in %.0f s)",
+                 dropped, (double)span_ns / 1e9);
+    LOG_I("turn %" PRIu64 ": sandbox log: %.*s%s", s->id, (int)(msg->len > 300 ? 300 : msg->len),
+          msg->json, more);
+}
+
+static void sandbox_protocol_error(struct session *s, const char *what)
+{
+    char reason[200];
+    snprintf(reason, sizeof reason, "sandbox protocol error: %s", what);
+    session_fail(s, 1011, reason);
+}
+
+/* One complete frame from the sandbox; body holds its bytes (consumed).
+ * Returns 0, or -1 after failing the session. */
+static int handle_child_frame(struct session *s, struct frame *f, struct buf *body)
+{
+    const char *misfit = sandbox_frame_misfit(f, s->sscan->js.items);
+    if (misfit) {
+        buf_free(body);
+        sandbox_protocol_error(s, misfit);
         return -1;
     }
 
     bool legal = false;
     enum turn_state next = s->turn;
-    switch (f.kind) {
+    switch (f->kind) {
     case FRAME_READY:
         legal = s->tools_sent && !s->ready_seen;
         s->ready_seen = s->ready_seen || legal;
@@ -193,100 +412,104 @@ static int handle_child_frame(struct session *s, const uint8_t *p, size_t n)
     case FRAME_TOOL_CALL:
         legal = s->turn == TURN_RUNNING && s->ready_seen;
         break;
-    case FRAME_LOG: {
-        /* Logs are relayed only while a block runs (the host reads frames
-         * only then); otherwise they are recorded here and dropped. */
-        const struct frame_field *msg = frame_get(&f, "msg");
+    case FRAME_LOG:
         if (s->turn != TURN_RUNNING) {
-            LOG_I("turn %" PRIu64 ": sandbox log: %.*s", s->id, (int)(msg->len > 300 ? 300 : msg->len),
-                  msg->json);
-            /* Kept for the close reason if the sandbox then exits (setup and
-             * archive errors arrive this way). */
-            snprintf(s->last_child_error, sizeof s->last_child_error, "%.*s",
-                     (int)(msg->len > 2 ? msg->len - 2 : 0), msg->json + 1);
-            frame_free(&f);
+            /* Logs are relayed only while a block runs (the host reads
+             * frames only then); otherwise they go to the operator log,
+             * rate-limited, and are dropped. An error report names why the
+             * sandbox is about to exit (setup and archive errors arrive
+             * this way): what it means is kept for the close reason. */
+            const struct frame_field *msg = frame_get(f, "msg");
+            if (s->in_token)
+                log_sandbox_line(s, msg);
+            const struct frame_field *level = frame_get(f, "level");
+            if (level->len == 7 && memcmp(level->json, "\"error\"", 7) == 0)
+                s->child_error = child_error_class(msg);
+            buf_free(body);
             return 0;
         }
         legal = true;
         break;
-    }
     case FRAME_DONE:
         legal = s->turn == TURN_RUNNING && s->ready_seen;
         next = TURN_WANT_OUTPUT;
-        s->done_exit_code = f.exit_code;
+        s->done_exit_code = f->exit_code;
         break;
     case FRAME_OUTPUT:
-        legal = s->turn == TURN_WANT_OUTPUT && f.exit_code == s->done_exit_code;
+        legal = s->turn == TURN_WANT_OUTPUT && f->exit_code == s->done_exit_code;
         next = TURN_WANT_SNAPSHOT;
         break;
     default:
         break;
     }
     if (!legal) {
-        snprintf(reason, sizeof reason, "sandbox protocol error: unexpected %s frame in state %s",
-                 frame_kind_name(f.kind), turn_state_name(s->turn));
-        frame_free(&f);
-        session_fail(s, 1011, reason);
+        char what[120];
+        snprintf(what, sizeof what, "unexpected %s frame in state %s", frame_kind_name(f->kind),
+                 turn_state_name(s->turn));
+        buf_free(body);
+        sandbox_protocol_error(s, what);
         return -1;
     }
-    r = ws_send_frame(s, &f);
-    frame_free(&f);
+    if (f->kind == FRAME_OUTPUT) {
+        int a = cap_stream(f, "stdout", s->srv->cfg->output_cap);
+        int b = a < 0 ? a : cap_stream(f, "stderr", s->srv->cfg->output_cap);
+        if (a < 0 || b < 0) {
+            buf_free(body);
+            session_fail(s, 1011, "out of memory");
+            return -1;
+        }
+        if (a || b) {
+            f->canonical = false; /* no longer the bytes in body */
+            LOG_W("turn %" PRIu64 ": output frame over --output-cap: cut by the supervisor", s->id);
+        }
+    }
+    int r = ws_relay_frame(s, f, body);
     if (r < 0) {
-        session_fail(s, 1011, "cannot relay a sandbox frame");
+        session_fail(s, 1011, r == -ENOSPC ? "server memory budget exhausted"
+                                           : "cannot relay a sandbox frame");
         return -1;
     }
     s->turn = next;
     return 0;
 }
 
-static int handle_child_message(struct session *s, enum chan_type type, const uint8_t *p, size_t n)
+/* The workspace snapshot passed its check: relay it. */
+static void relay_snapshot(struct session *s)
 {
-    bool first = !s->chan_first_done;
-    int fd = s->chan_fd_pending;
-    s->chan_first_done = true;
-    s->chan_fd_pending = -1;
-    if (type == CHAN_NOTIFY) {
-        /* Only as the sandbox's first message (sent in setup, before any
-         * untrusted code), with its fd and nothing else. */
-        if (!first || fd < 0 || n != 0) {
-            if (fd >= 0)
-                close(fd);
-            session_fail(s, 1011, "sandbox protocol error: unexpected listener message");
-            return -1;
-        }
-        notify_adopt(s, fd);
-        return 0;
+    if (ws_conn_send_buf(s->ws, false, &s->in) < 0) {
+        session_fail(s, 1011, "cannot relay the workspace archive");
+        return;
     }
-    if (fd >= 0)
-        close(fd); /* an fd with a first message that is not the listener */
-    switch (type) {
-    case CHAN_FRAME:
-        return handle_child_frame(s, p, n);
-    case CHAN_SNAPSHOT:
-        if (s->turn != TURN_WANT_SNAPSHOT)
-            break;
-        if (ws_conn_send_binary(s->ws, p, n) < 0) {
-            session_fail(s, 1011, "cannot relay the workspace archive");
-            return -1;
-        }
+    s->turn = TURN_BETWEEN;
+    s->idle_since_ms = now_ms();
+}
+
+/* The end of an 'S' check: relay, or end the turn. */
+static void snapshot_checked(struct session *s, int r)
+{
+    char reason[120];
+    if (r == TARCHECK_VALID) {
+        relay_snapshot(s);
+    } else {
+        snprintf(reason, sizeof reason, "sandbox workspace archive refused: %s",
+                 tarcheck_reason(s->tc));
+        LOG_W("turn %" PRIu64 ": %s", s->id, reason);
+        /* The host takes the message after output as the archive: a zero-
+         * length one leaves its files as they were (spec 4.4). */
+        ws_conn_send_binary(s->ws, (const uint8_t *)"", 0);
         s->turn = TURN_BETWEEN;
-        s->idle_since_ms = now_ms();
-        return 0;
-    default:
-        break;
+        session_fail(s, 1011, reason);
     }
-    char reason[160];
-    snprintf(reason, sizeof reason, "sandbox protocol error: unexpected '%c' message in state %s",
-             (int)type, turn_state_name(s->turn));
-    session_fail(s, 1011, reason);
-    return -1;
+    tarcheck_free(s->tc);
+    s->tc = NULL;
+    buf_free(&s->in);
 }
 
 /* recvmsg() on the channel: the only fd a sandbox may send is its seccomp
  * listener, attached to the first byte of its first message (CHAN_NOTIFY).
  * Such an fd is kept in chan_fd_pending until that message is complete
- * (handle_child_message adopts or closes it); every other fd is closed at
- * once. MSG_CMSG_CLOEXEC: none may leak into a process we start. */
+ * (chan_complete adopts or closes it); every other fd is closed at once.
+ * MSG_CMSG_CLOEXEC: none may leak into a process we start. */
 static ssize_t chan_recv(struct session *s, void *p, size_t len)
 {
     union {
@@ -296,7 +519,7 @@ static ssize_t chan_recv(struct session *s, void *p, size_t len)
     struct iovec iov = {.iov_base = p, .iov_len = len};
     struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.b,
                        .msg_controllen = sizeof ctl.b};
-    bool at_start = !s->chan_first_done && !s->chan_body_active && s->chan_hdr_got == 0;
+    bool at_start = !s->chan_first_done && !s->in_active && s->in_hdr_got == 0;
     ssize_t n = recvmsg(s->chan_fd, &m, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
     if (n < 0)
         return n;
@@ -316,64 +539,200 @@ static ssize_t chan_recv(struct session *s, void *p, size_t len)
     return n;
 }
 
+/* A header arrived: decide at once whether its message may come at all, and
+ * reserve its room. 0, or -1 after failing the session. */
+static int chan_begin(struct session *s)
+{
+    enum chan_type type;
+    uint32_t len;
+    int r = chan_hdr_decode(s->in_hdr, CHAN_HDR_LEN, CHAN_MAX_MESSAGE_BYTES, &type, &len);
+    s->in_hdr_got = 0;
+    if (r <= 0) {
+        sandbox_protocol_error(s, r == -EMSGSIZE ? "message too large" : "bad envelope");
+        return -1;
+    }
+    char what[120];
+    uint64_t limit = 0;
+    switch (type) {
+    case CHAN_FRAME:
+        limit = sandbox_frame_limit(s);
+        break;
+    case CHAN_SNAPSHOT:
+        limit = s->turn == TURN_WANT_SNAPSHOT ? CHAN_MAX_MESSAGE_BYTES : 0;
+        break;
+    case CHAN_NOTIFY:
+        limit = !s->chan_first_done ? 1 : 0; /* with no body: checked when complete */
+        break;
+    default:
+        break;
+    }
+    if (limit == 0) {
+        snprintf(what, sizeof what, "unexpected '%c' message in state %s", (int)type,
+                 turn_state_name(s->turn));
+        sandbox_protocol_error(s, what);
+        return -1;
+    }
+    if (len > limit) {
+        snprintf(what, sizeof what, "'%c' message of %" PRIu32 " bytes over the limit of %" PRIu64
+                 " in state %s", (int)type, len, limit, turn_state_name(s->turn));
+        sandbox_protocol_error(s, what);
+        return -1;
+    }
+    s->in_type = type;
+    s->in_len = len;
+    s->in_got = 0;
+    s->in_active = true;
+    /* Between blocks only a log is legal, and logs there are only written to
+     * the operator log: once this turn's share of log lines is used up, such
+     * a message is read and dropped without being scanned or kept. */
+    s->in_token = s->in_discard = false;
+    if (type == CHAN_FRAME && s->turn != TURN_RUNNING && s->turn != TURN_WANT_OUTPUT) {
+        s->in_token = ratelimit_take(&s->log_rl, now_ns());
+        s->in_discard = !s->in_token && s->ready_seen;
+    }
+    if (s->in_discard)
+        return 0;
+    r = len ? buf_reserve_exact(&s->in, len) : 0;
+    if (r < 0) {
+        session_fail(s, r == -ENOSPC ? 1013 : 1011,
+                     r == -ENOSPC ? "server memory budget exhausted, try again later"
+                     : r == -ENOMEM ? "out of memory"
+                                    : "sandbox message over the turn's memory budget");
+        return -1;
+    }
+    if (type == CHAN_FRAME) {
+        frame_scan_init(s->sscan, FRAME_FROM_CHILD, sandbox_item_limit(s));
+    } else if (type == CHAN_SNAPSHOT) {
+        const struct config *cfg = s->srv->cfg;
+        const struct tarcheck_limits lim = {.max_data = cfg->snapshot_max,
+                                            .max_members = cfg->max_members};
+        s->tc = tarcheck_new(&lim);
+        if (!s->tc) {
+            session_fail(s, 1011, "out of memory");
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* Check what arrived of the body so far. 0, or -1 after failing the session. */
+static int chan_progress(struct session *s)
+{
+    const char *why = NULL;
+    if (s->in_discard)
+        return 0;
+    if (s->in_type == CHAN_FRAME && frame_scan_feed(s->sscan, s->in.data, s->in.len, &why) < 0) {
+        sandbox_protocol_error(s, why);
+        return -1;
+    }
+    if (s->in_type == CHAN_SNAPSHOT) {
+        int r = tarcheck_feed(s->tc, s->in.data, s->in.len);
+        if (r < 0) {
+            snapshot_checked(s, r);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* The whole body is in. 0, or -1 after failing the session. */
+static int chan_complete(struct session *s)
+{
+    bool first = !s->chan_first_done;
+    int fd = s->chan_fd_pending;
+    s->chan_first_done = true;
+    s->chan_fd_pending = -1;
+    s->in_active = false;
+    if (s->in_type == CHAN_NOTIFY) {
+        /* Only as the sandbox's first message (sent in setup, before any
+         * untrusted code), with its fd and nothing else. */
+        if (!first || fd < 0 || s->in_len != 0) {
+            if (fd >= 0)
+                close(fd);
+            sandbox_protocol_error(s, "unexpected listener message");
+            return -1;
+        }
+        notify_adopt(s, fd);
+        return 0;
+    }
+    if (fd >= 0)
+        close(fd); /* an fd with a first message that is not the listener */
+    if (s->in_discard) {
+        s->in_discard = false;
+        return 0;
+    }
+    if (s->in_type == CHAN_SNAPSHOT) {
+        int r = tarcheck_finish(s->tc, s->in.data, s->in.len);
+        if (r == TARCHECK_AGAIN) {
+            /* More inflating than one step: the rest in later loop rounds
+             * (session_work), the channel unread meanwhile. */
+            s->in_complete = true;
+            s->srv->n_working++;
+            return 0;
+        }
+        snapshot_checked(s, r);
+        return s->phase == PHASE_TURN ? 0 : -1;
+    }
+    struct frame f;
+    const char *why = NULL;
+    int r = frame_scan_finish(s->sscan, s->in.data, s->in.len, FRAME_FROM_CHILD, &f, &why);
+    if (r < 0) {
+        buf_free(&s->in);
+        sandbox_protocol_error(s, why ? why : "bad frame");
+        return -1;
+    }
+    struct buf body;
+    buf_init_budget(&body, SIZE_MAX, &s->budget);
+    buf_move(&body, &s->in);
+    r = handle_child_frame(s, &f, &body);
+    frame_free(&f);
+    return r;
+}
+
 /* Read what the sandbox sent, within a budget. Returns 0 to continue, -1 if
  * the session was failed, 1 on EOF (the sandbox's end is closed). */
 static int chan_read(struct session *s)
 {
+    static uint8_t scratch[64 * KiB]; /* discarded bodies (one thread) */
     size_t budget = CHAN_READ_BUDGET;
-    while (budget > 0 && s->chan_fd >= 0) {
+    while (budget > 0 && s->chan_fd >= 0 && !s->in_complete) {
         ssize_t n;
-        if (!s->chan_body_active) {
-            n = chan_recv(s, s->chan_hdr + s->chan_hdr_got, CHAN_HDR_LEN - s->chan_hdr_got);
+        if (!s->in_active) {
+            n = chan_recv(s, s->in_hdr + s->in_hdr_got, CHAN_HDR_LEN - s->in_hdr_got);
+            if (n > 0) {
+                budget -= (size_t)n;
+                s->in_hdr_got += (size_t)n;
+                if (s->in_hdr_got < CHAN_HDR_LEN)
+                    continue;
+                if (chan_begin(s) < 0)
+                    return -1;
+                if (s->in_len > 0)
+                    continue;
+            }
         } else {
-            size_t want = s->chan_body_len - s->chan_body_got;
+            size_t want = s->in_len - s->in_got;
             if (want > budget)
                 want = budget;
-            n = want ? chan_recv(s, s->chan_body + s->chan_body_got, want) : 0;
-            if (want == 0)
-                goto complete;
+            uint8_t *to = s->in_discard ? scratch : s->in.data + s->in.len;
+            if (s->in_discard && want > sizeof scratch)
+                want = sizeof scratch;
+            n = chan_recv(s, to, want);
+            if (n > 0) {
+                budget -= (size_t)n;
+                s->in_got += (uint32_t)n;
+                if (!s->in_discard)
+                    s->in.len += (size_t)n; /* into the room reserved at the header */
+                if (chan_progress(s) < 0)
+                    return -1;
+            }
         }
         if (n < 0)
             return (errno == EAGAIN || errno == EINTR) ? 0 : 1;
         if (n == 0)
             return 1;
-        budget -= (size_t)n;
-        if (!s->chan_body_active) {
-            s->chan_hdr_got += (size_t)n;
-            if (s->chan_hdr_got < CHAN_HDR_LEN)
-                continue;
-            enum chan_type type;
-            uint32_t len;
-            int r = chan_hdr_decode(s->chan_hdr, CHAN_HDR_LEN, CHAN_MAX_MESSAGE_BYTES, &type, &len);
-            if (r <= 0) {
-                session_fail(s, 1011, r == -EMSGSIZE ? "sandbox protocol error: message too large"
-                                                     : "sandbox protocol error: bad envelope");
-                return -1;
-            }
-            s->chan_body = malloc(len ? len : 1);
-            if (!s->chan_body) {
-                session_fail(s, 1011, "out of memory");
-                return -1;
-            }
-            s->chan_body_type = type;
-            s->chan_body_len = len;
-            s->chan_body_got = 0;
-            s->chan_body_active = true;
-            s->chan_hdr_got = 0;
-            if (len > 0)
-                continue;
-        } else {
-            s->chan_body_got += (uint32_t)n;
-            if (s->chan_body_got < s->chan_body_len)
-                continue;
-        }
-    complete:;
-        uint8_t *body = s->chan_body;
-        s->chan_body = NULL;
-        s->chan_body_active = false;
-        int r = handle_child_message(s, s->chan_body_type, body, s->chan_body_len);
-        free(body);
-        if (r < 0)
+        if (s->in_active && s->in_got < s->in_len)
+            continue;
+        if (chan_complete(s) < 0)
             return -1;
         /* Backpressure: stop when the client is not keeping up. */
         if (s->ws && ws_conn_queued(s->ws) > RELAY_HIGH_WATER)
@@ -382,26 +741,39 @@ static int chan_read(struct session *s)
     return 0;
 }
 
+bool session_work(struct session *s)
+{
+    if (!s->in_complete)
+        return false;
+    int r = tarcheck_finish(s->tc, s->in.data, s->in.len);
+    if (r == TARCHECK_AGAIN)
+        return true;
+    s->in_complete = false;
+    s->srv->n_working--;
+    snapshot_checked(s, r);
+    if (s->phase == PHASE_TURN) {
+        if (ws_conn_want_write(s->ws) && ws_conn_write(s->ws) < 0) {
+            mark_dead(s);
+            return false;
+        }
+        update_interest(s);
+    }
+    return false;
+}
+
 static void sandbox_gone(struct session *s)
 {
     if (s->phase != PHASE_TURN) {
         kill_sandbox(s);
         return;
     }
-    if (s->last_child_error[0]) {
-        session_fail(s, 1011, s->last_child_error);
+    if (s->child_error) {
+        session_fail(s, 1011, s->child_error);
         return;
     }
     session_fail(s, 1011, s->turn == TURN_WANT_OUTPUT || s->turn == TURN_WANT_SNAPSHOT
                               ? "the sandbox stopped before finishing the block"
                               : "the sandbox stopped unexpectedly (crash, os._exit, or a limit)");
-}
-
-/* Write what is queued for the sandbox: 0 when all of it went or the socket
- * is full, -1 when the sandbox is gone. */
-static int chan_flush(struct session *s)
-{
-    return send_buf(s->chan_fd, &s->chan_out) < 0 ? -1 : 0;
 }
 
 static void on_chan_io(struct loop_watch *w, uint32_t events)
@@ -475,29 +847,77 @@ static void kill_sandbox(struct session *s)
     }
     close_and_reset(&s->chan_fd_pending);
     notify_close(s);
-    free(s->chan_body);
-    s->chan_body = NULL;
-    s->chan_body_active = false;
-    buf_free(&s->chan_out);
+    if (s->in_complete)
+        s->srv->n_working--;
+    s->in_complete = s->in_active = s->in_discard = false;
+    tarcheck_free(s->tc);
+    s->tc = NULL;
+    buf_free(&s->in);
+    outq_free(&s->chan_out);
 }
 
 /* ---------------------------------------------------------------- client messages */
 
 static void end_turn(struct session *s) { session_fail(s, 1000, NULL); }
 
-static void on_ws_text(void *ud, const uint8_t *msg, size_t len)
+/* What a message from the client may be in the turn's state: its largest
+ * size, or 0 to drop it unread (ws.h). */
+static uint64_t on_msg_begin(void *ud, bool text)
 {
     struct session *s = ud;
+    const struct config *cfg = s->srv->cfg;
     if (s->phase != PHASE_TURN)
+        return WS_MSG_DROP;
+    if (text) {
+        switch (s->turn) {
+        case TURN_TOOLS: /* text instead of the tools archive */
+            end_turn(s);
+            return WS_MSG_DROP;
+        case TURN_BETWEEN:  /* only shutdown matters */
+        case TURN_ARCHIVED: /* run */
+        case TURN_RUNNING:  /* tool_result */
+            frame_scan_init(s->cscan, FRAME_FROM_CLIENT, 0);
+            s->cmsg_bad = false;
+            return WS_MAX_MESSAGE_BYTES;
+        default: /* after done: results are no longer wanted */
+            return WS_MSG_DROP;
+        }
+    }
+    s->cmsg_bad = true; /* an archive: not scanned */
+    switch (s->turn) {
+    case TURN_TOOLS:
+        return cfg->max_upload_tools;
+    case TURN_BETWEEN:
+        return cfg->max_upload_workspace;
+    case TURN_ARCHIVED: /* a second archive where run was due */
+        end_turn(s);
+        return WS_MSG_DROP;
+    default: /* ignored while a block runs (spec 2.3) */
+        return WS_MSG_DROP;
+    }
+}
+
+static void on_msg_data(void *ud, const uint8_t *msg, size_t len)
+{
+    struct session *s = ud;
+    if (s->phase != PHASE_TURN || s->cmsg_bad || !s->cscan)
         return;
+    const char *why;
+    if (frame_scan_feed(s->cscan, msg, len, &why) < 0) {
+        s->cmsg_bad = true;
+        if (s->turn == TURN_ARCHIVED) /* spec 2.3: undecodable text in R ends the turn */
+            end_turn(s);
+    }
+}
+
+static void on_text(struct session *s, struct buf *msg)
+{
     struct frame f;
     const char *why = NULL;
-    bool ok = frame_decode(msg, len, FRAME_FROM_CLIENT, &f, &why) == 0;
+    bool ok = !s->cmsg_bad &&
+              frame_scan_finish(s->cscan, msg->data, msg->len, FRAME_FROM_CLIENT, &f, &why) == 0;
 
     switch (s->turn) {
-    case TURN_TOOLS: /* text instead of the tools archive */
-        end_turn(s);
-        break;
     case TURN_BETWEEN: /* only shutdown matters; everything else is ignored */
         if (ok && f.kind == FRAME_SHUTDOWN)
             end_turn(s);
@@ -507,7 +927,7 @@ static void on_ws_text(void *ud, const uint8_t *msg, size_t len)
             end_turn(s);
             break;
         }
-        if (chan_send_frame(s, &f) < 0) {
+        if (chan_queue_frame(s, &f, msg) < 0) {
             session_fail(s, 1011, "cannot queue the block for the sandbox");
             break;
         }
@@ -517,51 +937,36 @@ static void on_ws_text(void *ud, const uint8_t *msg, size_t len)
     case TURN_RUNNING:
         /* Results go to the sandbox; an undecodable message is dropped alone
          * (spec 9.2 "channel poisoning"); other frames are ignored. */
-        if (ok && f.kind == FRAME_TOOL_RESULT && chan_send_frame(s, &f) < 0)
+        if (ok && f.kind == FRAME_TOOL_RESULT && chan_queue_frame(s, &f, msg) < 0)
             session_fail(s, 1011, "cannot queue a tool result for the sandbox");
         break;
-    default: /* after done: results are no longer wanted */
+    default:
         break;
     }
     if (ok)
         frame_free(&f);
 }
 
-static void on_ws_binary(void *ud, const uint8_t *msg, size_t len)
+static void on_msg_end(void *ud, bool text, struct buf *msg)
 {
     struct session *s = ud;
-    const struct config *cfg = s->srv->cfg;
-    char reason[120];
     if (s->phase != PHASE_TURN)
         return;
-    switch (s->turn) {
-    case TURN_TOOLS:
-    case TURN_BETWEEN: {
-        bool tools = s->turn == TURN_TOOLS;
-        uint64_t limit = tools ? cfg->max_upload_tools : cfg->max_upload_workspace;
-        if (len > limit) {
-            snprintf(reason, sizeof reason, "%s archive of %zu bytes is over the limit of %" PRIu64,
-                     tools ? "tools" : "workspace", len, limit);
-            LOG_I("turn %" PRIu64 ": %s", s->id, reason);
-            session_fail(s, 1009, reason);
-            return;
-        }
-        if (chan_send(s, tools ? CHAN_TOOLS : CHAN_WORKSPACE, msg, len) < 0) {
-            session_fail(s, 1011, "cannot queue the archive for the sandbox");
-            return;
-        }
-        s->tools_sent = s->tools_sent || tools;
-        s->turn = tools ? TURN_BETWEEN : TURN_ARCHIVED;
-        if (tools)
-            s->idle_since_ms = now_ms();
-        break;
+    if (text) {
+        on_text(s, msg);
+        return;
     }
-    case TURN_ARCHIVED: /* a second archive where run was due */
-        end_turn(s);
-        break;
-    default: /* ignored while a block runs */
-        break;
+    bool tools = s->turn == TURN_TOOLS;
+    if (!tools && s->turn != TURN_BETWEEN)
+        return;
+    if (chan_queue(s, tools ? CHAN_TOOLS : CHAN_WORKSPACE, msg) < 0) {
+        session_fail(s, 1011, "cannot queue the archive for the sandbox");
+        return;
     }
+    s->tools_sent = s->tools_sent || tools;
+    s->turn = tools ? TURN_BETWEEN : TURN_ARCHIVED;
+    if (tools)
+        s->idle_since_ms = now_ms();
 }
 
 static void on_ws_pong(void *ud)
@@ -571,8 +976,9 @@ static void on_ws_pong(void *ud)
 }
 
 static const struct ws_handlers ws_handlers = {
-    .on_text = on_ws_text,
-    .on_binary = on_ws_binary,
+    .on_msg_begin = on_msg_begin,
+    .on_msg_data = on_msg_data,
+    .on_msg_end = on_msg_end,
     .on_pong = on_ws_pong,
 };
 
@@ -587,8 +993,10 @@ static void admit(struct session *s, const uint8_t *rest, size_t rest_len)
         mark_dead(s);
         return;
     }
-    s->ws = ws_conn_new(s->fd, WS_MAX_MESSAGE_BYTES, rest, rest_len, &ws_handlers, s);
-    if (!s->ws) {
+    s->cscan = malloc(sizeof *s->cscan);
+    s->sscan = malloc(sizeof *s->sscan);
+    s->ws = ws_conn_new(s->fd, &s->budget, rest, rest_len, &ws_handlers, s);
+    if (!s->ws || !s->cscan || !s->sscan) {
         mark_dead(s);
         return;
     }
@@ -602,7 +1010,6 @@ static void admit(struct session *s, const uint8_t *rest, size_t rest_len)
     s->turn = TURN_TOOLS;
     s->accept_ns = now_ns();
     s->turn_started_ms = s->last_ping_ms = s->idle_since_ms = now_ms();
-    buf_init(&s->chan_out, CHAN_MAX_MESSAGE_BYTES + 2 * RELAY_HIGH_WATER);
     int r = server_request_sandbox(srv, s);
     if (r < 0) {
         session_fail(s, 1011, "sandbox service unavailable");
@@ -716,13 +1123,22 @@ static void on_client_io(struct loop_watch *w, uint32_t events)
             mark_dead(s);
             break;
         }
-        if ((events & (EPOLLIN | EPOLLHUP | EPOLLERR)) && ws_conn_read(s->ws) < 0) {
-            mark_dead(s); /* the client is gone, or the close handshake is over */
-            break;
+        if (events & (EPOLLIN | EPOLLHUP | EPOLLERR)) {
+            int rr = ws_conn_read(s->ws);
+            if (rr < 0) {
+                if (rr != -ECONNRESET && rr != -ESHUTDOWN && s->phase == PHASE_TURN)
+                    LOG_I("turn %" PRIu64 ": client message refused (%s); connection closed",
+                          s->id, rr == -EMSGSIZE ? "over its limit or the turn's memory budget"
+                                 : rr == -ENOSPC ? "server memory budget exhausted"
+                                 : rr == -EPROTO ? "WebSocket protocol error"
+                                                 : strerror(-rr));
+                mark_dead(s); /* the client is gone, or the close handshake is over */
+                break;
+            }
         }
         /* Likewise, pass what the client sent straight on to the sandbox. An
          * error stays for on_chan_io, which reports it where it belongs. */
-        if (s->chan_fd >= 0 && s->chan_out.len)
+        if (s->chan_fd >= 0 && s->chan_out.bytes)
             (void)chan_flush(s);
         if (s->phase == PHASE_CLOSING) {
             send_close_when_flushed(s);
@@ -753,7 +1169,7 @@ static void update_interest(struct session *s)
     default:
         if (s->out.len || ws_conn_want_write(s->ws))
             ev |= EPOLLOUT;
-        if (ws_conn_want_read(s->ws) && s->chan_out.len < RELAY_HIGH_WATER)
+        if (ws_conn_want_read(s->ws) && s->chan_out.bytes < RELAY_HIGH_WATER)
             ev |= EPOLLIN;
         break;
     }
@@ -761,9 +1177,12 @@ static void update_interest(struct session *s)
 
     if (s->chan_fd >= 0) {
         uint32_t cev = 0;
-        if (s->chan_out.len)
+        if (s->chan_out.bytes)
             cev |= EPOLLOUT;
-        if (!s->ws || ws_conn_queued(s->ws) < RELAY_HIGH_WATER)
+        /* Backpressure: a client that does not read stops its sandbox (the
+         * supervisor does not grow); a message still being checked is
+         * finished first (session_work). */
+        if ((!s->ws || ws_conn_queued(s->ws) < RELAY_HIGH_WATER) && !s->in_complete)
             cev |= EPOLLIN;
         loop_watch(l, &s->chan_watch, cev);
     }
@@ -781,8 +1200,11 @@ struct session *session_new(struct server *srv, int fd)
     s->fd = fd;
     s->chan_fd = s->pidfd = s->chan_fd_pending = s->notify_fd = -1;
     s->phase = PHASE_HTTP;
+    s->budget = (struct budget){.max = srv->cfg->turn_buffer, .up = &srv->budget};
+    s->log_rl = (struct ratelimit)RATELIMIT_INIT(SANDBOX_LOG_BURST, SANDBOX_LOG_PER_MINUTE, 60000);
     buf_init(&s->out, 64 * KiB);
-    buf_init(&s->chan_out, 0);
+    buf_init_budget(&s->in, CHAN_MAX_MESSAGE_BYTES, &s->budget);
+    outq_init(&s->chan_out, &s->budget);
     s->deadline_ms = now_ms() + HTTP_REQUEST_TIMEOUT_MS;
     s->watch = (struct loop_watch){.fd = fd, .cb = on_client_io, .ud = s};
     if (loop_watch(srv->loop, &s->watch, EPOLLIN) < 0) {
@@ -795,7 +1217,7 @@ struct session *session_new(struct server *srv, int fd)
 /* Queue the pending close once every message queued before it is out. */
 static void send_close_when_flushed(struct session *s)
 {
-    if (!s->close_pending || ws_conn_queued(s->ws) > 0)
+    if (!s->close_pending || ws_conn_pending(s->ws))
         return;
     s->close_pending = false;
     ws_conn_close(s->ws, s->close_code, s->close_reason);
@@ -887,6 +1309,10 @@ void session_free(struct session *s)
         return;
     kill_sandbox(s);
     preauth_remove(&s->srv->preauth, &s->pa);
+    uint64_t span_ns, dropped = ratelimit_take_report(&s->log_rl, now_ns(), &span_ns);
+    if (dropped)
+        LOG_I("turn %" PRIu64 ": %" PRIu64 " sandbox log lines were dropped (over the rate)", s->id,
+              dropped);
     loop_unwatch(s->srv->loop, &s->watch);
     ws_conn_free(s->ws);
     http_req_free(s->req);
@@ -900,6 +1326,7 @@ void session_free(struct session *s)
         close(s->fd);
     }
     buf_free(&s->out);
-    buf_free(&s->chan_out);
+    free(s->cscan);
+    free(s->sscan);
     free(s);
 }

@@ -13,7 +13,10 @@
 #include <sys/types.h>
 
 #include "config/config.h"
+#include "core/budget.h"
 #include "core/buf.h"
+#include "core/outq.h"
+#include "core/ratelimit.h"
 #include "loop/loop.h"
 #include "proto/chan.h"
 #include "sandbox/forkserver.h"
@@ -24,6 +27,8 @@ struct http_req;
 struct ws_conn;
 struct session;
 struct policy_notify;
+struct frame_scan;
+struct tarcheck;
 
 struct server {
     struct loop *loop;            /* borrowed */
@@ -40,6 +45,8 @@ struct server {
     struct loop_watch fs_watch;
     struct session *sessions;     /* owned, doubly linked */
     unsigned n_sessions;          /* all connections */
+    unsigned n_working;           /* sessions with a message still being checked */
+    struct budget budget;         /* all turns' buffers together (--total-buffer) */
     unsigned n_turns;             /* admitted turns: the capacity count */
     struct preauth_pool preauth;  /* owned: connections not admitted (yet); entries borrowed */
     bool accept_paused;           /* out of fds or memory: the listener rests until the tick */
@@ -95,6 +102,13 @@ struct session {
     uint16_t close_code;
     char close_reason[124];
 
+    /* What this turn makes the supervisor hold: every buffer of its messages
+     * in both directions (--turn-buffer), charged to srv->budget too. */
+    struct budget budget;
+    /* the client's text message, scanned as it arrives */
+    struct frame_scan *cscan;     /* owned (admitted turns) */
+    bool cmsg_bad;                /* it can no longer decode */
+
     /* the sandbox */
     bool spawn_pending;           /* request sent, reply not yet received */
     pid_t child_pid;
@@ -102,16 +116,24 @@ struct session {
     struct loop_watch chan_watch;
     int pidfd;                    /* owned */
     struct loop_watch pid_watch;
-    struct buf chan_out;          /* envelopes queued for the sandbox */
-    uint8_t chan_hdr[CHAN_HDR_LEN];
-    size_t chan_hdr_got;
-    uint8_t *chan_body;           /* owned; body being read */
-    uint32_t chan_body_len, chan_body_got;
-    enum chan_type chan_body_type;
-    bool chan_body_active;
+    struct outq chan_out;         /* envelopes queued for the sandbox */
     int chan_fd_pending;          /* owned: an fd that came with the first message, -1 */
     bool chan_first_done;         /* the sandbox's first message is complete */
-    char last_child_error[160];   /* last `log` error the sandbox sent outside a block */
+    const char *child_error;      /* static: what the sandbox last reported failing */
+
+    /* the sandbox's message being read (chan.h envelope) */
+    uint8_t in_hdr[CHAN_HDR_LEN];
+    size_t in_hdr_got;
+    bool in_active;               /* a header was read: its body is coming */
+    bool in_discard;              /* the body is read and dropped unscanned */
+    bool in_token;                /* a log line may be written for it (log_rl) */
+    bool in_complete;             /* all of it is in, its check still has work to do */
+    enum chan_type in_type;
+    uint32_t in_len, in_got;
+    struct buf in;                /* the body, room reserved at the header */
+    struct frame_scan *sscan;     /* owned (admitted turns): an F body's scan */
+    struct tarcheck *tc;          /* owned while an S body is checked */
+    struct ratelimit log_rl;      /* the sandbox's log lines in the operator log */
 
     /* counted refusals (notify.c) */
     int notify_fd;                /* owned: the sandbox's seccomp listener, -1 */
@@ -139,7 +161,13 @@ void session_free(struct session *s);
 void session_sandbox_ready(struct session *s, const struct fs_reply *rep, int chan_fd, int pidfd);
 /* Periodic checks: deadlines, pings, timeouts. */
 void session_tick(struct session *s, uint64_t now);
+/* One bounded step of a check still running on a complete message (loop
+ * fairness: one step per session per loop round). True if work remains. */
+bool session_work(struct session *s);
 /* End s now: a server-side fault (reason non-NULL: logged, sent as a `log`
  * frame when one is legal, close 1011) or a normal end (reason NULL, close
- * 1000). Idempotent. */
+ * 1000). Idempotent. reason is one of the supervisor's own static strings
+ * (or built only from them): never bytes a client or sandbox sent, so a
+ * close reason is always ASCII from a fixed vocabulary (ws_conn_close cuts it
+ * to 123 bytes). */
 void session_fail(struct session *s, uint16_t code, const char *reason);

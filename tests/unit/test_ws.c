@@ -8,12 +8,14 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "core/budget.h"
 #include "net/ws.h"
 #include "tap.h"
 
 struct ws_conn;
 
 struct rec {
+    uint64_t max_msg;              /* what on_msg_begin answers */
     int ntext, nbin, npong;
     int null_msgs;                 /* messages handed over as NULL */
     struct ws_conn *close_on_text; /* if set, on_text closes it with 1011 */
@@ -32,24 +34,25 @@ static void rec_store(struct rec *r, int kind, const uint8_t *m, size_t n)
     r->last_kind = kind;
 }
 
-static void on_text(void *ud, const uint8_t *m, size_t n)
+static uint64_t on_begin(void *ud, bool text)
 {
     struct rec *r = ud;
-    if (!m)
-        r->null_msgs++;
-    r->ntext++;
-    rec_store(r, 't', m, n);
-    if (r->close_on_text)
-        ws_conn_close(r->close_on_text, 1011, "bad frame");
+    return r->max_msg;
 }
 
-static void on_binary(void *ud, const uint8_t *m, size_t n)
+static void on_end(void *ud, bool text, struct buf *b)
 {
     struct rec *r = ud;
-    if (!m)
-        r->null_msgs++;
-    r->nbin++;
-    rec_store(r, 'b', m, n);
+    const uint8_t *m = b->data ? b->data : (const uint8_t *)"";
+    if (text) {
+        r->ntext++;
+        rec_store(r, 't', m, b->len);
+        if (r->close_on_text)
+            ws_conn_close(r->close_on_text, 1011, "bad frame");
+    } else {
+        r->nbin++;
+        rec_store(r, 'b', m, b->len);
+    }
 }
 
 static void on_pong(void *ud)
@@ -58,7 +61,7 @@ static void on_pong(void *ud)
     r->npong++;
 }
 
-static const struct ws_handlers handlers = {on_text, on_binary, on_pong};
+static const struct ws_handlers handlers = {on_begin, NULL, on_end, on_pong};
 
 struct pair {
     int client;        /* blocking, the test writes frames here */
@@ -78,7 +81,8 @@ static void pair_open(struct pair *p, size_t max_msg, const uint8_t *initial, si
     p->client = sv[0];
     p->server = sv[1];
     fcntl(p->server, F_SETFL, fcntl(p->server, F_GETFL) | O_NONBLOCK);
-    p->c = ws_conn_new(p->server, max_msg, initial, initial_len, &handlers, &p->rec);
+    p->rec.max_msg = max_msg;
+    p->c = ws_conn_new(p->server, NULL, initial, initial_len, &handlers, &p->rec);
     if (!p->c) {
         fprintf(stderr, "ws_conn_new failed\n");
         exit(1);
@@ -660,8 +664,164 @@ static void test_read_budget(void)
     pair_close(&p);
 }
 
+/* RFC 6455 protocol errors that wslay itself would answer with an empty close
+ * frame are closed with 1002, before wslay sees the header. */
+static void test_protocol_errors_1002(void)
+{
+    struct { const char *what; uint8_t b[16]; size_t n; } t[] = {
+        {"ping of 126 bytes", {0x89, 0xfe, 0x00, 0x7e, 1, 2, 3, 4}, 8},
+        {"fragmented ping", {0x09, 0x80, 1, 2, 3, 4}, 6},
+        {"close with a 1-byte payload", {0x88, 0x81, 1, 2, 3, 4, 'x'}, 7},
+        {"64-bit length with the top bit set",
+         {0x82, 0xff, 0x80, 0, 0, 0, 0, 0, 0, 1, 1, 2, 3, 4}, 14},
+        {"16-bit length under 126", {0x82, 0xfe, 0x00, 0x05, 1, 2, 3, 4}, 8},
+        {"64-bit length under 65536", {0x82, 0xff, 0, 0, 0, 0, 0, 0, 0x01, 0, 1, 2, 3, 4}, 14},
+    };
+    for (size_t i = 0; i < sizeof t / sizeof *t; i++) {
+        struct pair p;
+        pair_open(&p, 1 << 20, NULL, 0);
+        /* one good message first: the connection is in use */
+        send_frame(&p, true, 0x1, "ok", 2);
+        client_write(&p, t[i].b, t[i].n);
+        int r = pump(&p);
+        is_int(r, -EPROTO, "%s: -EPROTO", t[i].what);
+        is_int(p.rec.ntext, 1, "%s: the message before it delivered", t[i].what);
+        expect_close(&p, 1002, t[i].what);
+        pair_close(&p);
+    }
+    /* The same bytes as one-byte writes: the header is checked whole. */
+    struct pair p;
+    pair_open(&p, 1 << 20, NULL, 0);
+    for (size_t k = 0; k < t[3].n; k++) {
+        client_write(&p, t[3].b + k, 1);
+        pump(&p);
+    }
+    expect_close(&p, 1002, "top-bit length, one byte at a time");
+    pair_close(&p);
+}
+
+/* A message over its limit is refused at the header that announces it: the
+ * rest of the body never has to arrive, nothing is reserved for it. */
+static void test_limit_at_header(void)
+{
+    struct pair p;
+    pair_open(&p, 1000, NULL, 0);
+    /* 4096 bytes announced, one sent (wslay reads a frame's header with its
+     * first payload byte) */
+    uint8_t hdr[9] = {0x82, 0xfe, 0x10, 0x00, 1, 2, 3, 4, 'z'};
+    client_write(&p, hdr, sizeof hdr);
+    is_int(pump(&p), -EMSGSIZE, "refused at the header: -EMSGSIZE");
+    expect_close(&p, 1009, "announced over the limit");
+    pair_close(&p);
+}
+
+static uint64_t drop_binary(void *ud, bool text)
+{
+    struct rec *r = ud;
+    return text ? r->max_msg : WS_MSG_DROP;
+}
+
+/* A message dropped at its start is read and discarded, never buffered. */
+static void test_dropped_message(void)
+{
+    static const struct ws_handlers dh = {drop_binary, NULL, on_end, on_pong};
+    struct budget b = {.max = 4096};
+    struct pair p;
+    pair_open(&p, 1 << 20, NULL, 0);
+    ws_conn_free(p.c);
+    p.c = ws_conn_new(p.server, &b, NULL, 0, &dh, &p.rec);
+    uint8_t big[60000];
+    memset(big, 'z', sizeof big);
+    send_frame(&p, false, 0x2, big, sizeof big); /* far over the budget */
+    send_frame(&p, true, 0x0, big, sizeof big);
+    send_frame(&p, true, 0x1, "after", 5);
+    is_int(pump(&p), 0, "dropped message: the connection goes on");
+    ok(p.rec.nbin == 0 && p.rec.ntext == 1 && b.used == 0, "not delivered, nothing charged");
+    pair_close(&p);
+}
+
+/* Budget refusals: the turn's own (1009) and the daemon's (1013). */
+static void test_budget_refusals(void)
+{
+    struct budget all = {.max = 3000}, turn = {.max = 2000, .up = &all};
+    struct pair p;
+    pair_open(&p, 1 << 20, NULL, 0);
+    ws_conn_free(p.c);
+    p.c = ws_conn_new(p.server, &turn, NULL, 0, &handlers, &p.rec);
+    uint8_t big[2500];
+    memset(big, 'y', sizeof big);
+    send_frame(&p, true, 0x2, big, 1500);
+    pump(&p);
+    ok(p.rec.nbin == 1 && turn.used == 0, "within the budget: delivered and given back");
+    send_frame(&p, true, 0x2, big, 2500);
+    is_int(pump(&p), -EMSGSIZE, "over the turn's budget: -EMSGSIZE");
+    expect_close(&p, 1009, "over the turn's budget");
+    pair_close(&p);
+
+    all.used = 2000; /* other turns hold most of the daemon's */
+    pair_open(&p, 1 << 20, NULL, 0);
+    ws_conn_free(p.c);
+    p.c = ws_conn_new(p.server, &turn, NULL, 0, &handlers, &p.rec);
+    send_frame(&p, true, 0x2, big, 1500);
+    is_int(pump(&p), -ENOSPC, "over the daemon's budget: -ENOSPC");
+    expect_close(&p, 1013, "daemon budget exhausted: try again later");
+    pair_close(&p);
+}
+
+/* A large outgoing message is sent from the caller's buffer in fragments; the
+ * client reassembles exactly the bytes, and its charge is given back. */
+static void test_send_buf_fragments(void)
+{
+    struct budget b = {.max = 1 << 20};
+    struct pair p;
+    pair_open(&p, 1 << 20, NULL, 0);
+    ws_conn_free(p.c);
+    p.c = ws_conn_new(p.server, &b, NULL, 0, &handlers, &p.rec);
+    size_t n = 300000;
+    struct buf m;
+    buf_init_budget(&m, SIZE_MAX, &b);
+    buf_reserve_exact(&m, n);
+    for (size_t i = 0; i < n; i++)
+        m.data[i] = (uint8_t)('a' + i % 26);
+    m.len = n;
+    is_int(ws_conn_send_buf(p.c, true, &m), 0, "queued");
+    ok(m.data == NULL && ws_conn_queued(p.c) == n, "taken over; %zu bytes queued", ws_conn_queued(p.c));
+    uint8_t *got = malloc(n);
+    size_t have = 0;
+    int frames = 0;
+    bool ok_frames = true;
+    while (have < n) {
+        if (ws_conn_want_write(p.c))
+            ws_conn_write(p.c);
+        struct sframe f;
+        if (!read_frame(&p, &f))
+            break;
+        ok_frames = ok_frames && f.opcode == (frames ? 0x0 : 0x1) && !f.masked &&
+                    have + f.len <= n && (f.fin == (have + f.len == n));
+        memcpy(got + have, f.payload, f.len < n - have ? f.len : n - have);
+        have += f.len;
+        frames++;
+        free(f.payload);
+    }
+    ok(ok_frames && have == n && frames > 1, "%d fragments, text then continuations, FIN last",
+       frames);
+    bool same = true;
+    for (size_t i = 0; i < n && same; i++)
+        same = got[i] == (uint8_t)('a' + i % 26);
+    ok(same, "the bytes are the message's");
+    ws_conn_write(p.c);
+    ok(ws_conn_queued(p.c) == 0 && b.used == 0, "sent and given back");
+    free(got);
+    pair_close(&p);
+}
+
 int main(void)
 {
+    test_protocol_errors_1002();
+    test_limit_at_header();
+    test_dropped_message();
+    test_budget_refusals();
+    test_send_buf_fragments();
     test_text();
     test_fragmented();
     test_binary();
