@@ -561,12 +561,26 @@ class _Turn:
 
 
 def _join_stream(head, tail, dropped, name):
-    text = head.decode("utf-8", "replace")
+    # The supervisor holds each stream to --output-cap bytes of UTF-8 (plus
+    # this note): an invalid byte becomes U+FFFD, three bytes, so a part that
+    # grew in decoding is cut back to the bytes it had (whole characters).
+    text = _decode_within(head, len(head), False)
     if dropped:
         text += f"\n[forkbox: {dropped} bytes of {name} dropped]\n"
     if tail:
-        text += tail.decode("utf-8", "replace")
+        text += _decode_within(tail, len(tail), True)
     return text
+
+
+def _decode_within(data, limit, keep_end):
+    text = data.decode("utf-8", "replace")
+    if len(text) == len(data):  # ASCII: the usual case
+        return text
+    b = text.encode("utf-8", "surrogatepass")
+    if len(b) <= limit:
+        return text
+    b = b[-limit:] if keep_end else b[:limit]
+    return b.decode("utf-8", "ignore")  # drops the character cut in two
 
 
 def _add_note(text, note):
