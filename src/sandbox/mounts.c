@@ -71,6 +71,33 @@ static const char etc_nsswitch[] =
     "services: files\n";
 static const char etc_hostname[] = "forkbox\n";
 
+/* The host's /etc files a sandbox sees, read-only: public configuration that
+ * the interpreter, libc and common packages read, nothing else. Reviewed one
+ * by one; a file missing on the host is skipped. Left out on purpose, among
+ * others: shadow, gshadow, sudoers, ssh/, ssl/private/ (secrets); machine-id
+ * (identifies the host); passwd, group, hosts, hostname, nsswitch.conf
+ * (synthetic, above); resolv.conf, networks (the host's network, and the
+ * sandbox has none); environment, profile, pip.conf, npmrc, gitconfig,
+ * wgetrc (may hold proxies, internal URLs or credentials); fstab, subuid,
+ * subgid (host mounts and accounts). /etc/python3* is added by prefix. */
+static const char *const etc_host_files[] = {
+    "/etc/ld.so.cache",     /* the dynamic loader's library index */
+    "/etc/localtime",       /* the time zone (a symlink into /usr/share/zoneinfo) */
+    "/etc/timezone",        /* its name, for tzlocal and the like */
+    "/etc/alternatives",    /* Debian's library and program choices, symlinks
+                               (libblas.so.3 for numpy, for one) */
+    "/etc/mime.types",      /* mimetypes.guess_type() */
+    "/etc/protocols",       /* socket.getprotobyname(), getaddrinfo() */
+    "/etc/services",        /* socket.getservbyname(), getaddrinfo() with a service */
+    "/etc/matplotlibrc",    /* matplotlib's defaults: Debian keeps them here, and
+                               mpl-data/matplotlibrc is a symlink to it */
+    "/etc/fonts",           /* fontconfig: fc-list (matplotlib), Pillow, cairo */
+    "/etc/magic",           /* libmagic's local rules (python3-magic, file) */
+    "/etc/magic.mime",      /* and its MIME-type rules */
+    "/etc/ssl/certs",       /* CA certificates for ssl.create_default_context() */
+    "/etc/ssl/openssl.cnf", /* OpenSSL's configuration (/usr/lib/ssl points here) */
+};
+
 enum mop_kind {
     MOP_DIR,      /* mkdir dst (mode); an existing dir is fine */
     MOP_FILE,     /* create dst with data (mode) */
@@ -137,7 +164,15 @@ static int add_dir(struct mount_plan *mp, const char *dst, mode_t mode)
     return 0;
 }
 
-/* mkdir -p for every parent of path (not path itself). */
+static bool has_dir(const struct mount_plan *mp, const char *dst)
+{
+    for (size_t i = 0; i < mp->n; i++)
+        if (mp->ops[i].kind == MOP_DIR && strcmp(mp->ops[i].dst, dst) == 0)
+            return true;
+    return false;
+}
+
+/* mkdir -p for every parent of path (not path itself) the plan lacks. */
 static int add_parents(struct mount_plan *mp, const char *path)
 {
     char buf[OP_PATH_MAX];
@@ -145,7 +180,7 @@ static int add_parents(struct mount_plan *mp, const char *path)
         return -ENAMETOOLONG;
     for (char *s = strchr(buf + 1, '/'); s; s = strchr(s + 1, '/')) {
         *s = '\0';
-        int r = add_dir(mp, buf, 0755);
+        int r = has_dir(mp, buf) ? 0 : add_dir(mp, buf, 0755);
         *s = '/';
         if (r < 0)
             return r;
@@ -185,6 +220,9 @@ static int add_host_entry(struct mount_plan *mp, const char *path)
     struct stat st;
     if (lstat(path, &st) < 0)
         return errno == ENOENT ? 0 : -errno;
+    int r = add_parents(mp, path); /* "/etc/ssl/certs" needs /etc/ssl */
+    if (r < 0)
+        return r;
     if (S_ISLNK(st.st_mode)) {
         char target[OP_PATH_MAX];
         ssize_t n = readlink(path, target, sizeof target - 1);
@@ -197,7 +235,7 @@ static int add_host_entry(struct mount_plan *mp, const char *path)
             return errno == ENOENT ? 0 : -errno;
     }
     if (S_ISDIR(st.st_mode)) {
-        int r = add_dir(mp, path, 0755);
+        r = add_dir(mp, path, 0755);
         return r < 0 ? r : add_bind_ro(mp, path, path, true);
     }
     if (S_ISREG(st.st_mode))
@@ -289,28 +327,17 @@ int mounts_prepare(const struct config *cfg, struct mount_plan **out, char *err,
         }
     }
 
-    /* A minimal /etc: synthetic identity files, then the few host files
-     * the dynamic loader, time zone, mimetypes, ssl and the interpreter read. */
+    /* A minimal /etc: synthetic identity files, then the reviewed host
+     * files of etc_host_files. */
     TRY(add_dir(mp, "/etc", 0755), "plan /etc");
     TRY(add_file(mp, "/etc/passwd", etc_passwd), "plan /etc/passwd");
     TRY(add_file(mp, "/etc/group", etc_group), "plan /etc/group");
     TRY(add_file(mp, "/etc/hosts", etc_hosts), "plan /etc/hosts");
     TRY(add_file(mp, "/etc/hostname", etc_hostname), "plan /etc/hostname");
     TRY(add_file(mp, "/etc/nsswitch.conf", etc_nsswitch), "plan /etc/nsswitch.conf");
-    /* /etc/alternatives: Debian's library and program choices are symlinks
-     * through it (libblas.so.3 for numpy, for one). */
-    static const char *const etc_files[] = {"/etc/ld.so.cache", "/etc/localtime",
-                                            "/etc/mime.types", "/etc/alternatives"};
-    for (size_t i = 0; i < sizeof etc_files / sizeof *etc_files; i++)
-        TRY(add_host_entry(mp, etc_files[i]), "%s: %s", etc_files[i], strerror(-r));
+    for (size_t i = 0; i < sizeof etc_host_files / sizeof *etc_host_files; i++)
+        TRY(add_host_entry(mp, etc_host_files[i]), "%s: %s", etc_host_files[i], strerror(-r));
     struct stat st;
-    if (stat("/etc/ssl/certs", &st) == 0 && S_ISDIR(st.st_mode)) {
-        /* Not the whole of /etc/ssl: /etc/ssl/private holds host keys. */
-        TRY(add_dir(mp, "/etc/ssl", 0755), "plan /etc/ssl");
-        TRY(add_host_entry(mp, "/etc/ssl/certs"), "/etc/ssl/certs: %s", strerror(-r));
-        TRY(add_host_entry(mp, "/etc/ssl/openssl.cnf"), "/etc/ssl/openssl.cnf: %s",
-            strerror(-r));
-    }
     DIR *d = opendir("/etc");
     if (d) {
         struct dirent *de;

@@ -294,3 +294,51 @@ def test_servers_on_own_loopback(daemon):
     assert rep["tcp_v6"] == "v6", rep
     assert "127.0.0.1" in rep["localhost_resolves"], rep
 
+
+ETC_FILES = r'''
+import mimetypes, socket
+R = {}
+R["getservbyname"] = try_(lambda: [socket.getservbyname("http", "tcp"), socket.getservbyname("domain", "udp")])
+R["getprotobyname"] = try_(lambda: [socket.getprotobyname("tcp"), socket.getprotobyname("udp")])
+R["getaddrinfo_service"] = try_(lambda: socket.getaddrinfo("127.0.0.1", "https", type=socket.SOCK_STREAM)[0][4][1])
+R["mimetypes"] = try_(lambda: [mimetypes.guess_type("a.csv")[0], mimetypes.guess_type("a.parquet")[0] or "", mimetypes.guess_extension("image/svg+xml")])
+report(R)
+'''
+
+
+def test_public_etc_files(daemon):
+    """Service and protocol names (/etc/services, /etc/protocols) and MIME types
+    (/etc/mime.types) resolve as on a normal Debian host."""
+    r = daemon.run(sbx.prelude(ETC_FILES), timeout=60)
+    assert r.last.completed and r.last.exit_code == 0, repr(r)
+    rep = r.last.report()
+    assert rep["getservbyname"] == [80, 53], rep
+    assert rep["getprotobyname"] == [6, 17], rep
+    assert rep["getaddrinfo_service"] == 443, rep
+    assert rep["mimetypes"][0] == "text/csv" and rep["mimetypes"][2] == ".svg", rep
+
+
+MATPLOTLIB = r'''
+import matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+fig, ax = plt.subplots(figsize=(3, 2), dpi=50)
+ax.plot([0, 1, 2], [2, 0, 1], label="line")
+ax.set_title("forkbox")
+ax.legend()
+fig.savefig("/workspace/plot.png")
+print(matplotlib.matplotlib_fname(), matplotlib.rcParams["backend"])
+'''
+
+
+def test_matplotlib_renders_png(daemon):
+    """Debian keeps matplotlib's defaults in /etc/matplotlibrc (mpl-data's copy is
+    a symlink to it): with it in the sandbox's /etc, a figure renders to a PNG in
+    /workspace, with nothing on stderr (fontconfig finds /etc/fonts too)."""
+    r = daemon.run(MATPLOTLIB, timeout=120)
+    b = r.last
+    assert b.completed and b.exit_code == 0, repr(r)
+    assert b.stderr == "", b.stderr[-2000:]
+    assert b.stdout.split() == ["/etc/matplotlibrc", "agg"], b.stdout
+    png = sbx.read_targz(b.archive).get("plot.png")
+    assert png and png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 500, (png or b"")[:16]
