@@ -24,6 +24,10 @@
 #define ARCHIVE_DEFAULT_MAX_MEMBERS 100000
 #define SNAPSHOT_DEFAULT_MAX_BYTES (100 * MiB)
 
+/* Host proc files the fork server reads once to make a sandbox's synthetic
+ * /proc (cpuinfo: ~1.5 KiB per CPU). */
+#define SBX_PROC_HOST_TEXT_MAX (1 * MiB)
+
 /* Output capture per stream per block. */
 #define OUTPUT_DEFAULT_CAP (16 * MiB)
 
