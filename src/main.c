@@ -108,15 +108,46 @@ static int read_token(const struct config *cfg, char **token, size_t *len, char 
     return 0;
 }
 
+/* Sandboxes are clones of the fork server, and /proc/self/cmdline reads
+ * the argument strings from memory: there they would show the daemon's whole
+ * configuration (host paths, the listen address). Once parsed, the strings
+ * are overwritten with the fork server's role; the last byte of the area is
+ * left non-zero, which makes the kernel return only the first string
+ * (setproctitle's convention), not the zero padding. Needs the strings laid
+ * out back to back, as execve does (getopt may have reordered the pointers,
+ * not the strings); anything else is left alone. */
+static void hide_argv(int argc, char **argv)
+{
+    static const char title[] = "forkboxd --internal-forkserver";
+    char *start = argv[0], *end = argv[0];
+    size_t sum = 0;
+    for (int i = 0; i < argc; i++) {
+        size_t n = strlen(argv[i]) + 1;
+        if (argv[i] < start)
+            start = argv[i];
+        if (argv[i] + n > end)
+            end = argv[i] + n;
+        sum += n;
+    }
+    size_t len = (size_t)(end - start);
+    if (len != sum || len < sizeof title + 1)
+        return;
+    memset(start, 0, len);
+    memcpy(start, title, sizeof title);
+    end[-1] = ' ';
+}
+
+/* argv: our whole argv, argv[1] being --internal-forkserver. */
 static int run_forkserver(int argc, char **argv)
 {
     struct config cfg;
     char err[512];
     log_init("forkserver", LOG_LEVEL_INFO);
-    if (config_parse(argc, argv, &cfg, err, sizeof err) != 0) {
+    if (config_parse(argc - 1, argv + 1, &cfg, err, sizeof err) != 0) {
         LOG_E("bad configuration from the supervisor: %s", err);
         return 2;
     }
+    hide_argv(argc, argv); /* cfg holds copies */
     log_init("forkserver", cfg.log_level);
     forkserver_main(&cfg, 3);
 }
@@ -125,7 +156,7 @@ int main(int argc, char **argv)
 {
     raise_nofile();
     if (argc > 1 && strcmp(argv[1], "--internal-forkserver") == 0)
-        return run_forkserver(argc - 1, argv + 1);
+        return run_forkserver(argc, argv);
 
     struct config cfg;
     char err[512] = "";

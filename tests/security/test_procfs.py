@@ -4,7 +4,8 @@ A fresh proc instance shows the sandbox's own processes, but its system-wide
 files are the host's. The sandbox's /proc covers those another turn can move
 (meminfo, stat, loadavg, uptime, vmstat, file-nr, locks, pressure/...) or that
 show the host's configuration (cmdline): synthetic files consistent with the
-turn's limits (memory, CPU quota) or empty ones, read-only.
+turn's limits (memory, CPU quota) or empty ones, read-only. The daemon's own
+command line (sandboxes are clones of the fork server) is not readable either.
 
 The channel test runs two turns at once: one takes memory, files, a lock and
 CPU while the other reads the covered files before and after; nothing moves.
@@ -72,6 +73,8 @@ R["cpu_count"] = [os.cpu_count(), multiprocessing.cpu_count(), os.sysconf("SC_NP
                   os.sysconf("SC_NPROCESSORS_CONF")]
 R["cpu_count_subprocess"] = try_(lambda: subprocess.run([sys.executable, "-c", "import os; print(os.cpu_count())"],
                                                         capture_output=True, timeout=30).stdout.decode().strip())
+R["self_cmdline"] = open("/proc/self/cmdline", "rb").read().decode("latin-1")
+R["init_cmdline"] = open("/proc/1/cmdline", "rb").read().decode("latin-1")
 def _write(p):
     fd = os.open(p, os.O_WRONLY)
     os.close(fd)
@@ -162,6 +165,15 @@ def test_covers_read_only_and_stay(view):
     covers = view["covers"]
     for p in COVERED + COVERED_DIRS:
         assert "ro" in covers.get("/proc/" + p, []), (p, covers)
+
+
+def test_daemon_command_line_hidden(view):
+    """Sandboxes are clones of the fork server: its argv (the daemon's flags, host
+    paths) must not be what /proc/self/cmdline shows."""
+    for who in ("self_cmdline", "init_cmdline"):
+        c = view[who]
+        assert "--listen" not in c and "--policy" not in c and sbx.SRCDIR not in c, (who, c)
+        assert c == "forkboxd --internal-forkserver\0", (who, c)
 
 
 def test_per_process_files_still_work(view):
