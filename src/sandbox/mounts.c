@@ -187,6 +187,7 @@ struct mount_op {
     bool is_dir;           /* binds: the mountpoint is a directory (else a file) */
     mode_t mode;           /* DIR, FILE */
     const char *data;      /* FILE: contents (static, or owned below) */
+    size_t len;            /* FILE: bytes of data */
     char *owned;           /* FILE: contents made by mounts_prepare, owned; else NULL */
     char src[OP_PATH_MAX]; /* BIND: host path; SYMLINK: link target */
     char dst[OP_PATH_MAX]; /* path in the new root */
@@ -281,6 +282,7 @@ static int add_file(struct mount_plan *mp, const char *dst, const char *data)
         return -errno;
     op->mode = 0644;
     op->data = data;
+    op->len = strlen(data);
     return 0;
 }
 
@@ -298,9 +300,58 @@ static int add_bind_ro(struct mount_plan *mp, const char *src, const char *dst, 
     return 0;
 }
 
+/* The first max bytes of a host file, NUL-terminated (for text), malloc'd;
+ * *len is how many were read, *whole whether that was all of it. NULL with
+ * errno set on failure. */
+static char *read_host_file(const char *path, size_t max, size_t *len, bool *whole)
+{
+    _cleanup_close_ int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+    if (fd < 0)
+        return NULL;
+    size_t cap = 16384, n = 0;
+    char *buf = malloc(cap + 1);
+    *whole = false;
+    while (buf) {
+        ssize_t r = read(fd, buf + n, cap - n);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0) {
+            int e = errno;
+            free(buf);
+            errno = e;
+            return NULL;
+        }
+        if (r == 0) {
+            *whole = true;
+            break;
+        }
+        n += (size_t)r;
+        if (n == cap) {
+            if (cap >= max)
+                break;
+            cap = cap * 2 > max ? max : cap * 2;
+            char *nb = realloc(buf, cap + 1);
+            if (!nb)
+                free(buf);
+            buf = nb;
+        }
+    }
+    if (!buf) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    buf[n] = '\0';
+    *len = n;
+    return buf;
+}
+
 /* A host path that may not exist: a symlink into /usr is recreated as the
- * same symlink (the target is visible through the /usr bind); a file or
- * directory is bound read-only; anything else is skipped. */
+ * same symlink (the target is visible through the /usr bind); a small
+ * world-readable file is copied into the root, any other file or a
+ * directory is bound read-only; anything else is skipped. A copy costs a sandbox nothing, a
+ * bind two mounts to copy and one to detach; either shows the file as it
+ * was when forkboxd started (dpkg replaces files, which a bind does not
+ * follow either). */
 static int add_host_entry(struct mount_plan *mp, const char *path)
 {
     struct stat st;
@@ -324,9 +375,29 @@ static int add_host_entry(struct mount_plan *mp, const char *path)
         r = add_dir(mp, path, 0755);
         return r < 0 ? r : add_bind_ro(mp, path, path, true);
     }
-    if (S_ISREG(st.st_mode))
-        return add_bind_ro(mp, path, path, false);
-    return 0;
+    if (!S_ISREG(st.st_mode))
+        return 0;
+    /* Only what anyone may read: a copy belongs to the sandbox's root. */
+    if (st.st_size <= (off_t)SBX_ETC_COPY_MAX && (st.st_mode & S_IROTH)) {
+        size_t len;
+        bool whole;
+        char *data = read_host_file(path, SBX_ETC_COPY_MAX, &len, &whole);
+        if (!data)
+            return errno == ENOENT ? 0 : -errno;
+        if (whole) {
+            r = add_file(mp, path, data);
+            if (r < 0) {
+                free(data);
+                return r;
+            }
+            mp->ops[mp->n - 1].owned = data;
+            mp->ops[mp->n - 1].len = len;
+            mp->ops[mp->n - 1].mode = st.st_mode & 0755;
+            return 0;
+        }
+        free(data); /* grew while we read: bind it */
+    }
+    return add_bind_ro(mp, path, path, false);
 }
 
 static bool path_under(const char *path, const char *dir)
@@ -376,38 +447,6 @@ struct proc_facts {
     char *cpuinfo;        /* the host's /proc/cpuinfo, owned; NULL if unreadable */
 };
 
-/* A whole small file of the host's proc, NUL-terminated, at most max bytes. */
-static char *read_host_text(const char *path, size_t max)
-{
-    _cleanup_close_ int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return NULL;
-    size_t cap = 16384, n = 0;
-    char *buf = malloc(cap + 1);
-    while (buf) {
-        ssize_t r = read(fd, buf + n, cap - n);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0)
-            break;
-        n += (size_t)r;
-        if (n == cap) {
-            if (cap >= max)
-                break; /* what fits: cpuinfo is cut at a block boundary later */
-            cap = cap * 2 > max ? max : cap * 2;
-            char *nb = realloc(buf, cap + 1);
-            if (!nb) {
-                free(buf);
-                return NULL;
-            }
-            buf = nb;
-        }
-    }
-    if (buf)
-        buf[n] = '\0';
-    return buf;
-}
-
 static void proc_facts_read(const struct config *cfg, struct proc_facts *f)
 {
     memset(f, 0, sizeof *f);
@@ -430,12 +469,15 @@ static void proc_facts_read(const struct config *cfg, struct proc_facts *f)
     clock_gettime(CLOCK_BOOTTIME, &boot);
     f->uptime = (double)boot.tv_sec + boot.tv_nsec / 1e9;
     f->btime = (long long)(now.tv_sec - boot.tv_sec);
-    char *stat = read_host_text("/proc/stat", SBX_PROC_HOST_TEXT_MAX);
+    size_t len;
+    bool whole;
+    char *stat = read_host_file("/proc/stat", SBX_PROC_HOST_TEXT_MAX, &len, &whole);
     const char *b = stat ? strstr(stat, "\nbtime ") : NULL;
     if (b)
         f->btime = strtoll(b + 7, NULL, 10);
     free(stat);
-    f->cpuinfo = read_host_text("/proc/cpuinfo", SBX_PROC_HOST_TEXT_MAX);
+    /* Cut at a block boundary later if it was longer. */
+    f->cpuinfo = read_host_file("/proc/cpuinfo", SBX_PROC_HOST_TEXT_MAX, &len, &whole);
 }
 
 /* The synthetic contents of /proc/<name>, malloc'd; NULL on ENOMEM. Fixed
@@ -731,13 +773,12 @@ static int mkdir_p(int dfd, const char *path, mode_t mode, const struct owner *o
 
 /* --- the fork server: the sandbox root, built once ------------------------ */
 
-static int write_file_owned(int root, const char *path, const char *data, mode_t mode,
-                            const struct owner *o)
+static int write_file_owned(int root, const char *path, const char *data, size_t n,
+                            mode_t mode, const struct owner *o)
 {
     int fd = openat(root, path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, mode);
     if (fd < 0)
         return -1;
-    size_t n = strlen(data);
     ssize_t w = write(fd, data, n);
     int r = -1, e = w < 0 ? errno : EIO; /* a short write: EIO */
     if (w == (ssize_t)n) {
@@ -758,7 +799,7 @@ static int build_op(int root, const struct mount_op *op, int tree, const struct 
     case MOP_DIR:
         return make_dir(root, dst, op->mode, o);
     case MOP_FILE:
-        return write_file_owned(root, dst, op->data, op->mode, o);
+        return write_file_owned(root, dst, op->data, op->len, op->mode, o);
     case MOP_SYMLINK:
         return symlinkat(op->src, root, dst) < 0 ? -1 : own(root, dst, o);
     case MOP_BIND_RO:
