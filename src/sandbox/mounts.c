@@ -820,6 +820,62 @@ static int build_op(int root, const struct mount_op *op, int tree, const struct 
     return -1;
 }
 
+/* "\040" in a mountinfo field is a space, and so on: decode in place. */
+static void unescape_octal(char *s)
+{
+    char *w = s;
+    for (char *r = s; *r; r++) {
+        if (r[0] == '\\' && r[1] >= '0' && r[1] <= '3' && r[2] >= '0' && r[2] <= '7' &&
+            r[3] >= '0' && r[3] <= '7') {
+            *w++ = (char)((r[1] - '0') * 64 + (r[2] - '0') * 8 + (r[3] - '0'));
+            r += 3;
+        } else {
+            *w++ = *r;
+        }
+    }
+    *w = '\0';
+}
+
+/* Detach from our namespace every host mount that neither we nor a sandbox
+ * need: each sandbox's namespace starts as a copy of ours (a mount copied per
+ * mount, at clone) and detaches the old root in step 7 (a mount torn down
+ * per mount), so every host mount left here costs every sandbox. What stays:
+ * "/", the host's proc (a fully visible proc lets a sandbox mount its own,
+ * and we write id maps through it) and what is under keep (the root). The
+ * cgroup placer runs in the original namespace. Best effort: a mount left
+ * here is only work for step 7. */
+static void prune_host_mounts(const char *keep)
+{
+    size_t len;
+    bool whole;
+    /* All of it first: the list changes as we detach. */
+    _cleanup_free_ char *text =
+        read_host_file("/proc/self/mountinfo", SBX_PROC_HOST_TEXT_MAX, &len, &whole);
+    if (!text)
+        return;
+    char gone[OP_PATH_MAX] = "";
+    for (char *line = text, *next; line && *line; line = next) {
+        next = strchr(line, '\n');
+        if (next)
+            *next++ = '\0';
+        /* "id parent major:minor root mountpoint ...": the fifth field. */
+        char *sp = line;
+        for (int i = 0; i < 4 && sp; i++)
+            sp = strchr(sp + 1, ' ');
+        char *mp = sp ? sp + 1 : NULL, *end = mp ? strchr(mp, ' ') : NULL;
+        if (!end)
+            continue;
+        *end = '\0';
+        unescape_octal(mp);
+        if (strcmp(mp, "/") == 0 || path_under(mp, "/proc") || path_under(mp, keep) ||
+            path_under(keep, mp) || (gone[0] && path_under(mp, gone)))
+            continue;
+        /* Lazily, with everything below it (listed later: skipped). */
+        if (umount2(mp, MNT_DETACH) == 0)
+            snprintf(gone, sizeof gone, "%s", mp);
+    }
+}
+
 /* Where the root goes: over /tmp, in the fork server's own namespace only.
  * The fork server needs no /tmp once the interpreter has started. */
 #define ROOT_AT "/tmp"
@@ -897,8 +953,11 @@ int mounts_build(const struct config *cfg, const struct mount_plan *mp, char *er
         }
     /* Read-only for good: the superblock and our mount of it. */
     if (mount(NULL, ROOT_AT, NULL, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
-              NULL) < 0)
+              NULL) < 0) {
         r = perr(err, errlen, errno, "remount the root read-only: %s", strerror(errno));
+        goto out;
+    }
+    prune_host_mounts(ROOT_AT);
 out:
     if (root >= 0)
         close(root);
