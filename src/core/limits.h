@@ -50,6 +50,13 @@
 /* Zero bytes allowed after the two end blocks (CPython pads to 10240). */
 #define TARCHECK_MAX_TRAILER (64 * KiB)
 
+/* Host proc files the fork server reads once to make a sandbox's synthetic
+ * /proc (cpuinfo: ~1.5 KiB per CPU). */
+#define SBX_PROC_HOST_TEXT_MAX (1 * MiB)
+/* Host /etc files up to this size are copied into the sandbox root, larger
+ * ones bound (the root tmpfs holds 4 MiB). */
+#define SBX_ETC_COPY_MAX (256 * KiB)
+
 /* Output capture per stream per block. */
 #define OUTPUT_DEFAULT_CAP (16 * MiB)
 

@@ -3,9 +3,11 @@
  * The root is built once, in the fork server (mounts_build), in a mount
  * namespace of its own that every sandbox's namespace is then a copy of:
  *   a small tmpfs over /tmp (there, in that namespace only) holding the
- *   synthetic /etc files, the merged-/usr symlinks, the mountpoints, and
- *   read-only, nosuid, nodev binds of /usr, the chosen /etc files, the site
- *   dirs and the /dev nodes; then read-only, superblock and mount.
+ *   synthetic /etc files, the merged-/usr symlinks, the mountpoints, the
+ *   replacements of host-wide /proc files (in its own /proc directory, which
+ *   every sandbox's proc mount covers), and read-only, nosuid, nodev binds
+ *   of /usr, the chosen /etc files, the site dirs and the /dev nodes; then
+ *   read-only, superblock and mount.
  * Every bind source is cloned (open_tree) before the tmpfs covers /tmp, so a
  * site dir under /tmp is bound too. The decisions about the host (which files
  * exist, which are directories) were made before, by mounts_prepare().
@@ -23,17 +25,23 @@
  *   5. /tools: a tmpfs whose only writable path is an fd; the visible path
  *      is a read-only bind (4 and 5 use the still empty /proc as their
  *      temporary mountpoint: the root is read-only);
- *   6. a fresh /proc (must precede 7: the kernel only lets a user namespace
- *      mount proc while a fully visible proc is still in its mount namespace);
+ *   6. a fresh proc (must precede 7: the kernel only lets a user namespace
+ *      mount proc while a fully visible proc is still in its mount
+ *      namespace), first at /workspace, where its host-wide files are
+ *      covered by read-only binds of the root's replacements (proc_entries;
+ *      their path, the root's /proc directory, is still uncovered), then
+ *      moved to /proc with its covers;
  *   7. detach the old root: from here on no host path is reachable.
- * A sandbox thus makes 13 mount calls and no directory or file outside its
- * scratch; building the root itself (some 40 mount calls, 25 directories, 5
- * files and 9 symlinks) was most of a sandbox's filesystem set-up. */
+ * A sandbox thus makes 14 mount calls plus one per covered /proc entry (19
+ * on this kernel) and no directory or file outside its scratch; building
+ * the root itself (some 40 mount calls, 25 directories, 5 files and 9
+ * symlinks) was most of a sandbox's filesystem set-up. */
 #include "sandbox/mounts.h"
 
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <limits.h>
 #include <sched.h>
 #include <stdarg.h>
@@ -44,9 +52,12 @@
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/sysinfo.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "core/cleanup.h"
+#include "core/limits.h"
 
 #define OP_PATH_MAX 320
 
@@ -71,6 +82,98 @@ static const char etc_nsswitch[] =
     "services: files\n";
 static const char etc_hostname[] = "forkbox\n";
 
+/* The host's /etc files a sandbox sees, read-only: public configuration that
+ * the interpreter, libc and common packages read, nothing else. Reviewed one
+ * by one; a file missing on the host is skipped. Left out on purpose, among
+ * others: shadow, gshadow, sudoers, ssh/, ssl/private/ (secrets); machine-id
+ * (identifies the host); passwd, group, hosts, hostname, nsswitch.conf
+ * (synthetic, above); resolv.conf, networks (the host's network, and the
+ * sandbox has none); environment, profile, pip.conf, npmrc, gitconfig,
+ * wgetrc (may hold proxies, internal URLs or credentials); fstab, subuid,
+ * subgid (host mounts and accounts). /etc/python3* is added by prefix. */
+static const char *const etc_host_files[] = {
+    "/etc/ld.so.cache",     /* the dynamic loader's library index */
+    "/etc/localtime",       /* the time zone (a symlink into /usr/share/zoneinfo) */
+    "/etc/timezone",        /* its name, for tzlocal and the like */
+    "/etc/alternatives",    /* Debian's library and program choices, symlinks
+                               (libblas.so.3 for numpy, for one) */
+    "/etc/mime.types",      /* mimetypes.guess_type() */
+    "/etc/protocols",       /* socket.getprotobyname(), getaddrinfo() */
+    "/etc/services",        /* socket.getservbyname(), getaddrinfo() with a service */
+    "/etc/matplotlibrc",    /* matplotlib's defaults: Debian keeps them here, and
+                               mpl-data/matplotlibrc is a symlink to it */
+    "/etc/fonts",           /* fontconfig: fc-list (matplotlib), Pillow, cairo */
+    "/etc/magic",           /* libmagic's local rules (python3-magic, file) */
+    "/etc/magic.mime",      /* and its MIME-type rules */
+    "/etc/ssl/certs",       /* CA certificates for ssl.create_default_context() */
+    "/etc/ssl/openssl.cnf", /* OpenSSL's configuration (/usr/lib/ssl points here) */
+};
+
+/* --- /proc: what a sandbox sees of the host's ---------------------------
+ *
+ * A fresh proc instance lists the sandbox's own processes, but its
+ * system-wide files are the host's: they move with the host's and every other
+ * turn's activity (a channel between sandboxes: one turn's tmpfs use shows in
+ * another's /proc/meminfo, its load in /proc/stat, its open files in
+ * file-nr) or show the host's configuration. The entries below are covered,
+ * read-only, in every sandbox by a bind of a file the fork server made once:
+ * synthetic text (proc_text: what programs read, consistent with the turn's
+ * limits) or an empty file or directory.
+ *
+ * Each entry costs every fresh sandbox one bind mount (~10 us of CPU on the
+ * 2-vCPU VM, against ~3.4 ms for a one-block turn), so the list holds the
+ * files another turn can move or that leak the host's configuration, not
+ * every host-wide file: what stays readable, and why, is in the README ("What
+ * a sandbox can still see"). Entries the host kernel lacks, and files only
+ * host root may read (mode 0400: no sandbox can open them), are skipped. */
+enum proc_kind {
+    PROC_TEXT,      /* synthetic contents (proc_text) */
+    PROC_EMPTY,     /* an empty file */
+    PROC_EMPTY_DIR, /* an empty directory */
+};
+
+static const struct proc_entry {
+    const char *path; /* under /proc */
+    enum proc_kind kind;
+} proc_entries[] = {
+    /* Synthetic: the turn's memory limit, its CPU quota's CPUs, no load. */
+    {"meminfo", PROC_TEXT},       /* host memory, every turn's tmpfs and page cache */
+    {"stat", PROC_TEXT},          /* CPU times, forks, context switches of the host;
+                                     glibc counts its cpuN lines for get_nprocs()
+                                     (os.cpu_count) when /sys is absent, as here */
+    {"cpuinfo", PROC_TEXT},       /* one block per host CPU, "cpu MHz" following
+                                     load where frequency scales: trimmed to the
+                                     quota's CPUs, as read at start */
+    {"loadavg", PROC_TEXT},       /* the host's run queue */
+    {"uptime", PROC_TEXT},        /* idle time summed over the host's CPUs */
+    {"cmdline", PROC_TEXT},       /* the host kernel's command line (root device,
+                                     on some clouds tokens) */
+    /* Empty: host-wide counters that other turns move, which programs do
+     * not need. */
+    {"vmstat", PROC_EMPTY},       /* paging, reclaim and allocation counters */
+    {"zoneinfo", PROC_EMPTY},     /* free and used pages per memory zone */
+    {"buddyinfo", PROC_EMPTY},    /* free pages per order */
+    {"pagetypeinfo", PROC_EMPTY}, /* the same by migrate type (0400 since 5.6) */
+    {"diskstats", PROC_EMPTY},    /* disk I/O: other turns' page cache misses */
+    {"interrupts", PROC_EMPTY},   /* per-CPU interrupt counts (timer ticks: load) */
+    {"softirqs", PROC_EMPTY},     /* per-CPU softirq counts */
+    {"schedstat", PROC_EMPTY},    /* per-CPU run and wait times (CONFIG_SCHEDSTATS) */
+    {"locks", PROC_EMPTY},        /* every file lock on the host: a turn locking a
+                                     file of its own signals every other turn */
+    {"pressure", PROC_EMPTY_DIR}, /* PSI: CPU, memory and I/O stalls of the host */
+    {"sys/fs/file-nr", PROC_EMPTY},      /* files open on the host: any open() */
+    {"sys/fs/inode-nr", PROC_EMPTY},     /* inodes in use: any file created */
+    {"sys/fs/inode-state", PROC_EMPTY},  /* the same, longer */
+    {"sys/fs/dentry-state", PROC_EMPTY}, /* the dentry cache: any path looked up */
+};
+
+#define PROC_ENTRIES_MAX (sizeof proc_entries / sizeof *proc_entries)
+/* Where the replacements live: the root's own /proc directory, under every
+ * sandbox's proc mount once that is in place (see mounts_setup, step 6). */
+#define PROC_SRC "/proc"
+#define PROC_EMPTY_FILE_NAME ".empty"
+#define PROC_EMPTY_DIR_NAME ".empty-dir"
+
 enum mop_kind {
     MOP_DIR,      /* mkdir dst (mode); an existing dir is fine */
     MOP_FILE,     /* create dst with data (mode) */
@@ -83,14 +186,25 @@ struct mount_op {
     enum mop_kind kind;
     bool is_dir;           /* binds: the mountpoint is a directory (else a file) */
     mode_t mode;           /* DIR, FILE */
-    const char *data;      /* FILE: static contents */
+    const char *data;      /* FILE: contents (static, or owned below) */
+    size_t len;            /* FILE: bytes of data */
+    char *owned;           /* FILE: contents made by mounts_prepare, owned; else NULL */
     char src[OP_PATH_MAX]; /* BIND: host path; SYMLINK: link target */
     char dst[OP_PATH_MAX]; /* path in the new root */
+};
+
+/* One file or directory of a sandbox's fresh /proc covered by a bind of a
+ * file or directory of the root's PROC_SRC (see proc_entries). */
+struct proc_cover {
+    char target[32]; /* relative to the proc mount: "meminfo", "sys/fs/file-nr" */
+    char source[32]; /* its replacement: "/proc/meminfo", "/proc/.empty" */
 };
 
 struct mount_plan {
     struct mount_op *ops; /* owned */
     size_t n, cap;
+    struct proc_cover covers[PROC_ENTRIES_MAX]; /* in order; the child binds them */
+    size_t n_covers;
 };
 
 static int perr(char *err, size_t errlen, int e, const char *fmt, ...)
@@ -137,7 +251,15 @@ static int add_dir(struct mount_plan *mp, const char *dst, mode_t mode)
     return 0;
 }
 
-/* mkdir -p for every parent of path (not path itself). */
+static bool has_dir(const struct mount_plan *mp, const char *dst)
+{
+    for (size_t i = 0; i < mp->n; i++)
+        if (mp->ops[i].kind == MOP_DIR && strcmp(mp->ops[i].dst, dst) == 0)
+            return true;
+    return false;
+}
+
+/* mkdir -p for every parent of path (not path itself) the plan lacks. */
 static int add_parents(struct mount_plan *mp, const char *path)
 {
     char buf[OP_PATH_MAX];
@@ -145,7 +267,7 @@ static int add_parents(struct mount_plan *mp, const char *path)
         return -ENAMETOOLONG;
     for (char *s = strchr(buf + 1, '/'); s; s = strchr(s + 1, '/')) {
         *s = '\0';
-        int r = add_dir(mp, buf, 0755);
+        int r = has_dir(mp, buf) ? 0 : add_dir(mp, buf, 0755);
         *s = '/';
         if (r < 0)
             return r;
@@ -160,6 +282,7 @@ static int add_file(struct mount_plan *mp, const char *dst, const char *data)
         return -errno;
     op->mode = 0644;
     op->data = data;
+    op->len = strlen(data);
     return 0;
 }
 
@@ -177,14 +300,66 @@ static int add_bind_ro(struct mount_plan *mp, const char *src, const char *dst, 
     return 0;
 }
 
+/* The first max bytes of a host file, NUL-terminated (for text), malloc'd;
+ * *len is how many were read, *whole whether that was all of it. NULL with
+ * errno set on failure. */
+static char *read_host_file(const char *path, size_t max, size_t *len, bool *whole)
+{
+    _cleanup_close_ int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+    if (fd < 0)
+        return NULL;
+    size_t cap = 16384, n = 0;
+    char *buf = malloc(cap + 1);
+    *whole = false;
+    while (buf) {
+        ssize_t r = read(fd, buf + n, cap - n);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0) {
+            int e = errno;
+            free(buf);
+            errno = e;
+            return NULL;
+        }
+        if (r == 0) {
+            *whole = true;
+            break;
+        }
+        n += (size_t)r;
+        if (n == cap) {
+            if (cap >= max)
+                break;
+            cap = cap * 2 > max ? max : cap * 2;
+            char *nb = realloc(buf, cap + 1);
+            if (!nb)
+                free(buf);
+            buf = nb;
+        }
+    }
+    if (!buf) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    buf[n] = '\0';
+    *len = n;
+    return buf;
+}
+
 /* A host path that may not exist: a symlink into /usr is recreated as the
- * same symlink (the target is visible through the /usr bind); a file or
- * directory is bound read-only; anything else is skipped. */
+ * same symlink (the target is visible through the /usr bind); a small
+ * world-readable file is copied into the root, any other file or a
+ * directory is bound read-only; anything else is skipped. A copy costs a sandbox nothing, a
+ * bind two mounts to copy and one to detach; either shows the file as it
+ * was when forkboxd started (dpkg replaces files, which a bind does not
+ * follow either). */
 static int add_host_entry(struct mount_plan *mp, const char *path)
 {
     struct stat st;
     if (lstat(path, &st) < 0)
         return errno == ENOENT ? 0 : -errno;
+    int r = add_parents(mp, path); /* "/etc/ssl/certs" needs /etc/ssl */
+    if (r < 0)
+        return r;
     if (S_ISLNK(st.st_mode)) {
         char target[OP_PATH_MAX];
         ssize_t n = readlink(path, target, sizeof target - 1);
@@ -197,12 +372,32 @@ static int add_host_entry(struct mount_plan *mp, const char *path)
             return errno == ENOENT ? 0 : -errno;
     }
     if (S_ISDIR(st.st_mode)) {
-        int r = add_dir(mp, path, 0755);
+        r = add_dir(mp, path, 0755);
         return r < 0 ? r : add_bind_ro(mp, path, path, true);
     }
-    if (S_ISREG(st.st_mode))
-        return add_bind_ro(mp, path, path, false);
-    return 0;
+    if (!S_ISREG(st.st_mode))
+        return 0;
+    /* Only what anyone may read: a copy belongs to the sandbox's root. */
+    if (st.st_size <= (off_t)SBX_ETC_COPY_MAX && (st.st_mode & S_IROTH)) {
+        size_t len;
+        bool whole;
+        char *data = read_host_file(path, SBX_ETC_COPY_MAX, &len, &whole);
+        if (!data)
+            return errno == ENOENT ? 0 : -errno;
+        if (whole) {
+            r = add_file(mp, path, data);
+            if (r < 0) {
+                free(data);
+                return r;
+            }
+            mp->ops[mp->n - 1].owned = data;
+            mp->ops[mp->n - 1].len = len;
+            mp->ops[mp->n - 1].mode = st.st_mode & 0755;
+            return 0;
+        }
+        free(data); /* grew while we read: bind it */
+    }
+    return add_bind_ro(mp, path, path, false);
 }
 
 static bool path_under(const char *path, const char *dir)
@@ -241,6 +436,161 @@ static int check_tools_dir(const char *p, char *err, size_t errlen)
     if (path_under(p, "/usr"))
         return perr(err, errlen, EINVAL, "tools dir %s: inside /usr", p);
     return 0;
+}
+
+/* What the synthetic /proc files are made from, read once from the host. */
+struct proc_facts {
+    uint64_t mem_kb;      /* the turn's memory limit, at most the host's RAM */
+    unsigned ncpu;        /* CPUs the quota amounts to, at most those we may run on */
+    long long btime;      /* the host's boot time (/proc/stat), seconds since the epoch */
+    double uptime;        /* seconds since boot when forkboxd started */
+    char *cpuinfo;        /* the host's /proc/cpuinfo, owned; NULL if unreadable */
+};
+
+static void proc_facts_read(const struct config *cfg, struct proc_facts *f)
+{
+    memset(f, 0, sizeof *f);
+    struct sysinfo si;
+    uint64_t host_kb = sysinfo(&si) == 0 ? (uint64_t)si.totalram * si.mem_unit / 1024 : 0;
+    uint64_t limit_kb = cfg->memory_max / 1024;
+    f->mem_kb = limit_kb && (!host_kb || limit_kb < host_kb) ? limit_kb : host_kb;
+
+    /* The quota in whole CPUs, rounded up: --cpu 1500 lets a turn run 1.5
+     * CPUs' worth of time, so two threads have work to do. */
+    cpu_set_t set;
+    unsigned avail = sched_getaffinity(0, sizeof set, &set) == 0 ? (unsigned)CPU_COUNT(&set) : 1;
+    unsigned quota = cfg->cpu_millis ? (unsigned)((cfg->cpu_millis + 999) / 1000) : avail;
+    f->ncpu = quota < avail ? quota : avail;
+    if (f->ncpu == 0)
+        f->ncpu = 1;
+
+    struct timespec now, boot;
+    clock_gettime(CLOCK_REALTIME, &now);
+    clock_gettime(CLOCK_BOOTTIME, &boot);
+    f->uptime = (double)boot.tv_sec + boot.tv_nsec / 1e9;
+    f->btime = (long long)(now.tv_sec - boot.tv_sec);
+    size_t len;
+    bool whole;
+    char *stat = read_host_file("/proc/stat", SBX_PROC_HOST_TEXT_MAX, &len, &whole);
+    const char *b = stat ? strstr(stat, "\nbtime ") : NULL;
+    if (b)
+        f->btime = strtoll(b + 7, NULL, 10);
+    free(stat);
+    /* Cut at a block boundary later if it was longer. */
+    f->cpuinfo = read_host_file("/proc/cpuinfo", SBX_PROC_HOST_TEXT_MAX, &len, &whole);
+}
+
+/* The synthetic contents of /proc/<name>, malloc'd; NULL on ENOMEM. Fixed
+ * for the daemon's lifetime: the same limits apply to every turn, and a file
+ * that moved would be a channel again. */
+static char *proc_text(const char *name, const struct proc_facts *f)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *m = open_memstream(&buf, &len);
+    if (!m)
+        return NULL;
+    if (strcmp(name, "meminfo") == 0) {
+        /* The fields free(1), psutil and the JVM read. Nothing used yet as
+         * far as this file knows; the cgroup enforces the real limit. */
+        static const char *const zero[] = {
+            "Buffers", "Cached", "SwapCached", "Active", "Inactive", "Active(anon)",
+            "Inactive(anon)", "Active(file)", "Inactive(file)", "Unevictable", "Mlocked",
+            "SwapTotal", "SwapFree", "Dirty", "Writeback", "AnonPages", "Mapped", "Shmem",
+            "KReclaimable", "Slab", "SReclaimable", "SUnreclaim", "KernelStack", "PageTables",
+        };
+        fprintf(m, "%-15s %8" PRIu64 " kB\n", "MemTotal:", f->mem_kb);
+        fprintf(m, "%-15s %8" PRIu64 " kB\n", "MemFree:", f->mem_kb);
+        fprintf(m, "%-15s %8" PRIu64 " kB\n", "MemAvailable:", f->mem_kb);
+        for (size_t i = 0; i < sizeof zero / sizeof *zero; i++) {
+            char label[32];
+            snprintf(label, sizeof label, "%s:", zero[i]);
+            fprintf(m, "%-15s %8d kB\n", label, 0);
+        }
+        fprintf(m, "%-15s %8" PRIu64 " kB\n", "CommitLimit:", f->mem_kb);
+        fprintf(m, "%-15s %8d kB\n", "Committed_AS:", 0);
+        fprintf(m, "HugePages_Total:       0\nHugePages_Free:        0\n"
+                   "HugePages_Rsvd:        0\nHugePages_Surp:        0\n");
+    } else if (strcmp(name, "stat") == 0) {
+        fprintf(m, "cpu  0 0 0 0 0 0 0 0 0 0\n");
+        for (unsigned i = 0; i < f->ncpu; i++)
+            fprintf(m, "cpu%u 0 0 0 0 0 0 0 0 0 0\n", i);
+        fprintf(m, "intr 0\nctxt 0\nbtime %lld\nprocesses 0\nprocs_running 1\n"
+                   "procs_blocked 0\nsoftirq 0 0 0 0 0 0 0 0 0 0 0\n", f->btime);
+    } else if (strcmp(name, "cpuinfo") == 0) {
+        /* The first ncpu blocks ("processor : 0" ...), each ending in a
+         * blank line, as the kernel prints them. */
+        const char *p = f->cpuinfo ? f->cpuinfo : "", *end = p;
+        for (unsigned i = 0; i < f->ncpu && *end; i++) {
+            const char *blank = strstr(end, "\n\n");
+            if (!blank)
+                break;
+            end = blank + 2;
+        }
+        fwrite(p, 1, (size_t)(end - p), m);
+    } else if (strcmp(name, "loadavg") == 0) {
+        fprintf(m, "0.00 0.00 0.00 1/1 1\n");
+    } else if (strcmp(name, "uptime") == 0) {
+        fprintf(m, "%.2f 0.00\n", f->uptime);
+    } else if (strcmp(name, "cmdline") == 0) {
+        fprintf(m, "\n");
+    }
+    if (fclose(m) != 0) {
+        free(buf);
+        return NULL;
+    }
+    return buf;
+}
+
+/* The /proc part of the plan: the replacements as files of the root's
+ * PROC_SRC directory, and the covers the child binds over its fresh proc. */
+static int plan_proc(const struct config *cfg, struct mount_plan *mp, char *err, size_t errlen)
+{
+    struct proc_facts f;
+    proc_facts_read(cfg, &f);
+    int r = 0;
+    bool need_file = false, need_dir = false;
+    for (size_t i = 0; i < PROC_ENTRIES_MAX && r == 0; i++) {
+        const struct proc_entry *e = &proc_entries[i];
+        struct proc_cover *c = &mp->covers[mp->n_covers];
+        char host[sizeof "/proc/" + sizeof c->target];
+        struct stat st;
+        if (snprintf(c->target, sizeof c->target, "%s", e->path) >= (int)sizeof c->target) {
+            r = perr(err, errlen, ENAMETOOLONG, "plan /proc/%s", e->path);
+            break;
+        }
+        snprintf(host, sizeof host, "/proc/%s", c->target);
+        if (stat(host, &st) < 0)
+            continue; /* not on this kernel */
+        if (S_ISREG(st.st_mode) && !(st.st_mode & S_IROTH))
+            continue; /* only host root may read it, and no sandbox is */
+        mp->n_covers++;
+        if (e->kind == PROC_TEXT) {
+            snprintf(c->source, sizeof c->source, PROC_SRC "/%s", e->path);
+            char *text = proc_text(e->path, &f);
+            if (!text || add_file(mp, c->source, text) < 0) {
+                free(text);
+                r = perr(err, errlen, ENOMEM, "plan %s", c->source);
+                break;
+            }
+            mp->ops[mp->n - 1].owned = text;
+            mp->ops[mp->n - 1].mode = 0444;
+        } else if (e->kind == PROC_EMPTY) {
+            snprintf(c->source, sizeof c->source, PROC_SRC "/" PROC_EMPTY_FILE_NAME);
+            need_file = true;
+        } else {
+            snprintf(c->source, sizeof c->source, PROC_SRC "/" PROC_EMPTY_DIR_NAME);
+            need_dir = true;
+        }
+    }
+    if (r == 0 && need_file && add_file(mp, PROC_SRC "/" PROC_EMPTY_FILE_NAME, "") < 0)
+        r = perr(err, errlen, ENOMEM, "plan the empty file");
+    if (r == 0 && need_file)
+        mp->ops[mp->n - 1].mode = 0444;
+    if (r == 0 && need_dir && add_dir(mp, PROC_SRC "/" PROC_EMPTY_DIR_NAME, 0555) < 0)
+        r = perr(err, errlen, ENOMEM, "plan the empty directory");
+    free(f.cpuinfo);
+    return r;
 }
 
 int mounts_prepare(const struct config *cfg, struct mount_plan **out, char *err, size_t errlen)
@@ -289,28 +639,17 @@ int mounts_prepare(const struct config *cfg, struct mount_plan **out, char *err,
         }
     }
 
-    /* A minimal /etc: synthetic identity files, then the few host files
-     * the dynamic loader, time zone, mimetypes, ssl and the interpreter read. */
+    /* A minimal /etc: synthetic identity files, then the reviewed host
+     * files of etc_host_files. */
     TRY(add_dir(mp, "/etc", 0755), "plan /etc");
     TRY(add_file(mp, "/etc/passwd", etc_passwd), "plan /etc/passwd");
     TRY(add_file(mp, "/etc/group", etc_group), "plan /etc/group");
     TRY(add_file(mp, "/etc/hosts", etc_hosts), "plan /etc/hosts");
     TRY(add_file(mp, "/etc/hostname", etc_hostname), "plan /etc/hostname");
     TRY(add_file(mp, "/etc/nsswitch.conf", etc_nsswitch), "plan /etc/nsswitch.conf");
-    /* /etc/alternatives: Debian's library and program choices are symlinks
-     * through it (libblas.so.3 for numpy, for one). */
-    static const char *const etc_files[] = {"/etc/ld.so.cache", "/etc/localtime",
-                                            "/etc/mime.types", "/etc/alternatives"};
-    for (size_t i = 0; i < sizeof etc_files / sizeof *etc_files; i++)
-        TRY(add_host_entry(mp, etc_files[i]), "%s: %s", etc_files[i], strerror(-r));
+    for (size_t i = 0; i < sizeof etc_host_files / sizeof *etc_host_files; i++)
+        TRY(add_host_entry(mp, etc_host_files[i]), "%s: %s", etc_host_files[i], strerror(-r));
     struct stat st;
-    if (stat("/etc/ssl/certs", &st) == 0 && S_ISDIR(st.st_mode)) {
-        /* Not the whole of /etc/ssl: /etc/ssl/private holds host keys. */
-        TRY(add_dir(mp, "/etc/ssl", 0755), "plan /etc/ssl");
-        TRY(add_host_entry(mp, "/etc/ssl/certs"), "/etc/ssl/certs: %s", strerror(-r));
-        TRY(add_host_entry(mp, "/etc/ssl/openssl.cnf"), "/etc/ssl/openssl.cnf: %s",
-            strerror(-r));
-    }
     DIR *d = opendir("/etc");
     if (d) {
         struct dirent *de;
@@ -367,6 +706,10 @@ int mounts_prepare(const struct config *cfg, struct mount_plan **out, char *err,
     TRY(add_symlink(mp, "/proc/self/fd/2", "/dev/stderr"), "plan /dev/stderr");
 #undef TRY
 
+    r = plan_proc(cfg, mp, err, errlen);
+    if (r < 0)
+        goto fail;
+
     *out = mp;
     return 0;
 fail:
@@ -378,6 +721,8 @@ void mounts_free(struct mount_plan *mp)
 {
     if (!mp)
         return;
+    for (size_t i = 0; i < mp->n; i++)
+        free(mp->ops[i].owned);
     free(mp->ops);
     free(mp);
 }
@@ -429,12 +774,11 @@ static int mkdir_p(int dfd, const char *path, mode_t mode)
 
 /* --- the fork server: the sandbox root, built once ------------------------ */
 
-static int write_file(int root, const char *path, const char *data, mode_t mode)
+static int write_file(int root, const char *path, const char *data, size_t n, mode_t mode)
 {
     int fd = openat(root, path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, mode);
     if (fd < 0)
         return -1;
-    size_t n = strlen(data);
     ssize_t w = write(fd, data, n);
     int e = w < 0 ? errno : EIO; /* a short write: EIO */
     close(fd);
@@ -453,7 +797,7 @@ static int build_op(int root, const struct mount_op *op, int tree)
     case MOP_DIR:
         return make_dir(root, dst, op->mode);
     case MOP_FILE:
-        return write_file(root, dst, op->data, op->mode);
+        return write_file(root, dst, op->data, op->len, op->mode);
     case MOP_SYMLINK:
         return symlinkat(op->src, root, dst);
     case MOP_BIND_RO:
@@ -471,6 +815,62 @@ static int build_op(int root, const struct mount_op *op, int tree)
     }
     errno = EINVAL;
     return -1;
+}
+
+/* "\040" in a mountinfo field is a space, and so on: decode in place. */
+static void unescape_octal(char *s)
+{
+    char *w = s;
+    for (char *r = s; *r; r++) {
+        if (r[0] == '\\' && r[1] >= '0' && r[1] <= '3' && r[2] >= '0' && r[2] <= '7' &&
+            r[3] >= '0' && r[3] <= '7') {
+            *w++ = (char)((r[1] - '0') * 64 + (r[2] - '0') * 8 + (r[3] - '0'));
+            r += 3;
+        } else {
+            *w++ = *r;
+        }
+    }
+    *w = '\0';
+}
+
+/* Detach from our namespace every host mount that neither we nor a sandbox
+ * need: each sandbox's namespace starts as a copy of ours (a mount copied per
+ * mount, at clone) and detaches the old root in step 7 (a mount torn down
+ * per mount), so every host mount left here costs every sandbox. What stays:
+ * "/", the host's proc (a fully visible proc lets a sandbox mount its own,
+ * and we write id maps through it) and what is under keep (the root). The
+ * cgroup placer runs in the original namespace. Best effort: a mount left
+ * here is only work for step 7. */
+static void prune_host_mounts(const char *keep)
+{
+    size_t len;
+    bool whole;
+    /* All of it first: the list changes as we detach. */
+    _cleanup_free_ char *text =
+        read_host_file("/proc/self/mountinfo", SBX_PROC_HOST_TEXT_MAX, &len, &whole);
+    if (!text)
+        return;
+    char gone[OP_PATH_MAX] = "";
+    for (char *line = text, *next; line && *line; line = next) {
+        next = strchr(line, '\n');
+        if (next)
+            *next++ = '\0';
+        /* "id parent major:minor root mountpoint ...": the fifth field. */
+        char *sp = line;
+        for (int i = 0; i < 4 && sp; i++)
+            sp = strchr(sp + 1, ' ');
+        char *mp = sp ? sp + 1 : NULL, *end = mp ? strchr(mp, ' ') : NULL;
+        if (!end)
+            continue;
+        *end = '\0';
+        unescape_octal(mp);
+        if (strcmp(mp, "/") == 0 || path_under(mp, "/proc") || path_under(mp, keep) ||
+            path_under(keep, mp) || (gone[0] && path_under(mp, gone)))
+            continue;
+        /* Lazily, with everything below it (listed later: skipped). */
+        if (umount2(mp, MNT_DETACH) == 0)
+            snprintf(gone, sizeof gone, "%s", mp);
+    }
 }
 
 /* Where the root goes: over /tmp, in the fork server's own namespace only.
@@ -514,7 +914,7 @@ int mounts_build(const struct config *cfg, const struct mount_plan *mp, char *er
         goto out;
 
     if (mount("tmpfs", ROOT_AT, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
-              "mode=0755,size=1m,nr_inodes=4096") < 0) {
+              "mode=0755,size=4m,nr_inodes=4096") < 0) {
         r = perr(err, errlen, errno, "mount the root tmpfs on " ROOT_AT ": %s", strerror(errno));
         goto out;
     }
@@ -545,8 +945,11 @@ int mounts_build(const struct config *cfg, const struct mount_plan *mp, char *er
         }
     /* Read-only for good: the superblock and our mount of it. */
     if (mount(NULL, ROOT_AT, NULL, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
-              NULL) < 0)
+              NULL) < 0) {
         r = perr(err, errlen, errno, "remount the root read-only: %s", strerror(errno));
+        goto out;
+    }
+    prune_host_mounts(ROOT_AT);
 out:
     if (root >= 0)
         close(root);
@@ -614,7 +1017,27 @@ static int scratch_binds(const struct config *cfg, char *what, size_t whatlen)
     return 0;
 }
 
-int mounts_setup(const struct config *cfg, int *tools_fd, char *what, size_t whatlen)
+/* Where a sandbox's proc is mounted first: over the scratch's bind at
+ * /workspace, for a moment (see mounts_setup, step 6). */
+#define PROC_TMP "/workspace"
+
+/* 6b. Cover the host-wide files of our fresh proc, mounted at PROC_TMP, with
+ * the replacements the fork server made (proc_entries): a bind each, of a
+ * file of the read-only root, so read-only too. */
+static int proc_covers(const struct mount_plan *mp, char *what, size_t whatlen)
+{
+    for (size_t i = 0; i < mp->n_covers; i++) {
+        const struct proc_cover *c = &mp->covers[i];
+        char to[sizeof PROC_TMP + sizeof c->target];
+        snprintf(to, sizeof to, PROC_TMP "/%s", c->target);
+        if (mount(c->source, to, NULL, MS_BIND, NULL) < 0)
+            return cfail(what, whatlen, "cover in /proc:", c->target);
+    }
+    return 0;
+}
+
+int mounts_setup(const struct config *cfg, const struct mount_plan *mp, int *tools_fd,
+                 char *what, size_t whatlen)
 {
     *tools_fd = -1;
 
@@ -669,12 +1092,23 @@ int mounts_setup(const struct config *cfg, int *tools_fd, char *what, size_t wha
 
     /* 6. Our pid namespace's proc (the old root's proc, still in our
      * namespace, makes this permitted: see the comment at the top). No
-     * hidepid needed: only our own processes are in this pid namespace. */
-    if (mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0) {
+     * hidepid needed: only our own processes are in this pid namespace.
+     * Mounted at PROC_TMP first: the replacements of its host-wide files
+     * are the root's own /proc directory, which the proc mount will cover.
+     * 6b binds them by path, then the proc mount moves to /proc with its
+     * covers (cheaper than a path through an fd for every cover). */
+    if (mount("proc", PROC_TMP, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0) {
         int e = errno;
         close(fd);
         errno = e;
         return cfail(what, whatlen, "mount", "/proc");
+    }
+    r = proc_covers(mp, what, whatlen);
+    if (r == 0 && mount(PROC_TMP, "/proc", NULL, MS_MOVE, NULL) < 0)
+        r = cfail(what, whatlen, "move", "/proc");
+    if (r < 0) {
+        close(fd);
+        return r;
     }
 
     /* 7. Lazily detach the whole host tree: the mount on top of "." is the

@@ -31,9 +31,11 @@ int mounts_build(const struct config *cfg, const struct mount_plan *mp, char *er
                  size_t errlen);
 
 /* In the child: in its own user and mount namespace (a copy of the fork
- * server's, after mounts_build) with uid/gid 0 there. Pivots into the root and
- * adds what is the turn's own: the scratch tmpfs, the tools tmpfs, /proc; cwd
- * is "/" afterwards. On success *tools_fd is an O_DIRECTORY|O_CLOEXEC fd on
- * the writable side of the tools dir (owned by the caller). 0 or -errno with
- * what failed in what. Allocation-free. */
-int mounts_setup(const struct config *cfg, int *tools_fd, char *what, size_t whatlen);
+ * server's, after mounts_build from mp) with uid/gid 0 there. Pivots into the
+ * root and adds what is the turn's own: the scratch tmpfs, the tools tmpfs,
+ * /proc with its host-wide files covered; cwd is "/" afterwards. On success
+ * *tools_fd is an O_DIRECTORY|O_CLOEXEC fd on the writable side of the tools
+ * dir (owned by the caller). 0 or -errno with what failed in what.
+ * Allocation-free. */
+int mounts_setup(const struct config *cfg, const struct mount_plan *mp, int *tools_fd,
+                 char *what, size_t whatlen);

@@ -721,6 +721,24 @@ int main(void)
         return 1;
     int root_ns = open("/proc/self/ns/mnt", O_RDONLY | O_CLOEXEC);
     tap(host_ns >= 0 && root_ns >= 0, "mount namespace fds");
+    /* Every mount left in the namespace sandboxes copy costs each of them:
+     * only "/", the host's proc and the root (at /tmp) stay. */
+    FILE *mi = fopen("/proc/self/mountinfo", "re");
+    char mline[4096], extra[1024] = "";
+    int nmounts = 0;
+    while (mi && fgets(mline, sizeof mline, mi)) {
+        char mpt[1024];
+        if (sscanf(mline, "%*s %*s %*s %*s %1023s", mpt) != 1)
+            continue;
+        nmounts++;
+        if (strcmp(mpt, "/") && strcmp(mpt, "/proc") && strncmp(mpt, "/proc/", 6) &&
+            strcmp(mpt, "/tmp") && strncmp(mpt, "/tmp/", 5) && !extra[0])
+            snprintf(extra, sizeof extra, "%s", mpt);
+    }
+    if (mi)
+        fclose(mi);
+    tap(mi && nmounts > 2 && !extra[0], "the root's namespace holds only /, /proc and the root "
+        "(%d mounts; first other: %s)", nmounts, extra[0] ? extra : "none");
     pid_t *tid_addr = NULL;
     r = sbx_tid_probe(&tid_addr);
     tap(r == 0 && tid_addr && *tid_addr == (pid_t)syscall(SYS_gettid),

@@ -227,3 +227,118 @@ def test_unknown_tool_error_is_an_exception(daemon):
             "try:\n    rc.call('nope', {})\nexcept rc.ToolError as e:\n    print('ToolError', e)\n")
     r = daemon.run(code, timeout=60)
     assert r.last.completed and r.last.stdout.startswith("ToolError ToolNotFound:"), repr(r)
+
+
+LOOPBACK = r'''
+import http.server, socket, threading, urllib.request
+R = {}
+def _http():
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = b"hello from " + self.path.encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        def log_message(self, *a):
+            pass
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{srv.server_address[1]}/x", timeout=10) as r:
+            return [r.status, r.read().decode()]
+    finally:
+        srv.shutdown()
+        srv.server_close()
+R["http_server"] = try_(_http)
+def _udp_echo(family, host):
+    a = socket.socket(family, socket.SOCK_DGRAM)
+    b = socket.socket(family, socket.SOCK_DGRAM)
+    a.settimeout(5)
+    b.settimeout(5)
+    a.bind((host, 0))
+    b.sendto(b"ping", a.getsockname()[:2])
+    data, peer = a.recvfrom(16)
+    a.sendto(data.upper(), peer)
+    got = b.recvfrom(16)[0].decode()
+    a.close()
+    b.close()
+    return got
+R["udp_echo_v4"] = try_(lambda: _udp_echo(socket.AF_INET, "127.0.0.1"))
+R["udp_echo_v6"] = try_(lambda: _udp_echo(socket.AF_INET6, "::1"))
+def _tcp_v6_localhost():
+    srv = socket.create_server(("::1", 0), family=socket.AF_INET6)
+    c = socket.create_connection(("::1", srv.getsockname()[1]), timeout=5)
+    s, _ = srv.accept()
+    c.sendall(b"v6")
+    got = s.recv(2).decode()
+    for x in (c, s, srv):
+        x.close()
+    return got
+R["tcp_v6"] = try_(_tcp_v6_localhost)
+R["localhost_resolves"] = try_(lambda: sorted({a[4][0] for a in socket.getaddrinfo("localhost", 80, type=socket.SOCK_STREAM)}))
+report(R)
+'''
+
+
+def test_servers_on_own_loopback(daemon):
+    """A local HTTP server, UDP echo on 127.0.0.1 and ::1, TCP on ::1: code that
+    talks to itself works (the sandbox's own loopback, private to the turn)."""
+    r = daemon.run(sbx.prelude(LOOPBACK), timeout=90)
+    assert r.last.completed and r.last.exit_code == 0, repr(r)
+    rep = r.last.report()
+    assert rep["http_server"] == [200, "hello from /x"], rep
+    assert rep["udp_echo_v4"] == "PING", rep
+    assert rep["udp_echo_v6"] == "PING", rep
+    assert rep["tcp_v6"] == "v6", rep
+    assert "127.0.0.1" in rep["localhost_resolves"], rep
+
+
+ETC_FILES = r'''
+import mimetypes, socket
+R = {}
+R["getservbyname"] = try_(lambda: [socket.getservbyname("http", "tcp"), socket.getservbyname("domain", "udp")])
+R["getprotobyname"] = try_(lambda: [socket.getprotobyname("tcp"), socket.getprotobyname("udp")])
+R["getaddrinfo_service"] = try_(lambda: socket.getaddrinfo("127.0.0.1", "https", type=socket.SOCK_STREAM)[0][4][1])
+R["mimetypes"] = try_(lambda: [mimetypes.guess_type("a.csv")[0], mimetypes.guess_type("a.parquet")[0] or "", mimetypes.guess_extension("image/svg+xml")])
+report(R)
+'''
+
+
+def test_public_etc_files(daemon):
+    """Service and protocol names (/etc/services, /etc/protocols) and MIME types
+    (/etc/mime.types) resolve as on a normal Debian host."""
+    r = daemon.run(sbx.prelude(ETC_FILES), timeout=60)
+    assert r.last.completed and r.last.exit_code == 0, repr(r)
+    rep = r.last.report()
+    assert rep["getservbyname"] == [80, 53], rep
+    assert rep["getprotobyname"] == [6, 17], rep
+    assert rep["getaddrinfo_service"] == 443, rep
+    assert rep["mimetypes"][0] == "text/csv" and rep["mimetypes"][2] == ".svg", rep
+
+
+MATPLOTLIB = r'''
+import matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+fig, ax = plt.subplots(figsize=(3, 2), dpi=50)
+ax.plot([0, 1, 2], [2, 0, 1], label="line")
+ax.set_title("forkbox")
+ax.legend()
+fig.savefig("/workspace/plot.png")
+print(matplotlib.matplotlib_fname(), matplotlib.rcParams["backend"])
+'''
+
+
+def test_matplotlib_renders_png(daemon):
+    """Debian keeps matplotlib's defaults in /etc/matplotlibrc (mpl-data's copy is
+    a symlink to it): with it in the sandbox's /etc, a figure renders to a PNG in
+    /workspace, with nothing on stderr (fontconfig finds /etc/fonts too)."""
+    r = daemon.run(MATPLOTLIB, timeout=120)
+    b = r.last
+    assert b.completed and b.exit_code == 0, repr(r)
+    assert b.stderr == "", b.stderr[-2000:]
+    assert b.stdout.split() == ["/etc/matplotlibrc", "agg"], b.stdout
+    png = sbx.read_targz(b.archive).get("plot.png")
+    assert png and png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 500, (png or b"")[:16]

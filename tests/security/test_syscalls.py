@@ -332,8 +332,10 @@ EXEC_CHILD_DENIED = sbx.prelude(textwrap.dedent(r"""
         "setuid": "os.setuid(0)",
         "mount": "ctypes.CDLL(None, use_errno=True).mount(b'none', b'/nonexistent-fbx', b'tmpfs', 0, None) == -1 and (_ for _ in ()).throw(OSError(ctypes.get_errno(), 'mount'))",
         "unshare": "os.unshare(os.CLONE_NEWUSER) if hasattr(os, 'unshare') else ctypes.CDLL(None, use_errno=True).unshare(0x10000000) == -1 and (_ for _ in ()).throw(OSError(ctypes.get_errno(), 'unshare'))",
-        "socket_inet": "import socket; socket.socket(socket.AF_INET, socket.SOCK_STREAM)",
+        "socket_raw": "import socket; socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)",
+        "socket_packet": "import socket; socket.socket(17, socket.SOCK_RAW, 0)",
         "socket_netlink": "import socket; socket.socket(16, socket.SOCK_RAW, 0)",
+        "socket_tcp": "import socket; socket.socket(socket.AF_INET, socket.SOCK_STREAM)",
     }
     for name, call in CALLS.items():
         code = ("import os, ctypes, errno\n"
@@ -355,7 +357,7 @@ def exec_child(daemon):
     return r.last.report()
 
 
-@pytest.mark.parametrize("call", ["setuid", "mount", "unshare"])
+@pytest.mark.parametrize("call", ["setuid", "mount", "unshare", "socket_raw"])
 def test_counted_denial_in_an_exec_child_returns_eperm(exec_child, call):
     """`deny` rules are seccomp user notifications answered by the supervisor, so
     they need nothing inside the process: a program started with subprocess gets
@@ -364,10 +366,15 @@ def test_counted_denial_in_an_exec_child_returns_eperm(exec_child, call):
     assert exec_child[call] == {"rc": 0, "out": "EPERM"}, f"{call}: {exec_child[call]}"
 
 
-@pytest.mark.parametrize("call", ["socket_inet", "socket_netlink"])
+@pytest.mark.parametrize("call", ["socket_packet", "socket_netlink"])
 def test_errno_rule_in_exec_child_returns_errno(exec_child, call):
     """`errno` rules (SECCOMP_RET_ERRNO) need no handler: an exec'd program gets the errno."""
     assert exec_child[call] == {"rc": 0, "out": "EAFNOSUPPORT"}, f"{call}: {exec_child[call]}"
+
+
+def test_tcp_socket_in_exec_child_allowed(exec_child):
+    """TCP sockets are allowed (they reach only the sandbox's own loopback)."""
+    assert exec_child["socket_tcp"] == {"rc": 0, "out": "allowed"}, exec_child["socket_tcp"]
 
 
 ALL_TASKS = sbx.prelude(r'''

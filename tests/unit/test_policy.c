@@ -20,6 +20,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <linux/seccomp.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/file.h>
 #include <sys/inotify.h>
 #include <sys/ioctl.h>
@@ -292,12 +294,36 @@ static int c_personality(void)
 }
 static int c_sockets(void)
 {
-    EXPECT_ERR(socket(AF_INET, SOCK_STREAM, 0), EAFNOSUPPORT);
-    EXPECT_ERR(socket(AF_INET6, SOCK_DGRAM, 0), EAFNOSUPPORT);
+    /* TCP and UDP over IPv4 and IPv6: protocol 0 or TCP/UDP, with flags. */
+    int fds[] = {
+        socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0),
+        socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, IPPROTO_TCP),
+        socket(AF_INET6, SOCK_DGRAM, 0),
+        socket(AF_INET6, SOCK_DGRAM | SOCK_CLOEXEC, IPPROTO_UDP),
+    };
+    for (size_t i = 0; i < sizeof fds / sizeof *fds; i++) {
+        if (fds[i] < 0)
+            return 4;
+        close(fds[i]);
+    }
+    /* Every other family: quiet EAFNOSUPPORT, also AF_INET with high bits. */
     EXPECT_ERR(socket(AF_NETLINK, SOCK_RAW, 0), EAFNOSUPPORT);
+    EXPECT_ERR(socket(AF_PACKET, SOCK_RAW, 0), EAFNOSUPPORT);
+    EXPECT_ERR(socket(AF_UNSPEC, SOCK_STREAM, 0), EAFNOSUPPORT);
+    for (int fam = 3; fam <= 9; fam++) /* AX.25 .. X.25, between AF_INET and AF_INET6 */
+        EXPECT_ERR(socket(fam, SOCK_DGRAM, 0), EAFNOSUPPORT);
     EXPECT_ERR(syscall(SYS_socket, (1UL << 32) | AF_INET, SOCK_STREAM, 0), EAFNOSUPPORT);
     int sv[2];
     EXPECT_ERR(socketpair(AF_INET, SOCK_STREAM, 0, sv), EAFNOSUPPORT);
+    /* Raw sockets and other protocols: the default (EPERM, counted). */
+    EXPECT_ERR(socket(AF_INET, SOCK_RAW, IPPROTO_ICMP), EPERM);
+    EXPECT_ERR(socket(AF_INET6, SOCK_STREAM, IPPROTO_SCTP), EPERM);
+    /* No upper-layer protocol on TCP (kernel TLS). */
+    int t = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (t < 0)
+        return 5;
+    EXPECT_ERR(setsockopt(t, IPPROTO_TCP, TCP_ULP, "tls", 3), ENOENT);
+    close(t);
     int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (s < 0 || socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv) < 0)
         return 2;
@@ -402,7 +428,8 @@ static int c_fork_exec(void)
     return 0;
 }
 /* CPython started by subprocess, as model code would: imports, threads,
- * sqlite3, tempfile, subprocess, AF_UNIX and the quiet AF_INET refusal.
+ * sqlite3, tempfile, subprocess, AF_UNIX and UDP sockets, and the quiet netlink
+ * refusal.
  * Nothing on that path should be a counted refusal. */
 static int c_python(void)
 {
@@ -415,7 +442,8 @@ static int c_python(void)
         "assert subprocess.run(['/bin/sh', '-c', 'echo hi'], capture_output=True).stdout == b'hi\\n'\n"
         "assert subprocess.run([os.sys.executable, '-c', 'print(1)'], capture_output=True).stdout == b'1\\n'\n"
         "a, b = socket.socketpair(); a.send(b'x'); assert b.recv(1) == b'x'\n"
-        "try:\n socket.socket(socket.AF_INET)\nexcept OSError as e:\n assert e.errno == errno.EAFNOSUPPORT\n"
+        "socket.socket(socket.AF_INET6, socket.SOCK_DGRAM).close()\n"
+        "try:\n socket.socket(socket.AF_NETLINK, socket.SOCK_RAW)\nexcept OSError as e:\n assert e.errno == errno.EAFNOSUPPORT\n"
         "else:\n raise SystemExit(5)\n"
         "import multiprocessing.pool\n"
         "with multiprocessing.pool.ThreadPool(2) as p: assert p.map(abs, [-1, -2]) == [1, 2]\n";
@@ -541,7 +569,8 @@ static const struct check checks[] = {
       "kexec_load reboot swapon acct clock_settime seccomp seccomp" },
     { "personality(PER_LINUX32) -> EPERM, query works", c_personality, 0,
       "personality personality" },
-    { "socket: AF_UNIX works, other families -> EAFNOSUPPORT (quiet)", c_sockets, 0, "" },
+    { "socket: AF_UNIX, TCP and UDP work; other families -> EAFNOSUPPORT (quiet), raw and "
+      "other protocols -> EPERM (counted), TCP_ULP -> ENOENT", c_sockets, 0, "socket socket" },
     { "ioctl TIOCSTI/TIOCLINUX -> EPERM (also with high bits, not counted), FIONREAD works",
       c_ioctl, 0, "" },
     { "rlimits of self, prctl, SIGSYS handler, memfd, mmap, file locks", c_misc_allowed, 0,
