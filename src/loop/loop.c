@@ -105,28 +105,35 @@ void loop_set_work(struct loop *l, loop_work_cb work, void *ud)
     l->work_ud = ud;
 }
 
-int loop_run(struct loop *l)
+int loop_run_once(struct loop *l, int timeout_ms)
 {
     struct epoll_event evs[LOOP_MAX_EVENTS];
+    bool busy = l->work && l->work(l->work_ud);
+    if (l->before_sleep)
+        l->before_sleep(l->sleep_ud);
+    if (l->stop)
+        return 0;
+    int n = epoll_wait(l->epfd, evs, LOOP_MAX_EVENTS, busy ? 0 : timeout_ms);
+    if (n < 0)
+        return errno == EINTR ? 0 : -errno;
+    for (int i = 0; i < n; i++) {
+        struct loop_watch *w = evs[i].data.ptr;
+        /* A callback earlier in this batch may have removed w (the object
+         * is freed only in before_sleep, so w is still valid). */
+        if (w->added)
+            w->cb(w, evs[i].events);
+    }
+    return n;
+}
+
+int loop_run(struct loop *l)
+{
     while (!l->stop) {
-        bool busy = l->work && l->work(l->work_ud);
-        if (l->before_sleep)
-            l->before_sleep(l->sleep_ud);
-        if (l->stop)
-            break;
-        int n = epoll_wait(l->epfd, evs, LOOP_MAX_EVENTS, busy ? 0 : -1);
+        int n = loop_run_once(l, -1);
         if (n < 0) {
-            if (errno == EINTR)
-                continue;
+            errno = -n;
             PLOG_E("epoll_wait");
-            return -errno;
-        }
-        for (int i = 0; i < n; i++) {
-            struct loop_watch *w = evs[i].data.ptr;
-            /* A callback earlier in this batch may have removed w (the
-             * object is freed only in before_sleep, so w is still valid). */
-            if (w->added)
-                w->cb(w, evs[i].events);
+            return n;
         }
     }
     return 0;

@@ -44,4 +44,8 @@ void loop_set_work(struct loop *l, loop_work_cb work, void *ud);
 
 /* Run until loop_stop(). 0, or -errno if epoll fails. */
 int loop_run(struct loop *l);
+/* One round of loop_run (work, before_sleep, one epoll_wait of at most
+ * timeout_ms, the callbacks): for tests and fuzzers that drive the loop
+ * themselves. The number of events handled, or -errno. */
+int loop_run_once(struct loop *l, int timeout_ms);
 void loop_stop(struct loop *l);
