@@ -398,6 +398,38 @@ def tarcheck_inputs():
     return {k: bytes([seed, flags]) + data for k, (seed, flags, data) in out.items()}
 
 
+# --------------------------------------------------------------------- session
+# fuzz-session.c: operations of (opcode, param, u16 length, payload).
+def op(code, param=0, payload=b""):
+    if isinstance(payload, str):
+        payload = payload.encode()
+    return bytes([code, param]) + struct.pack("<H", len(payload)) + payload
+
+
+RUN = op(0, 0, '{"code":"print(1)","kind":"run"}\n')
+RESULT = op(0, 0, '{"id":"abc","ok":true,"value":{"x":1},"error":null,"kind":"tool_result"}\n')
+ARCHIVES = op(9) + op(9)  # the tools archive, then the first block's workspace archive
+READY, TOOL_CALL, LOG, DONE, OUTPUT = (op(5, k, b"\x80abc") for k in range(5))
+SNAP_EMPTY, SNAP_ONE, SNAP_EVIL = (op(5, k) for k in (5, 6, 7))  # no payload: unchanged
+
+
+def session_inputs():
+    block = RUN + READY + TOOL_CALL + RESULT + DONE + op(5, 4, b"\x80") + SNAP_EMPTY
+    return {
+        "turn": ARCHIVES + block + op(0, 0, '{"kind":"shutdown"}\n'),
+        "two-blocks": ARCHIVES + block + op(9) + RUN + DONE + op(5, 4, b"\x80") + SNAP_ONE,
+        "evil-snapshot": ARCHIVES + RUN + READY + DONE + op(5, 4, b"\x80") + SNAP_EVIL,
+        "forged-envelopes": ARCHIVES + RUN + READY + op(3, 0, '{"exit_code":0,"kind":"done"}\n')
+        + op(3, 3, b"\x1f\x8b not an archive"),
+        "huge-header": ARCHIVES + RUN + op(4, 0, b"F\0\0\0" + struct.pack("<I", 1 << 28) + b"{"),
+        "timeout": ARCHIVES + RUN + READY + op(6, 2) + op(6, 200),
+        "sandbox-dies": ARCHIVES + RUN + READY + TOOL_CALL + op(7),
+        "client-junk": op(2, 0, b"\x81\x7f" + b"\xff" * 8) + op(8),
+        "fragmented-run": ARCHIVES + op(0, 5, '{"code":"x=1","kind":"run"}\n') + DONE,
+        "log-between": ARCHIVES + READY + LOG + LOG + op(3, 0, '{"level":"info","msg":"m","kind":"log"}\n'),
+    }
+
+
 def main():
     for name, data in FRAMES.items():
         write("frame", name, data)
@@ -414,6 +446,8 @@ def main():
         write("inbox", name, data)
     for name, data in tarcheck_inputs().items():
         write("tarcheck", name, data)
+    for name, data in session_inputs().items():
+        write("session", name, data)
     with open(os.path.join(ROOT, "..", "..", "policy", "default.policy"), "rb") as f:
         write("policy", "default.policy", f.read())
     return 0
