@@ -263,6 +263,43 @@ def test_unmasked_client_frame_closes(daemon):
     assert arun(still_serving(daemon), T)
 
 
+# RFC 6455 protocol errors that the WebSocket library would close without a
+# status code: the supervisor closes them with 1002 (issue 11, item 7).
+PROTOCOL_ERRORS = {
+    "control-frame-over-125": struct.pack("!BB", 0x89, 0x80 | 126) + struct.pack("!H", 126)
+    + b"\x01\x02\x03\x04" + b"p" * 126,
+    "fragmented-ping": struct.pack("!BB", 0x09, 0x80 | 1) + b"\x01\x02\x03\x04" + b"p",
+    "one-byte-close-payload": struct.pack("!BB", 0x88, 0x80 | 1) + b"\x00\x00\x00\x00" + b"x",
+    "64-bit-length-top-bit": struct.pack("!BB", 0x82, 0x80 | 127) + struct.pack("!Q", 1 << 63)
+    + b"\x01\x02\x03\x04",
+}
+
+
+@pytest.mark.parametrize("case", list(PROTOCOL_ERRORS))
+def test_protocol_errors_close_1002(daemon, case):
+    with raw_turn_start(daemon.port) as ws:
+        raw_block(ws, "pass")
+        ws.sock.sendall(PROTOCOL_ERRORS[case])
+        ws.recv_until_close(5)
+        assert ws.close_code == 1002, (case, ws.close_code)
+    assert arun(still_serving(daemon), T)
+
+
+def test_upload_over_its_limit_refused_at_the_header(daemon):
+    """The header of a workspace archive that announces more than the limit
+    (100 MiB here) is refused with 1009 as soon as it arrives: the body is
+    never sent."""
+    with raw_turn_start(daemon.port) as ws:
+        raw_block(ws, "pass")
+        t0 = time.monotonic()
+        ws.sock.sendall(struct.pack("!BB", 0x82, 0x80 | 127) + struct.pack("!Q", 200 << 20)
+                        + b"\x01\x02\x03\x04" + b"z")
+        ws.recv_until_close(5)
+        assert ws.close_code == 1009, ws.close_code
+        assert time.monotonic() - t0 < 3
+    assert arun(still_serving(daemon), T)
+
+
 # ---- hostile sandbox -------------------------------------------------------
 
 def forge(payload_expr: str, then: str = "import time\ntime.sleep(0.5)\nprint('after forge')") -> str:
