@@ -62,7 +62,8 @@ struct ws_conn {
     struct ws_src *srcs;          /* owned: fragmented messages not yet fully read */
     size_t src_left;              /* bytes in srcs not yet handed to wslay */
     size_t charged_copy;          /* charged for wslay's copies of queued messages */
-    uint8_t *wbuf;                /* owned, WS_WBUF bytes */
+    uint8_t *wbuf;                /* owned, WS_WBUF bytes while writes are gathered, else NULL
+                                     (an idle connection holds none) */
     size_t wlen, woff;            /* wbuf[woff..wlen) is waiting for the socket */
 
     int err;                      /* why this module closed (ws_conn_read's return) */
@@ -349,6 +350,8 @@ static ssize_t ws_send_cb(wslay_event_context_ptr ctx, const uint8_t *data, size
     }
     if (c->woff == c->wlen)
         c->woff = c->wlen = 0;
+    if (!c->wbuf && !(c->wbuf = malloc(WS_WBUF)))
+        goto fail;
     size_t room = WS_WBUF - c->wlen;
     if (room == 0)
         goto block;
@@ -430,7 +433,6 @@ struct ws_conn *ws_conn_new(int fd, struct budget *budget, const uint8_t *initia
     c->ud = ud;
     c->budget = budget;
     buf_init_budget(&c->msg, SIZE_MAX, budget);
-    c->wbuf = malloc(WS_WBUF);
     if (initial_len > 0) {
         c->initial = malloc(initial_len);
         if (c->initial) {
@@ -438,10 +440,8 @@ struct ws_conn *ws_conn_new(int fd, struct budget *budget, const uint8_t *initia
             c->initial_len = initial_len;
         }
     }
-    if (!c->wbuf || (initial_len > 0 && !c->initial) ||
-        wslay_event_context_server_init(&c->ctx, &cbs, c) != 0) {
+    if ((initial_len > 0 && !c->initial) || wslay_event_context_server_init(&c->ctx, &cbs, c) != 0) {
         free(c->initial);
-        free(c->wbuf);
         free(c);
         return NULL;
     }
@@ -512,7 +512,10 @@ int ws_conn_write(struct ws_conn *c)
         return ws_status(c);
     if (wslay_event_send(c->ctx) != 0)
         c->failed = true;
-    wflush(c);
+    if (wflush(c) == 0) { /* all out: give the gathering buffer back */
+        free(c->wbuf);
+        c->wbuf = NULL;
+    }
     copies_settle(c);
     srcs_reap(c);
     return ws_status(c);
