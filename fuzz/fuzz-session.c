@@ -96,13 +96,7 @@ void notify_close(struct session *s)
 /* ---------------------------------------------------------------- the host's view */
 
 struct host {
-    /* WebSocket parsing of the server's stream (frames are unmasked) */
-    uint8_t hdr[10];
-    size_t hdr_got;
-    uint64_t left;       /* payload bytes of the frame being read */
-    bool in_payload;
-    uint8_t op;          /* opcode of the frame being read */
-    bool fin;
+    struct fuzz_wsin in; /* the server's frames */
     struct buf msg;      /* the message being reassembled */
     uint8_t msg_op;
     bool http_done;      /* the 101 response has been read */
@@ -115,6 +109,7 @@ struct host {
 };
 
 static unsigned runs_relayed; /* 'F' run frames the supervisor wrote to the sandbox */
+static const struct config *g_cfg;
 static bool verbose;          /* FUZZ_SESSION_VERBOSE=1: print what the host gets */
 
 static void host_text(struct host *h, const uint8_t *p, size_t n)
@@ -193,22 +188,31 @@ static void host_close(struct host *h, const uint8_t *p, size_t n)
         FUZZ_ASSERT(p[i] >= 0x20 && p[i] < 0x7f, "close reason byte 0x%02x", p[i]);
 }
 
-static void host_message_end(struct host *h, const struct config *cfg)
+/* One frame of the server's stream (fuzz_wsin): reassemble messages. */
+static void host_frame(void *ud, uint8_t op, bool fin, const uint8_t *p, size_t n, uint64_t len)
 {
-    if (h->op == 8) {
-        host_close(h, h->msg.data, h->msg.len);
-    } else if ((h->op <= 2) && h->fin) {
-        if (h->msg_op == 1)
-            host_text(h, h->msg.data ? h->msg.data : (const uint8_t *)"", h->msg.len);
-        else
-            host_binary(h, h->msg.data, h->msg.len, cfg);
-    } else if (h->op <= 2) {
-        return; /* more fragments to come */
+    struct host *h = ud;
+    FUZZ_ASSERT(len <= WS_MAX_MESSAGE_BYTES && n == len, "frame of %llu bytes",
+                (unsigned long long)len);
+    if (op == 0x8) {
+        host_close(h, p, n);
+        return;
     }
+    if (op > 0x2)
+        return; /* ping, pong */
+    if (op != 0)
+        h->msg_op = op;
+    FUZZ_ASSERT(buf_append(&h->msg, p, n) == 0, "host message too large");
+    if (!fin)
+        return;
+    if (h->msg_op == 1)
+        host_text(h, h->msg.data ? h->msg.data : (const uint8_t *)"", h->msg.len);
+    else
+        host_binary(h, h->msg.data, h->msg.len, g_cfg);
     buf_reset(&h->msg);
 }
 
-static void host_bytes(struct host *h, const uint8_t *p, size_t n, const struct config *cfg)
+static void host_bytes(struct host *h, const uint8_t *p, size_t n)
 {
     while (n > 0 && !h->http_done) {
         buf_append(&h->http, p, 1);
@@ -217,45 +221,7 @@ static void host_bytes(struct host *h, const uint8_t *p, size_t n, const struct 
         if (h->http.len >= 4 && memcmp(h->http.data + h->http.len - 4, "\r\n\r\n", 4) == 0)
             h->http_done = true;
     }
-    while (n > 0) {
-        if (!h->in_payload) {
-            h->hdr[h->hdr_got++] = *p++;
-            n--;
-            if (h->hdr_got < 2)
-                continue;
-            uint8_t len7 = h->hdr[1] & 0x7f;
-            size_t need = 2 + (len7 == 126 ? 2 : len7 == 127 ? 8 : 0);
-            if (h->hdr_got < need)
-                continue;
-            uint64_t len = len7;
-            if (len7 == 126)
-                len = (uint64_t)h->hdr[2] << 8 | h->hdr[3];
-            else if (len7 == 127)
-                for (int k = 0; k < 8; k++)
-                    len = (k ? len << 8 : 0) | h->hdr[2 + k];
-            FUZZ_ASSERT(!(h->hdr[1] & 0x80), "server frame masked");
-            FUZZ_ASSERT(len <= WS_MAX_MESSAGE_BYTES, "frame of %llu bytes", (unsigned long long)len);
-            h->op = h->hdr[0] & 0x0f;
-            h->fin = h->hdr[0] >> 7;
-            if (h->op == 1 || h->op == 2)
-                h->msg_op = h->op;
-            if (h->op == 8 || h->op == 9 || h->op == 10)
-                buf_reset(&h->msg); /* control frames: never fragments of a message */
-            h->hdr_got = 0;
-            h->left = len;
-            h->in_payload = true;
-        }
-        size_t k = h->left < n ? (size_t)h->left : n;
-        if (h->op <= 2 || h->op == 8)
-            FUZZ_ASSERT(buf_append(&h->msg, p, k) == 0, "host message too large");
-        p += k;
-        n -= k;
-        h->left -= k;
-        if (h->left == 0) {
-            h->in_payload = false;
-            host_message_end(h, cfg);
-        }
-    }
+    fuzz_wsin_feed(&h->in, p, n, host_frame, h);
 }
 
 /* What the supervisor writes to the sandbox: count the run frames relayed. */
@@ -464,8 +430,7 @@ static void drain(int fd, void (*fn)(void *, const uint8_t *, size_t), void *ud)
         fn(ud, b, (size_t)n);
 }
 
-static const struct config *g_cfg;
-static void host_cb(void *ud, const uint8_t *p, size_t n) { host_bytes(ud, p, n, g_cfg); }
+static void host_cb(void *ud, const uint8_t *p, size_t n) { host_bytes(ud, p, n); }
 static void sbx_cb(void *ud, const uint8_t *p, size_t n) { sandbox_bytes(ud, p, n); }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -502,6 +467,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     runs_relayed = 0;
 
     struct host h = {.slot = H_FRAMES};
+    fuzz_wsin_init(&h.in, 8 << 20);
     buf_init(&h.msg, 8 << 20);
     buf_init(&h.http, 4096);
     struct sbx_view v = {0};
@@ -612,6 +578,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     close(cs[0]);
     buf_free(&h.msg);
     buf_free(&h.http);
+    fuzz_wsin_free(&h.in);
     buf_free(&v.body);
     return 0;
 }

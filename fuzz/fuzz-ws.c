@@ -226,18 +226,8 @@ static int read_all(struct ws_conn *c)
     return rc;
 }
 
-/* The server's side of the stream, as a client reads it: every close frame
- * must carry a code a client may see and a short UTF-8 reason. Server frames
- * are unmasked; the parser only needs to follow headers and lengths. */
-struct server_stream {
-    uint8_t hdr[10];
-    size_t hdr_got;
-    uint64_t left;       /* payload bytes to skip */
-    bool in_close;       /* the payload being read is a close frame's */
-    uint8_t close[125];
-    size_t close_got;
-};
-
+/* Every close frame the server sends, as a client reads it (fuzz_wsin), must
+ * carry a code a client may see and a short UTF-8 reason. */
 static void check_close(const uint8_t *p, size_t n)
 {
     if (n == 0)
@@ -250,61 +240,22 @@ static void check_close(const uint8_t *p, size_t n)
     FUZZ_ASSERT(n - 2 <= 123 && utf8_valid(p + 2, n - 2), "bad close reason");
 }
 
-static void server_bytes(struct server_stream *st, const uint8_t *p, size_t n)
+static void server_frame(void *ud, uint8_t op, bool fin, const uint8_t *p, size_t n, uint64_t len)
 {
-    while (n > 0) {
-        if (st->left == 0 && !st->in_close) {
-            st->hdr[st->hdr_got++] = *p++;
-            n--;
-            if (st->hdr_got < 2)
-                continue;
-            uint8_t len7 = st->hdr[1] & 0x7f;
-            size_t need = 2 + (len7 == 126 ? 2 : len7 == 127 ? 8 : 0);
-            if (st->hdr_got < need)
-                continue;
-            uint64_t len = len7;
-            if (len7 == 126)
-                len = (uint64_t)st->hdr[2] << 8 | st->hdr[3];
-            else if (len7 == 127)
-                for (int k = 0; k < 8; k++)
-                    len = (k ? len << 8 : 0) | st->hdr[2 + k];
-            FUZZ_ASSERT(!(st->hdr[1] & 0x80), "server frame masked");
-            st->hdr_got = 0;
-            st->left = len;
-            st->in_close = (st->hdr[0] & 0x0f) == 0x8;
-            st->close_got = 0;
-            if (st->in_close) {
-                FUZZ_ASSERT(len <= 125, "close frame of %llu bytes", (unsigned long long)len);
-                if (len == 0) {
-                    st->in_close = false;
-                    check_close(NULL, 0);
-                }
-            }
-            continue;
-        }
-        size_t k = st->left < n ? (size_t)st->left : n;
-        if (st->in_close) {
-            memcpy(st->close + st->close_got, p, k);
-            st->close_got += k;
-        }
-        st->left -= k;
-        p += k;
-        n -= k;
-        if (st->left == 0 && st->in_close) {
-            st->in_close = false;
-            check_close(st->close, st->close_got);
-        }
+    if (op == 0x8) {
+        FUZZ_ASSERT(len <= 125, "close frame of %llu bytes", (unsigned long long)len);
+        check_close(p, n);
     }
 }
 
-static struct server_stream out_stream;
+static struct fuzz_wsin out_stream;
 
 static void drain(int fd)
 {
     uint8_t sink[16384];
     ssize_t n;
     while ((n = recv(fd, sink, sizeof sink, MSG_DONTWAIT)) > 0)
-        server_bytes(&out_stream, sink, (size_t)n);
+        fuzz_wsin_feed(&out_stream, sink, (size_t)n, server_frame, NULL);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -367,7 +318,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     if (s.flags & F_INITIAL)
         initial_len = off = fuzz_chunker_next(&ch, len);
-    out_stream = (struct server_stream){0};
+    fuzz_wsin_free(&out_stream);
+    fuzz_wsin_init(&out_stream, 125);
     s.c = ws_conn_new(sv[1], &budget, stream, initial_len, &handlers, &s);
     FUZZ_ASSERT(s.c != NULL, "ws_conn_new");
     if (initial_len > 0) /* as the session does right after the upgrade */

@@ -81,3 +81,71 @@ static inline size_t fuzz_chunker_next(struct fuzz_chunker *c, size_t left)
     }
     return n < left ? n : left;
 }
+
+/* The server's side of a WebSocket stream as a client reads it: frames are
+ * unmasked (a masked one is a property violation), each handed whole to a
+ * callback (opcode, FIN, payload); payloads over max bytes are cut (the
+ * callback sees the first max bytes and the frame's real length). */
+struct fuzz_wsin {
+    uint8_t hdr[10];
+    size_t hdr_got;
+    bool in_payload;
+    uint8_t op, fin;
+    uint64_t len, left;
+    uint8_t *payload; /* owned, max bytes */
+    size_t max, got;
+};
+
+typedef void (*fuzz_wsin_frame_fn)(void *ud, uint8_t op, bool fin, const uint8_t *p, size_t n,
+                                   uint64_t len);
+
+static inline void fuzz_wsin_init(struct fuzz_wsin *w, size_t max)
+{
+    *w = (struct fuzz_wsin){.max = max, .payload = malloc(max ? max : 1)};
+}
+
+static inline void fuzz_wsin_free(struct fuzz_wsin *w)
+{
+    free(w->payload);
+    w->payload = NULL;
+}
+
+static inline void fuzz_wsin_feed(struct fuzz_wsin *w, const uint8_t *p, size_t n,
+                                  fuzz_wsin_frame_fn fn, void *ud)
+{
+    while (n > 0) {
+        if (!w->in_payload) {
+            w->hdr[w->hdr_got++] = *p++;
+            n--;
+            if (w->hdr_got < 2)
+                continue;
+            uint8_t len7 = w->hdr[1] & 0x7f;
+            size_t need = 2 + (len7 == 126 ? 2 : len7 == 127 ? 8 : 0);
+            if (w->hdr_got < need)
+                continue;
+            FUZZ_ASSERT(!(w->hdr[1] & 0x80), "server frame masked");
+            uint64_t len = len7;
+            if (len7 == 126)
+                len = (uint64_t)w->hdr[2] << 8 | w->hdr[3];
+            else if (len7 == 127)
+                for (int k = 0; k < 8; k++)
+                    len = (k ? len << 8 : 0) | w->hdr[2 + k];
+            w->op = w->hdr[0] & 0x0f;
+            w->fin = w->hdr[0] >> 7;
+            w->len = w->left = len;
+            w->got = 0;
+            w->hdr_got = 0;
+            w->in_payload = true;
+        }
+        size_t k = w->left < n ? (size_t)w->left : n;
+        for (size_t i = 0; i < k && w->got < w->max; i++)
+            w->payload[w->got++] = p[i];
+        p += k;
+        n -= k;
+        w->left -= k;
+        if (w->left == 0) {
+            w->in_payload = false;
+            fn(ud, w->op, w->fin, w->payload, w->got, w->len);
+        }
+    }
+}
