@@ -298,6 +298,15 @@ static size_t json_unit(const char *p, size_t i, size_t n, uint64_t *dec)
     return 6;
 }
 
+/* Whether 8 bytes at p hold a '\\' or a byte with its top bit set. */
+static inline bool plain_stop(const char *p)
+{
+    uint64_t w, ones = 0x0101010101010101ULL, highs = 0x8080808080808080ULL;
+    memcpy(&w, p, 8);
+    uint64_t b = w ^ (ones * '\\');
+    return (((b - ones) & ~b) | w) & highs;
+}
+
 /* Hold one stream of an output frame to --output-cap: if the string decodes
  * to more than cap (plus the sandbox's own notes), keep its first and last
  * cap/2 bytes, cut between characters, with a note between, as the sandbox
@@ -312,6 +321,27 @@ static int cap_stream(struct frame *f, const char *name, uint64_t cap)
     uint64_t total = fld->str_bytes, head = cap / 2, dec = 0, dec_head = 0;
     size_t head_end = 0, tail_start = n;
     for (size_t i = 1; i < n;) {
+        /* A run of plain ASCII decodes byte for byte: crossed in bulk. */
+        size_t j = i;
+        while (j + 8 <= n && !plain_stop(t + j))
+            j += 8;
+        while (j < n && t[j] != '\\' && (uint8_t)t[j] < 0x80)
+            j++;
+        if (j > i) {
+            uint64_t k = j - i, skip = total - (cap - head) > dec ? total - (cap - head) - dec : 0;
+            if (!head_end && dec + k > head) {
+                head_end = i + (size_t)(head - dec);
+                dec_head = head;
+            }
+            if (skip <= k) {
+                tail_start = i + (size_t)skip;
+                dec += skip;
+                break;
+            }
+            dec += k;
+            i = j;
+            continue;
+        }
         uint64_t d;
         size_t k = json_unit(t, i, n, &d);
         if (!head_end && dec + d > head) {
