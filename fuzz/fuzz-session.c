@@ -171,12 +171,49 @@ static void host_binary(struct host *h, const uint8_t *p, size_t n, const struct
     tarcheck_free(tc);
 }
 
+/* Everything the client wrote after its request, to find the first close
+ * frame it sent: the server answers that with an echo of its code and
+ * reason (RFC 6455 5.5.1), which are the client's, not the server's. */
+static struct buf client_sent;
+
+static bool client_close_echo(const uint8_t *p, size_t n)
+{
+    const uint8_t *b = client_sent.data;
+    size_t len = client_sent.len, i = 0;
+    while (i + 2 <= len) {
+        uint8_t op = b[i] & 0x0f, len7 = b[i + 1] & 0x7f;
+        bool masked = b[i + 1] & 0x80;
+        size_t h = 2 + (len7 == 126 ? 2 : len7 == 127 ? 8 : 0) + (masked ? 4 : 0);
+        if (i + h > len)
+            return false;
+        uint64_t plen = len7;
+        if (len7 == 126)
+            plen = (uint64_t)b[i + 2] << 8 | b[i + 3];
+        else if (len7 == 127)
+            for (int k = 0; k < 8; k++)
+                plen = (k ? plen << 8 : 0) | b[i + 2 + k];
+        if (plen > len - i - h)
+            return false;
+        if (op == 0x8) {
+            if (plen != n)
+                return false;
+            const uint8_t *key = b + i + h - 4;
+            for (size_t k = 0; k < n; k++)
+                if ((uint8_t)(b[i + h + k] ^ (masked ? key[k & 3] : 0)) != p[k])
+                    return false;
+            return true;
+        }
+        i += h + (size_t)plen;
+    }
+    return false;
+}
+
 static void host_close(struct host *h, const uint8_t *p, size_t n)
 {
     h->closed = true;
     if (verbose)
         fprintf(stderr, "host: close %.*s\n", (int)(n > 2 ? n - 2 : 0), (const char *)p + 2);
-    if (n == 0)
+    if (n == 0 || client_close_echo(p, n))
         return;
     FUZZ_ASSERT(n >= 2, "close frame with a 1-byte payload");
     unsigned code = (unsigned)p[0] << 8 | p[1];
@@ -409,6 +446,7 @@ static void client_frame(int fd, uint8_t opcode, bool fin, const uint8_t *p, siz
     for (size_t i = 0; i < n; i++)
         m[h + i] = p[i] ^ key[i & 3];
     (void)!write(fd, m, h + n);
+    buf_append(&client_sent, m, h + n);
     free(m);
 }
 
@@ -477,6 +515,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         "GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
         "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n";
     (void)!write(cs[0], upgrade, sizeof upgrade - 1);
+    buf_init(&client_sent, SIZE_MAX);
 
     size_t i = 0;
     bool dead = false;
@@ -526,6 +565,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             break;
         case 2:
             (void)!write(cs[0], p, n);
+            buf_append(&client_sent, p, n);
             break;
         case 3:
             if (chan[0] >= 0) {
@@ -578,6 +618,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     close(cs[0]);
     buf_free(&h.msg);
     buf_free(&h.http);
+    buf_free(&client_sent);
     fuzz_wsin_free(&h.in);
     buf_free(&v.body);
     return 0;
