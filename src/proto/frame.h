@@ -45,9 +45,10 @@ enum frame_peer {
 #define FRAME_MAX_FIELDS 4 /* fields besides "kind" */
 
 /* Most JSON items (strings including keys, numbers, literals, objects,
- * arrays) one message may hold. cJSON spends about 64 bytes per item, so
- * without a ceiling a 256 MiB message of "[0,0,0,..." (2 bytes per item)
- * would cost the supervisor ~8 GiB; with it, at most ~256 MiB. */
+ * arrays) one message may hold. The scanner allocates nothing per item, but
+ * a dense message ("[0,0,0,...", 2 bytes per item) is its slowest input:
+ * the ceiling keeps one message to ~70 ms of scanning here, spread over the
+ * loop rounds its bytes arrive in; the session sets lower ones per state. */
 #define FRAME_MAX_ITEMS (1u << 22)
 
 struct frame_field {
