@@ -24,6 +24,7 @@
 
 #include "core/budget.h"
 #include "core/limits.h"
+#include "core/utf8.h"
 
 #define WS_HDR_MAX 14          /* 2 + 8 (length) + 4 (mask) */
 #define WS_WBUF (64 * 1024)    /* gathered writes */
@@ -52,6 +53,11 @@ struct ws_conn {
     size_t hold_len;
     uint64_t payload_left;        /* hdr_check: payload bytes before the next header */
     bool frame_data;              /* the frame being received belongs to the message */
+    bool frame_close;             /* the frame being received is a close frame: */
+    uint8_t close_buf[125];       /*   its payload, checked whole (wslay checks the
+                                       reason's UTF-8 per chunk, from each chunk's
+                                       third byte, and would echo a bad one) */
+    size_t close_len;
     bool frame_fin;
     bool msg_text, msg_drop;      /* the current data message */
     uint64_t msg_limit;
@@ -236,6 +242,8 @@ static void on_frame_start(wslay_event_context_ptr ctx,
 {
     struct ws_conn *c = user_data;
     c->frame_data = false;
+    c->frame_close = arg->opcode == WSLAY_CONNECTION_CLOSE;
+    c->close_len = 0;
     if (arg->opcode & 0x8 || c->err)
         return; /* control frames are wslay's */
     if (arg->opcode != WSLAY_CONTINUATION_FRAME) {
@@ -274,6 +282,13 @@ static void on_frame_chunk(wslay_event_context_ptr ctx,
                            const struct wslay_event_on_frame_recv_chunk_arg *arg, void *user_data)
 {
     struct ws_conn *c = user_data;
+    if (c->frame_close) {
+        size_t k = arg->data_length < sizeof c->close_buf - c->close_len
+                        ? arg->data_length : sizeof c->close_buf - c->close_len;
+        memcpy(c->close_buf + c->close_len, arg->data, k);
+        c->close_len += k;
+        return;
+    }
     if (!c->frame_data || c->msg_drop || c->err || arg->data_length == 0)
         return;
     /* The room was reserved at the frame's start: this cannot fail. */
@@ -288,6 +303,13 @@ static void on_frame_chunk(wslay_event_context_ptr ctx,
 static void on_frame_end(wslay_event_context_ptr ctx, void *user_data)
 {
     struct ws_conn *c = user_data;
+    if (c->frame_close) {
+        /* Before wslay answers it: our close wins, wslay's echo is dropped. */
+        c->frame_close = false;
+        if (c->close_len > 2 && !utf8_valid(c->close_buf + 2, c->close_len - 2))
+            refuse(c, -EPROTO, WSLAY_CODE_INVALID_FRAME_PAYLOAD_DATA, "close reason not UTF-8");
+        return;
+    }
     if (!c->frame_data || !c->frame_fin)
         return;
     c->frame_data = false;

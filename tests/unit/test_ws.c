@@ -815,9 +815,28 @@ static void test_send_buf_fragments(void)
     pair_close(&p);
 }
 
+/* A close reason that is not UTF-8 is refused with 1007, also when it arrives
+ * in pieces (wslay checks it per chunk from each chunk's third byte, and would
+ * echo the bad reason back). */
+static void test_close_reason_utf8(void)
+{
+    uint8_t payload[5] = {0x03, 0xe8, 0x81, 0x04, 0x01}; /* 1000, then a stray continuation */
+    uint8_t buf[32];
+    size_t n = frame(buf, true, 0x8, payload, sizeof payload, true);
+    struct pair p;
+    pair_open(&p, 1 << 20, NULL, 0);
+    client_write(&p, buf, n - 4); /* the header and the code's first byte */
+    pump(&p);
+    client_write(&p, buf + n - 4, 4);
+    is_int(pump(&p), -EPROTO, "bad close reason in two pieces: -EPROTO");
+    expect_close(&p, 1007, "bad close reason in two pieces");
+    pair_close(&p);
+}
+
 int main(void)
 {
     test_protocol_errors_1002();
+    test_close_reason_utf8();
     test_limit_at_header();
     test_dropped_message();
     test_budget_refusals();
