@@ -92,8 +92,8 @@ static const char usage[] =
     "  --pids N                   processes/threads per turn (256)\n"
     "  --cpu MILLIS               CPU ms per second per turn (1000 = one CPU)\n"
     "  --tmpfs-size SIZE          /workspace and /tmp size each (512M)\n"
-    "  --block-timeout SEC        wall clock per block (0 = none)\n"
-    "  --turn-timeout SEC         wall clock per turn (0 = none)\n"
+    "  --block-timeout SEC        wall clock per block (900; 0 = none)\n"
+    "  --turn-timeout SEC         wall clock per turn (7200; 0 = none)\n"
     "  --idle-timeout SEC         idle time between blocks (600)\n"
     "  --turn-buffer SIZE         supervisor memory one turn's messages may hold (528M)\n"
     "  --total-buffer SIZE        ... all turns together (a quarter of RAM, >= 528M)\n"
@@ -226,6 +226,11 @@ static void set_defaults(struct config *cfg)
     cfg->pids_max = 256;
     cfg->cpu_millis = 1000;
     cfg->tmpfs_size = 512 * MiB;
+    /* Finite, so that a looping or stopped block, or a client that keeps a
+     * turn busy forever, gives its CPU and turn slot back (README,
+     * "Timeouts"). The idle limit is the host's own reaper (spec 7.5). */
+    cfg->block_timeout_ms = 900 * 1000;
+    cfg->turn_timeout_ms = 7200 * 1000;
     cfg->idle_timeout_ms = 600 * 1000;
     cfg->turn_buffer = TURN_BUFFER_DEFAULT;
     cfg->total_buffer = default_total_buffer();

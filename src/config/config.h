@@ -50,8 +50,8 @@ struct config {
     uint64_t pids_max;
     uint64_t cpu_millis;        /* CPU per second of wall time, in ms (1000 = 1 CPU) */
     uint64_t tmpfs_size;        /* bytes for /workspace and /tmp together */
-    uint64_t block_timeout_ms;  /* 0 = none */
-    uint64_t turn_timeout_ms;   /* 0 = none */
+    uint64_t block_timeout_ms;  /* default 900 s; 0 = none */
+    uint64_t turn_timeout_ms;   /* default 7200 s; 0 = none */
     uint64_t idle_timeout_ms;   /* between blocks; default 600 s */
     uint64_t turn_buffer;       /* bytes of messages one turn may make the supervisor hold */
     uint64_t total_buffer;      /* ... all turns together */

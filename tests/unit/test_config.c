@@ -28,6 +28,8 @@ int main(void)
     is_int(c.output_cap, 16 << 20, "default output cap 16 MiB");
     is_str(c.tools_dir, "/tools", "default tools dir");
     is_int(c.idle_timeout_ms, 600000, "default idle 600 s");
+    is_int(c.block_timeout_ms, 900000, "default block timeout 900 s");
+    is_int(c.turn_timeout_ms, 7200000, "default turn timeout 7200 s");
     ok(c.isolate, "isolated by default");
     is_int(c.pool_size, 4, "four pre-forked sandboxes by default");
     is_int(c.preauth_max, 1024, "default pre-auth pool 1024");
@@ -60,6 +62,9 @@ int main(void)
     is_str(c.site_dirs[1], "/opt/b", "second site dir");
     ok(c.single_use && c.capacity == 1, "single-use means capacity 1");
     is_int(c.block_timeout_ms, 7000, "seconds to ms");
+    const char *a_none[] = {"forkboxd", "--block-timeout=0", "--turn-timeout", "0"};
+    is_int(parse(&c, err, 4, a_none), 0, "0 timeouts parse");
+    ok(c.block_timeout_ms == 0 && c.turn_timeout_ms == 0, "0 is an explicit none");
 
     const char *bad[][2] = {{"forkboxd", "--capacity=0"}, {"forkboxd", "--listen=nope"},
                             {"forkboxd", "--tools-dir=/x/tool"}, {"forkboxd", "--bogus"},
