@@ -52,6 +52,17 @@ struct ws_conn {
     uint8_t hold[WS_HDR_MAX];     /* an incomplete frame header not yet given to wslay */
     size_t hold_len;
     uint64_t payload_left;        /* hdr_check: payload bytes before the next header */
+    bool hdr_msg_open;            /* hdr_check: a data message is between its frames */
+    struct {                      /* a data frame's header that ended the bytes last given
+                                     to wslay: wslay reports a frame only once a payload
+                                     byte arrives, so its limits are applied here when
+                                     wslay next asks for bytes (see ws_recv_cb) */
+        bool set;
+        uint8_t opcode;
+        bool fin;
+        uint64_t len;
+    } naked;
+    bool begun_early;             /* the frame being received was begun from naked */
     bool frame_data;              /* the frame being received belongs to the message */
     bool frame_close;             /* the frame being received is a close frame: */
     uint8_t close_buf[125];       /*   its payload, checked whole (wslay checks the
@@ -101,6 +112,7 @@ static size_t hdr_check(struct ws_conn *c, const uint8_t *p, size_t n, size_t *h
 {
     size_t i = 0;
     *hold_from = n;
+    c->naked.set = false;
     for (;;) {
         uint64_t skip = c->payload_left < n - i ? c->payload_left : n - i;
         i += skip;
@@ -124,8 +136,16 @@ static size_t hdr_check(struct ws_conn *c, const uint8_t *p, size_t n, size_t *h
         else if (len7 == 127)
             for (int k = 0; k < 8; k++)
                 len = (k ? len << 8 : 0) | p[i + 2 + k];
+        bool data = !(opcode & 0x8), fin = b0 & 0x80;
         const char *bad = NULL;
-        if ((opcode & 0x8) && (len > 125 || !(b0 & 0x80)))
+        if (b0 & 0x70)
+            bad = "reserved bits set";
+        else if ((opcode > WSLAY_BINARY_FRAME && data) || opcode > WSLAY_PONG)
+            bad = "unknown opcode";
+        else if (data && (opcode == WSLAY_CONTINUATION_FRAME) != c->hdr_msg_open)
+            bad = c->hdr_msg_open ? "new message before the last one ended"
+                                  : "continuation frame outside a message";
+        else if (!data && (len > 125 || !fin))
             bad = "control frame too long or fragmented";
         else if ((len7 == 126 && len < 126) || (len7 == 127 && len < 65536))
             bad = "frame length not in its shortest form";
@@ -139,6 +159,14 @@ static size_t hdr_check(struct ws_conn *c, const uint8_t *p, size_t n, size_t *h
         }
         i += need;
         c->payload_left = len;
+        if (data)
+            c->hdr_msg_open = !fin;
+        c->naked.set = data && len > 0 && i == n;
+        if (c->naked.set) {
+            c->naked.opcode = opcode;
+            c->naked.fin = fin;
+            c->naked.len = len;
+        }
     }
 }
 
@@ -189,10 +217,22 @@ static ssize_t fill(struct ws_conn *c, uint8_t *buf, size_t len)
     }
 }
 
+static void frame_begin(struct ws_conn *c, uint8_t opcode, bool fin, uint64_t len);
+
 static ssize_t ws_recv_cb(wslay_event_context_ptr ctx, uint8_t *buf, size_t len, int flags,
                           void *user_data)
 {
     struct ws_conn *c = user_data;
+    if (c->naked.set && !c->err) {
+        /* wslay asks for bytes only when it has taken all it was given: the
+         * frame whose header ended them is now wslay's current one. An
+         * announced length over the limit is refused here, before any of
+         * its payload is read (wslay would report the frame only with its
+         * first payload byte). */
+        c->naked.set = false;
+        c->begun_early = true;
+        frame_begin(c, c->naked.opcode, c->naked.fin, c->naked.len);
+    }
     if (c->bad) /* wslay has taken every byte before the bad header */
         refuse(c, -EPROTO, WSLAY_CODE_PROTOCOL_ERROR, c->bad);
     if (c->err) {
@@ -237,45 +277,57 @@ static void msg_reset(struct ws_conn *c)
     c->msg_limit = 0;
 }
 
-static void on_frame_start(wslay_event_context_ptr ctx,
-                           const struct wslay_event_on_frame_recv_start_arg *arg, void *user_data)
+/* A data frame begins: its message's limit (asked of the handler at a
+ * message's first frame), the 256 MiB cap and the budget are applied to the
+ * length its header announces, before any of its payload is taken. */
+static void frame_begin(struct ws_conn *c, uint8_t opcode, bool fin, uint64_t len)
 {
-    struct ws_conn *c = user_data;
-    c->frame_data = false;
-    c->frame_close = arg->opcode == WSLAY_CONNECTION_CLOSE;
-    c->close_len = 0;
-    if (arg->opcode & 0x8 || c->err)
-        return; /* control frames are wslay's */
-    if (arg->opcode != WSLAY_CONTINUATION_FRAME) {
+    if (opcode != WSLAY_CONTINUATION_FRAME) {
         msg_reset(c);
-        c->msg_text = arg->opcode == WSLAY_TEXT_FRAME;
+        c->msg_text = opcode == WSLAY_TEXT_FRAME;
         c->msg_limit = c->h.on_msg_begin ? c->h.on_msg_begin(c->ud, c->msg_text) : WS_MSG_DROP;
         c->msg_drop = c->msg_limit == WS_MSG_DROP;
         c->msg_announced = 0;
     }
     c->frame_data = true;
-    c->frame_fin = arg->fin;
+    c->frame_fin = fin;
     if (c->err)
         return;
     /* spec 1.4: 256 MiB per message, whatever happens to it */
-    c->msg_announced += arg->payload_length;
+    c->msg_announced += len;
     if (c->msg_announced > WS_MAX_MESSAGE_BYTES) {
         refuse(c, -EMSGSIZE, WSLAY_CODE_MESSAGE_TOO_BIG, "message too large");
         return;
     }
     if (c->msg_drop)
         return;
-    if (arg->payload_length > c->msg_limit - c->msg.len) {
+    if (len > c->msg_limit - c->msg.len) {
         refuse(c, -EMSGSIZE, WSLAY_CODE_MESSAGE_TOO_BIG, "message too large");
         return;
     }
-    int r = buf_reserve_exact(&c->msg, (size_t)arg->payload_length);
+    int r = buf_reserve_exact(&c->msg, (size_t)len);
     if (r == -ENOSPC)
         refuse(c, -ENOSPC, 1013, "server memory budget exhausted, try again later");
     else if (r == -EDQUOT || r == -ENOBUFS)
         refuse(c, -EMSGSIZE, WSLAY_CODE_MESSAGE_TOO_BIG, "message over the turn's memory budget");
     else if (r < 0)
         refuse(c, -ENOMEM, WSLAY_CODE_INTERNAL_SERVER_ERROR, "out of memory");
+}
+
+static void on_frame_start(wslay_event_context_ptr ctx,
+                           const struct wslay_event_on_frame_recv_start_arg *arg, void *user_data)
+{
+    struct ws_conn *c = user_data;
+    c->frame_close = arg->opcode == WSLAY_CONNECTION_CLOSE;
+    c->close_len = 0;
+    if (c->begun_early) { /* ws_recv_cb began this one from its header */
+        c->begun_early = false;
+        return;
+    }
+    c->frame_data = false;
+    if (arg->opcode & 0x8 || c->err)
+        return; /* control frames are wslay's */
+    frame_begin(c, arg->opcode, arg->fin, arg->payload_length);
 }
 
 static void on_frame_chunk(wslay_event_context_ptr ctx,

@@ -2,6 +2,7 @@
 item 18), WebSocket-level violations (§1.4), and hostile sandboxes forging
 channel messages or crashing (§9.2 "no isolation", "no kill")."""
 
+import os
 import struct
 import time
 
@@ -298,6 +299,37 @@ def test_upload_over_its_limit_refused_at_the_header(daemon):
         assert ws.close_code == 1009, ws.close_code
         assert time.monotonic() - t0 < 3
     assert arun(still_serving(daemon), T)
+
+
+def test_tools_upload_over_its_limit_refused_at_the_header(daemon):
+    """The same for the first message, the tools archive (limit 100 MiB)."""
+    ws = RawWS(daemon.port)
+    t0 = time.monotonic()
+    ws.sock.sendall(struct.pack("!BB", 0x82, 0x80 | 127) + struct.pack("!Q", 101 << 20)
+                    + b"\x01\x02\x03\x04" + b"z")
+    ws.recv_until_close(5)
+    assert ws.close_code == 1009, ws.close_code
+    assert time.monotonic() - t0 < 3
+    assert arun(still_serving(daemon), T)
+
+
+def test_upload_fragments_over_the_limit_refused_at_the_fragment_header(make_daemon):
+    """A fragmented upload is refused at the header of the fragment that takes
+    it past the limit (1 MiB here), before any of that fragment's body: the
+    first fragment is a real tar.gz prefix, the second is announced only."""
+    d = make_daemon(["--max-upload-workspace", "1M"])
+    big = fc.make_tar({"blob.bin": os.urandom(2 << 20)})
+    first = big[:700 << 10]
+    with raw_turn_start(d.port) as ws:
+        raw_block(ws, "pass")
+        ws.send_frame(RawWS.OP_BIN, first, fin=False)
+        t0 = time.monotonic()
+        ws.sock.sendall(struct.pack("!BB", 0x80 | RawWS.OP_CONT, 0x80 | 127)
+                        + struct.pack("!Q", 700 << 10) + b"\0\0\0\0")
+        ws.recv_until_close(5)
+        assert ws.close_code == 1009, (ws.close_code, ws.close_reason)
+        assert time.monotonic() - t0 < 3
+    assert arun(still_serving(d), T)
 
 
 # ---- hostile sandbox -------------------------------------------------------
