@@ -16,6 +16,7 @@
 #include "net/ws.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -84,6 +85,7 @@ struct ws_conn {
     size_t wlen, woff;            /* wbuf[woff..wlen) is waiting for the socket */
 
     int err;                      /* why this module closed (ws_conn_read's return) */
+    char reason[124];             /* a close reason with figures in it */
     const char *bad;              /* a protocol error found by hdr_check, refused once
                                      wslay has taken the frames before it */
     bool io_failed;               /* EOF or a socket error: nothing more can move */
@@ -295,16 +297,18 @@ static void frame_begin(struct ws_conn *c, uint8_t opcode, bool fin, uint64_t le
         return;
     /* spec 1.4: 256 MiB per message, whatever happens to it */
     c->msg_announced += len;
-    if (c->msg_announced > WS_MAX_MESSAGE_BYTES) {
-        refuse(c, -EMSGSIZE, WSLAY_CODE_MESSAGE_TOO_BIG, "message too large");
+    uint64_t limit = c->msg_drop ? WS_MAX_MESSAGE_BYTES : c->msg_limit;
+    if (c->msg_announced > WS_MAX_MESSAGE_BYTES ||
+        (!c->msg_drop && len > c->msg_limit - c->msg.len)) {
+        snprintf(c->reason, sizeof c->reason,
+                 "message too large: %llu bytes announced, the limit here is %llu",
+                 (unsigned long long)c->msg_announced,
+                 (unsigned long long)(limit < WS_MAX_MESSAGE_BYTES ? limit : WS_MAX_MESSAGE_BYTES));
+        refuse(c, -EMSGSIZE, WSLAY_CODE_MESSAGE_TOO_BIG, c->reason);
         return;
     }
     if (c->msg_drop)
         return;
-    if (len > c->msg_limit - c->msg.len) {
-        refuse(c, -EMSGSIZE, WSLAY_CODE_MESSAGE_TOO_BIG, "message too large");
-        return;
-    }
     int r = buf_reserve_exact(&c->msg, (size_t)len);
     if (r == -ENOSPC)
         refuse(c, -ENOSPC, 1013, "server memory budget exhausted, try again later");
