@@ -273,6 +273,13 @@ PROTOCOL_ERRORS = {
     "one-byte-close-payload": struct.pack("!BB", 0x88, 0x80 | 1) + b"\x00\x00\x00\x00" + b"x",
     "64-bit-length-top-bit": struct.pack("!BB", 0x82, 0x80 | 127) + struct.pack("!Q", 1 << 63)
     + b"\x01\x02\x03\x04",
+    # refused by the header check before wslay would (it reports a frame only
+    # with its first payload byte): no payload follows these headers
+    "continuation-outside-a-message": struct.pack("!BB", 0x80, 0x80 | 100) + b"\x01\x02\x03\x04",
+    "new-message-inside-a-fragmented-one": struct.pack("!BB", 0x02, 0x80 | 1) + b"\x01\x02\x03\x04"
+    + b"x" + struct.pack("!BB", 0x82, 0x80 | 100) + b"\x01\x02\x03\x04",
+    "reserved-bit": struct.pack("!BB", 0xC2, 0x80 | 100) + b"\x01\x02\x03\x04",
+    "unknown-opcode": struct.pack("!BB", 0x83, 0x80 | 100) + b"\x01\x02\x03\x04",
 }
 
 
@@ -302,11 +309,12 @@ def test_upload_over_its_limit_refused_at_the_header(daemon):
 
 
 def test_tools_upload_over_its_limit_refused_at_the_header(daemon):
-    """The same for the first message, the tools archive (limit 100 MiB)."""
+    """The same for the first message, the tools archive (limit 100 MiB),
+    with not even one byte of its body sent."""
     ws = RawWS(daemon.port)
     t0 = time.monotonic()
     ws.sock.sendall(struct.pack("!BB", 0x82, 0x80 | 127) + struct.pack("!Q", 101 << 20)
-                    + b"\x01\x02\x03\x04" + b"z")
+                    + b"\x01\x02\x03\x04")
     ws.recv_until_close(5)
     assert ws.close_code == 1009, ws.close_code
     assert time.monotonic() - t0 < 3
@@ -330,6 +338,30 @@ def test_upload_fragments_over_the_limit_refused_at_the_fragment_header(make_dae
         assert ws.close_code == 1009, (ws.close_code, ws.close_reason)
         assert time.monotonic() - t0 < 3
     assert arun(still_serving(d), T)
+
+
+def vm_hwm_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as fh:
+        return next(int(line.split()[1]) for line in fh if line.startswith("VmHWM:"))
+
+
+def test_an_upload_is_held_once(make_daemon):
+    """The supervisor holds one copy of an upload, not the message plus a
+    copy for the sandbox: its peak RSS grows by about the upload's size
+    (880490b: twice it)."""
+    d = make_daemon([])
+    size = 48 << 20
+    upload = fc.make_tar({"blob.bin": os.urandom(size)})
+    code = "import os\nprint(os.path.getsize('/workspace/blob.bin'))\nos.remove('/workspace/blob.bin')"
+    before = vm_hwm_kib(d.pid)
+
+    async def go():
+        async with await connect(d) as turn:
+            r = await turn.run(code, upload)
+            assert r.stdout.strip() == str(size), r.stderr
+    arun(go(), T)
+    grew = (vm_hwm_kib(d.pid) - before) << 10
+    assert grew < 1.4 * len(upload), f"peak RSS grew by {grew >> 20} MiB for a {len(upload) >> 20} MiB upload"
 
 
 # ---- hostile sandbox -------------------------------------------------------
