@@ -514,7 +514,12 @@ _Noreturn static void placer_main(const struct config *cfg, struct sbx_cgroups *
         if (req.op == PLACER_ATTACH && go_fd >= 0) {
             uint64_t t0 = mono_ns();
             int r = limits_cgroups_attach(cg, req.pid, cfg);
-            if (r < 0)
+            /* Gone already (killed as its client left, or failed before
+             * its go): nothing to place, its cgroup stays a spare. Common
+             * and harmless, so not a warning. */
+            if (r == -ESRCH)
+                LOG_D("sandbox %d was gone before its placement", (int)req.pid);
+            else if (r < 0)
                 LOG_W("cgroup placement of %d: %s", (int)req.pid, strerror(-r));
             else
                 LOG_D("sandbox %d placed in %llu us", (int)req.pid,

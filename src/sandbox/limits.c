@@ -487,24 +487,37 @@ static void drop_live(struct sbx_cgroups *cg, pid_t pid)
     }
 }
 
-/* Move pid into every directory of turn cgroup seq. */
+/* Move pid into every directory of turn cgroup seq. -ESRCH, unlogged, if
+ * pid is gone (reaped before its placement: the cgroup is not at fault). */
 static int move_in(const struct sbx_cgroups *cg, uint64_t seq, const char *pidstr)
 {
     for (int c = 0; c < CG_N; c++) {
         if (!turn_enforced(cg, c))
             continue;
-        char dir[PATH_MAX + 48];
+        char dir[PATH_MAX + 48], path[PATH_MAX + 64];
         turn_dir(cg, c, seq, dir, sizeof dir);
-        int rc = write_at(dir, "cgroup.procs", pidstr);
-        if (rc < 0)
+        snprintf(path, sizeof path, "%s/cgroup.procs", dir);
+        int rc = write_file(path, pidstr);
+        if (rc == -ESRCH)
             return rc;
+        if (rc < 0) {
+            LOG_W("cgroup: writing '%s' to %s: %s", pidstr, path, strerror(-rc));
+            return rc;
+        }
     }
     return 0;
 }
 
-/* An empty, limited turn cgroup from the spare list; -ENOENT if none works. */
+/* An empty, limited turn cgroup from the spare list; -ENOENT if none works,
+ * -ESRCH if pid is gone. A sandbox that died before its placement (killed by
+ * the supervisor as its client left, a failed early step) leaves the spare it
+ * was given in the list: a reaped pid is in no cgroup, so the spare is as
+ * empty as it was. Only a spare that itself fails (removed by an operator) is
+ * dropped, and the cause is logged once per placement, not per spare. */
 static int attach_spare(struct sbx_cgroups *cg, pid_t pid, const char *pidstr)
 {
+    unsigned dropped = 0;
+    int why = 0;
     while (cg->n_spare) {
         struct cg_turn t = cg->spare[--cg->n_spare];
         t.pid = pid;
@@ -513,13 +526,25 @@ static int attach_spare(struct sbx_cgroups *cg, pid_t pid, const char *pidstr)
             return -ENOMEM;
         }
         int rc = move_in(cg, t.seq, pidstr);
-        if (rc == 0)
-            return 0;
-        /* Gone or broken (an operator removed it?): drop it, try the next. */
-        LOG_W("cgroup: reusing turn cgroup %llu: %s", (unsigned long long)t.seq, strerror(-rc));
+        if (rc == 0 || rc == -ESRCH) {
+            if (rc == -ESRCH) {
+                cg->n_live--; /* back where it was: the last spare */
+                cg->n_spare++;
+            }
+            if (dropped)
+                LOG_W("cgroup: %u spare turn cgroup%s unusable (%s): removed", dropped,
+                      dropped == 1 ? "" : "s", strerror(-why));
+            return rc;
+        }
+        /* Broken (an operator removed it?): drop it, try the next. */
+        dropped++;
+        why = rc;
         cg->live[cg->n_live - 1].complete = false;
         drop_live(cg, pid);
     }
+    if (dropped)
+        LOG_W("cgroup: %u spare turn cgroup%s unusable (%s): removed", dropped,
+              dropped == 1 ? "" : "s", strerror(-why));
     return -ENOENT;
 }
 
@@ -555,13 +580,14 @@ int limits_cgroups_attach(struct sbx_cgroups *cg, pid_t pid, const struct config
             } else {
                 rc = set_limits(cg, c, dir, cfg);
             }
-            if (rc == 0)
-                rc = write_at(dir, "cgroup.procs", pidstr);
         }
+        /* Made and limited: reusable, even if pid is gone by now. */
         if (rc == 0)
             cg->live[cg->n_live - 1].complete = true;
+        if (rc == 0)
+            rc = move_in(cg, t.seq, pidstr);
         if (rc < 0)
-            drop_live(cg, pid); /* what this attempt created */
+            drop_live(cg, pid); /* recycled if complete, else removed */
     }
     return rc;
 }
