@@ -8,7 +8,7 @@
  *   cpu     v2 cpu.max, or v1 cpu.cfs_quota_us/cfs_period_us where the v1 cpu
  *           controller is mounted.
  *   rlimits in the child: RLIMIT_CORE 0, RLIMIT_FSIZE = tmpfs size, RLIMIT_NOFILE,
- *           RLIMIT_NPROC = pids, RLIMIT_SIGPENDING, RLIMIT_MSGQUEUE.
+ *           RLIMIT_NPROC = pids + 1, RLIMIT_SIGPENDING, RLIMIT_MSGQUEUE.
  *
  * Cgroups are created under the fork server's own cgroup in each hierarchy
  * (read from /proc/self/cgroup), so the daemon's own limits still bound all
@@ -78,6 +78,8 @@ struct sbx_cgroups {
         pid_t pid;            /* the sandbox's host pid */
         uint64_t seq;         /* its cgroup number */
         bool complete;        /* every directory made, limited and entered: reusable */
+        struct cg_events base; /* its counters when the sandbox in it was placed (they
+                                  only grow, and survive reuse) */
     } *live, *busy, *spare;   /* owned: placed turns; released, tasks still exiting;
                                  released, empty and ready for the next turn */
     size_t n_live, cap_live, n_busy, cap_busy, n_spare, cap_spare;
@@ -362,6 +364,38 @@ static bool turn_empty(const struct sbx_cgroups *cg, uint64_t seq)
     return true;
 }
 
+/* The value of "key N" in a flat-keyed cgroup file; 0 if absent. */
+static uint32_t read_key(const char *dir, const char *file, const char *key)
+{
+    char path[PATH_MAX + 64], buf[1024];
+    snprintf(path, sizeof path, "%s/%s", dir, file);
+    if (read_file(path, buf, sizeof buf) < 0)
+        return 0;
+    size_t klen = strlen(key);
+    for (char *line = buf; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL)
+        if (strncmp(line, key, klen) == 0 && line[klen] == ' ')
+            return (uint32_t)strtoul(line + klen + 1, NULL, 10);
+    return 0;
+}
+
+/* What turn cgroup seq has counted since it was made: OOM kills (the
+ * kernel's memory.events in v2, memory.oom_control in v1, both "oom_kill")
+ * and forks refused at pids.max ("max" in pids.events). */
+static struct cg_events read_events(const struct sbx_cgroups *cg, uint64_t seq)
+{
+    struct cg_events ev = {0};
+    char dir[PATH_MAX + 48];
+    if (cg->dir[CG_MEMORY][0]) {
+        turn_dir(cg, CG_MEMORY, seq, dir, sizeof dir);
+        ev.oom_kills = read_key(dir, cg->v2 ? "memory.events" : "memory.oom_control", "oom_kill");
+    }
+    if (cg->dir[CG_PIDS][0]) {
+        turn_dir(cg, CG_PIDS, seq, dir, sizeof dir);
+        ev.pids_max = read_key(dir, "pids.events", "max");
+    }
+    return ev;
+}
+
 /* Remove a turn's directories; -EBUSY while a task of it is still exiting. */
 static int remove_turn(const struct sbx_cgroups *cg, uint64_t seq)
 {
@@ -471,14 +505,22 @@ static int recycle_turn(struct sbx_cgroups *cg, struct cg_turn t)
     return remove_turn(cg, t.seq);
 }
 
-/* pid's turn cgroup leaves the live list: recycled if complete, else removed. */
-static void drop_live(struct sbx_cgroups *cg, pid_t pid)
+/* pid's turn cgroup leaves the live list: recycled if complete, else
+ * removed. ev (may be NULL) gets what it counted while pid was in it: read
+ * here, before the cgroup can serve another sandbox. */
+static void drop_live(struct sbx_cgroups *cg, pid_t pid, struct cg_events *ev)
 {
     for (size_t i = 0; i < cg->n_live; i++) {
         if (cg->live[i].pid != pid)
             continue;
         struct cg_turn t = cg->live[i];
         cg->live[i] = cg->live[--cg->n_live];
+        if (ev && t.complete) {
+            struct cg_events now = read_events(cg, t.seq);
+            ev->oom_kills = now.oom_kills - t.base.oom_kills;
+            ev->pids_max = now.pids_max - t.base.pids_max;
+            t.base = now;
+        }
         if (recycle_turn(cg, t) == -EBUSY &&
             turn_push(&cg->busy, &cg->n_busy, &cg->cap_busy, t) < 0)
             LOG_W("cgroup: out of memory; turn cgroup %llu left behind",
@@ -540,7 +582,7 @@ static int attach_spare(struct sbx_cgroups *cg, pid_t pid, const char *pidstr)
         dropped++;
         why = rc;
         cg->live[cg->n_live - 1].complete = false;
-        drop_live(cg, pid);
+        drop_live(cg, pid, NULL);
     }
     if (dropped)
         LOG_W("cgroup: %u spare turn cgroup%s unusable (%s): removed", dropped,
@@ -587,15 +629,17 @@ int limits_cgroups_attach(struct sbx_cgroups *cg, pid_t pid, const struct config
         if (rc == 0)
             rc = move_in(cg, t.seq, pidstr);
         if (rc < 0)
-            drop_live(cg, pid); /* recycled if complete, else removed */
+            drop_live(cg, pid, NULL); /* recycled if complete, else removed */
     }
     return rc;
 }
 
-void limits_cgroups_release(struct sbx_cgroups *cg, pid_t pid)
+void limits_cgroups_release(struct sbx_cgroups *cg, pid_t pid, struct cg_events *ev)
 {
+    if (ev)
+        *ev = (struct cg_events){0};
     if (cg)
-        drop_live(cg, pid);
+        drop_live(cg, pid, ev);
 }
 
 size_t limits_cgroups_retry(struct sbx_cgroups *cg)
@@ -668,7 +712,11 @@ int limits_apply_rlimits(const struct config *cfg)
         return rc;
     /* Isolated only: without isolation (benchmarks) as a non-root user,
      * every sandbox runs as that user, whose other processes count too. */
-    if (cfg->isolate && cfg->pids_max && (rc = set_rlimit(RLIMIT_NPROC, cfg->pids_max)) < 0)
+    /* One above pids.max: the kernel checks the rlimit first, and at the
+     * same value it refused every fork before pids.max could count it
+     * (pids.events), which is how the close reason knows a turn hit its
+     * process limit. */
+    if (cfg->isolate && cfg->pids_max && (rc = set_rlimit(RLIMIT_NPROC, cfg->pids_max + 1)) < 0)
         return rc;
     return 0;
 }
