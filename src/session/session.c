@@ -813,7 +813,7 @@ static bool crash_signal(int sig)
  * the synchronous faults (and SIGABRT, SIGSYS: abort() and the seccomp
  * policy's kill) are a crash of the runtime or of native code in it; any
  * other is a kill (os.kill from user code, a subprocess). Each reason fits
- * a close frame (123 bytes); README, "Close reasons", lists them. */
+ * a close frame (123 bytes); README, "Why a turn ended", lists them. */
 static void death_reason(const struct session *s, char *out, size_t len)
 {
     const struct fs_reply *d = &s->death;
