@@ -552,10 +552,14 @@ _Noreturn static void placer_main(const struct config *cfg, struct sbx_cgroups *
             if (go_fd >= 0)
                 close(go_fd);
             if (req.op == PLACER_RELEASE || req.op == PLACER_RELEASE_REPORT) {
+                /* Counted either way (the next sandbox in this cgroup
+                 * starts from here); the report goes first: the turn's
+                 * close waits for it, the cgroup's recycling does not. */
                 struct cg_events ev;
-                limits_cgroups_release(cg, req.pid, &ev);
+                limits_cgroups_events(cg, req.pid, &ev);
                 if (req.op == PLACER_RELEASE_REPORT)
                     placer_report(ctl_fd, &req, &ev);
+                limits_cgroups_release(cg, req.pid);
                 busy = limits_cgroups_retry(cg);
             }
         }

@@ -505,22 +505,14 @@ static int recycle_turn(struct sbx_cgroups *cg, struct cg_turn t)
     return remove_turn(cg, t.seq);
 }
 
-/* pid's turn cgroup leaves the live list: recycled if complete, else
- * removed. ev (may be NULL) gets what it counted while pid was in it: read
- * here, before the cgroup can serve another sandbox. */
-static void drop_live(struct sbx_cgroups *cg, pid_t pid, struct cg_events *ev)
+/* pid's turn cgroup leaves the live list: recycled if complete, else removed. */
+static void drop_live(struct sbx_cgroups *cg, pid_t pid)
 {
     for (size_t i = 0; i < cg->n_live; i++) {
         if (cg->live[i].pid != pid)
             continue;
         struct cg_turn t = cg->live[i];
         cg->live[i] = cg->live[--cg->n_live];
-        if (ev && t.complete) {
-            struct cg_events now = read_events(cg, t.seq);
-            ev->oom_kills = now.oom_kills - t.base.oom_kills;
-            ev->pids_max = now.pids_max - t.base.pids_max;
-            t.base = now;
-        }
         if (recycle_turn(cg, t) == -EBUSY &&
             turn_push(&cg->busy, &cg->n_busy, &cg->cap_busy, t) < 0)
             LOG_W("cgroup: out of memory; turn cgroup %llu left behind",
@@ -582,7 +574,7 @@ static int attach_spare(struct sbx_cgroups *cg, pid_t pid, const char *pidstr)
         dropped++;
         why = rc;
         cg->live[cg->n_live - 1].complete = false;
-        drop_live(cg, pid, NULL);
+        drop_live(cg, pid);
     }
     if (dropped)
         LOG_W("cgroup: %u spare turn cgroup%s unusable (%s): removed", dropped,
@@ -629,17 +621,31 @@ int limits_cgroups_attach(struct sbx_cgroups *cg, pid_t pid, const struct config
         if (rc == 0)
             rc = move_in(cg, t.seq, pidstr);
         if (rc < 0)
-            drop_live(cg, pid, NULL); /* recycled if complete, else removed */
+            drop_live(cg, pid); /* recycled if complete, else removed */
     }
     return rc;
 }
 
-void limits_cgroups_release(struct sbx_cgroups *cg, pid_t pid, struct cg_events *ev)
+void limits_cgroups_events(struct sbx_cgroups *cg, pid_t pid, struct cg_events *ev)
 {
-    if (ev)
-        *ev = (struct cg_events){0};
+    *ev = (struct cg_events){0};
+    for (size_t i = 0; cg && i < cg->n_live; i++) {
+        struct cg_turn *t = &cg->live[i];
+        if (t->pid != pid || !t->complete)
+            continue;
+        /* Counters only grow and survive reuse: the next sandbox's start is now. */
+        struct cg_events now = read_events(cg, t->seq);
+        ev->oom_kills = now.oom_kills - t->base.oom_kills;
+        ev->pids_max = now.pids_max - t->base.pids_max;
+        t->base = now;
+        return;
+    }
+}
+
+void limits_cgroups_release(struct sbx_cgroups *cg, pid_t pid)
+{
     if (cg)
-        drop_live(cg, pid, ev);
+        drop_live(cg, pid);
 }
 
 size_t limits_cgroups_retry(struct sbx_cgroups *cg)

@@ -23,11 +23,14 @@ struct cg_events {
     uint32_t oom_kills; /* v2 memory.events / v1 memory.oom_control oom_kill */
     uint32_t pids_max;  /* pids.events max: forks refused at pids.max */
 };
+/* What pid's turn cgroup counted since pid was placed in it; call once pid
+ * has been reaped, before limits_cgroups_release (which may hand the cgroup
+ * to the next sandbox). */
+void limits_cgroups_events(struct sbx_cgroups *cg, pid_t pid, struct cg_events *ev);
 /* Remove the turn's cgroup(s) once pid has been reaped, or keep them as a
- * spare; ev (may be NULL) gets what they counted while pid was in them, read
- * before they can be reused. Never blocks: a cgroup whose tasks are still
- * exiting is kept for limits_cgroups_retry(). */
-void limits_cgroups_release(struct sbx_cgroups *cg, pid_t pid, struct cg_events *ev);
+ * spare. Never blocks: a cgroup whose tasks are still exiting is kept for
+ * limits_cgroups_retry(). */
+void limits_cgroups_release(struct sbx_cgroups *cg, pid_t pid);
 /* Try again to remove released cgroups that were busy; returns how many are
  * still waiting (call again a little later while non-zero). */
 size_t limits_cgroups_retry(struct sbx_cgroups *cg);

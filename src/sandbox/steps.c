@@ -1196,7 +1196,7 @@ int sbx_spawn(const struct sbx_plan *p, uint32_t id, unsigned spawn_flags,
 void sbx_child_release(const struct sbx_plan *p, struct sbx_child *c)
 {
     if (p->cgroups && c->pid > 0)
-        limits_cgroups_release(p->cgroups, c->pid, NULL);
+        limits_cgroups_release(p->cgroups, c->pid);
     close_and_reset(&c->pidfd);
     close_and_reset(&c->chan_fd);
     close_and_reset(&c->warm_fd);

@@ -1154,7 +1154,7 @@ static void test_cgroup_leftovers(struct sbx_cgroups *cg, const struct config *c
     for (int i = 0; i < 2; i++) {
         kill(turn[i], SIGKILL);
         waitpid(turn[i], NULL, 0);
-        limits_cgroups_release(cg, turn[i], NULL);
+        limits_cgroups_release(cg, turn[i]);
     }
     kill(sleeper, SIGKILL);
     waitpid(sleeper, NULL, 0);
@@ -1211,7 +1211,8 @@ static void test_cgroups(void)
     waitpid(pid, &st, 0);
     ok(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL, "child over memory limit is OOM-killed");
     struct cg_events ev;
-    limits_cgroups_release(cg, pid, &ev);
+    limits_cgroups_events(cg, pid, &ev);
+    limits_cgroups_release(cg, pid);
     ok(ev.oom_kills >= 1, "the release reports the OOM kill (%u)", ev.oom_kills);
 
     /* pids: a turn limited to 16 tasks cannot start 40 */
@@ -1250,7 +1251,8 @@ static void test_cgroups(void)
     close(go[1]);
     waitpid(pid, &st, 0);
     ok(WIFEXITED(st) && WEXITSTATUS(st) == 0, "pids.max 16: the 16th fork fails with EAGAIN");
-    limits_cgroups_release(cg, pid, &ev);
+    limits_cgroups_events(cg, pid, &ev);
+    limits_cgroups_release(cg, pid);
     ok(ev.pids_max >= 1 && ev.oom_kills == 0,
        "the release reports the refused forks (%u), not the earlier turn's OOM kill (%u)",
        ev.pids_max, ev.oom_kills);
