@@ -573,8 +573,9 @@ static int placer_start(struct forkserver *fsv, char *err, size_t errlen)
      * a copy above the fds fork_helper uses. */
     int ctl_copy = fcntl(fsv->ctl_fd, F_DUPFD_CLOEXEC, 10);
     if (ctl_copy < 0) {
-        snprintf(err, errlen, "cgroup helper: dup: %s", strerror(errno));
-        return -errno;
+        int e = errno;
+        snprintf(err, errlen, "cgroup helper: dup: %s", strerror(e));
+        return -e;
     }
     pid_t pid = fork_helper("cgroup helper", &fd, err, errlen);
     if (pid < 0) {

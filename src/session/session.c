@@ -807,8 +807,8 @@ static bool crash_signal(int sig)
  * what its turn cgroup counted (forkserver.h), never from what the sandbox
  * sent. Init exits with the runtime's exit code below 128, 128 + the signal
  * that killed it, or 255 for an exit code of 128 or more (steps.c, step 9);
- * init killed itself (the OOM killer kills every process that shares the
- * runtime's memory, init included) counts as that signal. Which signal
+ * init itself killed by a signal (the OOM killer kills every process sharing
+ * the runtime's memory, init included) counts as that signal. Which signal
  * came from where cannot be known from outside, so the rule is by signal:
  * the synchronous faults (and SIGABRT, SIGSYS: abort() and the seccomp
  * policy's kill) are a crash of the runtime or of native code in it; any
