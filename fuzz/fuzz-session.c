@@ -17,7 +17,8 @@
  *      output with a long stdout, an empty-tree snapshot, a small valid
  *      snapshot, a snapshot with a setuid member
  *   6  a timer tick, param seconds in the future (x 4)
- *   7  the sandbox dies (channel closed, its pidfd readable)
+ *   7  the sandbox dies (channel closed, its pidfd readable; maybe the fork
+ *      server's death report, with a wait status and cgroup counters)
  *   8  the client half-closes
  *   9  a valid tools archive or workspace archive from the client (param)
  * Each operation is followed by a few rounds of the loop.
@@ -594,6 +595,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             if (pid_pipe[1] >= 0) {
                 close(pid_pipe[1]);
                 pid_pipe[1] = -1;
+            }
+            /* The fork server's death report: before or after the session
+             * noticed, or never (then the session's own deadline). */
+            if (param & 1) {
+                struct fs_reply rep = {.kind = FS_REPLY_DEATH, .turn_id = s->id, .pid = 1,
+                                       .wait_status = param & 2 ? (param >> 2) : (param << 6),
+                                       .oom_kills = param >> 7, .pids_max = (param >> 6) & 1};
+                session_sandbox_died(s, &rep);
             }
             break;
         case 8:

@@ -281,8 +281,8 @@ int fs_client_reply(struct fs_client *fs, struct fs_reply *rep, int *chan_fd, in
         }
     }
     bool ok = (size_t)n == sizeof *rep && !(msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) &&
-              (rep->status != 0 || nfds == 2);
-    if (!ok || rep->status != 0) {
+              (rep->kind == FS_REPLY_DEATH ? nfds == 0 : rep->status != 0 || nfds == 2);
+    if (!ok || rep->status != 0 || rep->kind == FS_REPLY_DEATH) {
         for (int i = 0; i < nfds; i++)
             close(fds[i]);
         return ok ? 1 : -EPROTO;
@@ -456,14 +456,37 @@ static int kids_reserve(struct forkserver *fsv)
  * goes the same way. We never wait for either; the helper works through its
  * queue in order (back-to-back attaches mostly skip the grace period). */
 
-enum placer_op { PLACER_ATTACH = 1, PLACER_RELEASE = 2 };
+enum placer_op { PLACER_ATTACH = 1, PLACER_RELEASE = 2, PLACER_RELEASE_REPORT = 3 };
 
 struct placer_req {
-    uint32_t op;  /* enum placer_op */
-    int32_t pid;  /* ATTACH carries the child's go fd by SCM_RIGHTS */
+    uint32_t op;         /* enum placer_op */
+    int32_t pid;         /* ATTACH carries the child's go fd by SCM_RIGHTS */
+    uint64_t turn_id;    /* RELEASE_REPORT: the turn the reaped sandbox served */
+    int32_t wait_status; /* RELEASE_REPORT: its init's wait status */
+    int32_t reserved;
 };
 
-_Noreturn static void placer_main(const struct config *cfg, struct sbx_cgroups *cg, int fd)
+/* A sandbox handed to a turn has been reaped: the helper reads what its
+ * turn cgroup counted (before the cgroup can be reused) and sends the
+ * supervisor the death report itself, on its copy of the control socket
+ * (fd 4), so that we never wait for it and no reply flows back to us. The
+ * supervisor reads the control socket all the time, so the helper's
+ * blocking send cannot stall for long. */
+static void placer_report(int ctl_fd, const struct placer_req *req, const struct cg_events *ev)
+{
+    struct fs_reply rep = {.pid = req->pid, .turn_id = req->turn_id, .kind = FS_REPLY_DEATH,
+                           .wait_status = req->wait_status, .oom_kills = ev->oom_kills,
+                           .pids_max = ev->pids_max};
+    ssize_t n;
+    do
+        n = send(ctl_fd, &rep, sizeof rep, MSG_NOSIGNAL);
+    while (n < 0 && errno == EINTR);
+    if (n < 0 && errno != EPIPE && errno != ECONNRESET)
+        PLOG_W("death report for turn %llu", (unsigned long long)req->turn_id);
+}
+
+_Noreturn static void placer_main(const struct config *cfg, struct sbx_cgroups *cg, int fd,
+                                  int ctl_fd)
 {
     signal(SIGPIPE, SIG_IGN); /* a child killed before its go */
     /* We leave when the fork server does, however it ends (EOF on our
@@ -514,7 +537,12 @@ _Noreturn static void placer_main(const struct config *cfg, struct sbx_cgroups *
         if (req.op == PLACER_ATTACH && go_fd >= 0) {
             uint64_t t0 = mono_ns();
             int r = limits_cgroups_attach(cg, req.pid, cfg);
-            if (r < 0)
+            /* Gone already (killed as its client left, or failed before
+             * its go): nothing to place, its cgroup stays a spare. Common
+             * and harmless, so not a warning. */
+            if (r == -ESRCH)
+                LOG_D("sandbox %d was gone before its placement", (int)req.pid);
+            else if (r < 0)
                 LOG_W("cgroup placement of %d: %s", (int)req.pid, strerror(-r));
             else
                 LOG_D("sandbox %d placed in %llu us", (int)req.pid,
@@ -523,7 +551,14 @@ _Noreturn static void placer_main(const struct config *cfg, struct sbx_cgroups *
         } else {
             if (go_fd >= 0)
                 close(go_fd);
-            if (req.op == PLACER_RELEASE) {
+            if (req.op == PLACER_RELEASE || req.op == PLACER_RELEASE_REPORT) {
+                /* Counted either way (the next sandbox in this cgroup
+                 * starts from here); the report goes first: the turn's
+                 * close waits for it, the cgroup's recycling does not. */
+                struct cg_events ev;
+                limits_cgroups_events(cg, req.pid, &ev);
+                if (req.op == PLACER_RELEASE_REPORT)
+                    placer_report(ctl_fd, &req, &ev);
                 limits_cgroups_release(cg, req.pid);
                 busy = limits_cgroups_retry(cg);
             }
@@ -534,15 +569,28 @@ _Noreturn static void placer_main(const struct config *cfg, struct sbx_cgroups *
 static int placer_start(struct forkserver *fsv, char *err, size_t errlen)
 {
     int fd = -1;
-    pid_t pid = fork_helper("cgroup helper", &fd, err, errlen);
-    if (pid < 0)
-        return pid;
-    if (pid == 0) {
-        /* Keep stdio (the log) and our socket only: not the control socket. */
-        close_range(4, ~0u, 0);
-        log_init("forkserver/cgroups", fsv->cfg->log_level);
-        placer_main(fsv->cfg, fsv->cgroups, 3);
+    /* The helper sends death reports on the control socket (fd 4 there):
+     * a copy above the fds fork_helper uses. */
+    int ctl_copy = fcntl(fsv->ctl_fd, F_DUPFD_CLOEXEC, 10);
+    if (ctl_copy < 0) {
+        int e = errno;
+        snprintf(err, errlen, "cgroup helper: dup: %s", strerror(e));
+        return -e;
     }
+    pid_t pid = fork_helper("cgroup helper", &fd, err, errlen);
+    if (pid < 0) {
+        close(ctl_copy);
+        return pid;
+    }
+    if (pid == 0) {
+        /* Keep stdio (the log), our socket and the control socket's copy. */
+        if (dup2(ctl_copy, 4) < 0)
+            _exit(127);
+        close_range(5, ~0u, 0);
+        log_init("forkserver/cgroups", fsv->cfg->log_level);
+        placer_main(fsv->cfg, fsv->cgroups, 3, 4);
+    }
+    close(ctl_copy);
     fsv->placer_fd = fd;
     fsv->placer_pid = pid;
     return 0;
@@ -552,9 +600,9 @@ static int placer_start(struct forkserver *fsv, char *err, size_t errlen)
  * The helper is part of us: if it is gone, stop. */
 _Noreturn static void shutdown_all(struct forkserver *fsv, int code);
 
-static void placer_send(struct forkserver *fsv, enum placer_op op, pid_t pid, int go_fd)
+static void placer_send(struct forkserver *fsv, const struct placer_req *reqp, int go_fd)
 {
-    struct placer_req req = {.op = op, .pid = pid};
+    struct placer_req req = *reqp;
     union {
         char buf[CMSG_SPACE(sizeof(int))];
         struct cmsghdr align;
@@ -602,7 +650,7 @@ static int spawn_one(struct forkserver *fsv, unsigned flags, struct sbx_child *c
     if (r < 0 && c->pid <= 0)
         ids_put(fsv->ids, id);
     if (r == 0) {
-        placer_send(fsv, PLACER_ATTACH, c->pid, c->go_fd);
+        placer_send(fsv, &(struct placer_req){.op = PLACER_ATTACH, .pid = c->pid}, c->go_fd);
         close_and_reset(&c->go_fd);
     }
     return r;
@@ -751,6 +799,9 @@ static void handle_spawn(struct forkserver *fsv, const struct fs_request *req)
     uint64_t t0 = mono_ns();
     struct pool_slot sl;
     if (pool_take(fsv, &sl)) {
+        for (size_t i = 0; i < fsv->nkids; i++)
+            if (fsv->kids[i].pid == sl.pid)
+                fsv->kids[i].turn_id = req->turn_id;
         /* If it is still warming up, it finds our end closed: fine. */
         bool warm = sl.warm_fd < 0;
         close_and_reset(&sl.warm_fd);
@@ -796,6 +847,7 @@ static void handle_spawn(struct forkserver *fsv, const struct fs_request *req)
      * them and the supervisor alone decides when the channel closes. */
     close_and_reset(&c.chan_fd);
     close_and_reset(&c.pidfd);
+    c.turn_id = r == 0 ? req->turn_id : 0;
     if (c.pid > 0 || c.turn_dir)
         fsv->kids[fsv->nkids++] = c; /* reaped and released on SIGCHLD */
 }
@@ -829,7 +881,15 @@ static void reap(struct forkserver *fsv)
         for (size_t i = 0; i < fsv->nkids; i++) {
             if (fsv->kids[i].pid != pid)
                 continue;
-            placer_send(fsv, PLACER_RELEASE, pid, -1);
+            /* Handed to a turn: the helper reports its death to the
+             * supervisor, which says why the turn ended. */
+            struct placer_req req = {.op = PLACER_RELEASE, .pid = pid};
+            if (fsv->kids[i].turn_id) {
+                req.op = PLACER_RELEASE_REPORT;
+                req.turn_id = fsv->kids[i].turn_id;
+                req.wait_status = status;
+            }
+            placer_send(fsv, &req, -1);
             /* Reaped: its whole pid namespace is gone (init's exit waits for
              * the rest), so the id is free again. */
             ids_put(fsv->ids, fsv->kids[i].id);
@@ -858,7 +918,7 @@ _Noreturn static void shutdown_all(struct forkserver *fsv, int code)
         if (c->pid > 0) {
             reap_blocking(c->pid, &status);
             if (fsv->placer_pid > 0)
-                placer_send(fsv, PLACER_RELEASE, c->pid, -1);
+                placer_send(fsv, &(struct placer_req){.op = PLACER_RELEASE, .pid = c->pid}, -1);
         }
         sbx_child_release(&fsv->plan, c);
         fsv->nkids--;

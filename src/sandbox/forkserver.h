@@ -14,7 +14,14 @@
  *                               struct fs_request
  *   fork server -> supervisor   struct fs_reply, with SCM_RIGHTS
  *                               {chan_fd, pidfd} when status == 0
- * Replies come in request order. */
+ *                               (kind FS_REPLY_SPAWN), or unsolicited, once
+ *                               a sandbox handed to a turn has been reaped,
+ *                               a death report (kind FS_REPLY_DEATH, no fds)
+ * Spawn replies come in request order. A death report carries only facts
+ * the fork server and its cgroup helper own: the wait status of the
+ * sandbox's init and the turn cgroup's counters (memory OOM kills, forks
+ * refused at pids.max) over that sandbox's life; never bytes the sandbox
+ * wrote. */
 #pragma once
 #include <stdint.h>
 #include <sys/types.h>
@@ -29,11 +36,18 @@ struct fs_request {
     uint64_t turn_id; /* echoed in the reply */
 };
 
+enum fs_reply_kind { FS_REPLY_SPAWN = 0, FS_REPLY_DEATH = 1 };
+
 struct fs_reply {
     int32_t status;   /* 0 or -errno */
     int32_t pid;      /* host pid of the sandbox (pid 1 of its namespace) */
     uint64_t turn_id;
     uint64_t spawn_ns; /* time the fork server spent (clone + parent-side setup) */
+    uint32_t kind;     /* enum fs_reply_kind */
+    int32_t wait_status; /* death: waitpid() status of the sandbox's init, which
+                            exits with the runtime's status (steps.c, step 9) */
+    uint32_t oom_kills;  /* death: OOM kills in its turn cgroup during its life */
+    uint32_t pids_max;   /* death: forks refused at its pids.max during its life */
 };
 
 /* Start-up (sync 0): once the fork server has loaded the policy, prepared

@@ -8,7 +8,7 @@
  *   cpu     v2 cpu.max, or v1 cpu.cfs_quota_us/cfs_period_us where the v1 cpu
  *           controller is mounted.
  *   rlimits in the child: RLIMIT_CORE 0, RLIMIT_FSIZE = tmpfs size, RLIMIT_NOFILE,
- *           RLIMIT_NPROC = pids, RLIMIT_SIGPENDING, RLIMIT_MSGQUEUE.
+ *           RLIMIT_NPROC = pids + 1, RLIMIT_SIGPENDING, RLIMIT_MSGQUEUE.
  *
  * Cgroups are created under the fork server's own cgroup in each hierarchy
  * (read from /proc/self/cgroup), so the daemon's own limits still bound all
@@ -78,6 +78,8 @@ struct sbx_cgroups {
         pid_t pid;            /* the sandbox's host pid */
         uint64_t seq;         /* its cgroup number */
         bool complete;        /* every directory made, limited and entered: reusable */
+        struct cg_events base; /* its counters when the sandbox in it was placed (they
+                                  only grow, and survive reuse) */
     } *live, *busy, *spare;   /* owned: placed turns; released, tasks still exiting;
                                  released, empty and ready for the next turn */
     size_t n_live, cap_live, n_busy, cap_busy, n_spare, cap_spare;
@@ -362,6 +364,38 @@ static bool turn_empty(const struct sbx_cgroups *cg, uint64_t seq)
     return true;
 }
 
+/* The value of "key N" in a flat-keyed cgroup file; 0 if absent. */
+static uint32_t read_key(const char *dir, const char *file, const char *key)
+{
+    char path[PATH_MAX + 64], buf[1024];
+    snprintf(path, sizeof path, "%s/%s", dir, file);
+    if (read_file(path, buf, sizeof buf) < 0)
+        return 0;
+    size_t klen = strlen(key);
+    for (char *line = buf; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL)
+        if (strncmp(line, key, klen) == 0 && line[klen] == ' ')
+            return (uint32_t)strtoul(line + klen + 1, NULL, 10);
+    return 0;
+}
+
+/* What turn cgroup seq has counted since it was made: OOM kills (the
+ * kernel's memory.events in v2, memory.oom_control in v1, both "oom_kill")
+ * and forks refused at pids.max ("max" in pids.events). */
+static struct cg_events read_events(const struct sbx_cgroups *cg, uint64_t seq)
+{
+    struct cg_events ev = {0};
+    char dir[PATH_MAX + 48];
+    if (cg->dir[CG_MEMORY][0]) {
+        turn_dir(cg, CG_MEMORY, seq, dir, sizeof dir);
+        ev.oom_kills = read_key(dir, cg->v2 ? "memory.events" : "memory.oom_control", "oom_kill");
+    }
+    if (cg->dir[CG_PIDS][0]) {
+        turn_dir(cg, CG_PIDS, seq, dir, sizeof dir);
+        ev.pids_max = read_key(dir, "pids.events", "max");
+    }
+    return ev;
+}
+
 /* Remove a turn's directories; -EBUSY while a task of it is still exiting. */
 static int remove_turn(const struct sbx_cgroups *cg, uint64_t seq)
 {
@@ -487,24 +521,37 @@ static void drop_live(struct sbx_cgroups *cg, pid_t pid)
     }
 }
 
-/* Move pid into every directory of turn cgroup seq. */
+/* Move pid into every directory of turn cgroup seq. -ESRCH, unlogged, if
+ * pid is gone (reaped before its placement: the cgroup is not at fault). */
 static int move_in(const struct sbx_cgroups *cg, uint64_t seq, const char *pidstr)
 {
     for (int c = 0; c < CG_N; c++) {
         if (!turn_enforced(cg, c))
             continue;
-        char dir[PATH_MAX + 48];
+        char dir[PATH_MAX + 48], path[PATH_MAX + 64];
         turn_dir(cg, c, seq, dir, sizeof dir);
-        int rc = write_at(dir, "cgroup.procs", pidstr);
-        if (rc < 0)
+        snprintf(path, sizeof path, "%s/cgroup.procs", dir);
+        int rc = write_file(path, pidstr);
+        if (rc == -ESRCH)
             return rc;
+        if (rc < 0) {
+            LOG_W("cgroup: writing '%s' to %s: %s", pidstr, path, strerror(-rc));
+            return rc;
+        }
     }
     return 0;
 }
 
-/* An empty, limited turn cgroup from the spare list; -ENOENT if none works. */
+/* An empty, limited turn cgroup from the spare list; -ENOENT if none works,
+ * -ESRCH if pid is gone. A sandbox that died before its placement (killed by
+ * the supervisor as its client left, a failed early step) leaves the spare it
+ * was given in the list: a reaped pid is in no cgroup, so the spare is as
+ * empty as it was. Only a spare that itself fails (removed by an operator) is
+ * dropped, and the cause is logged once per placement, not per spare. */
 static int attach_spare(struct sbx_cgroups *cg, pid_t pid, const char *pidstr)
 {
+    unsigned dropped = 0;
+    int why = 0;
     while (cg->n_spare) {
         struct cg_turn t = cg->spare[--cg->n_spare];
         t.pid = pid;
@@ -513,13 +560,25 @@ static int attach_spare(struct sbx_cgroups *cg, pid_t pid, const char *pidstr)
             return -ENOMEM;
         }
         int rc = move_in(cg, t.seq, pidstr);
-        if (rc == 0)
-            return 0;
-        /* Gone or broken (an operator removed it?): drop it, try the next. */
-        LOG_W("cgroup: reusing turn cgroup %llu: %s", (unsigned long long)t.seq, strerror(-rc));
+        if (rc == 0 || rc == -ESRCH) {
+            if (rc == -ESRCH) {
+                cg->n_live--; /* back where it was: the last spare */
+                cg->n_spare++;
+            }
+            if (dropped)
+                LOG_W("cgroup: %u spare turn cgroup%s unusable (%s): removed", dropped,
+                      dropped == 1 ? "" : "s", strerror(-why));
+            return rc;
+        }
+        /* Broken (an operator removed it?): drop it, try the next. */
+        dropped++;
+        why = rc;
         cg->live[cg->n_live - 1].complete = false;
         drop_live(cg, pid);
     }
+    if (dropped)
+        LOG_W("cgroup: %u spare turn cgroup%s unusable (%s): removed", dropped,
+              dropped == 1 ? "" : "s", strerror(-why));
     return -ENOENT;
 }
 
@@ -555,15 +614,32 @@ int limits_cgroups_attach(struct sbx_cgroups *cg, pid_t pid, const struct config
             } else {
                 rc = set_limits(cg, c, dir, cfg);
             }
-            if (rc == 0)
-                rc = write_at(dir, "cgroup.procs", pidstr);
         }
+        /* Made and limited: reusable, even if pid is gone by now. */
         if (rc == 0)
             cg->live[cg->n_live - 1].complete = true;
+        if (rc == 0)
+            rc = move_in(cg, t.seq, pidstr);
         if (rc < 0)
-            drop_live(cg, pid); /* what this attempt created */
+            drop_live(cg, pid); /* recycled if complete, else removed */
     }
     return rc;
+}
+
+void limits_cgroups_events(struct sbx_cgroups *cg, pid_t pid, struct cg_events *ev)
+{
+    *ev = (struct cg_events){0};
+    for (size_t i = 0; cg && i < cg->n_live; i++) {
+        struct cg_turn *t = &cg->live[i];
+        if (t->pid != pid || !t->complete)
+            continue;
+        /* Counters only grow and survive reuse: the next sandbox's start is now. */
+        struct cg_events now = read_events(cg, t->seq);
+        ev->oom_kills = now.oom_kills - t->base.oom_kills;
+        ev->pids_max = now.pids_max - t->base.pids_max;
+        t->base = now;
+        return;
+    }
 }
 
 void limits_cgroups_release(struct sbx_cgroups *cg, pid_t pid)
@@ -642,7 +718,11 @@ int limits_apply_rlimits(const struct config *cfg)
         return rc;
     /* Isolated only: without isolation (benchmarks) as a non-root user,
      * every sandbox runs as that user, whose other processes count too. */
-    if (cfg->isolate && cfg->pids_max && (rc = set_rlimit(RLIMIT_NPROC, cfg->pids_max)) < 0)
+    /* One above pids.max: the kernel checks the rlimit first, and at the
+     * same value it refused every fork before pids.max could count it
+     * (pids.events), which is how the close reason knows a turn hit its
+     * process limit. */
+    if (cfg->isolate && cfg->pids_max && (rc = set_rlimit(RLIMIT_NPROC, cfg->pids_max + 1)) < 0)
         return rc;
     return 0;
 }

@@ -2,6 +2,7 @@
  * the v1 memory and pids controllers) placed from the fork server, and
  * rlimits set in the child. */
 #pragma once
+#include <stdint.h>
 #include <sys/types.h>
 
 #include "config/config.h"
@@ -16,8 +17,19 @@ int limits_cgroups_init(const struct config *cfg, struct sbx_cgroups **out);
  * them (called by the fork server right after clone, before the child is
  * released). 0 or -errno. */
 int limits_cgroups_attach(struct sbx_cgroups *cg, pid_t pid, const struct config *cfg);
-/* Remove the turn's cgroup(s) once pid has been reaped. Never blocks: a
- * cgroup whose tasks are still exiting is kept for limits_cgroups_retry(). */
+/* What a turn cgroup counted during one sandbox's life (0 where the
+ * controller is not enforced). */
+struct cg_events {
+    uint32_t oom_kills; /* v2 memory.events / v1 memory.oom_control oom_kill */
+    uint32_t pids_max;  /* pids.events max: forks refused at pids.max */
+};
+/* What pid's turn cgroup counted since pid was placed in it; call once pid
+ * has been reaped, before limits_cgroups_release (which may hand the cgroup
+ * to the next sandbox). */
+void limits_cgroups_events(struct sbx_cgroups *cg, pid_t pid, struct cg_events *ev);
+/* Remove the turn's cgroup(s) once pid has been reaped, or keep them as a
+ * spare. Never blocks: a cgroup whose tasks are still exiting is kept for
+ * limits_cgroups_retry(). */
 void limits_cgroups_release(struct sbx_cgroups *cg, pid_t pid);
 /* Try again to remove released cgroups that were busy; returns how many are
  * still waiting (call again a little later while non-zero). */

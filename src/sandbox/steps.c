@@ -452,7 +452,11 @@ static int step_seccomp(const struct sbx_plan *p, struct sbx_state *st)
 /* --- 9. init ---------------------------------------------------------
  *
  * Pid 1 of the namespace reaps every orphan and leaves with the runtime's
- * status (the kernel then kills what is left in the namespace). Signals sent
+ * status (the kernel then kills what is left in the namespace): its exit
+ * code when that is below 128, 128 + the signal that killed it, or 255 for
+ * an exit code of 128 or more (rare: os._exit(200)), so that the fork
+ * server's wait status of init tells an exit from a signal (SANDBOX_STATUS
+ * below; the supervisor's close reason is built from it). Signals sent
  * from inside the namespace cannot reach a pid 1 that has no handlers, so
  * user code cannot kill it; the supervisor kills it from outside.
  *
@@ -468,6 +472,9 @@ static int step_seccomp(const struct sbx_plan *p, struct sbx_state *st)
  * which keeps the original stack. Sharing the memory gives user code nothing
  * it did not have: init carries the same credentials, namespaces and filter,
  * and if it is corrupted and dies, the turn ends. */
+
+#define SANDBOX_STATUS(st)                                                              \
+    (WIFEXITED(st) ? (WEXITSTATUS(st) < 128 ? WEXITSTATUS(st) : 255) : 128 + WTERMSIG(st))
 
 static char init_stack[16384] __attribute__((aligned(64)));
 
@@ -525,8 +532,7 @@ static void init_main(long worker)
         int status = 0;
         long pid = raw_syscall4(SYS_wait4, -1, (long)&status, __WALL, 0);
         if (pid == worker)
-            raw_syscall3(SYS_exit_group,
-                         WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), 0, 0);
+            raw_syscall3(SYS_exit_group, SANDBOX_STATUS(status), 0, 0);
         if (pid < 0 && pid != -EINTR)
             raw_syscall3(SYS_exit_group, 127, 0, 0);
     }
@@ -565,7 +571,7 @@ _Noreturn static void run_forked_init(pid_t worker)
         int status;
         pid_t pid = waitpid(-1, &status, __WALL);
         if (pid == worker)
-            _exit(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
+            _exit(SANDBOX_STATUS(status));
         if (pid < 0 && errno != EINTR)
             _exit(127);
     }

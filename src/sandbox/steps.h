@@ -75,6 +75,7 @@ struct sbx_child {
     int go_fd;         /* owned, SBX_SPAWN_DEFER_GO only (else -1): see sbx_child_go() */
     char *turn_dir;    /* owned; non-isolated mode: per-turn dir to remove at reap */
     uint64_t spawn_ns; /* clone until the child was released */
+    uint64_t turn_id;  /* fork server: the turn it was handed to; 0 while pooled */
 };
 
 /* Find glibc's cached thread id inside our struct pthread: the one int at

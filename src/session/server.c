@@ -187,6 +187,11 @@ static void on_forkserver(struct loop_watch *w, uint32_t events)
             return;
         }
         struct session *s = find_session(srv, rep.turn_id);
+        if (rep.kind == FS_REPLY_DEATH) {
+            if (s)
+                session_sandbox_died(s, &rep);
+            continue;
+        }
         if (!s || !s->spawn_pending || s->phase == PHASE_DEAD) {
             /* The turn ended while its sandbox was being made: kill it. */
             if (pidfd >= 0)

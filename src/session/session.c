@@ -30,6 +30,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "core/cleanup.h"
@@ -45,6 +46,10 @@
 
 #define REPLY_LINGER_MS 1000   /* after a non-101 reply: wait for the peer's EOF */
 #define CLOSE_LINGER_MS 5000   /* ending a turn: flush what is queued, then close */
+/* A sandbox that ended on its own: how long the close waits for the fork
+ * server's death report (it comes once the sandbox is reaped and its cgroup
+ * helper has read the counters, behind the placements queued before it). */
+#define DEATH_REPORT_WAIT_MS 5000
 #define CHAN_READ_BUDGET (256 * KiB) /* bytes read from a sandbox per wakeup */
 #define CHAN_MAX_FDS 8             /* fds taken (and closed) per read; the kernel drops the rest */
 
@@ -791,6 +796,65 @@ bool session_work(struct session *s)
     return false;
 }
 
+static bool crash_signal(int sig)
+{
+    return sig == SIGSEGV || sig == SIGBUS || sig == SIGILL || sig == SIGFPE || sig == SIGABRT ||
+           sig == SIGSYS || sig == SIGTRAP;
+}
+
+/* Why a sandbox that ended on its own ended, in words of ours, from facts
+ * the fork server and its cgroup helper own: its init's wait status and
+ * what its turn cgroup counted (forkserver.h), never from what the sandbox
+ * sent. Init exits with the runtime's exit code below 128, 128 + the signal
+ * that killed it, or 255 for an exit code of 128 or more (steps.c, step 9);
+ * init itself killed by a signal (the OOM killer kills every process sharing
+ * the runtime's memory, init included) counts as that signal. Which signal
+ * came from where cannot be known from outside, so the rule is by signal:
+ * the synchronous faults (and SIGABRT, SIGSYS: abort() and the seccomp
+ * policy's kill) are a crash of the runtime or of native code in it; any
+ * other is a kill (os.kill from user code, a subprocess). Each reason fits
+ * a close frame (123 bytes); README, "Why a turn ended", lists them. */
+static void death_reason(const struct session *s, char *out, size_t len)
+{
+    const struct fs_reply *d = &s->death;
+    const struct config *cfg = s->srv->cfg;
+    int st = d->wait_status, sig = 0, code = 0;
+    if (WIFSIGNALED(st))
+        sig = WTERMSIG(st);
+    else if (WEXITSTATUS(st) > 128 && WEXITSTATUS(st) < 255)
+        sig = WEXITSTATUS(st) - 128;
+    else
+        code = WEXITSTATUS(st);
+    char how[40];
+    const char *abbrev = sig ? sigabbrev_np(sig) : NULL;
+    if (abbrev)
+        snprintf(how, sizeof how, "SIG%s", abbrev);
+    else if (sig)
+        snprintf(how, sizeof how, "signal %d", sig);
+    else if (code == 255)
+        snprintf(how, sizeof how, "status 128 or more");
+    else
+        snprintf(how, sizeof how, "status %d", code);
+
+    if (sig == SIGKILL && d->oom_kills)
+        snprintf(out, len, "out of memory: the sandbox was killed at its memory limit (%llu MiB)",
+                 (unsigned long long)(cfg->memory_max >> 20));
+    else if (d->pids_max && (sig || code))
+        snprintf(out, len, "process limit: the sandbox died (%s) after reaching its limit of "
+                 "%llu processes", how, (unsigned long long)cfg->pids_max);
+    else if (crash_signal(sig))
+        snprintf(out, len, "sandbox crashed: %s in the runtime or native code", how);
+    else if (sig)
+        snprintf(out, len, "sandbox killed: %s", how);
+    else
+        snprintf(out, len, "sandbox exited: %s", how);
+}
+
+/* The sandbox ended on its own (its channel closed or its init exited):
+ * end the turn with the reason its death report gives, waiting for that
+ * report (at most DEATH_REPORT_WAIT_MS, session_tick) with the channel and
+ * pidfd unwatched. A setup or archive error it reported before it exited
+ * says more than its exit status, and is kept. */
 static void sandbox_gone(struct session *s)
 {
     if (s->phase != PHASE_TURN) {
@@ -801,9 +865,36 @@ static void sandbox_gone(struct session *s)
         session_fail(s, 1011, s->child_error);
         return;
     }
-    session_fail(s, 1011, s->turn == TURN_WANT_OUTPUT || s->turn == TURN_WANT_SNAPSHOT
-                              ? "the sandbox stopped before finishing the block"
-                              : "the sandbox stopped unexpectedly (crash, os._exit, or a limit)");
+    if (!s->death_known) {
+        if (!s->death_wait) {
+            s->death_wait = true;
+            s->death_deadline_ms = now_ms() + DEATH_REPORT_WAIT_MS;
+            loop_unwatch(s->srv->loop, &s->chan_watch);
+            loop_unwatch(s->srv->loop, &s->pid_watch);
+        }
+        return;
+    }
+    char reason[124];
+    death_reason(s, reason, sizeof reason);
+    session_fail(s, 1011, reason);
+}
+
+void session_sandbox_died(struct session *s, const struct fs_reply *rep)
+{
+    if (s->phase != PHASE_TURN || s->death_known || rep->pid != s->child_pid)
+        return; /* the turn ended first (we killed it), or not this sandbox */
+    s->death = *rep;
+    s->death_known = true;
+    if (s->death_wait) {
+        sandbox_gone(s);
+        return;
+    }
+    /* The report came before the pidfd or the channel's EOF was handled:
+     * take what the sandbox managed to send, then end. */
+    loop_unwatch(s->srv->loop, &s->pid_watch);
+    if (s->chan_fd >= 0 && chan_read(s) < 0)
+        return;
+    sandbox_gone(s);
 }
 
 static void on_chan_io(struct loop_watch *w, uint32_t events)
@@ -1205,7 +1296,7 @@ static void update_interest(struct session *s)
     }
     loop_watch(l, &s->watch, ev);
 
-    if (s->chan_fd >= 0) {
+    if (s->chan_fd >= 0 && !s->death_wait) {
         uint32_t cev = 0;
         if (s->chan_out.bytes)
             cev |= EPOLLOUT;
@@ -1272,8 +1363,11 @@ void session_fail(struct session *s, uint16_t code, const char *reason)
         mark_dead(s);
         return;
     }
+    /* The per-turn log line: the close reason, as the client gets it. */
     if (reason && code != 1000)
         LOG_W("turn %" PRIu64 ": ended: %s", s->id, reason);
+    else if (reason)
+        LOG_I("turn %" PRIu64 ": ended: %s", s->id, reason);
     else
         LOG_D("turn %" PRIu64 ": ended (%u)", s->id, code);
     if (reason && code == 1011)
@@ -1319,17 +1413,31 @@ void session_tick(struct session *s, uint64_t now)
         update_interest(s);
     }
 
+    /* The sandbox is dead: only its death report (or its absence) decides. */
+    if (s->death_wait) {
+        if (now >= s->death_deadline_ms)
+            session_fail(s, 1011, "sandbox stopped: cause unknown (no death report)");
+        return;
+    }
+
+    char reason[124];
     if (s->turn == TURN_RUNNING && cfg->block_timeout_ms &&
         now - s->block_started_ms >= cfg->block_timeout_ms) {
         finish_block_for_timeout(s, "the block", cfg->block_timeout_ms);
-        session_fail(s, 1000, "block time limit");
+        snprintf(reason, sizeof reason, "block timeout: the block ran longer than %" PRIu64
+                 " s (--block-timeout)", cfg->block_timeout_ms / 1000);
+        session_fail(s, 1000, reason);
     } else if (cfg->turn_timeout_ms && now - s->turn_started_ms >= cfg->turn_timeout_ms) {
         if (s->turn == TURN_RUNNING)
             finish_block_for_timeout(s, "the turn", cfg->turn_timeout_ms);
-        session_fail(s, 1000, "turn time limit");
+        snprintf(reason, sizeof reason, "turn timeout: the turn lasted longer than %" PRIu64
+                 " s (--turn-timeout)", cfg->turn_timeout_ms / 1000);
+        session_fail(s, 1000, reason);
     } else if ((s->turn == TURN_BETWEEN || s->turn == TURN_TOOLS) && cfg->idle_timeout_ms &&
                now - s->idle_since_ms >= cfg->idle_timeout_ms) {
-        session_fail(s, 1000, "idle timeout");
+        snprintf(reason, sizeof reason, "idle timeout: no block for %" PRIu64
+                 " s (--idle-timeout)", cfg->idle_timeout_ms / 1000);
+        session_fail(s, 1000, reason);
     }
 }
 

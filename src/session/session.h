@@ -120,6 +120,10 @@ struct session {
     int chan_fd_pending;          /* owned: an fd that came with the first message, -1 */
     bool chan_first_done;         /* the sandbox's first message is complete */
     const char *child_error;      /* static: what the sandbox last reported failing */
+    bool death_wait;              /* it ended on its own: the close waits for its death report */
+    uint64_t death_deadline_ms;   /* ... until then at most (DEATH_REPORT_WAIT_MS) */
+    bool death_known;             /* the fork server's death report arrived */
+    struct fs_reply death;        /* that report (kind FS_REPLY_DEATH) */
 
     /* the sandbox's message being read (chan.h envelope) */
     uint8_t in_hdr[CHAN_HDR_LEN];
@@ -159,6 +163,9 @@ struct session *session_new(struct server *srv, int fd);
 void session_free(struct session *s);
 /* The fork server answered the spawn request of s. Takes ownership of the fds. */
 void session_sandbox_ready(struct session *s, const struct fs_reply *rep, int chan_fd, int pidfd);
+/* The fork server's report that this turn's sandbox was reaped (wait status,
+ * cgroup counters): the close reason, if the sandbox ended on its own. */
+void session_sandbox_died(struct session *s, const struct fs_reply *rep);
 /* Periodic checks: deadlines, pings, timeouts. */
 void session_tick(struct session *s, uint64_t now);
 /* One bounded step of a check still running on a complete message (loop

@@ -172,7 +172,8 @@ static void check_isolated(int chan_fd, int tools_fd, const char *tools_dir, con
         "RLIMIT_SIGPENDING 1024", "%llu", (unsigned long long)rl.rlim_cur);
     say(getrlimit(RLIMIT_MSGQUEUE, &rl) == 0 && rl.rlim_cur == 819200,
         "RLIMIT_MSGQUEUE 800K", "%llu", (unsigned long long)rl.rlim_cur);
-    say(getrlimit(RLIMIT_NPROC, &rl) == 0 && rl.rlim_cur == 64, "RLIMIT_NPROC = pids (64)",
+    /* One above pids.max, so that the cgroup refuses (and counts) first. */
+    say(getrlimit(RLIMIT_NPROC, &rl) == 0 && rl.rlim_cur == 65, "RLIMIT_NPROC = pids + 1 (65)",
         "%llu", (unsigned long long)rl.rlim_cur);
     r = read_text("/proc/self/setgroups", buf, sizeof buf);
     say(r > 0 && strncmp(buf, "deny", 4) == 0, "setgroups denied", "%s", buf);

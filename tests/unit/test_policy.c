@@ -1210,7 +1210,10 @@ static void test_cgroups(void)
     int st;
     waitpid(pid, &st, 0);
     ok(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL, "child over memory limit is OOM-killed");
+    struct cg_events ev;
+    limits_cgroups_events(cg, pid, &ev);
     limits_cgroups_release(cg, pid);
+    ok(ev.oom_kills >= 1, "the release reports the OOM kill (%u)", ev.oom_kills);
 
     /* pids: a turn limited to 16 tasks cannot start 40 */
     if (pipe(go) < 0)
@@ -1248,7 +1251,11 @@ static void test_cgroups(void)
     close(go[1]);
     waitpid(pid, &st, 0);
     ok(WIFEXITED(st) && WEXITSTATUS(st) == 0, "pids.max 16: the 16th fork fails with EAGAIN");
+    limits_cgroups_events(cg, pid, &ev);
     limits_cgroups_release(cg, pid);
+    ok(ev.pids_max >= 1 && ev.oom_kills == 0,
+       "the release reports the refused forks (%u), not the earlier turn's OOM kill (%u)",
+       ev.pids_max, ev.oom_kills);
     limits_cgroups_free(cg);
 }
 
