@@ -384,8 +384,9 @@ static int cap_stream(struct frame *f, const char *name, uint64_t cap)
 
 /* ---------------------------------------------------------------- sandbox: messages */
 
-/* What a sandbox's error report means, in words of ours: the text itself is
- * the sandbox's (logged for the operator, never sent as a close reason). */
+/* What a sandbox's error report means, in words of ours (NULL if it is not
+ * one of the runtime's own reports): the text itself is the sandbox's (logged
+ * for the operator, never sent as a close reason). */
 static const char *child_error_class(const struct frame_field *msg)
 {
     static const struct { const char *prefix, *meaning; } known[] = {
@@ -398,7 +399,23 @@ static const char *child_error_class(const struct frame_field *msg)
         if (msg->len >= strlen(known[i].prefix) &&
             memcmp(msg->json, known[i].prefix, strlen(known[i].prefix)) == 0)
             return known[i].meaning;
-    return "the sandbox reported an error";
+    return NULL;
+}
+
+/* An error-level log names why the sandbox is about to exit (setup and
+ * archive errors arrive this way): what it means is kept for the close
+ * reason. While a block runs only the runtime's own reports count (the
+ * host sends the workspace archive and `run` back to back, so an archive
+ * that cannot be extracted is reported while the block counts as
+ * running); user code's error logs there are the host's business. */
+static void note_child_error(struct session *s, const struct frame *f, bool running)
+{
+    const struct frame_field *level = frame_get(f, "level");
+    if (level->len != 7 || memcmp(level->json, "\"error\"", 7) != 0)
+        return;
+    const char *meaning = child_error_class(frame_get(f, "msg"));
+    if (meaning || !running)
+        s->child_error = meaning ? meaning : "the sandbox reported an error";
 }
 
 /* A sandbox's log line in the operator log, as its JSON text (escaped: it
@@ -451,18 +468,14 @@ static int handle_child_frame(struct session *s, struct frame *f, struct buf *bo
         if (s->turn != TURN_RUNNING) {
             /* Logs are relayed only while a block runs (the host reads
              * frames only then); otherwise they go to the operator log,
-             * rate-limited, and are dropped. An error report names why the
-             * sandbox is about to exit (setup and archive errors arrive
-             * this way): what it means is kept for the close reason. */
-            const struct frame_field *msg = frame_get(f, "msg");
+             * rate-limited, and are dropped. */
             if (s->in_token)
-                log_sandbox_line(s, msg);
-            const struct frame_field *level = frame_get(f, "level");
-            if (level->len == 7 && memcmp(level->json, "\"error\"", 7) == 0)
-                s->child_error = child_error_class(msg);
+                log_sandbox_line(s, frame_get(f, "msg"));
+            note_child_error(s, f, false);
             buf_free(body);
             return 0;
         }
+        note_child_error(s, f, true);
         legal = true;
         break;
     case FRAME_DONE:

@@ -236,7 +236,9 @@ def test_gzip_bomb_ends_turn(make_daemon, which):
             await turn.ws.send(fc.encode_frame({"kind": "run", "code": "print('ran')"}))
         return await expect_closed(turn.ws, 15)
     code, reason, msgs = arun(go(), 30)
-    assert code in (1011, 1009, 1000), (code, reason)
+    # the archive and `run` arrive back to back, as the host sends them: the
+    # runtime's report comes while the block counts as running, and is kept
+    assert (code, reason) == (1011, f"the {which} archive could not be extracted")
     assert not any('"done"' in m for m in msgs if isinstance(m, str))
     r = arun(block(d, "print('still serving')"), T)
     assert r.stdout == "still serving\n"
@@ -253,7 +255,7 @@ def test_member_count_cap_ends_turn(make_daemon):
         await turn.ws.send(fc.encode_frame({"kind": "run", "code": "print('ran')"}))
         return await expect_closed(turn.ws, 15)
     code, reason, msgs = arun(go(), 30)
-    assert code in (1011, 1009, 1000), (code, reason)
+    assert (code, reason) == (1011, "the workspace archive could not be extracted")
     assert not any('"done"' in m for m in msgs if isinstance(m, str))
     r = arun(block(d, "print('still serving')", workspace=fc.make_tar({"a": "1", "b": "2"})), T)
     assert r.stdout == "still serving\n"
@@ -282,7 +284,7 @@ def test_unreadable_archive_ends_turn(daemon, payload, which):
             await turn.ws.send(fc.encode_frame({"kind": "run", "code": "print('ran')"}))
         return await expect_closed(turn.ws, 10)
     code, reason, msgs = arun(go(), T)
-    assert code in (1011, 1000), (code, reason)
+    assert (code, reason) == (1011, f"the {which} archive could not be extracted")
     assert not any('"done"' in m for m in msgs if isinstance(m, str))
     for m in msgs:
         if isinstance(m, str) and '"log"' in m:
