@@ -158,6 +158,17 @@ int capture_init(void)
     return cap_wake_fd < 0 ? -errno : cap_wake_fd;
 }
 
+void capture_forget_in_child(void)
+{
+    /* A child holding a read end would keep a block's pipe open after the
+     * runtime closed it: a writer that outlives the block would then block
+     * on a full pipe instead of getting EPIPE. No lock: this process has one
+     * thread, and cap_mu may have been held by the reader at the fork. */
+    close_and_reset(&cap_wake_fd);
+    for (int i = 0; i < 2; i++)
+        close_and_reset(&g_pyrt.cap.s[i].rfd);
+}
+
 void capture_prime(void)
 {
     pthread_mutex_lock(&cap_mu);

@@ -12,6 +12,8 @@
 #include <semaphore.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/types.h>
+#include <unistd.h>
 
 #include "core/buf.h"
 #include "proto/chan.h"
@@ -45,6 +47,9 @@ int capture_begin(struct capture *c, uint64_t cap);
 void capture_end(struct capture *c, int devnull_fd);
 /* For the reader: a run frame went by, a capture is about to begin. */
 void capture_prime(void);
+/* In a child forked from the runtime (pthread_atfork): close the capture's
+ * read ends and the reader's eventfd, which only the runtime may hold. */
+void capture_forget_in_child(void);
 /* For the reader's poll: the adopted capture's two pipes (fd -1 if none);
  * returns the poll timeout (ms, -1 for none). */
 int capture_poll_fds(struct pollfd *p);
@@ -108,7 +113,8 @@ struct pyrt_state {
     PyObject *runtime; /* the private forkbox_runtime module (owned) */
 
     /* the turn, in the sandbox child */
-    int chan_fd;         /* borrowed from the caller of pyrt_serve */
+    int chan_fd;         /* borrowed from the caller of pyrt_serve; -1 in a forked copy */
+    pid_t owner_pid;     /* the runtime's pid: a forked copy of it has another */
     int tools_fd;        /* owned until the tools archive is extracted */
     int warm_fd;         /* owned (pooled children): "warmed up" goes here, once */
     int ws_fd;           /* workspace root, O_DIRECTORY (owned) */
@@ -123,5 +129,13 @@ struct pyrt_state {
 };
 
 extern struct pyrt_state g_pyrt;
+
+/* True in a child that user code forked from the runtime (os.fork,
+ * multiprocessing): it must never touch the channel, the capture or the
+ * locks the runtime's other threads may have held at the fork. */
+static inline bool pyrt_forked_copy(void)
+{
+    return getpid() != g_pyrt.owner_pid;
+}
 
 PyMODINIT_FUNC pyrt_module_init(void);
