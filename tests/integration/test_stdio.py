@@ -13,7 +13,7 @@ import re
 
 import pytest
 
-from fbtest import arun, connect
+from fbtest import arun, connect, demo_tools
 
 T = 80
 
@@ -306,3 +306,37 @@ def test_fork_from_a_thread(daemon):
         assert r.exit_code == 0 and sorted(r.stdout.splitlines()) == ["joined", "thread child"], \
             (r.stdout, r.stderr)
     assert results[-1].stdout == "after\n"
+
+
+TOOL_IN_CHILD = r'''
+import os, sys
+from tools import echo
+pid = os.fork()
+if pid == 0:
+    try:
+        echo(message="from the child")
+        sys.stdout.write("child: call returned\n")
+    except Exception as e:
+        sys.stdout.write(f"child: {type(e).__name__}: {e}\n")
+    os._exit(0)
+os.waitpid(pid, 0)
+print("parent:", echo(message="from the parent"))
+'''
+
+
+def test_tool_call_from_a_forked_child_fails_cleanly(daemon):
+    """The channel is the runtime's: a forked child's tool call raises at
+    once (no hang, nothing sent), and the parent's calls go on."""
+    async def go():
+        turn = await connect(daemon, demo_tools())
+        try:
+            return [await turn.run(TOOL_IN_CHILD), await turn.run("print(echo(message='again'))")]
+        finally:
+            await turn.shutdown()
+    r1, r2 = arun(go(), T)
+    assert r1.exit_code == 0, (r1.stdout, r1.stderr)
+    lines = r1.stdout.splitlines()
+    assert lines[0].startswith("child: RuntimeError: forkbox: only the sandbox's main process"), lines
+    assert lines[1].startswith("parent: ") and "from the parent" in lines[1], lines
+    assert [c["args"] for c in r1.tool_calls] == [{"message": "from the parent"}], r1.tool_calls
+    assert r2.exit_code == 0 and "again" in r2.stdout
