@@ -364,8 +364,11 @@ static PyObject *fb_capture_end(PyObject *self, PyObject *unused)
         PyErr_SetString(PyExc_RuntimeError, "no capture running");
         return NULL;
     }
+    /* Another Python thread alive: one may be inside a write (capture.c). */
+    PyThreadState *t = PyInterpreterState_ThreadHead(PyInterpreterState_Get());
+    bool threads = t && PyThreadState_Next(t);
     Py_BEGIN_ALLOW_THREADS
-    capture_end(&g_pyrt.cap, g_pyrt.devnull_fd);
+    capture_end(&g_pyrt.cap, g_pyrt.devnull_fd, threads);
     Py_END_ALLOW_THREADS
     g_pyrt.capturing = false;
     PyObject *out = stream_result(&g_pyrt.cap.s[0]);

@@ -105,6 +105,34 @@ def test_printing_threads_across_500_blocks(daemon):
     assert all(last_seen.get(k, 0) > n_blocks - 10 for k in KINDS), last_seen
 
 
+FLOOD = r'''
+import os, sys, threading
+ERRORS = []
+STOP = False
+def flood(n):
+    while not STOP:
+        try:
+            if n % 2:
+                print("z" * 300_000)  # larger than a pipe: often waits for room at a block's end
+            else:
+                os.write(2, b"q" * 300_000)
+        except OSError as e:
+            ERRORS.append(repr(e))
+for n in range(4):
+    threading.Thread(target=flood, args=(n,), daemon=True).start()
+'''
+
+
+def test_flooding_threads_never_see_a_broken_pipe(make_daemon):
+    """Writes still waiting for room in a block's pipe when the block ends
+    complete (their bytes past the end are dropped); they never fail."""
+    d = make_daemon(["--output-cap", "256K"])
+    results = run_blocks(d, [FLOOD] + ["import time; time.sleep(0.003)"] * 200
+                         + ["import time\nSTOP = True\ntime.sleep(1)\nprint('<errors:', len(ERRORS), ERRORS[:3])"])
+    assert all(r.exit_code == 0 for r in results), [r.stderr[-500:] for r in results if r.exit_code]
+    assert results[-1].stdout.endswith("<errors: 0 []\n"), results[-1].stdout[-500:]
+
+
 REPLACE = r'''
 import io, sys, threading
 def spin():

@@ -383,9 +383,9 @@ class _Turn:
         self.main.__dict__["__builtins__"] = builtins
         self.stdio = None  # (stdin, stdout, stderr): the runtime's, see reset_stdio
         self.pid = None  # the runtime's pid, set in the sandbox (serve)
-        # Every stdio object the runtime took out of sys: never freed (see
-        # reset_stdio). One entry per block that replaced or closed one.
-        self.retired = []
+        # Every stdio object the runtime took out of sys, by id: never freed
+        # (see reset_stdio), so an id is never reused while it is here.
+        self.retired = {}
         # Python-level signal handlers, suspended while the runtime's own code
         # runs (see suspend_handlers); SIGINT raises KeyboardInterrupt in blocks.
         self.handlers = {signal.SIGINT: signal.default_int_handler}
@@ -507,8 +507,8 @@ class _Turn:
             if _closed(ours):
                 stdio[i] = _new_stdio()[i]
             for obj in (current[i], dunder[i], ours):
-                if obj is not stdio[i] and not any(obj is k for k in self.retired):
-                    self.retired.append(obj)
+                if obj is not stdio[i]:
+                    self.retired[id(obj)] = obj
         if changed:
             self.stdio = tuple(stdio)
             (sys.stdin, sys.stdout, sys.stderr) = (sys.__stdin__, sys.__stdout__,
