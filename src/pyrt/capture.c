@@ -24,9 +24,10 @@
  * in a thread that did nothing wrong, if the read end were closed under it.
  * So the pipes are retired instead: the reader keeps reading them, dropping
  * the bytes (they come after the block's end), and closes each at EOF (no
- * writer left), once quiet for CAPTURE_RETIRE_QUIET_MS or at the latest
- * CAPTURE_RETIRE_MAX_MS after the block (a child that outlives its block
- * gets EPIPE then). Only when a write may be in flight: if the block ends
+ * writer left) or at the latest CAPTURE_RETIRE_MAX_MS after the block (a
+ * child that outlives its block, or a background process holding fd 1,
+ * gets EPIPE then). No "quiet for a while" rule: a writer just woken for
+ * room may not get a CPU for tens of ms on a loaded machine (seen). Only when a write may be in flight: if the block ends
  * with another Python thread alive, or the capture was the reader's, or the
  * last drain found a lot (a writer that fills a pipe); a plain block's
  * pipes are closed at once, with no thread woken. */
@@ -162,9 +163,8 @@ static int cap_wake_fd = -1;        /* eventfd the reader polls */
  * last drain fill a free slot (rfd -1); only the reader drains and closes
  * them. Slots guarded by cap_mu. */
 struct retired_pipe {
-    int rfd;            /* read end (owned); -1: a free slot */
-    uint64_t last_data; /* when bytes last came (or the block ended), ms */
-    uint64_t deadline;  /* closed by then whatever comes, ms */
+    int rfd;           /* read end (owned); -1: a free slot */
+    uint64_t deadline; /* closed by then whatever comes, ms */
 };
 static struct retired_pipe cap_retired[CAPTURE_RETIRED_MAX];
 /* The reader's buffer for retired pipes: capture_chunk may be the main
@@ -215,16 +215,20 @@ int capture_poll_fds(struct pollfd *p)
     struct capture *c = cap_adopted ? cap_current : NULL;
     for (int i = 0; i < 2; i++)
         p[i] = (struct pollfd){.fd = c ? c->s[i].rfd : -1, .events = POLLIN};
-    bool retired = false;
+    uint64_t first = UINT64_MAX; /* the earliest deadline */
     for (int i = 0; i < CAPTURE_RETIRED_MAX; i++) {
         p[2 + i] = (struct pollfd){.fd = cap_retired[i].rfd, .events = POLLIN};
-        retired |= cap_retired[i].rfd >= 0;
+        if (cap_retired[i].rfd >= 0 && cap_retired[i].deadline < first)
+            first = cap_retired[i].deadline;
     }
     bool soon = cap_primed || (cap_current && !cap_adopted);
     pthread_mutex_unlock(&cap_mu);
     if (soon)
         return CAPTURE_ADOPT_MS;
-    return retired ? CAPTURE_RETIRE_QUIET_MS : -1;
+    if (first == UINT64_MAX)
+        return -1;
+    uint64_t now = now_ms();
+    return first > now ? (int)(first - now) + 1 : 0; /* +1: not a few early wake-ups */
 }
 
 /* Hand stream s's read end to the reader (a free slot, under cap_mu).
@@ -234,8 +238,7 @@ static bool retire_locked(struct capture_stream *s, uint64_t now)
     for (int i = 0; i < CAPTURE_RETIRED_MAX; i++) {
         if (cap_retired[i].rfd >= 0)
             continue;
-        cap_retired[i] = (struct retired_pipe){
-            .rfd = s->rfd, .last_data = now, .deadline = now + CAPTURE_RETIRE_MAX_MS};
+        cap_retired[i] = (struct retired_pipe){.rfd = s->rfd, .deadline = now + CAPTURE_RETIRE_MAX_MS};
         s->rfd = -1;
         return true;
     }
@@ -252,13 +255,12 @@ static void service_retired(const struct pollfd *p)
         int fd = p[i].fd;
         if (fd < 0)
             continue;
-        bool data = false, done = false;
+        bool done = false;
         if (p[i].revents) {
             size_t taken = 0;
             while (taken < 1024 * 1024) {
                 ssize_t r = read(fd, retired_chunk, sizeof(retired_chunk));
                 if (r > 0) {
-                    data = true;
                     taken += (size_t)r;
                     continue;
                 }
@@ -270,12 +272,8 @@ static void service_retired(const struct pollfd *p)
         }
         pthread_mutex_lock(&cap_mu);
         struct retired_pipe *rp = &cap_retired[i];
-        if (rp->rfd == fd) {
-            if (data)
-                rp->last_data = now;
-            if (done || now >= rp->deadline || now - rp->last_data >= CAPTURE_RETIRE_QUIET_MS)
-                close_and_reset(&rp->rfd);
-        }
+        if (rp->rfd == fd && (done || now >= rp->deadline))
+            close_and_reset(&rp->rfd);
         pthread_mutex_unlock(&cap_mu);
     }
 }
