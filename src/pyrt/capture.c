@@ -27,10 +27,11 @@
  * writer left) or at the latest CAPTURE_RETIRE_MAX_MS after the block (a
  * child that outlives its block, or a background process holding fd 1,
  * gets EPIPE then). No "quiet for a while" rule: a writer just woken for
- * room may not get a CPU for tens of ms on a loaded machine (seen). Only when a write may be in flight: if the block ends
- * with another Python thread alive, or the capture was the reader's, or the
- * last drain found a lot (a writer that fills a pipe); a plain block's
- * pipes are closed at once, with no thread woken. */
+ * room may not get a CPU for tens of ms on a loaded machine (seen). Pipes
+ * are retired only when a write may be in flight: the block ends with
+ * another Python thread alive, or the capture was the reader's, or the last
+ * drain found a lot (a writer that fills a pipe); a plain block's pipes are
+ * closed at once, with no thread woken. */
 #include "pyrt/pyrt_int.h"
 
 #include <errno.h>
@@ -278,17 +279,16 @@ static void service_retired(const struct pollfd *p)
     }
 }
 
-/* The last, bounded drain: fds 1 and 2 no longer lead here, so everything
- * this process wrote is already in the pipes. Take it, plus a bounded amount
- * of what writers that are still alive (a background subprocess holding a
- * copy of fd 1) may add meanwhile. */
 static uint64_t stream_total(const struct capture_stream *s)
 {
     return s->head_len + s->tail_len + s->dropped; /* every byte put */
 }
 
-/* Returns a bit per stream (1 << i) whose drain took at least PIPE_BUF
- * bytes: a writer may have been waiting for room in it. */
+/* The last, bounded drain: fds 1 and 2 no longer lead here, so everything
+ * this process wrote is already in the pipes. Take it, plus a bounded amount
+ * of what writers that are still alive (a background subprocess holding a
+ * copy of fd 1) may add meanwhile. Returns a bit per stream (1 << i) whose
+ * drain took at least PIPE_BUF bytes: a writer may be waiting for room. */
 static unsigned final_drain(struct capture *c)
 {
     unsigned busy = 0;
