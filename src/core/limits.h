@@ -59,6 +59,13 @@
 
 /* Output capture per stream per block. */
 #define OUTPUT_DEFAULT_CAP (16 * MiB)
+/* A block's output pipes after it ended, still drained (and the bytes
+ * dropped) so that a write already blocked in them completes instead of
+ * failing with EPIPE (src/pyrt/capture.c): at most this many pipes, each
+ * closed at EOF or at the latest this long after the block (a writer that
+ * waits for the CPU longer than that under load still gets EPIPE). */
+#define CAPTURE_RETIRED_MAX 16
+#define CAPTURE_RETIRE_MAX_MS 2000
 
 /* Backpressure: stop reading a side while the other side has this much queued. */
 #define RELAY_HIGH_WATER (4 * MiB)

@@ -16,11 +16,27 @@
  * is most blocks. Else it asks the reader for the last drain and waits until
  * the reader lets go. While adopted, only the reader touches the capture.
  * (A thread per block, or a reader woken at each block's start and end, cost
- * ~5% of a one-block turn's CPU, measured.) */
+ * ~5% of a one-block turn's CPU, measured.)
+ *
+ * A block's pipes outlive it a little. A write already in the kernel when
+ * fds 1 and 2 are pointed elsewhere (a thread's print() of a large string
+ * waiting for room in a full pipe) would fail with EPIPE, a BrokenPipeError
+ * in a thread that did nothing wrong, if the read end were closed under it.
+ * So the pipes are retired instead: the reader keeps reading them, dropping
+ * the bytes (they come after the block's end), and closes each at EOF (no
+ * writer left) or at the latest CAPTURE_RETIRE_MAX_MS after the block (a
+ * child that outlives its block, or a background process holding fd 1,
+ * gets EPIPE then). No "quiet for a while" rule: a writer just woken for
+ * room may not get a CPU for tens of ms on a loaded machine (seen). Pipes
+ * are retired only when a write may be in flight: the block ends with
+ * another Python thread alive, or the capture was the reader's, or the last
+ * drain found a lot (a writer that fills a pipe); a plain block's pipes are
+ * closed at once, with no thread woken. */
 #include "pyrt/pyrt_int.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <poll.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,6 +44,7 @@
 #include <unistd.h>
 
 #include "core/cleanup.h"
+#include "core/util.h"
 
 #define CAPTURE_READ_CHUNK (64 * 1024)
 
@@ -143,6 +160,18 @@ static bool cap_primed;             /* a run frame went by: a capture is about t
 static unsigned cap_primed_ticks;   /* timeouts spent primed without a capture */
 static int cap_wake_fd = -1;        /* eventfd the reader polls */
 
+/* Retired pipes (see the top of this file): capture_end() and the reader's
+ * last drain fill a free slot (rfd -1); only the reader drains and closes
+ * them. Slots guarded by cap_mu. */
+struct retired_pipe {
+    int rfd;           /* read end (owned); -1: a free slot */
+    uint64_t deadline; /* closed by then whatever comes, ms */
+};
+static struct retired_pipe cap_retired[CAPTURE_RETIRED_MAX];
+/* The reader's buffer for retired pipes: capture_chunk may be the main
+ * thread's at the same time (capture_end's own last drain). */
+static uint8_t retired_chunk[16 * 1024];
+
 static void wake_reader(void)
 {
     uint64_t one = 1;
@@ -154,8 +183,23 @@ static void wake_reader(void)
 
 int capture_init(void)
 {
+    for (int i = 0; i < CAPTURE_RETIRED_MAX; i++)
+        cap_retired[i].rfd = -1;
     cap_wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     return cap_wake_fd < 0 ? -errno : cap_wake_fd;
+}
+
+void capture_forget_in_child(void)
+{
+    /* A child holding a read end would keep a block's pipe open after the
+     * runtime closed it: a writer that outlives the block would then block
+     * on a full pipe instead of getting EPIPE. No lock: this process has one
+     * thread, and cap_mu may have been held by the reader at the fork. */
+    close_and_reset(&cap_wake_fd);
+    for (int i = 0; i < 2; i++)
+        close_and_reset(&g_pyrt.cap.s[i].rfd);
+    for (int i = 0; i < CAPTURE_RETIRED_MAX; i++)
+        close_and_reset(&cap_retired[i].rfd);
 }
 
 void capture_prime(void)
@@ -172,28 +216,98 @@ int capture_poll_fds(struct pollfd *p)
     struct capture *c = cap_adopted ? cap_current : NULL;
     for (int i = 0; i < 2; i++)
         p[i] = (struct pollfd){.fd = c ? c->s[i].rfd : -1, .events = POLLIN};
+    uint64_t first = UINT64_MAX; /* the earliest deadline */
+    for (int i = 0; i < CAPTURE_RETIRED_MAX; i++) {
+        p[2 + i] = (struct pollfd){.fd = cap_retired[i].rfd, .events = POLLIN};
+        if (cap_retired[i].rfd >= 0 && cap_retired[i].deadline < first)
+            first = cap_retired[i].deadline;
+    }
     bool soon = cap_primed || (cap_current && !cap_adopted);
     pthread_mutex_unlock(&cap_mu);
-    return soon ? CAPTURE_ADOPT_MS : -1;
+    if (soon)
+        return CAPTURE_ADOPT_MS;
+    if (first == UINT64_MAX)
+        return -1;
+    uint64_t now = now_ms();
+    return first > now ? (int)(first - now) + 1 : 0; /* +1: not a few early wake-ups */
+}
+
+/* Hand stream s's read end to the reader (a free slot, under cap_mu).
+ * False if every slot is taken: the caller closes it then. */
+static bool retire_locked(struct capture_stream *s, uint64_t now)
+{
+    for (int i = 0; i < CAPTURE_RETIRED_MAX; i++) {
+        if (cap_retired[i].rfd >= 0)
+            continue;
+        cap_retired[i] = (struct retired_pipe){.rfd = s->rfd, .deadline = now + CAPTURE_RETIRE_MAX_MS};
+        s->rfd = -1;
+        return true;
+    }
+    return false;
+}
+
+/* The reader, after every poll: drop what retired pipes hold, close those
+ * that are done. The fds stay open meanwhile (only this thread closes
+ * them), so reading them outside cap_mu is safe. */
+static void service_retired(const struct pollfd *p)
+{
+    uint64_t now = now_ms();
+    for (int i = 0; i < CAPTURE_RETIRED_MAX; i++) {
+        int fd = p[i].fd;
+        if (fd < 0)
+            continue;
+        bool done = false;
+        if (p[i].revents) {
+            size_t taken = 0;
+            while (taken < 1024 * 1024) {
+                ssize_t r = read(fd, retired_chunk, sizeof(retired_chunk));
+                if (r > 0) {
+                    taken += (size_t)r;
+                    continue;
+                }
+                if (r < 0 && errno == EINTR)
+                    continue;
+                done = r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK);
+                break;
+            }
+        }
+        pthread_mutex_lock(&cap_mu);
+        struct retired_pipe *rp = &cap_retired[i];
+        if (rp->rfd == fd && (done || now >= rp->deadline))
+            close_and_reset(&rp->rfd);
+        pthread_mutex_unlock(&cap_mu);
+    }
+}
+
+static uint64_t stream_total(const struct capture_stream *s)
+{
+    return s->head_len + s->tail_len + s->dropped; /* every byte put */
 }
 
 /* The last, bounded drain: fds 1 and 2 no longer lead here, so everything
  * this process wrote is already in the pipes. Take it, plus a bounded amount
  * of what writers that are still alive (a background subprocess holding a
- * copy of fd 1) may add meanwhile. */
-static void final_drain(struct capture *c)
+ * copy of fd 1) may add meanwhile. Returns a bit per stream (1 << i) whose
+ * drain took at least PIPE_BUF bytes: a writer may be waiting for room. */
+static unsigned final_drain(struct capture *c)
 {
+    unsigned busy = 0;
     for (int i = 0; i < 2; i++) {
         if (c->s[i].rfd < 0)
             continue;
         int psz = fcntl(c->s[i].rfd, F_GETPIPE_SZ);
         size_t bound = psz > 0 ? 2 * (size_t)psz : 2 * 1024 * 1024;
+        uint64_t before = stream_total(&c->s[i]);
         stream_drain(&c->s[i], capture_chunk, bound);
+        if (stream_total(&c->s[i]) - before >= PIPE_BUF)
+            busy |= 1u << i;
     }
+    return busy;
 }
 
 void capture_service(const struct pollfd *p)
 {
+    service_retired(&p[2]);
     pthread_mutex_lock(&cap_mu);
     struct capture *c = cap_current;
     bool ending = cap_ending;
@@ -214,6 +328,10 @@ void capture_service(const struct pollfd *p)
         return;
     final_drain(c);
     pthread_mutex_lock(&cap_mu);
+    uint64_t now = now_ms();
+    for (int i = 0; i < 2; i++) /* an adopted capture's pipes: always (see the top) */
+        if (c->s[i].rfd >= 0)
+            retire_locked(&c->s[i], now);
     cap_current = NULL;
     cap_adopted = cap_ending = false;
     pthread_cond_signal(&cap_cv);
@@ -275,7 +393,7 @@ int capture_begin(struct capture *c, uint64_t cap)
     return 0; /* w0 and w1 are closed here: only fds 1 and 2 hold the write ends */
 }
 
-void capture_end(struct capture *c, int devnull_fd)
+void capture_end(struct capture *c, int devnull_fd, bool threads)
 {
     /* After these, this process holds no write end of either pipe. */
     dup2(devnull_fd, 1);
@@ -286,7 +404,20 @@ void capture_end(struct capture *c, int devnull_fd)
         cap_current = NULL;
         cap_primed = false;
         pthread_mutex_unlock(&cap_mu);
-        final_drain(c);
+        unsigned busy = final_drain(c);
+        if (threads)
+            busy = 3;
+        if (busy) {
+            bool retired = false;
+            pthread_mutex_lock(&cap_mu);
+            uint64_t now = now_ms();
+            for (int i = 0; i < 2; i++)
+                if ((busy & (1u << i)) && c->s[i].rfd >= 0)
+                    retired |= retire_locked(&c->s[i], now);
+            pthread_mutex_unlock(&cap_mu);
+            if (retired)
+                wake_reader(); /* to poll them */
+        }
     } else {
         if (cap_current == c) {
             cap_ending = true;

@@ -64,6 +64,21 @@ static int chan_write2(int fd, const void *hdr, size_t hn, const void *p, size_t
     return 0;
 }
 
+/* The _forkbox entry points that touch the channel, the capture or the
+ * runtime's locks call this first: in a child user code forked from the
+ * runtime they raise instead (the channel fd is closed there, see
+ * forked_child in pyrt.c, and a lock another thread held at the fork would
+ * never be released). A tool call from such a child thus fails cleanly. */
+static bool refused_in_forked_copy(void)
+{
+    if (!pyrt_forked_copy())
+        return false;
+    PyErr_SetString(PyExc_RuntimeError,
+                    "forkbox: only the sandbox's main process talks to the host; "
+                    "a forked child cannot send on the turn's channel or call tools");
+    return true;
+}
+
 /* One whole message; caller holds send_lock. A write error means the
  * supervisor is gone, and with it the turn: exit like on EOF. */
 static void chan_send_locked(enum chan_type type, const void *p, size_t n)
@@ -71,6 +86,8 @@ static void chan_send_locked(enum chan_type type, const void *p, size_t n)
     uint8_t hdr[CHAN_HDR_LEN];
     if (n > CHAN_MAX_MESSAGE_BYTES)
         _exit(3); /* never produced: output and snapshots are capped below this */
+    if (pyrt_forked_copy())
+        _exit(1); /* never reached: the callers refuse first */
     chan_hdr_encode(hdr, type, (uint32_t)n);
     if (chan_write2(g_pyrt.chan_fd, hdr, sizeof(hdr), p, n) < 0)
         _exit(0);
@@ -103,6 +120,8 @@ static PyObject *run_code(const uint8_t *data, size_t len)
  * is None. */
 static PyObject *fb_next_message(PyObject *self, PyObject *unused)
 {
+    if (refused_in_forked_copy())
+        return NULL;
     enum chan_type type;
     uint8_t *data;
     size_t len;
@@ -133,6 +152,8 @@ static PyObject *fb_next_message(PyObject *self, PyObject *unused)
 /* send(type, data): one message, whatever the block state (ready, output, log). */
 static PyObject *fb_send(PyObject *self, PyObject *args)
 {
+    if (refused_in_forked_copy())
+        return NULL;
     int type;
     Py_buffer data;
     if (!PyArg_ParseTuple(args, "iy*:send", &type, &data))
@@ -157,6 +178,8 @@ static PyObject *fb_send(PyObject *self, PyObject *args)
  * was sent. A signal handler that raises ends the wait with its exception. */
 static PyObject *fb_call(PyObject *self, PyObject *args)
 {
+    if (refused_in_forked_copy())
+        return NULL;
     const char *id;
     Py_ssize_t id_len;
     Py_buffer data;
@@ -208,6 +231,8 @@ static PyObject *fb_call(PyObject *self, PyObject *args)
  * decoded in Python on the reader's thread (_reader_offer): wake its call. */
 static PyObject *fb_deliver(PyObject *self, PyObject *args)
 {
+    if (refused_in_forked_copy())
+        return NULL;
     const char *id;
     Py_ssize_t id_len;
     Py_buffer data;
@@ -221,6 +246,8 @@ static PyObject *fb_deliver(PyObject *self, PyObject *args)
 /* fail_calls(message): every waiting call returns message (block end). */
 static PyObject *fb_fail_calls(PyObject *self, PyObject *arg)
 {
+    if (refused_in_forked_copy())
+        return NULL;
     const char *msg = PyUnicode_AsUTF8(arg);
     if (!msg)
         return NULL;
@@ -230,6 +257,8 @@ static PyObject *fb_fail_calls(PyObject *self, PyObject *arg)
 
 static PyObject *fb_block_begin(PyObject *self, PyObject *unused)
 {
+    if (refused_in_forked_copy())
+        return NULL;
     Py_BEGIN_ALLOW_THREADS
     pthread_mutex_lock(&g_pyrt.send_lock);
     g_pyrt.in_block = true;
@@ -241,6 +270,8 @@ static PyObject *fb_block_begin(PyObject *self, PyObject *unused)
 /* block_end(done_frame): mark the block over and send `done`, atomically. */
 static PyObject *fb_block_end(PyObject *self, PyObject *arg)
 {
+    if (refused_in_forked_copy())
+        return NULL;
     Py_buffer data;
     if (PyObject_GetBuffer(arg, &data, PyBUF_SIMPLE) < 0)
         return NULL;
@@ -294,6 +325,8 @@ static PyObject *fb_caught_signals(PyObject *self, PyObject *unused)
 
 static PyObject *fb_capture_begin(PyObject *self, PyObject *unused)
 {
+    if (refused_in_forked_copy())
+        return NULL;
     if (g_pyrt.capturing) {
         PyErr_SetString(PyExc_RuntimeError, "capture already running");
         return NULL;
@@ -325,12 +358,17 @@ static PyObject *stream_result(const struct capture_stream *s)
 /* capture_end() -> ((head, tail, dropped) for stdout, same for stderr). */
 static PyObject *fb_capture_end(PyObject *self, PyObject *unused)
 {
+    if (refused_in_forked_copy())
+        return NULL;
     if (!g_pyrt.capturing) {
         PyErr_SetString(PyExc_RuntimeError, "no capture running");
         return NULL;
     }
+    /* Another Python thread alive: one may be inside a write (capture.c). */
+    PyThreadState *t = PyInterpreterState_ThreadHead(PyInterpreterState_Get());
+    bool threads = t && PyThreadState_Next(t);
     Py_BEGIN_ALLOW_THREADS
-    capture_end(&g_pyrt.cap, g_pyrt.devnull_fd);
+    capture_end(&g_pyrt.cap, g_pyrt.devnull_fd, threads);
     Py_END_ALLOW_THREADS
     g_pyrt.capturing = false;
     PyObject *out = stream_result(&g_pyrt.cap.s[0]);
@@ -428,6 +466,8 @@ static PyObject *fb_snapshot(PyObject *self, PyObject *unused)
 
 static PyObject *fb_send_snapshot(PyObject *self, PyObject *unused)
 {
+    if (refused_in_forked_copy())
+        return NULL;
     Py_BEGIN_ALLOW_THREADS
     pthread_mutex_lock(&g_pyrt.send_lock);
     chan_send_locked(CHAN_SNAPSHOT, g_pyrt.snap.data, g_pyrt.snap.len);
@@ -450,6 +490,8 @@ static PyObject *fb_snapshot_discard(PyObject *self, PyObject *unused)
  * the warm-up was over): MSG_NOSIGNAL, and any error is fine. */
 static PyObject *fb_warm_done(PyObject *self, PyObject *unused)
 {
+    if (refused_in_forked_copy())
+        return NULL;
     if (g_pyrt.warm_fd >= 0) {
         char c = 'W';
         ssize_t w;

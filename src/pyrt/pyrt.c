@@ -305,6 +305,23 @@ static int settle_fd(int fd)
     return fd;
 }
 
+/* pthread_atfork child handler: user code forked the runtime (os.fork,
+ * multiprocessing's fork start method, a C extension). The copy shares the
+ * turn's channel and capture pipes, and a frame it wrote would interleave
+ * with the runtime's (two `done`s, a stale `output`): it drops them here,
+ * in fork() itself, before any of its code runs, and the _forkbox entry
+ * points refuse to run in it (pyrt_forked_copy, module.c). Its fds 1 and 2
+ * stay what they were (the block's pipes), so its output is the block's,
+ * as a forked child's is in ordinary Python. Only close(): this runs in a
+ * child of a multithreaded process. */
+static void forked_child(void)
+{
+    close_and_reset(&g_pyrt.chan_fd);
+    close_and_reset(&g_pyrt.warm_fd);
+    close_and_reset(&g_pyrt.tools_fd);
+    capture_forget_in_child();
+}
+
 _Noreturn void pyrt_serve(int chan_fd, int tools_fd, int warm_fd, const char *tools_dir,
                           const char *workspace_dir)
 {
@@ -315,6 +332,9 @@ _Noreturn void pyrt_serve(int chan_fd, int tools_fd, int warm_fd, const char *to
     if (g_pyrt.tools_fd < 0)
         fail("tools dir", EBADF);
     g_pyrt.warm_fd = warm_fd >= 0 ? settle_fd(warm_fd) : -1;
+    g_pyrt.owner_pid = getpid(); /* a syscall: glibc caches no pid */
+    if (pthread_atfork(NULL, NULL, forked_child) != 0)
+        fail("pthread_atfork", ENOMEM);
     pthread_mutex_init(&g_pyrt.send_lock, NULL);
     g_pyrt.in_block = false;
 

@@ -12,8 +12,11 @@
 #include <semaphore.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/types.h>
+#include <unistd.h>
 
 #include "core/buf.h"
+#include "core/limits.h"
 #include "proto/chan.h"
 
 /* Output capture of fds 1 and 2 for one block (capture.c). */
@@ -41,16 +44,23 @@ int capture_init(void);
 int capture_begin(struct capture *c, uint64_t cap);
 /* Point fds 1 and 2 at devnull_fd, have the reader take what is left in the
  * pipes without waiting for writers that are still alive, and wait until it
- * has. The buffers stay in c until capture_free(). */
-void capture_end(struct capture *c, int devnull_fd);
+ * has. The buffers stay in c until capture_free(). threads: another thread
+ * may be writing (the pipes are then retired, not closed: capture.c). */
+void capture_end(struct capture *c, int devnull_fd, bool threads);
 /* For the reader: a run frame went by, a capture is about to begin. */
 void capture_prime(void);
-/* For the reader's poll: the adopted capture's two pipes (fd -1 if none);
+/* In a child forked from the runtime (pthread_atfork): close the capture's
+ * read ends and the reader's eventfd, which only the runtime may hold. */
+void capture_forget_in_child(void);
+/* Poll entries capture_poll_fds() fills: the adopted capture's two pipes,
+ * then the retired pipes of ended blocks. */
+#define CAPTURE_POLL_FDS (2 + CAPTURE_RETIRED_MAX)
+/* For the reader's poll: fill p[0..CAPTURE_POLL_FDS-1] (fd -1 if unused);
  * returns the poll timeout (ms, -1 for none). */
 int capture_poll_fds(struct pollfd *p);
 /* For the reader, after every poll: adopt a capture that waits for it, drain
- * what p[0..1] (from capture_poll_fds) says is ready, and finish the capture
- * if capture_end() asked. */
+ * what p (from capture_poll_fds) says is ready, finish the capture if
+ * capture_end() asked, and close retired pipes that are done. */
 void capture_service(const struct pollfd *p);
 /* Copy stream i's kept bytes out: head, then the tail in order. */
 void capture_tail_copy(const struct capture_stream *s, uint8_t *out);
@@ -108,7 +118,8 @@ struct pyrt_state {
     PyObject *runtime; /* the private forkbox_runtime module (owned) */
 
     /* the turn, in the sandbox child */
-    int chan_fd;         /* borrowed from the caller of pyrt_serve */
+    int chan_fd;         /* borrowed from the caller of pyrt_serve; -1 in a forked copy */
+    pid_t owner_pid;     /* the runtime's pid: a forked copy of it has another */
     int tools_fd;        /* owned until the tools archive is extracted */
     int warm_fd;         /* owned (pooled children): "warmed up" goes here, once */
     int ws_fd;           /* workspace root, O_DIRECTORY (owned) */
@@ -123,5 +134,13 @@ struct pyrt_state {
 };
 
 extern struct pyrt_state g_pyrt;
+
+/* True in a child that user code forked from the runtime (os.fork,
+ * multiprocessing): it must never touch the channel, the capture or the
+ * locks the runtime's other threads may have held at the fork. */
+static inline bool pyrt_forked_copy(void)
+{
+    return getpid() != g_pyrt.owner_pid;
+}
 
 PyMODINIT_FUNC pyrt_module_init(void);

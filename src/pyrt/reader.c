@@ -116,12 +116,12 @@ static void *reader_main(void *arg)
 {
     int wake_fd = (int)(intptr_t)arg;
     for (;;) {
-        struct pollfd p[4] = {
+        struct pollfd p[2 + CAPTURE_POLL_FDS] = {
             {.fd = g_pyrt.chan_fd, .events = POLLIN},
             {.fd = wake_fd, .events = POLLIN},
         };
         int timeout = capture_poll_fds(&p[2]);
-        if (poll(p, 4, timeout) < 0) {
+        if (poll(p, 2 + CAPTURE_POLL_FDS, timeout) < 0) {
             if (errno == EINTR)
                 continue;
             _exit(3);

@@ -318,13 +318,13 @@ def _prepare_turn(ready):
     finder = ToolsFinder(None)  # its directory is the sandbox's: set by serve()
     sys.meta_path.insert(0, finder)
     turn = _Turn(finder, ready)
-    turn.first_stdio = _stdio_as_in_a_block()
-    # They become the fork server's own too (it prints nothing after init;
-    # they write to the same fds), so a sandbox's first block, setting them,
-    # does not drop the interpreter's start-up ones: that flushed, closed and
-    # freed three objects in every sandbox.
+    turn.stdio = _stdio_as_in_a_block()
+    # The runtime's stdio for the whole life of every sandbox (see
+    # _Turn.reset_stdio), and the fork server's own too (it prints nothing
+    # after init; they write to the same fds): the interpreter's start-up
+    # ones are dropped here, once, not in every sandbox.
     (sys.stdin, sys.stdout, sys.stderr) = (sys.__stdin__, sys.__stdout__,
-                                           sys.__stderr__) = turn.first_stdio
+                                           sys.__stderr__) = turn.stdio
     return turn
 
 
@@ -342,7 +342,7 @@ def _new_stdio():
 
 
 def _stdio_as_in_a_block():
-    """_new_stdio() made in the fork server for a sandbox's first block, with
+    """_new_stdio() made in the fork server for every sandbox's blocks, with
     fds 0-2 on what they are when a block makes them (0 on /dev/null, 1 and 2
     on the capture pipes): the objects note whether their fd can seek. One
     print goes through them here, so that what a first write sets up is
@@ -381,8 +381,11 @@ class _Turn:
         _rpc_client.install(self.rpc)
         self.main = types.ModuleType("__main__")  # __name__, __doc__, __package__, __loader__, __spec__
         self.main.__dict__["__builtins__"] = builtins
-        self.stdout = self.stderr = None
-        self.first_stdio = None  # for the first block (see _stdio_as_in_a_block)
+        self.stdio = None  # (stdin, stdout, stderr): the runtime's, see reset_stdio
+        self.pid = None  # the runtime's pid, set in the sandbox (serve)
+        # Every stdio object the runtime took out of sys, by id: never freed
+        # (see reset_stdio), so an id is never reused while it is here.
+        self.retired = {}
         # Python-level signal handlers, suspended while the runtime's own code
         # runs (see suspend_handlers); SIGINT raises KeyboardInterrupt in blocks.
         self.handlers = {signal.SIGINT: signal.default_int_handler}
@@ -453,9 +456,9 @@ class _Turn:
             _fb.extract_workspace(_EMPTY_TGZ)
             _fb.capture_begin()
             try:
-                self.reset_stdio(first=False)
+                self.reset_stdio()
                 for code in _WARM_BLOCKS:
-                    _execute(code, globs, self.stderr, self.restore_handlers)
+                    _execute(code, globs, self.stdio[2], self.restore_handlers)
                     self.suspend_handlers()
                 # A call and its result, without the channel: the transport
                 # answers with a result for whatever id it is given.
@@ -476,27 +479,43 @@ class _Turn:
         finally:
             (sys.stdin, sys.stdout, sys.stderr, sys.__stdin__, sys.__stdout__,
              sys.__stderr__) = saved
-            self.stdout = self.stderr = None
             globs.clear()
 
     # -- one block ---------------------------------------------------------
-    def reset_stdio(self, first=True):
-        """New stdio objects for a block: the prepared ones for the first
-        (untouched: the fork server made them and no code has run since),
-        new ones after, as a block may have changed or closed them."""
+    def reset_stdio(self):
+        """Put the runtime's stdio objects back in sys for a block.
+
+        They are made once (in the fork server) and stay for the whole turn:
+        replacing them per block freed an object that a thread still inside
+        print() held a borrowed reference to (CPython 3.11's print() does not
+        own its file), and the interpreter crashed. So nothing is done when
+        a block left them alone, which is every block but a rare one; fds 1
+        and 2 beneath them are what changes per block (capture.c). An object
+        that a block put in their place, or one of ours that it closed, is
+        taken out of sys but kept in self.retired for the rest of the turn,
+        for the same reason: the runtime never drops the last reference to
+        an object a thread may be writing to."""
         _fb.ensure_stdio_fds()
-        if first and self.first_stdio:
-            inp, out, err = self.first_stdio
-            self.first_stdio = None
-        else:
-            inp, out, err = _new_stdio()
-        sys.stdout = sys.__stdout__ = out
-        sys.stderr = sys.__stderr__ = err
-        sys.stdin = sys.__stdin__ = inp
-        self.stdout, self.stderr = out, err
+        current = (sys.stdin, sys.stdout, sys.stderr)
+        dunder = (sys.__stdin__, sys.__stdout__, sys.__stderr__)
+        stdio = list(self.stdio)
+        changed = False
+        for i, ours in enumerate(stdio):
+            if current[i] is ours and dunder[i] is ours and not _closed(ours):
+                continue
+            changed = True
+            if _closed(ours):
+                stdio[i] = _new_stdio()[i]
+            for obj in (current[i], dunder[i], ours):
+                if obj is not stdio[i]:
+                    self.retired[id(obj)] = obj
+        if changed:
+            self.stdio = tuple(stdio)
+            (sys.stdin, sys.stdout, sys.stderr) = (sys.__stdin__, sys.__stdout__,
+                                                   sys.__stderr__) = self.stdio
 
     def flush_stdio(self):
-        for s in (sys.stdout, sys.stderr, self.stdout, self.stderr):
+        for s in (sys.stdout, sys.stderr, self.stdio[1], self.stdio[2]):
             try:
                 s.flush()
             except BaseException:
@@ -531,7 +550,9 @@ class _Turn:
         self.reset_stdio()
         sys.modules["__main__"] = self.main
         _fb.block_begin()
-        exit_code = _execute(code, self.main.__dict__, self.stderr, self.restore_handlers)
+        exit_code = _execute(code, self.main.__dict__, self.stdio[2], self.restore_handlers)
+        if os.getpid() != self.pid:
+            _exit_forked_copy(exit_code)
         while True:
             try:
                 self.suspend_handlers()
@@ -558,6 +579,33 @@ class _Turn:
             stderr = _add_note(stderr, f"[forkbox: workspace snapshot failed: {snap_err}]")
         _fb.send(_CHAN_FRAME, _output_frame(stdout, stderr, exit_code))
         _fb.send_snapshot()
+
+
+def _exit_forked_copy(exit_code):
+    """A child that user code forked (os.fork) ran to the end of the block,
+    as a script's child runs to the end of the script: it exits the way that
+    child would (atexit functions, stdio flushed, the block's exit code as its
+    status), and never reaches the runtime's end of a block, which is the
+    parent's (the channel is closed in it anyway, see forked_child in
+    pyrt.c)."""
+    try:
+        import atexit
+        atexit._run_exitfuncs()
+    except BaseException:
+        pass
+    for s in (sys.stdout, sys.stderr):
+        try:
+            s.flush()
+        except BaseException:
+            pass
+    os._exit(exit_code & 0xFF)
+
+
+def _closed(stream):
+    try:
+        return bool(stream.closed)
+    except BaseException:  # a broken object: treat it as closed
+        return True
 
 
 def _join_stream(head, tail, dropped, name):
@@ -666,6 +714,7 @@ def serve(tools_dir, warm):
     try:
         turn = _next_turn
         turn.finder._dir = tools_dir
+        turn.pid = os.getpid()
         sys.modules["__main__"] = turn.main
         if warm:
             turn.warm_up()
