@@ -433,6 +433,20 @@ static void log_sandbox_line(struct session *s, const struct frame_field *msg)
           msg->json, more);
 }
 
+/* Relaying to the client failed: -EPIPE is a client connection that has
+ * already failed or closed (the client went away while the sandbox was
+ * sending), which ends the turn with nobody to tell; anything else is ours
+ * to explain. */
+static void relay_failed(struct session *s, int r, const char *what)
+{
+    if (r == -EPIPE) {
+        LOG_I("turn %" PRIu64 ": ended: the client is gone (closed or failed)", s->id);
+        mark_dead(s);
+        return;
+    }
+    session_fail(s, 1011, r == -ENOSPC ? "server memory budget exhausted" : what);
+}
+
 static void sandbox_protocol_error(struct session *s, const char *what)
 {
     char reason[200];
@@ -513,8 +527,7 @@ static int handle_child_frame(struct session *s, struct frame *f, struct buf *bo
     }
     int r = ws_relay_frame(s, f, body);
     if (r < 0) {
-        session_fail(s, 1011, r == -ENOSPC ? "server memory budget exhausted"
-                                           : "cannot relay a sandbox frame");
+        relay_failed(s, r, "cannot relay a sandbox frame");
         return -1;
     }
     s->turn = next;
@@ -524,8 +537,9 @@ static int handle_child_frame(struct session *s, struct frame *f, struct buf *bo
 /* The workspace snapshot passed its check: relay it. */
 static void relay_snapshot(struct session *s)
 {
-    if (ws_conn_send_buf(s->ws, false, &s->in) < 0) {
-        session_fail(s, 1011, "cannot relay the workspace archive");
+    int r = ws_conn_send_buf(s->ws, false, &s->in);
+    if (r < 0) {
+        relay_failed(s, r, "cannot relay the workspace archive");
         return;
     }
     s->turn = TURN_BETWEEN;
