@@ -24,7 +24,7 @@ enum {
     OPT_TOOLS_DIR, OPT_NO_ISOLATION, OPT_UID, OPT_GID, OPT_ID_RANGE, OPT_POLICY, OPT_SITE,
     OPT_PRELOAD, OPT_POOL, OPT_MEMORY, OPT_PIDS, OPT_CPU, OPT_TMPFS, OPT_BLOCK_TO, OPT_TURN_TO,
     OPT_IDLE_TO, OPT_LOG_LEVEL, OPT_PREAUTH_MAX, OPT_PREAUTH_PER_PEER, OPT_TURN_BUF,
-    OPT_TOTAL_BUF, OPT_HELP,
+    OPT_TOTAL_BUF, OPT_CPU_WEIGHT, OPT_HELP,
 };
 
 static const struct option long_opts[] = {
@@ -59,6 +59,7 @@ static const struct option long_opts[] = {
     {"preauth-per-peer", required_argument, NULL, OPT_PREAUTH_PER_PEER},
     {"turn-buffer", required_argument, NULL, OPT_TURN_BUF},
     {"total-buffer", required_argument, NULL, OPT_TOTAL_BUF},
+    {"cpu-weight", required_argument, NULL, OPT_CPU_WEIGHT},
     {"help", no_argument, NULL, OPT_HELP},
     {NULL, 0, NULL, 0},
 };
@@ -91,6 +92,9 @@ static const char usage[] =
     "  --memory SIZE              memory per turn (1G)\n"
     "  --pids N                   processes/threads per turn (256)\n"
     "  --cpu MILLIS               CPU ms per second per turn (1000 = one CPU)\n"
+    "  --cpu-weight N             CPU weight of all sandboxes together against the host's\n"
+    "                             processes (1-10000; a process has 100; 0 = 100 per running\n"
+    "                             turn, the default)\n"
     "  --tmpfs-size SIZE          /workspace and /tmp size each (512M)\n"
     "  --block-timeout SEC        wall clock per block (900; 0 = none)\n"
     "  --turn-timeout SEC         wall clock per turn (7200; 0 = none)\n"
@@ -370,6 +374,7 @@ int config_parse(int argc, char **argv, struct config *cfg, char *err, size_t er
         NUM_OPT(OPT_POOL, pool_size, 100000, 1)
         NUM_OPT(OPT_PIDS, pids_max, 1000000, 1)
         NUM_OPT(OPT_CPU, cpu_millis, 1000000, 1)
+        NUM_OPT(OPT_CPU_WEIGHT, cpu_weight, 10000, 1)
         NUM_OPT(OPT_BLOCK_TO, block_timeout_ms, 31536000, 1000)
         NUM_OPT(OPT_TURN_TO, turn_timeout_ms, 31536000, 1000)
         NUM_OPT(OPT_IDLE_TO, idle_timeout_ms, 31536000, 1000)

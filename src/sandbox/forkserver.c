@@ -456,7 +456,12 @@ static int kids_reserve(struct forkserver *fsv)
  * goes the same way. We never wait for either; the helper works through its
  * queue in order (back-to-back attaches mostly skip the grace period). */
 
-enum placer_op { PLACER_ATTACH = 1, PLACER_RELEASE = 2, PLACER_RELEASE_REPORT = 3 };
+enum placer_op {
+    PLACER_ATTACH = 1,
+    PLACER_RELEASE = 2,
+    PLACER_RELEASE_REPORT = 3,
+    PLACER_SERVING = 4, /* the sandbox was handed to a turn: it counts in the CPU weight */
+};
 
 struct placer_req {
     uint32_t op;         /* enum placer_op */
@@ -561,6 +566,8 @@ _Noreturn static void placer_main(const struct config *cfg, struct sbx_cgroups *
                     placer_report(ctl_fd, &req, &ev);
                 limits_cgroups_release(cg, req.pid);
                 busy = limits_cgroups_retry(cg);
+            } else if (req.op == PLACER_SERVING) {
+                limits_cgroups_serving(cg, req.pid);
             }
         }
     }
@@ -793,6 +800,13 @@ static bool pool_take(struct forkserver *fsv, struct pool_slot *out)
     return false;
 }
 
+/* A sandbox was handed to a turn: tell the cgroup helper (CPU weight). */
+static void serving(struct forkserver *fsv, pid_t pid)
+{
+    if (fsv->placer_fd >= 0)
+        placer_send(fsv, &(struct placer_req){.op = PLACER_SERVING, .pid = pid}, -1);
+}
+
 static void handle_spawn(struct forkserver *fsv, const struct fs_request *req)
 {
     struct fs_reply rep = {.turn_id = req->turn_id};
@@ -812,6 +826,8 @@ static void handle_spawn(struct forkserver *fsv, const struct fs_request *req)
             errno = -sr;
             PLOG_E("reply for turn %llu", (unsigned long long)req->turn_id);
             kill(sl.pid, SIGKILL); /* reaped and released on SIGCHLD */
+        } else {
+            serving(fsv, sl.pid);
         }
         LOG_D("turn %llu: pooled sandbox %d (%s, %llu ms old) in %llu us",
               (unsigned long long)req->turn_id, (int)sl.pid, warm ? "warm" : "still warming up",
@@ -842,6 +858,8 @@ static void handle_spawn(struct forkserver *fsv, const struct fs_request *req)
         errno = -sr;
         PLOG_E("reply for turn %llu", (unsigned long long)req->turn_id);
         kill(c.pid, SIGKILL); /* nobody will talk to it */
+    } else if (r == 0) {
+        serving(fsv, c.pid);
     }
     /* Handed off (or failed): our copies go, so no later sandbox inherits
      * them and the supervisor alone decides when the channel closes. */

@@ -7,6 +7,15 @@
  *   pids    v2 or v1 pids.max: the real cap on processes and threads.
  *   cpu     v2 cpu.max, or v1 cpu.cfs_quota_us/cfs_period_us where the v1 cpu
  *           controller is mounted.
+ *
+ * CPU weight, all sandboxes together: the scheduler weighs their parent
+ * cgroup ("<own>/forkbox") as one entity against the host's processes, so
+ * with the default weight (that of one process) every sandbox together got
+ * one process's share of a contended host. The parent's weight is therefore
+ * 100 (v2 cpu.weight; v1 cpu.shares 1024) per sandbox serving a turn (at
+ * least 1, at most 10000), rewritten as turns start and end, so that a busy
+ * sandbox gets what a plain busy process would; pooled sandboxes, idle until
+ * a turn takes them, do not count. --cpu-weight fixes it instead.
  *   rlimits in the child: RLIMIT_CORE 0, RLIMIT_FSIZE = tmpfs size, RLIMIT_NOFILE,
  *           RLIMIT_NPROC = pids + 1, RLIMIT_SIGPENDING, RLIMIT_MSGQUEUE.
  *
@@ -73,11 +82,15 @@ struct sbx_cgroups {
                                  v2: the same directory for every enforced controller */
     bool swap_file;           /* v1 memory.memsw.limit_in_bytes / v2 memory.swap.max exists */
     size_t spare_max;         /* spares kept (see the top) */
+    unsigned cpu_weight;      /* --cpu-weight, or 0: 100 per sandbox serving a turn */
+    unsigned weight_set;      /* the parent's weight last written (0: none yet) */
+    bool weight_failed;       /* writing it failed once (logged once) */
     uint64_t next_seq;        /* last turn cgroup number handed out */
     struct cg_turn {
         pid_t pid;            /* the sandbox's host pid */
         uint64_t seq;         /* its cgroup number */
         bool complete;        /* every directory made, limited and entered: reusable */
+        bool serving;         /* its sandbox serves a turn (counted in the CPU weight) */
         struct cg_events base; /* its counters when the sandbox in it was placed (they
                                   only grow, and survive reuse) */
     } *live, *busy, *spare;   /* owned: placed turns; released, tasks still exiting;
@@ -301,6 +314,35 @@ static void v1_init(struct sbx_cgroups *cg)
     }
 }
 
+/* The parent's CPU weight (see the top): --cpu-weight, or 100 per sandbox
+ * serving a turn. Written only when it changes; a failure is logged once
+ * (the turns still run, at the weight the parent has). */
+static void set_parent_weight(struct sbx_cgroups *cg)
+{
+    if (!cg->dir[CG_CPU][0])
+        return;
+    unsigned w = cg->cpu_weight;
+    if (!w) {
+        size_t n = 0;
+        for (size_t i = 0; i < cg->n_live; i++)
+            n += cg->live[i].serving;
+        w = n < 1 ? 100 : n > 100 ? 10000 : (unsigned)n * 100;
+    }
+    if (w == cg->weight_set)
+        return;
+    char v[32];
+    snprintf(v, sizeof v, "%u", cg->v2 ? w : w * 1024 / 100 < 2 ? 2 : w * 1024 / 100);
+    int rc = write_at(cg->dir[CG_CPU], cg->v2 ? "cpu.weight" : "cpu.shares", v);
+    if (rc < 0) {
+        if (!cg->weight_failed)
+            LOG_W("cgroup: cannot set the sandboxes' CPU weight in %s: %s", cg->dir[CG_CPU],
+                  strerror(-rc));
+        cg->weight_failed = true;
+        return;
+    }
+    cg->weight_set = w;
+}
+
 int limits_cgroups_init(const struct config *cfg, struct sbx_cgroups **out)
 {
     struct sbx_cgroups *cg = calloc(1, sizeof *cg);
@@ -308,6 +350,8 @@ int limits_cgroups_init(const struct config *cfg, struct sbx_cgroups **out)
         return -ENOMEM;
     if (!v2_init(cg))
         v1_init(cg);
+    cg->cpu_weight = cfg->cpu_weight;
+    set_parent_weight(cg);
     size_t live_max = (size_t)cfg->capacity + cfg->pool_size;
     cg->spare_max = live_max < SPARE_MIN ? SPARE_MIN : live_max > SPARE_MAX ? SPARE_MAX : live_max;
     if (cg->dir[CG_MEMORY][0])
@@ -555,6 +599,7 @@ static int attach_spare(struct sbx_cgroups *cg, pid_t pid, const char *pidstr)
     while (cg->n_spare) {
         struct cg_turn t = cg->spare[--cg->n_spare];
         t.pid = pid;
+        t.serving = false;
         if (turn_push(&cg->live, &cg->n_live, &cg->cap_live, t) < 0) {
             cg->n_spare++;
             return -ENOMEM;
@@ -644,8 +689,25 @@ void limits_cgroups_events(struct sbx_cgroups *cg, pid_t pid, struct cg_events *
 
 void limits_cgroups_release(struct sbx_cgroups *cg, pid_t pid)
 {
-    if (cg)
-        drop_live(cg, pid);
+    if (!cg)
+        return;
+    drop_live(cg, pid);
+    set_parent_weight(cg);
+}
+
+unsigned limits_cgroups_cpu_weight(const struct sbx_cgroups *cg)
+{
+    return cg ? cg->weight_set : 0;
+}
+
+void limits_cgroups_serving(struct sbx_cgroups *cg, pid_t pid)
+{
+    for (size_t i = 0; cg && i < cg->n_live; i++)
+        if (cg->live[i].pid == pid && !cg->live[i].serving) {
+            cg->live[i].serving = true;
+            set_parent_weight(cg);
+            return;
+        }
 }
 
 size_t limits_cgroups_retry(struct sbx_cgroups *cg)

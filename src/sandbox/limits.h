@@ -31,6 +31,13 @@ void limits_cgroups_events(struct sbx_cgroups *cg, pid_t pid, struct cg_events *
  * spare. Never blocks: a cgroup whose tasks are still exiting is kept for
  * limits_cgroups_retry(). */
 void limits_cgroups_release(struct sbx_cgroups *cg, pid_t pid);
+/* pid's sandbox now serves a turn: it counts in the sandboxes' CPU weight
+ * (limits.c) until it is released. Unknown pids (gone before placement)
+ * are ignored. */
+void limits_cgroups_serving(struct sbx_cgroups *cg, pid_t pid);
+/* The CPU weight last written to the sandboxes' parent (cgroup v2 units; 0
+ * if none was: no cpu controller, or the write failed). */
+unsigned limits_cgroups_cpu_weight(const struct sbx_cgroups *cg);
 /* Try again to remove released cgroups that were busy; returns how many are
  * still waiting (call again a little later while non-zero). */
 size_t limits_cgroups_retry(struct sbx_cgroups *cg);

@@ -65,11 +65,16 @@ int main(void)
     const char *a_none[] = {"forkboxd", "--block-timeout=0", "--turn-timeout", "0"};
     is_int(parse(&c, err, 4, a_none), 0, "0 timeouts parse");
     ok(c.block_timeout_ms == 0 && c.turn_timeout_ms == 0, "0 is an explicit none");
+    is_int(c.cpu_weight, 0, "CPU weight per running turn by default");
+    const char *a_w[] = {"forkboxd", "--cpu-weight=250"};
+    is_int(parse(&c, err, 2, a_w), 0, "--cpu-weight parses");
+    is_int(c.cpu_weight, 250, "--cpu-weight value");
 
     const char *bad[][2] = {{"forkboxd", "--capacity=0"}, {"forkboxd", "--listen=nope"},
                             {"forkboxd", "--tools-dir=/x/tool"}, {"forkboxd", "--bogus"},
                             {"forkboxd", "--output-cap=1"}, {"forkboxd", "--log-level=loud"},
-                            {"forkboxd", "--preauth-max=0"}, {"forkboxd", "--preauth-per-peer=x"}};
+                            {"forkboxd", "--preauth-max=0"}, {"forkboxd", "--preauth-per-peer=x"},
+                            {"forkboxd", "--cpu-weight=10001"}};
     for (unsigned i = 0; i < sizeof bad / sizeof bad[0]; i++)
         ok(parse(&c, err, 2, bad[i]) < 0 && err[0], "refused: %s (%s)", bad[i][1], err);
 

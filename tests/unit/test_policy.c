@@ -1164,6 +1164,40 @@ static void test_cgroup_leftovers(struct sbx_cgroups *cg, const struct config *c
     rmdir(empty);
 }
 
+/* The sandboxes' parent cgroup weighs 100 per sandbox serving a turn, at
+ * least one's worth: pooled sandboxes do not count. Checked by what the
+ * helper wrote, not by reading the parent's file: other daemons (tests run
+ * in parallel) share that parent and write their own weight to it. */
+static void test_cpu_weight(struct sbx_cgroups *cg, const struct config *cfg)
+{
+    unsigned one = limits_cgroups_cpu_weight(cg);
+    if (one == 0) {
+        printf("ok %d - # SKIP no cpu controller for the weight test\n", ++tap_n);
+        return;
+    }
+    is_int((int)one, 100, "the sandboxes' parent starts at one process's CPU weight");
+    pid_t kids[3];
+    for (int i = 0; i < 3; i++) {
+        kids[i] = fork();
+        if (kids[i] == 0) {
+            pause();
+            _exit(0);
+        }
+        is_int(limits_cgroups_attach(cg, kids[i], cfg), 0, "sandbox %d placed", i);
+    }
+    is_int((int)limits_cgroups_cpu_weight(cg), 100, "placed but idle (pooled): no more weight");
+    limits_cgroups_serving(cg, kids[0]);
+    limits_cgroups_serving(cg, kids[1]);
+    limits_cgroups_serving(cg, kids[1]);
+    is_int((int)limits_cgroups_cpu_weight(cg), 200, "two turns running: twice the weight");
+    for (int i = 0; i < 3; i++) {
+        kill(kids[i], SIGKILL);
+        waitpid(kids[i], NULL, 0);
+        limits_cgroups_release(cg, kids[i]);
+    }
+    is_int((int)limits_cgroups_cpu_weight(cg), 100, "every turn ended: one process's weight again");
+}
+
 static void test_cgroups(void)
 {
     if (geteuid() != 0) {
@@ -1175,6 +1209,7 @@ static void test_cgroups(void)
     struct sbx_cgroups *cg = NULL;
     is_int(limits_cgroups_init(&cfg, &cg), 0, "cgroups probed");
     test_cgroup_leftovers(cg, &cfg);
+    test_cpu_weight(cg, &cfg);
 
     /* memory: allocate 256 MiB in a turn limited to 32 MiB */
     int go[2];
