@@ -1198,6 +1198,70 @@ static void test_cpu_weight(struct sbx_cgroups *cg, const struct config *cfg)
     is_int((int)limits_cgroups_cpu_weight(cg), 100, "every turn ended: one process's weight again");
 }
 
+/* A child held until start_held(*go) (so that it is in its cgroup before it
+ * runs), then exiting with body()'s status (2 if the pipe broke). */
+static pid_t fork_held(int (*body)(void), int *go)
+{
+    int p[2];
+    if (pipe(p) < 0)
+        abort();
+    pid_t pid = fork();
+    if (pid == 0) {
+        char c;
+        close(p[1]);
+        _exit(read(p[0], &c, 1) == 1 ? body() : 2);
+    }
+    close(p[0]);
+    *go = p[1];
+    return pid;
+}
+
+static void start_held(int go)
+{
+    if (write(go, "g", 1) != 1)
+        abort();
+    close(go);
+}
+
+static int eat_256_mib(void)
+{
+    size_t n = 256 << 20;
+    char *m = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED)
+        return 3;
+    for (size_t i = 0; i < n; i += 4096)
+        m[i] = 1;
+    return 0;
+}
+
+static int exit_at_once(void)
+{
+    return 0;
+}
+
+/* 16 tasks: this one plus at most 15 children, the other 25 forks EAGAIN */
+static int fork_40(void)
+{
+    int failed = 0, n = 0;
+    pid_t kids[40];
+    for (int i = 0; i < 40; i++) {
+        pid_t k = fork();
+        if (k == 0) {
+            pause();
+            _exit(0);
+        }
+        if (k > 0)
+            kids[n++] = k;
+        else if (errno == EAGAIN)
+            failed++;
+    }
+    for (int i = 0; i < n; i++) {
+        kill(kids[i], SIGKILL);
+        waitpid(kids[i], NULL, 0);
+    }
+    return failed == 40 - 15 && n == 15 ? 0 : 1;
+}
+
 static void test_cgroups(void)
 {
     if (geteuid() != 0) {
@@ -1212,36 +1276,19 @@ static void test_cgroups(void)
     test_cpu_weight(cg, &cfg);
 
     /* memory: allocate 256 MiB in a turn limited to 32 MiB */
-    int go[2];
-    if (pipe(go) < 0)
-        abort();
-    pid_t pid = fork();
-    if (pid == 0) {
-        char c;
-        close(go[1]);
-        if (read(go[0], &c, 1) != 1)
-            _exit(2);
-        size_t n = 256 << 20;
-        char *m = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (m == MAP_FAILED)
-            _exit(3);
-        for (size_t i = 0; i < n; i += 4096)
-            m[i] = 1;
-        _exit(0);
-    }
-    close(go[0]);
+    int go;
+    pid_t pid = fork_held(eat_256_mib, &go);
     int rc = limits_cgroups_attach(cg, pid, &cfg);
     if (rc == -ENOENT || rc == -EROFS) {
         printf("ok %d - # SKIP no usable memory cgroup (%s)\n", ++tap_n, strerror(-rc));
         kill(pid, SIGKILL);
         waitpid(pid, NULL, 0);
+        close(go);
         limits_cgroups_free(cg);
         return;
     }
     is_int(rc, 0, "turn cgroup created, child attached");
-    if (write(go[1], "g", 1) != 1)
-        abort();
-    close(go[1]);
+    start_held(go);
     int st;
     waitpid(pid, &st, 0);
     ok(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL, "child over memory limit is OOM-killed");
@@ -1254,19 +1301,9 @@ static void test_cgroups(void)
      * only exits reports no OOM kill. Checked on its own, since the pids
      * test below may itself be OOM-killed at 32 MiB under ASan (15 forked
      * copies of an ASan process). */
-    if (pipe(go) < 0)
-        abort();
-    pid = fork();
-    if (pid == 0) {
-        char c;
-        close(go[1]);
-        _exit(read(go[0], &c, 1) == 1 ? 0 : 2);
-    }
-    close(go[0]);
+    pid = fork_held(exit_at_once, &go);
     is_int(limits_cgroups_attach(cg, pid, &cfg), 0, "the next turn attached");
-    if (write(go[1], "g", 1) != 1)
-        abort();
-    close(go[1]);
+    start_held(go);
     waitpid(pid, &st, 0);
     limits_cgroups_events(cg, pid, &ev);
     limits_cgroups_release(cg, pid);
@@ -1275,39 +1312,9 @@ static void test_cgroups(void)
        ev.pids_max);
 
     /* pids: a turn limited to 16 tasks cannot start 40 */
-    if (pipe(go) < 0)
-        abort();
-    pid = fork();
-    if (pid == 0) {
-        char c;
-        close(go[1]);
-        if (read(go[0], &c, 1) != 1)
-            _exit(2);
-        int failed = 0, n = 0;
-        pid_t kids[40];
-        for (int i = 0; i < 40; i++) {
-            pid_t k = fork();
-            if (k == 0) {
-                pause();
-                _exit(0);
-            }
-            if (k > 0)
-                kids[n++] = k;
-            else if (errno == EAGAIN)
-                failed++;
-        }
-        for (int i = 0; i < n; i++) {
-            kill(kids[i], SIGKILL);
-            waitpid(kids[i], NULL, 0);
-        }
-        /* 16 tasks: this one plus at most 15 children */
-        _exit(failed == 40 - 15 && n == 15 ? 0 : 1);
-    }
-    close(go[0]);
+    pid = fork_held(fork_40, &go);
     is_int(limits_cgroups_attach(cg, pid, &cfg), 0, "second turn attached");
-    if (write(go[1], "g", 1) != 1)
-        abort();
-    close(go[1]);
+    start_held(go);
     waitpid(pid, &st, 0);
     ok(WIFEXITED(st) && WEXITSTATUS(st) == 0, "pids.max 16: the 16th fork fails with EAGAIN");
     limits_cgroups_events(cg, pid, &ev);
