@@ -1,12 +1,20 @@
-/* WebSocket server connection over wslay's event API (see ws.h).
+/* WebSocket server connection: wslay's event API for sending, our own
+ * reader for receiving (see ws.h).
  *
- * Incoming: wslay runs with buffering off and hands us each frame's payload
- * in chunks (on_frame_recv_*); this file appends data frames to the current
- * message's buffer, whose room is reserved (and charged) when a frame header
- * announces its length, and calls the handlers. Before wslay sees any byte,
- * hdr_check() walks the frame headers in the byte stream for the protocol
- * errors wslay would answer with an empty close frame (RFC 6455 wants 1002);
- * a header is only handed to wslay once it is complete and checked.
+ * Incoming: read_frames() walks the client's frames itself. wslay's reader
+ * takes every payload byte through a byte-at-a-time unmask loop and a
+ * byte-at-a-time UTF-8 automaton, then hands it over in 4 KiB chunks to be
+ * copied again: two thirds of the supervisor's CPU for a large upload or tool
+ * result (perf, 40 MiB tool result). It has no way to take payloads without
+ * those loops. The checks it made are all here, each once: the header rules
+ * of RFC 6455 (answered with 1002 and a reason, which wslay could not give),
+ * masking, fragment sequencing, the close handshake's codes, and UTF-8 of
+ * text with a word-at-a-time validator (core/utf8.h). A data frame's payload
+ * is received straight into its message's buffer, whose room is reserved
+ * (and charged) when the frame's header announces its length, and unmasked
+ * there eight bytes at a time; small frames and headers go through rbuf.
+ * Replies stay wslay's: a ping's pong and the close echo are queued with
+ * wslay_event_queue_msg / wslay_event_queue_close.
  *
  * Outgoing: small messages are copied into wslay's queue (charged to the
  * budget until wslay has written them); large ones are fragmented messages
@@ -46,34 +54,30 @@ struct ws_conn {
     struct budget *budget;        /* borrowed, may be NULL */
 
     /* input */
-    uint8_t *initial;             /* owned: bytes read past the HTTP request */
-    size_t initial_len, initial_off;
+    uint8_t *rbuf;                /* owned: bytes read and not yet taken (rbuf[roff..rlen)),
+                                     first the bytes read past the HTTP request; NULL while
+                                     empty (an idle connection holds none) */
+    size_t rcap, roff, rlen;
     size_t read_left;             /* byte budget left in the current ws_conn_read */
-    bool read_more;               /* the last read stopped on the budget, not EAGAIN */
-    uint8_t hold[WS_HDR_MAX];     /* an incomplete frame header not yet given to wslay */
-    size_t hold_len;
-    uint64_t payload_left;        /* hdr_check: payload bytes before the next header */
-    bool hdr_msg_open;            /* hdr_check: a data message is between its frames */
-    struct {                      /* a data frame's header that ended the bytes last given
-                                     to wslay: wslay reports a frame only once a payload
-                                     byte arrives, so its limits are applied here when
-                                     wslay next asks for bytes (see ws_recv_cb) */
-        bool set;
-        uint8_t opcode;
-        bool fin;
-        uint64_t len;
-    } naked;
-    bool begun_early;             /* the frame being received was begun from naked */
-    bool frame_data;              /* the frame being received belongs to the message */
-    bool frame_close;             /* the frame being received is a close frame: */
-    uint8_t close_buf[125];       /*   its payload, checked whole (wslay checks the
-                                       reason's UTF-8 per chunk, from each chunk's
-                                       third byte, and would echo a bad one) */
-    size_t close_len;
-    bool frame_fin;
-    bool msg_text, msg_drop;      /* the current data message */
+    bool read_more;               /* the last read stopped on the budget, not EAGAIN, or
+                                     the initial bytes wait for the first read */
+    bool reading;                 /* false once a close was received, sent or decided */
+    bool close_received;          /* the client's close frame arrived (and was answered) */
+
+    /* the frame being received (in_payload: its header is taken) */
+    bool in_payload;
+    uint8_t opcode;
+    bool fin;
+    uint8_t mask[4];
+    uint64_t payload_len, payload_got;
+    uint8_t ctrl[125];            /* a control frame's payload */
+    bool msg_open;                /* a data message is between its frames */
+
+    /* the current data message */
+    bool msg_text, msg_drop;
     uint64_t msg_limit;
     uint64_t msg_announced;       /* its frames' lengths so far, dropped or not */
+    struct utf8_stream msg_utf8;  /* text: the UTF-8 check so far */
     struct buf msg;               /* owned, charged: the message so far */
 
     /* output */
@@ -86,10 +90,8 @@ struct ws_conn {
 
     int err;                      /* why this module closed (ws_conn_read's return) */
     char reason[124];             /* a close reason with figures in it */
-    const char *bad;              /* a protocol error found by hdr_check, refused once
-                                     wslay has taken the frames before it */
     bool io_failed;               /* EOF or a socket error: nothing more can move */
-    bool failed;                  /* wslay gave up (I/O, protocol or memory) */
+    bool failed;                  /* wslay gave up writing (I/O or memory) */
 };
 
 /* ---------------------------------------------------------------- closing */
@@ -100,176 +102,82 @@ static void refuse(struct ws_conn *c, int err, uint16_t code, const char *reason
     if (c->err)
         return;
     c->err = err;
+    c->reading = false;
     wslay_event_queue_close(c->ctx, code, (const uint8_t *)reason, strlen(reason));
-    wslay_event_shutdown_read(c->ctx);
 }
 
 /* ---------------------------------------------------------------- input */
 
-/* Walk the frame headers in p[0..n) (the stream continues from the last
- * call). Returns how many bytes may go to wslay: all of them, or up to the
- * start of a header that is incomplete (*hold_from = that start) or that is
- * a protocol error (refused here). */
-static size_t hdr_check(struct ws_conn *c, const uint8_t *p, size_t n, size_t *hold_from)
-{
-    size_t i = 0;
-    *hold_from = n;
-    c->naked.set = false;
-    for (;;) {
-        uint64_t skip = c->payload_left < n - i ? c->payload_left : n - i;
-        i += skip;
-        c->payload_left -= skip;
-        if (i >= n)
-            return n;
-        /* a header starts at p[i] */
-        if (n - i < 2) {
-            *hold_from = i;
-            return i;
-        }
-        uint8_t b0 = p[i], b1 = p[i + 1], opcode = b0 & 0x0F, len7 = b1 & 0x7F;
-        size_t need = 2 + (len7 == 126 ? 2 : len7 == 127 ? 8 : 0) + ((b1 & 0x80) ? 4 : 0);
-        if (n - i < need) {
-            *hold_from = i;
-            return i;
-        }
-        uint64_t len = len7;
-        if (len7 == 126)
-            len = (uint64_t)p[i + 2] << 8 | p[i + 3];
-        else if (len7 == 127)
-            for (int k = 0; k < 8; k++)
-                len = (k ? len << 8 : 0) | p[i + 2 + k];
-        bool data = !(opcode & 0x8), fin = b0 & 0x80;
-        const char *bad = NULL;
-        if (b0 & 0x70)
-            bad = "reserved bits set";
-        else if ((opcode > WSLAY_BINARY_FRAME && data) || opcode > WSLAY_PONG)
-            bad = "unknown opcode";
-        else if (data && (opcode == WSLAY_CONTINUATION_FRAME) != c->hdr_msg_open)
-            bad = c->hdr_msg_open ? "new message before the last one ended"
-                                  : "continuation frame outside a message";
-        else if (!data && (len > 125 || !fin))
-            bad = "control frame too long or fragmented";
-        else if ((len7 == 126 && len < 126) || (len7 == 127 && len < 65536))
-            bad = "frame length not in its shortest form";
-        else if (len7 == 127 && (len >> 63))
-            bad = "frame length over 2^63";
-        else if (opcode == WSLAY_CONNECTION_CLOSE && len == 1)
-            bad = "close frame with a 1-byte payload";
-        if (bad) {
-            c->bad = bad;
-            return i;
-        }
-        i += need;
-        c->payload_left = len;
-        if (data)
-            c->hdr_msg_open = !fin;
-        c->naked.set = data && len > 0 && i == n;
-        if (c->naked.set) {
-            c->naked.opcode = opcode;
-            c->naked.fin = fin;
-            c->naked.len = len;
-        }
-    }
-}
+#define WS_RBUF (16 * 1024)
+/* A data frame's payload is received straight into its message once at
+ * least this much of it is still due and rbuf is empty. */
+#define WS_DIRECT_MIN 1024
 
-/* Fill buf with the next input bytes (held-back header bytes first, then the
- * initial bytes, then the socket): the count, 0 for "none now", -1 on EOF or
- * a socket error. */
-static ssize_t fill(struct ws_conn *c, uint8_t *buf, size_t len)
+/* recv() into p[0..len), within the read budget: the count, 0 for "nothing
+ * now" (would block, or the budget is spent), -1 on EOF or a socket error. */
+static ssize_t recv_some(struct ws_conn *c, uint8_t *p, size_t len)
 {
-    /* wslay asks for bytes with ~4 KiB free (it keeps no partial header,
-     * since it only ever gets complete ones); be exact all the same. */
-    size_t got = c->hold_len < len ? c->hold_len : len;
-    memcpy(buf, c->hold, got);
-    memmove(c->hold, c->hold + got, c->hold_len - got);
-    c->hold_len -= got;
-    if (c->hold_len)
-        return (ssize_t)got;
-    if (c->initial_off < c->initial_len) {
-        /* already in memory: no read budget for them */
-        size_t k = c->initial_len - c->initial_off;
-        if (k > len - got)
-            k = len - got;
-        memcpy(buf + got, c->initial + c->initial_off, k);
-        c->initial_off += k;
-        got += k;
-        if (c->initial_off == c->initial_len) {
-            free(c->initial);
-            c->initial = NULL;
-            c->initial_len = c->initial_off = 0;
-        }
-        return (ssize_t)got;
-    }
     if (c->read_left == 0) {
         c->read_more = true;
-        return (ssize_t)got;
+        return 0;
     }
-    size_t want = len - got < c->read_left ? len - got : c->read_left;
+    if (len > c->read_left)
+        len = c->read_left;
     for (;;) {
-        ssize_t r = recv(c->fd, buf + got, want, 0);
+        ssize_t r = recv(c->fd, p, len, 0);
         if (r > 0) {
             c->read_left -= (size_t)r;
-            return (ssize_t)(got + (size_t)r);
+            return r;
         }
         if (r < 0 && errno == EINTR)
             continue;
         if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-            return (ssize_t)got;
-        return -1; /* EOF (r == 0) or a real error */
+            return 0;
+        c->io_failed = true; /* EOF (r == 0) or a real error */
+        return -1;
     }
 }
 
-static void frame_begin(struct ws_conn *c, uint8_t opcode, bool fin, uint64_t len);
-
-static ssize_t ws_recv_cb(wslay_event_context_ptr ctx, uint8_t *buf, size_t len, int flags,
-                          void *user_data)
+/* More bytes into rbuf (what is unread there moves to its start): > 0 if
+ * some came, 0 if none now, -1 on EOF, a socket error or no memory. */
+static ssize_t refill(struct ws_conn *c)
 {
-    struct ws_conn *c = user_data;
-    if (c->naked.set && !c->err) {
-        /* wslay asks for bytes only when it has taken all it was given: the
-         * frame whose header ended them is now wslay's current one. An
-         * announced length over the limit is refused here, before any of
-         * its payload is read (wslay would report the frame only with its
-         * first payload byte). */
-        c->naked.set = false;
-        c->begun_early = true;
-        frame_begin(c, c->naked.opcode, c->naked.fin, c->naked.len);
-    }
-    if (c->bad) /* wslay has taken every byte before the bad header */
-        refuse(c, -EPROTO, WSLAY_CODE_PROTOCOL_ERROR, c->bad);
-    if (c->err) {
-        wslay_event_set_error(ctx, WSLAY_ERR_WOULDBLOCK);
-        return -1;
-    }
-    for (;;) {
-        size_t held = c->hold_len;
-        ssize_t got = fill(c, buf, len);
-        if (got < 0) {
-            /* Returning 0 would read as "would block" to wslay, so EOF must
-             * be reported as a failure. */
-            c->io_failed = true;
-            wslay_event_set_error(ctx, WSLAY_ERR_CALLBACK_FAILURE);
+    if (!c->rbuf) {
+        if (!(c->rbuf = malloc(WS_RBUF))) {
+            refuse(c, -ENOMEM, WSLAY_CODE_INTERNAL_SERVER_ERROR, "out of memory");
             return -1;
         }
-        size_t hold_from, ok = hdr_check(c, buf, (size_t)got, &hold_from);
-        if (hold_from < (size_t)got && !c->bad) {
-            c->hold_len = (size_t)got - hold_from;
-            memmove(c->hold, buf + hold_from, c->hold_len);
-        }
-        if (ok > 0)
-            return (ssize_t)ok;
-        /* Only part of a header so far: read on while bytes come, as wslay
-         * would (and so that an EOF behind them is seen now). */
-        if (c->bad) {
-            refuse(c, -EPROTO, WSLAY_CODE_PROTOCOL_ERROR, c->bad);
-            wslay_event_set_error(ctx, WSLAY_ERR_WOULDBLOCK);
-            return -1;
-        }
-        if ((size_t)got <= held) {
-            wslay_event_set_error(ctx, WSLAY_ERR_WOULDBLOCK);
-            return -1;
-        }
+        c->rcap = WS_RBUF;
+        c->roff = c->rlen = 0;
     }
+    memmove(c->rbuf, c->rbuf + c->roff, c->rlen - c->roff); /* at most a partial header */
+    c->rlen -= c->roff;
+    c->roff = 0;
+    ssize_t r = recv_some(c, c->rbuf + c->rlen, c->rcap - c->rlen);
+    if (r > 0)
+        c->rlen += (size_t)r;
+    return r;
+}
+
+/* dst[i] = src[i] ^ the mask, for payload bytes from offset off on; dst may
+ * be src. Eight bytes at a time: the key repeats every four bytes, so a word
+ * of it, rotated to the offset, masks a word of payload. */
+static void unmask(uint8_t *dst, const uint8_t *src, size_t n, const uint8_t key[4], uint64_t off)
+{
+    uint8_t k[8];
+    for (int i = 0; i < 8; i++)
+        k[i] = key[(off + (uint64_t)i) % 4];
+    uint64_t kw;
+    memcpy(&kw, k, 8);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        memcpy(&w, src + i, 8);
+        w ^= kw;
+        memcpy(dst + i, &w, 8);
+    }
+    for (; i < n; i++)
+        dst[i] = src[i] ^ k[i % 8];
 }
 
 static void msg_reset(struct ws_conn *c)
@@ -282,20 +190,20 @@ static void msg_reset(struct ws_conn *c)
 /* A data frame begins: its message's limit (asked of the handler at a
  * message's first frame), the 256 MiB cap and the budget are applied to the
  * length its header announces, before any of its payload is taken. */
-static void frame_begin(struct ws_conn *c, uint8_t opcode, bool fin, uint64_t len)
+static void data_frame_begin(struct ws_conn *c)
 {
-    if (opcode != WSLAY_CONTINUATION_FRAME) {
+    if (c->opcode != WSLAY_CONTINUATION_FRAME) {
         msg_reset(c);
-        c->msg_text = opcode == WSLAY_TEXT_FRAME;
+        c->msg_text = c->opcode == WSLAY_TEXT_FRAME;
+        c->msg_utf8 = (struct utf8_stream){0};
+        c->msg_announced = 0;
         c->msg_limit = c->h.on_msg_begin ? c->h.on_msg_begin(c->ud, c->msg_text) : WS_MSG_DROP;
         c->msg_drop = c->msg_limit == WS_MSG_DROP;
-        c->msg_announced = 0;
+        if (!c->reading) /* the handler closed */
+            return;
     }
-    c->frame_data = true;
-    c->frame_fin = fin;
-    if (c->err)
-        return;
     /* spec 1.4: 256 MiB per message, whatever happens to it */
+    uint64_t len = c->payload_len;
     c->msg_announced += len;
     uint64_t limit = c->msg_drop ? WS_MAX_MESSAGE_BYTES : c->msg_limit;
     if (c->msg_announced > WS_MAX_MESSAGE_BYTES ||
@@ -318,71 +226,199 @@ static void frame_begin(struct ws_conn *c, uint8_t opcode, bool fin, uint64_t le
         refuse(c, -ENOMEM, WSLAY_CODE_INTERNAL_SERVER_ERROR, "out of memory");
 }
 
-static void on_frame_start(wslay_event_context_ptr ctx,
-                           const struct wslay_event_on_frame_recv_start_arg *arg, void *user_data)
+/* Take one frame header from rbuf if it is all there: 1 if taken, 0 if more
+ * bytes are needed, -1 if the connection was refused (a protocol error). */
+static int take_header(struct ws_conn *c)
 {
-    struct ws_conn *c = user_data;
-    c->frame_close = arg->opcode == WSLAY_CONNECTION_CLOSE;
-    c->close_len = 0;
-    if (c->begun_early) { /* ws_recv_cb began this one from its header */
-        c->begun_early = false;
-        return;
+    size_t n = c->rlen - c->roff;
+    if (n < 2)
+        return 0;
+    const uint8_t *p = c->rbuf + c->roff;
+    uint8_t b0 = p[0], b1 = p[1], opcode = b0 & 0x0F, len7 = b1 & 0x7F;
+    size_t need = 2 + (len7 == 126 ? 2 : len7 == 127 ? 8 : 0) + ((b1 & 0x80) ? 4 : 0);
+    if (n < need)
+        return 0;
+    uint64_t len = len7;
+    if (len7 == 126)
+        len = (uint64_t)p[2] << 8 | p[3];
+    else if (len7 == 127)
+        for (int k = 0; k < 8; k++)
+            len = (k ? len << 8 : 0) | p[2 + k];
+    bool data = !(opcode & 0x8), fin = b0 & 0x80;
+    const char *bad = NULL;
+    if (b0 & 0x70)
+        bad = "reserved bits set";
+    else if ((opcode > WSLAY_BINARY_FRAME && data) || opcode > WSLAY_PONG)
+        bad = "unknown opcode";
+    else if (data && (opcode == WSLAY_CONTINUATION_FRAME) != c->msg_open)
+        bad = c->msg_open ? "new message before the last one ended"
+                          : "continuation frame outside a message";
+    else if (!data && (len > 125 || !fin))
+        bad = "control frame too long or fragmented";
+    else if ((len7 == 126 && len < 126) || (len7 == 127 && len < 65536))
+        bad = "frame length not in its shortest form";
+    else if (len7 == 127 && (len >> 63))
+        bad = "frame length over 2^63";
+    else if (opcode == WSLAY_CONNECTION_CLOSE && len == 1)
+        bad = "close frame with a 1-byte payload";
+    else if (!(b1 & 0x80))
+        bad = "client frame not masked";
+    if (bad) {
+        refuse(c, -EPROTO, WSLAY_CODE_PROTOCOL_ERROR, bad);
+        return -1;
     }
-    c->frame_data = false;
-    if (arg->opcode & 0x8 || c->err)
-        return; /* control frames are wslay's */
-    frame_begin(c, arg->opcode, arg->fin, arg->payload_length);
+    memcpy(c->mask, p + need - 4, 4);
+    c->roff += need;
+    c->opcode = opcode;
+    c->fin = fin;
+    c->payload_len = len;
+    c->payload_got = 0;
+    c->in_payload = true;
+    if (data) {
+        c->msg_open = !fin;
+        data_frame_begin(c);
+    }
+    return c->reading ? 1 : -1;
 }
 
-static void on_frame_chunk(wslay_event_context_ptr ctx,
-                           const struct wslay_event_on_frame_recv_chunk_arg *arg, void *user_data)
+/* Where the frame's next payload byte goes: the message's reserved room, the
+ * control payload, or (a dropped message) nowhere: NULL. */
+static uint8_t *payload_dest(struct ws_conn *c)
 {
-    struct ws_conn *c = user_data;
-    if (c->frame_close) {
-        size_t k = arg->data_length < sizeof c->close_buf - c->close_len
-                        ? arg->data_length : sizeof c->close_buf - c->close_len;
-        memcpy(c->close_buf + c->close_len, arg->data, k);
-        c->close_len += k;
+    if (c->opcode & 0x8)
+        return c->ctrl + c->payload_got;
+    return c->msg_drop ? NULL : c->msg.data + c->msg.len;
+}
+
+/* p[0..n), unmasked, is the frame's next payload. */
+static void payload_got(struct ws_conn *c, const uint8_t *p, size_t n)
+{
+    c->payload_got += n;
+    if (c->opcode & 0x8)
+        return;
+    if (c->msg_text && !utf8_stream_feed(&c->msg_utf8, p, n)) {
+        refuse(c, -EPROTO, WSLAY_CODE_INVALID_FRAME_PAYLOAD_DATA, "text message not UTF-8");
         return;
     }
-    if (!c->frame_data || c->msg_drop || c->err || arg->data_length == 0)
+    if (c->msg_drop)
         return;
-    /* The room was reserved at the frame's start: this cannot fail. */
-    if (buf_append(&c->msg, arg->data, arg->data_length) < 0) {
-        refuse(c, -ENOMEM, WSLAY_CODE_INTERNAL_SERVER_ERROR, "out of memory");
-        return;
-    }
+    c->msg.len += n; /* into the room reserved at the frame's header */
     if (c->h.on_msg_data)
         c->h.on_msg_data(c->ud, c->msg.data, c->msg.len);
 }
 
-static void on_frame_end(wslay_event_context_ptr ctx, void *user_data)
+/* Close codes a client may send (RFC 6455 7.4: 1004-1006 and 1015 are never
+ * sent, 1012-2999 are unassigned, 3000-4999 are for applications). */
+static bool close_code_ok(uint16_t code)
 {
-    struct ws_conn *c = user_data;
-    if (c->frame_close) {
-        /* Before wslay answers it: our close wins, wslay's echo is dropped. */
-        c->frame_close = false;
-        if (c->close_len > 2 && !utf8_valid(c->close_buf + 2, c->close_len - 2))
+    return (code >= 1000 && code <= 1011 && code != 1004 && code != 1005 && code != 1006) ||
+           (code >= 3000 && code <= 4999);
+}
+
+/* The client's close: answered with its own code and reason, after which
+ * nothing more is read. */
+static void close_received(struct ws_conn *c)
+{
+    uint16_t code = 0;
+    size_t n = (size_t)c->payload_len;
+    if (n >= 2) {
+        code = (uint16_t)(c->ctrl[0] << 8 | c->ctrl[1]);
+        if (!close_code_ok(code)) {
+            refuse(c, -EPROTO, WSLAY_CODE_PROTOCOL_ERROR, "invalid close code");
+            return;
+        }
+        if (!utf8_valid(c->ctrl + 2, n - 2)) {
             refuse(c, -EPROTO, WSLAY_CODE_INVALID_FRAME_PAYLOAD_DATA, "close reason not UTF-8");
+            return;
+        }
+    }
+    c->close_received = true;
+    c->reading = false;
+    /* Fails only when our own close is already queued: that one answers. */
+    wslay_event_queue_close(c->ctx, code, n > 2 ? c->ctrl + 2 : NULL, n > 2 ? n - 2 : 0);
+}
+
+/* The frame's last payload byte is in. */
+static void frame_end(struct ws_conn *c)
+{
+    c->in_payload = false;
+    switch (c->opcode) {
+    case WSLAY_CONNECTION_CLOSE:
+        close_received(c);
+        return;
+    case WSLAY_PING: {
+        const struct wslay_event_msg pong = {
+            .opcode = WSLAY_PONG, .msg = c->ctrl, .msg_length = (size_t)c->payload_len};
+        if (wslay_event_queue_msg(c->ctx, &pong) == WSLAY_ERR_NOMEM)
+            refuse(c, -ENOMEM, WSLAY_CODE_INTERNAL_SERVER_ERROR, "out of memory");
+        return; /* other failures: a close is queued, no pong is due */
+    }
+    case WSLAY_PONG:
+        if (c->h.on_pong)
+            c->h.on_pong(c->ud);
+        return;
+    default:
+        break;
+    }
+    if (!c->fin)
+        return;
+    if (c->msg_text && !utf8_stream_end(&c->msg_utf8)) {
+        refuse(c, -EPROTO, WSLAY_CODE_INVALID_FRAME_PAYLOAD_DATA, "text message not UTF-8");
         return;
     }
-    if (!c->frame_data || !c->frame_fin)
-        return;
-    c->frame_data = false;
-    /* wslay calls this only once a final text frame's UTF-8 is complete. */
-    if (!c->msg_drop && !c->err && c->h.on_msg_end)
+    if (!c->msg_drop && c->h.on_msg_end)
         c->h.on_msg_end(c->ud, c->msg_text, &c->msg);
     msg_reset(c);
 }
 
-static void on_msg(wslay_event_context_ptr ctx, const struct wslay_event_on_msg_recv_arg *arg,
-                   void *user_data)
+/* Take what can be taken of the current frame's payload: > 0 if some was,
+ * 0 if none now, -1 on EOF or an error. */
+static ssize_t take_payload(struct ws_conn *c)
 {
-    struct ws_conn *c = user_data;
-    /* Close and ping: wslay has queued the reply. Data messages arrive
-     * through the frame callbacks (buffering is off). */
-    if (arg->opcode == WSLAY_PONG && c->h.on_pong)
-        c->h.on_pong(c->ud);
+    uint64_t due = c->payload_len - c->payload_got;
+    uint8_t *dst = payload_dest(c);
+    size_t avail = c->rlen - c->roff;
+    size_t n;
+    if (avail > 0) {
+        n = avail < due ? avail : (size_t)due;
+        uint8_t *src = c->rbuf + c->roff;
+        if (!dst)
+            dst = src; /* dropped: unmasked in place (text is still checked) */
+        unmask(dst, src, n, c->mask, c->payload_got);
+        c->roff += n;
+    } else if (dst && due >= WS_DIRECT_MIN) {
+        ssize_t r = recv_some(c, dst, due < SIZE_MAX ? (size_t)due : SIZE_MAX);
+        if (r <= 0)
+            return r;
+        n = (size_t)r;
+        unmask(dst, dst, n, c->mask, c->payload_got);
+    } else {
+        return refill(c);
+    }
+    payload_got(c, dst, n);
+    return 1;
+}
+
+/* Read and take frames until the socket has nothing more now, the read
+ * budget is spent, or reading ends. */
+static void read_frames(struct ws_conn *c)
+{
+    while (c->reading && !c->io_failed) {
+        ssize_t r;
+        if (c->in_payload) {
+            r = c->payload_got < c->payload_len ? take_payload(c) : 1;
+            if (r > 0 && c->reading && c->payload_got == c->payload_len)
+                frame_end(c);
+        } else {
+            r = take_header(c);
+            if (r == 0)
+                r = refill(c);
+            else if (r > 0 && c->payload_len == 0)
+                frame_end(c);
+        }
+        if (r <= 0)
+            return;
+    }
 }
 
 /* ---------------------------------------------------------------- output */
@@ -494,15 +530,8 @@ static void copies_settle(struct ws_conn *c)
 struct ws_conn *ws_conn_new(int fd, struct budget *budget, const uint8_t *initial,
                             size_t initial_len, const struct ws_handlers *h, void *ud)
 {
-    const struct wslay_event_callbacks cbs = {
-        .recv_callback = ws_recv_cb,
-        .send_callback = ws_send_cb,
-        /* genmask: only clients mask. */
-        .on_frame_recv_start_callback = on_frame_start,
-        .on_frame_recv_chunk_callback = on_frame_chunk,
-        .on_frame_recv_end_callback = on_frame_end,
-        .on_msg_recv_callback = on_msg,
-    };
+    /* Only the sending side is wslay's (see the top of this file). */
+    const struct wslay_event_callbacks cbs = {.send_callback = ws_send_cb};
     struct ws_conn *c = calloc(1, sizeof(*c));
     if (!c)
         return NULL;
@@ -510,22 +539,22 @@ struct ws_conn *ws_conn_new(int fd, struct budget *budget, const uint8_t *initia
     c->h = *h;
     c->ud = ud;
     c->budget = budget;
+    c->reading = true;
     buf_init_budget(&c->msg, SIZE_MAX, budget);
     if (initial_len > 0) {
-        c->initial = malloc(initial_len);
-        if (c->initial) {
-            memcpy(c->initial, initial, initial_len);
-            c->initial_len = initial_len;
+        c->rcap = initial_len > WS_RBUF ? initial_len : WS_RBUF;
+        c->rbuf = malloc(c->rcap);
+        if (c->rbuf) {
+            memcpy(c->rbuf, initial, initial_len);
+            c->rlen = initial_len;
+            c->read_more = true;
         }
     }
-    if ((initial_len > 0 && !c->initial) || wslay_event_context_server_init(&c->ctx, &cbs, c) != 0) {
-        free(c->initial);
+    if ((initial_len > 0 && !c->rbuf) || wslay_event_context_server_init(&c->ctx, &cbs, c) != 0) {
+        free(c->rbuf);
         free(c);
         return NULL;
     }
-    /* Messages are assembled here (limits and budget at each frame's header),
-     * not by wslay. */
-    wslay_event_config_set_no_buffering(c->ctx, 1);
     return c;
 }
 
@@ -543,7 +572,7 @@ void ws_conn_free(struct ws_conn *c)
     if (c->budget)
         budget_give(c->budget, c->charged_copy);
     buf_free(&c->msg);
-    free(c->initial);
+    free(c->rbuf);
     free(c->wbuf);
     free(c);
 }
@@ -563,20 +592,23 @@ static int ws_status(const struct ws_conn *c)
 
 int ws_conn_read(struct ws_conn *c)
 {
-    if (c->failed || c->err || !wslay_event_want_read(c->ctx))
+    if (!ws_conn_want_read(c))
         return ws_status(c);
-
     c->read_left = WS_READ_BUDGET;
     c->read_more = false;
-    int r = wslay_event_recv(c->ctx);
-    if (r != 0)
-        c->failed = true;
-    if (c->bad)
-        refuse(c, -EPROTO, WSLAY_CODE_PROTOCOL_ERROR, c->bad);
-    if ((r != 0 && !c->io_failed) || c->err) {
-        /* A protocol error (ours or wslay's) left a close frame queued: one
-         * best-effort attempt to send it, then the connection is over. */
-        wslay_event_send(c->ctx);
+    read_frames(c);
+    if (c->io_failed)
+        c->failed = true; /* nothing more can move either way */
+    if (c->rbuf && c->roff == c->rlen) { /* all taken: give the buffer back */
+        free(c->rbuf);
+        c->rbuf = NULL;
+        c->rcap = c->roff = c->rlen = 0;
+    }
+    if (c->err && !c->io_failed) {
+        /* A close decided here is queued: one best-effort attempt to send
+         * it, then the connection is over. */
+        if (wslay_event_send(c->ctx) != 0)
+            c->failed = true;
         wflush(c);
     }
     return ws_status(c);
@@ -701,16 +733,16 @@ int ws_conn_close(struct ws_conn *c, uint16_t code, const char *reason)
     if (r != 0)
         return -EPIPE;
     /* Once we have decided to close, messages still in flight from the peer
-     * must not reach the handlers (this also ends a wslay_event_recv loop
-     * that a handler closed from). We do not wait for the peer's close:
+     * must not reach the handlers (this also ends a read_frames loop that a
+     * handler closed from). We do not wait for the peer's close:
      * ws_conn_finished() turns true when ours is written. */
-    wslay_event_shutdown_read(c->ctx);
+    c->reading = false;
     return 0;
 }
 
 bool ws_conn_want_read(const struct ws_conn *c)
 {
-    return !c->failed && !c->err && wslay_event_want_read(c->ctx);
+    return !c->failed && !c->err && !c->io_failed && c->reading;
 }
 
 bool ws_conn_want_write(const struct ws_conn *c)
@@ -720,7 +752,7 @@ bool ws_conn_want_write(const struct ws_conn *c)
 
 bool ws_conn_read_more(const struct ws_conn *c)
 {
-    return (c->read_more || c->initial_off < c->initial_len) && ws_conn_want_read(c);
+    return c->read_more && ws_conn_want_read(c);
 }
 
 size_t ws_conn_queued(const struct ws_conn *c)
@@ -744,5 +776,5 @@ bool ws_conn_finished(const struct ws_conn *c)
         return true;
     /* A received close queues our reply; done once that is written (the
      * reply cannot be queued only if ours already was, caught above). */
-    return wslay_event_get_close_received(c->ctx) && !wslay_event_want_write(c->ctx);
+    return c->close_received && !wslay_event_want_write(c->ctx);
 }

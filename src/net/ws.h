@@ -1,19 +1,22 @@
 /* WebSocket server connection: glue between the event loop and wslay (runs
  * in the supervisor).
  *
- * wslay does the RFC 6455 framing, masking checks, UTF-8 checks of text,
- * control frames (pong replies to pings) and the close handshake. This module
- * owns the non-blocking socket callbacks and the messages:
- *  - Incoming messages are not buffered by wslay: their frames are appended
- *    to one buffer per message, charged to the connection's budget, whose
- *    size is reserved when each frame's header announces it. The handler
- *    says at a message's start how large it may be (or that it is dropped
- *    unread), so an upload over its limit is refused at the header that
- *    announces it (close 1009), before its bytes arrive.
- *  - Frame headers are checked before wslay sees them for what RFC 6455 calls
- *    protocol errors that wslay would close without a status code: control
- *    frames over 125 bytes or fragmented, a non-minimal or 2^63+ length, a
- *    close frame with a 1-byte payload. They close with 1002.
+ * wslay frames and queues what we send and keeps the close handshake's
+ * sending side. What we receive is read here (ws.c says why): RFC 6455
+ * framing, masking, UTF-8 of text (checked once, as it arrives), pong
+ * replies to pings and the echo of a client's close. This module owns the
+ * non-blocking socket and the messages:
+ *  - Incoming messages are assembled in one buffer per message, charged to
+ *    the connection's budget, whose size is reserved when each frame's
+ *    header announces it; large payloads are received straight into it. The
+ *    handler says at a message's start how large it may be (or that it is
+ *    dropped unread), so an upload over its limit is refused at the header
+ *    that announces it (close 1009), before its bytes arrive.
+ *  - Protocol errors close with 1002 and a reason: reserved bits, unknown
+ *    opcodes, fragment sequencing, an unmasked frame, control frames over
+ *    125 bytes or fragmented, a non-minimal or 2^63+ length, a close frame
+ *    with a 1-byte payload or an invalid code. Text that is not UTF-8, and
+ *    a close reason that is not, close with 1007.
  *  - Outgoing messages over WS_SEND_COPY_MAX are sent as fragments read
  *    straight from the caller's buffer (no copy of the message, and pongs and
  *    a close can go out between fragments); small ones are copied. Writes are
@@ -29,8 +32,7 @@ struct ws_conn; /* opaque */
 struct budget;
 
 /* Most socket bytes one ws_conn_read() takes, so one busy client cannot
- * starve the rest of the loop. wslay reads at most 4 KiB per recv(), so this
- * is at most 64 recv() calls; a 256 MiB upload takes 1024 loop turns. */
+ * starve the rest of the loop: a 256 MiB upload takes 1024 loop turns. */
 #define WS_READ_BUDGET (256 * 1024)
 /* Outgoing messages up to this size are copied into wslay's queue; larger
  * ones are sent as fragments from the caller's buffer. */

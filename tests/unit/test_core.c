@@ -268,6 +268,51 @@ static void test_utf8(void)
     is_int(mism, 0, "4-byte inputs agree with the reference");
 }
 
+/* The streaming check fed in two or three pieces agrees with the whole-text
+ * check wherever the cuts fall (inside a sequence too). */
+static bool stream_valid(const uint8_t *p, size_t n, size_t cut1, size_t cut2)
+{
+    struct utf8_stream st = {0};
+    return utf8_stream_feed(&st, p, cut1) && utf8_stream_feed(&st, p + cut1, cut2 - cut1) &&
+           utf8_stream_feed(&st, p + cut2, n - cut2) && utf8_stream_end(&st);
+}
+
+static void test_utf8_stream(void)
+{
+    static const char *const texts[] = {
+        "plain ascii, longer than eight bytes",
+        "h\xc3\xa9llo \xe2\x80\xa8 \xf0\x9f\x98\x80 and more ascii after it",
+        "\xf4\x8f\xbf\xbf\xef\xbf\xbf\xdf\xbf", "\xe2\x82\xc3\xa9", "a\xbf", "\xed\xa0\x80",
+        "\xf0\x9f\x98", "\xc3", "abcdefg\xe2\x82\xac" "abcdefgh", "\xf0\x8f\xbf\xbf", "\xc0\x80",
+    };
+    size_t mism = 0;
+    for (size_t t = 0; t < sizeof texts / sizeof *texts; t++) {
+        const uint8_t *p = (const uint8_t *)texts[t];
+        size_t n = strlen(texts[t]);
+        for (size_t a = 0; a <= n; a++)
+            for (size_t b = a; b <= n; b++)
+                mism += stream_valid(p, n, a, b) != ref_valid(p, n);
+    }
+    is_int(mism, 0, "streamed in three pieces, cut anywhere: same verdict as the reference");
+
+    /* every 2- and 3-byte input, cut after each byte */
+    mism = 0;
+    uint8_t s[3];
+    for (unsigned a = 0x80; a < 256; a++)
+        for (unsigned b = 0; b < 256; b++)
+            for (unsigned c = 0x70; c < 0xD0; c += 3) {
+                s[0] = (uint8_t)a, s[1] = (uint8_t)b, s[2] = (uint8_t)c;
+                bool want = ref_valid(s, 3);
+                mism += stream_valid(s, 3, 1, 1) != want;
+                mism += stream_valid(s, 3, 1, 2) != want;
+                mism += stream_valid(s, 3, 2, 2) != want;
+            }
+    is_int(mism, 0, "3-byte inputs cut after each byte agree with the reference");
+    struct utf8_stream st = {0};
+    ok(utf8_stream_feed(&st, (const uint8_t *)"\xe2\x82", 2) && !utf8_stream_end(&st),
+       "a cut sequence: nothing wrong yet, but the text may not end there");
+}
+
 /* ---- log ---------------------------------------------------------------- */
 
 /* Run fn with stderr redirected to a pipe; return what it wrote. */
@@ -563,6 +608,7 @@ int main(void)
     test_fd();
     test_time();
     test_utf8();
+    test_utf8_stream();
     test_log();
     test_ratelimit_bucket();
     test_ratelimit_flush();

@@ -328,6 +328,67 @@ static void test_binary(void)
     pair_close(&p);
 }
 
+/* Write wire[0..n) in pieces of `piece` bytes, pumping between them. */
+static void write_pumped(struct pair *p, const uint8_t *wire, size_t n, size_t piece)
+{
+    fcntl(p->client, F_SETFL, fcntl(p->client, F_GETFL) | O_NONBLOCK);
+    for (size_t off = 0; off < n;) {
+        size_t k = n - off < piece ? n - off : piece;
+        ssize_t w = write(p->client, wire + off, k);
+        if (w > 0)
+            off += (size_t)w;
+        else if (ws_conn_finished(p->c))
+            break; /* closed: the rest will not be read */
+        pump(p);
+    }
+    fcntl(p->client, F_SETFL, fcntl(p->client, F_GETFL) & ~O_NONBLOCK);
+    pump(p);
+}
+
+/* A large text message in fragments of odd sizes, written in odd pieces:
+ * payloads land partly through the read buffer and partly straight in the
+ * message, at every mask offset, with multi-byte characters cut between
+ * fragments; and a bad byte deep inside a large frame is found. */
+static void test_large_text(void)
+{
+    enum { N = 300007 };
+    uint8_t *text = malloc(N);
+    for (size_t i = 0; i < N;) { /* "ab€" and "😀", repeated */
+        static const char pat[] = "ab\xe2\x82\xac\xf0\x9f\x98\x80";
+        size_t k = N - i < sizeof pat - 1 ? N - i : sizeof pat - 1;
+        memcpy(text + i, pat, k);
+        i += k;
+    }
+    size_t whole = N - (N % 9); /* ends on a whole pattern */
+    const size_t cuts[] = {0, 1001, 1002, 65537, 200003, whole};
+    uint8_t *wire = malloc(whole + 14 * 6);
+    size_t n = 0;
+    for (size_t f = 0; f + 1 < sizeof cuts / sizeof *cuts; f++)
+        n += frame(wire + n, f + 2 == sizeof cuts / sizeof *cuts, f ? 0x0 : 0x1, text + cuts[f],
+                   cuts[f + 1] - cuts[f], true);
+    struct pair p;
+    pair_open(&p, 1 << 20, NULL, 0);
+    write_pumped(&p, wire, n, 997);
+    is_int(p.rec.ntext, 1, "large text: one message");
+    ok(p.rec.last_len == whole && memcmp(p.rec.last, text, whole) == 0,
+       "large text: %zu bytes intact across fragments cut inside characters", whole);
+    ok(!ws_conn_finished(p.c), "large text: still open");
+    pair_close(&p);
+
+    text[150001] = 0xff; /* inside the one frame below */
+    n = frame(wire, true, 0x1, text, 200000, true);
+    pair_open(&p, 1 << 20, NULL, 0);
+    write_pumped(&p, wire, n, 65536);
+    is_int(p.rec.ntext, 0, "bad byte deep in a large text: not delivered");
+    struct sframe f;
+    ok(read_frame(&p, &f) && f.opcode == 0x8 && close_code(&f) == 1007,
+       "bad byte deep in a large text: close 1007");
+    free(f.payload);
+    pair_close(&p);
+    free(wire);
+    free(text);
+}
+
 static void test_ping_pong(void)
 {
     struct pair p;
@@ -844,6 +905,7 @@ int main(void)
     test_text();
     test_fragmented();
     test_binary();
+    test_large_text();
     test_ping_pong();
     test_invalid_utf8();
     test_too_large();
