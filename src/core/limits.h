@@ -69,6 +69,10 @@
 
 /* Backpressure: stop reading a side while the other side has this much queued. */
 #define RELAY_HIGH_WATER (4 * MiB)
+/* A value at least this large in a client frame that must be re-encoded (a
+ * tool result) is sent to the sandbox from the client's message, not
+ * copied into the new encoding. */
+#define RELAY_SLICE_MIN (64 * KiB)
 
 /* Rate-limited log lines (core/ratelimit.h), per call site: a burst, then a
  * steady rate; what is dropped is counted and reported on the next line. */

@@ -75,6 +75,25 @@ int outq_take(struct outq *q, struct buf *b)
     return 0;
 }
 
+int outq_take_slice(struct outq *q, struct buf *b, size_t off, size_t len)
+{
+    if (off > b->len || len > b->len - off) {
+        buf_free(b);
+        return -EINVAL;
+    }
+    if (len == 0) {
+        buf_free(b);
+        return 0;
+    }
+    b->len = off + len; /* what follows the slice is never sent */
+    int e = outq_take(q, b);
+    if (e == 0) {
+        q->tail->off = off; /* as if its head were written */
+        q->bytes -= off;
+    }
+    return e;
+}
+
 static void run_pop(struct outq *q)
 {
     struct outq_run *r = q->head;

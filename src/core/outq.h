@@ -26,6 +26,10 @@ int outq_append(struct outq *q, const void *p, size_t n);
 /* Queue b's bytes without copying them; b is left empty (even on error,
  * when its bytes are dropped). 0, -ENOMEM or the budget's error. */
 int outq_take(struct outq *q, struct buf *b);
+/* The same for b.data[off..off+len) only (a value inside a message): the
+ * bytes after it may be overwritten by later appends. -EINVAL if the slice
+ * is not inside b. */
+int outq_take_slice(struct outq *q, struct buf *b, size_t off, size_t len);
 /* Write what the socket takes: 0 when the queue is empty, 1 when bytes
  * remain (the socket is full), -errno on a fatal socket error. */
 int outq_send(struct outq *q, int fd);

@@ -327,7 +327,9 @@ int frame_decode(const uint8_t *text, size_t len, enum frame_peer peer, struct f
 /* ---------------------------------------------------------------------------
  * Encode and build. */
 
-int frame_encode(const struct frame *f, struct buf *out)
+/* Encode f into out, leaving out the value of field `skip` (none if it is
+ * not a field index); *at is where that value belongs. */
+static int encode(const struct frame *f, size_t skip, struct buf *out, size_t *at)
 {
     if ((unsigned)f->kind >= FRAME_KIND_COUNT)
         return -EINVAL;
@@ -335,9 +337,8 @@ int frame_encode(const struct frame *f, struct buf *out)
     /* {"name":json,...,"kind":"<kind>"}\n, sized first so a 32 MiB output
      * frame is assembled with one allocation. */
     size_t total = 1 + strlen("\"kind\":\"\"}\n") + strlen(kd->name);
-    for (size_t i = 0; i < kd->n; i++) {
-        total += strlen(kd->names[i]) + 4 + f->field[i].len;
-    }
+    for (size_t i = 0; i < kd->n; i++)
+        total += strlen(kd->names[i]) + 4 + (i == skip ? 0 : f->field[i].len);
     int r = buf_reserve(out, total);
     if (r < 0)
         return r;
@@ -347,13 +348,34 @@ int frame_encode(const struct frame *f, struct buf *out)
         buf_append(out, "\"", 1);
         buf_append(out, kd->names[i], strlen(kd->names[i]));
         buf_append(out, "\":", 2);
-        buf_append(out, f->field[i].json, f->field[i].len);
+        if (i == skip)
+            *at = out->len;
+        else
+            buf_append(out, f->field[i].json, f->field[i].len);
         buf_append(out, ",", 1);
     }
     buf_append(out, "\"kind\":\"", 8);
     buf_append(out, kd->name, strlen(kd->name));
     buf_append(out, "\"}\n", 3);
     return 0;
+}
+
+int frame_encode(const struct frame *f, struct buf *out)
+{
+    return encode(f, SIZE_MAX, out, NULL);
+}
+
+int frame_encode_around(const struct frame *f, size_t i, struct buf *head, struct buf *tail)
+{
+    size_t at = 0;
+    if (i >= FRAME_MAX_FIELDS)
+        return -EINVAL;
+    int r = encode(f, i, head, &at);
+    if (r == 0)
+        r = buf_append(tail, head->data + at, head->len - at);
+    if (r == 0)
+        head->len = at;
+    return r;
 }
 
 void frame_init(struct frame *f, enum frame_kind kind)

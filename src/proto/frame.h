@@ -115,6 +115,11 @@ int frame_scan_finish(struct frame_scan *fs, const uint8_t *text, size_t len, en
 /* Append the compact encoding (every field, "kind" last, trailing \n). 0 or
  * -ENOBUFS/-ENOMEM from the buffer. */
 int frame_encode(const struct frame *f, struct buf *out);
+/* frame_encode()'s output cut around the value of field i (an index into
+ * f->field): head + that value's JSON text + tail is the whole encoding
+ * (appended to head and tail). For a relay that sends a large value from
+ * where it already lies instead of copying it. */
+int frame_encode_around(const struct frame *f, size_t i, struct buf *head, struct buf *tail);
 
 /* Build a frame from scratch with every field at its default. */
 void frame_init(struct frame *f, enum frame_kind kind);

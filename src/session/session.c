@@ -122,22 +122,64 @@ static int chan_queue(struct session *s, enum chan_type type, struct buf *body)
     return r;
 }
 
+/* The field of f whose value is the largest text borrowed from msg, if it
+ * is worth sending from where it lies (RELAY_SLICE_MIN): its index, or -1. */
+static int big_borrowed_field(const struct frame *f, const struct buf *msg)
+{
+    int best = -1;
+    for (int i = 0; i < FRAME_MAX_FIELDS; i++) {
+        const struct frame_field *fld = &f->field[i];
+        uintptr_t p = (uintptr_t)fld->json, m = (uintptr_t)msg->data;
+        if (fld->owned || fld->len < RELAY_SLICE_MIN || !msg->data || p < m ||
+            p - m > msg->len || fld->len > msg->len - (p - m))
+            continue;
+        if (best < 0 || fld->len > f->field[best].len)
+            best = i;
+    }
+    return best;
+}
+
 /* Queue a frame the client sent, decoded from *msg: as it came if it is
  * already in the supervisor's encoding (the sandbox's readers rely on that
- * form, pyrt/shape.c), else re-encoded. msg is consumed either way. */
+ * form, pyrt/shape.c), else re-encoded; a large value (a tool result) is
+ * not copied: the encoding is queued around it and the value is sent from
+ * msg. msg is consumed either way. */
 static int chan_queue_frame(struct session *s, const struct frame *f, struct buf *msg)
 {
     if (f->canonical)
         return chan_queue(s, CHAN_FRAME, msg);
-    struct buf b;
-    buf_init_budget(&b, CHAN_MAX_MESSAGE_BYTES, &s->budget);
-    int r = frame_encode(f, &b); /* f may point into msg: encode first */
-    buf_free(msg);
-    if (r < 0) {
-        buf_free(&b);
-        return r;
+    struct buf head, tail;
+    buf_init_budget(&head, CHAN_MAX_MESSAGE_BYTES, &s->budget);
+    buf_init_budget(&tail, CHAN_MAX_MESSAGE_BYTES, &s->budget);
+    int big = big_borrowed_field(f, msg);
+    if (big < 0) {
+        int r = frame_encode(f, &head); /* f may point into msg: encode first */
+        buf_free(msg);
+        return r < 0 ? (buf_free(&head), r) : chan_queue(s, CHAN_FRAME, &head);
     }
-    return chan_queue(s, CHAN_FRAME, &b);
+    /* Everything but the value is copied out of msg before msg is queued. */
+    const struct frame_field *v = &f->field[big];
+    size_t off = (size_t)((const uint8_t *)v->json - msg->data), len = v->len;
+    int r = frame_encode_around(f, (size_t)big, &head, &tail);
+    uint64_t total = (uint64_t)head.len + len + tail.len;
+    if (r == 0 && total > CHAN_MAX_MESSAGE_BYTES)
+        r = -EMSGSIZE;
+    uint8_t hdr[CHAN_HDR_LEN];
+    if (r == 0) {
+        chan_hdr_encode(hdr, CHAN_FRAME, (uint32_t)total);
+        r = outq_append(&s->chan_out, hdr, sizeof hdr);
+    }
+    if (r == 0)
+        r = outq_append(&s->chan_out, head.data, head.len);
+    if (r == 0)
+        r = outq_take_slice(&s->chan_out, msg, off, len);
+    if (r == 0)
+        r = outq_append(&s->chan_out, tail.data, tail.len);
+    buf_free(msg);
+    buf_free(&head);
+    buf_free(&tail);
+    update_interest(s);
+    return r;
 }
 
 /* Write what is queued for the sandbox: 0 when all of it went or the socket

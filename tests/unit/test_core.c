@@ -596,6 +596,27 @@ static void test_outq(void)
     outq_free(&q);
     is_int(t.used, 0, "outq_free gives back what is queued");
     close(sv[0]);
+
+    /* a slice of a message: only its bytes go, and an append after it
+     * follows it on the wire (it may land in the message's spare bytes) */
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, sv) < 0)
+        return;
+    struct buf m;
+    buf_init_budget(&m, SIZE_MAX, &t);
+    buf_append(&m, "{\"result\": \"VALUE\", \"x\": 1}", 27);
+    ok(outq_append(&q, "<", 1) == 0 && outq_take_slice(&q, &m, 11, 7) == 0 &&
+           outq_append(&q, ">", 1) == 0 && q.bytes == 9,
+       "slice queued (%zu bytes)", q.bytes);
+    char out[32] = {0};
+    ok(outq_send(&q, sv[0]) == 0 && recv(sv[1], out, sizeof out, MSG_DONTWAIT) == 9 &&
+           strcmp(out, "<\"VALUE\">") == 0,
+       "only the slice is sent: %s", out);
+    buf_append(&m, "abc", 3);
+    is_int(outq_take_slice(&q, &m, 2, 2), -EINVAL, "a slice outside the buffer: -EINVAL");
+    outq_free(&q);
+    is_int(t.used, 0, "slices give back what they held");
+    close(sv[0]);
+    close(sv[1]);
 }
 
 int main(void)

@@ -620,6 +620,40 @@ static void test_encode_limits(void)
     frame_free(&f);
 }
 
+/* frame_encode_around: head + the value + tail is frame_encode()'s output,
+ * for every field of every kind. */
+static void test_encode_around(void)
+{
+    size_t bad = 0, checked = 0;
+    for (int k = 0; k < FRAME_KIND_COUNT; k++) {
+        size_t n;
+        frame_field_names((enum frame_kind)k, &n);
+        struct frame f;
+        frame_init(&f, (enum frame_kind)k);
+        struct buf whole;
+        buf_init(&whole, 1 << 20);
+        frame_encode(&f, &whole);
+        for (size_t i = 0; i < n; i++) {
+            struct buf head, tail;
+            buf_init(&head, 1 << 20);
+            buf_init(&tail, 1 << 20);
+            buf_append(&head, "@", 1); /* appended to, not replaced */
+            int r = frame_encode_around(&f, i, &head, &tail);
+            bool same = r == 0 && head.len + f.field[i].len + tail.len == whole.len + 1 &&
+                        head.data[0] == '@' && memcmp(head.data + 1, whole.data, head.len - 1) == 0 &&
+                        memcmp(whole.data + head.len - 1, f.field[i].json, f.field[i].len) == 0 &&
+                        memcmp(whole.data + head.len - 1 + f.field[i].len, tail.data, tail.len) == 0;
+            bad += !same;
+            checked++;
+            buf_free(&head);
+            buf_free(&tail);
+        }
+        buf_free(&whole);
+        frame_free(&f);
+    }
+    ok(bad == 0 && checked > 10, "head + value + tail == the encoding (%zu fields)", checked);
+}
+
 static void test_chan(void)
 {
     uint8_t h[CHAN_HDR_LEN];
@@ -809,6 +843,7 @@ int main(void)
     test_nesting();
     test_large();
     test_encode_limits();
+    test_encode_around();
     test_chan();
     test_scan_chunked();
     test_scan_canonical();
