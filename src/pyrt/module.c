@@ -332,6 +332,7 @@ static PyObject *fb_capture_begin(PyObject *self, PyObject *unused)
         return NULL;
     }
     ensure_stdio_fds();
+    capture_free(&g_pyrt.cap); /* a last capture whose output() never came */
     int r = capture_begin(&g_pyrt.cap, g_pyrt.output_cap);
     if (r < 0) {
         capture_free(&g_pyrt.cap);
@@ -342,20 +343,7 @@ static PyObject *fb_capture_begin(PyObject *self, PyObject *unused)
     Py_RETURN_NONE;
 }
 
-static PyObject *stream_result(const struct capture_stream *s)
-{
-    PyObject *head = PyBytes_FromStringAndSize((const char *)s->head, (Py_ssize_t)s->head_len);
-    PyObject *tail = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)s->tail_len);
-    if (!head || !tail) {
-        Py_XDECREF(head);
-        Py_XDECREF(tail);
-        return NULL;
-    }
-    capture_tail_copy(s, (uint8_t *)PyBytes_AS_STRING(tail));
-    return Py_BuildValue("(NNK)", head, tail, (unsigned long long)s->dropped);
-}
-
-/* capture_end() -> ((head, tail, dropped) for stdout, same for stderr). */
+/* capture_end(): stop capturing; what was captured stays for output(). */
 static PyObject *fb_capture_end(PyObject *self, PyObject *unused)
 {
     if (refused_in_forked_copy())
@@ -371,14 +359,44 @@ static PyObject *fb_capture_end(PyObject *self, PyObject *unused)
     capture_end(&g_pyrt.cap, g_pyrt.devnull_fd, threads);
     Py_END_ALLOW_THREADS
     g_pyrt.capturing = false;
-    PyObject *out = stream_result(&g_pyrt.cap.s[0]);
-    PyObject *err = out ? stream_result(&g_pyrt.cap.s[1]) : NULL;
-    capture_free(&g_pyrt.cap);
-    if (!out || !err) {
-        Py_XDECREF(out);
+    Py_RETURN_NONE;
+}
+
+/* output(exit_code, stderr_notes, send) -> int: build the block's `output`
+ * frame from what the last capture kept (output.c), send it if send is
+ * true, and free the capture's buffers. Returns the frame's length. */
+static PyObject *fb_output(PyObject *self, PyObject *args)
+{
+    if (refused_in_forked_copy())
+        return NULL;
+    long long exit_code;
+    const char *notes;
+    int send;
+    if (!PyArg_ParseTuple(args, "Lsp:output", &exit_code, &notes, &send))
+        return NULL;
+    if (g_pyrt.capturing) {
+        PyErr_SetString(PyExc_RuntimeError, "capture still running");
         return NULL;
     }
-    return Py_BuildValue("(NN)", out, err);
+    struct buf frame;
+    buf_init(&frame, CHAN_MAX_MESSAGE_BYTES);
+    int r;
+    Py_BEGIN_ALLOW_THREADS
+    r = output_frame(&frame, &g_pyrt.cap, notes, exit_code);
+    capture_free(&g_pyrt.cap);
+    if (r == 0 && send) {
+        pthread_mutex_lock(&g_pyrt.send_lock);
+        chan_send_locked(CHAN_FRAME, frame.data, frame.len);
+        pthread_mutex_unlock(&g_pyrt.send_lock);
+    }
+    Py_END_ALLOW_THREADS
+    size_t len = frame.len;
+    buf_free(&frame);
+    if (r < 0) {
+        errno = -r;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    return PyLong_FromSize_t(len);
 }
 
 /* ---- archives --------------------------------------------------------- */
@@ -608,7 +626,8 @@ static PyMethodDef fb_methods[] = {
     {"block_end", fb_block_end, METH_O, "Mark the block over and send the done frame, atomically."},
     {"ensure_stdio_fds", fb_ensure_stdio_fds, METH_NOARGS, "Reopen closed fds 0-2 on /dev/null."},
     {"capture_begin", fb_capture_begin, METH_NOARGS, "Route fds 1 and 2 into capped buffers."},
-    {"capture_end", fb_capture_end, METH_NOARGS, "Stop capturing: ((head, tail, dropped), (...))."},
+    {"capture_end", fb_capture_end, METH_NOARGS, "Stop capturing; the output stays for output()."},
+    {"output", fb_output, METH_VARARGS, "output(exit_code, stderr_notes, send): the output frame."},
     {"extract_tools", fb_extract_tools, METH_VARARGS, "Extract the tools archive (default: the one held)."},
     {"extract_workspace", fb_extract_workspace, METH_VARARGS, "Extract a workspace archive (default: the one held)."},
     {"snapshot", fb_snapshot, METH_NOARGS,

@@ -66,6 +66,13 @@ void capture_service(const struct pollfd *p);
 void capture_tail_copy(const struct capture_stream *s, uint8_t *out);
 void capture_free(struct capture *c);
 
+/* Append the block's `output` frame built from c's buffers (output.c):
+ * stdout and stderr as the Python runtime decodes, cuts and escapes them,
+ * stderr_notes (plain lines, each ending in '\n'; NULL for none) after
+ * stderr. 0 or -ENOMEM. */
+int output_frame(struct buf *out, const struct capture *c, const char *stderr_notes,
+                 int64_t exit_code);
+
 /* Tool calls waiting for their results (calls.c). A caller registers before
  * it sends, so a result can never arrive unclaimed; delivery sets done and
  * posts sem. */

@@ -436,6 +436,46 @@ def test_output_cap_keeps_head_and_tail(make_sandbox):
     assert blk.stderr == "E" * 100
 
 
+def _reference_stream(data, cap, name):
+    """What a stream of these bytes reads as in `output` (the Python code
+    pyrt/output.c replaced): head and tail decoded with "replace", each cut
+    back to its half of the cap if the U+FFFDs made it longer, the note
+    between them."""
+    head_cap = cap // 2
+    tail_cap = cap - head_cap
+    head, rest = data[:head_cap], data[head_cap:]
+    tail = rest[-tail_cap:] if rest else b""
+    dropped = len(rest) - len(tail)
+
+    def dec(b, limit, keep_end):
+        e = b.decode("utf-8", "replace").encode()
+        if len(e) > limit:
+            e = e[-limit:] if keep_end else e[:limit]
+        return e.decode("utf-8", "ignore")
+    note = f"\n[forkbox: {dropped} bytes of {name} dropped]\n" if dropped else ""
+    return dec(head, head_cap, False) + note + dec(tail, tail_cap, True)
+
+
+def test_output_frame_matches_the_python_reference(make_sandbox):
+    """Random bytes (valid and ill-formed UTF-8, controls, quotes) through the
+    C output writer, with a small cap: the text the host reads is exactly
+    the reference's, and the frame is exactly json.dumps's."""
+    import random
+    cap = 1000
+    sb = make_sandbox(args=["--output-cap", str(cap)])
+    alphabet = [b"a", b"\"", b"\\", b"\n", b"\x00", b"\x1f", b"\x7f", b"\xc3\xa9", b"\xe2\x82\xac",
+                b"\xf0\x9f\x98\x80", b"\xff", b"\xc3", b"\xe2\x82", b"\xed\xa0\x80", b"\xf4\x90",
+                b"\x80", b"\xc0\xaf"]
+    rng = random.Random(1234)
+    for size in (0, 7, 499, 500, 501, 999, 1000, 1001, 3000):
+        out = b"".join(rng.choice(alphabet) for _ in range(size))[:size]
+        err = b"".join(rng.choice(alphabet) for _ in range(size // 3 + 1))
+        blk = sb.run(f"import os\nos.write(1, {out!r})\nos.write(2, {err!r})")
+        assert blk.stdout == _reference_stream(out, cap, "stdout"), (size, out)
+        assert blk.stderr == _reference_stream(err, cap, "stderr"), (size, err)
+        compact_ok(blk.output_raw)
+
+
 def test_flood_memory_bounded(make_sandbox):
     sb = make_sandbox(args=["--output-cap", "4096"])
     b1 = sb.run("def hwm():\n    for l in open('/proc/self/status'):\n"

@@ -76,19 +76,10 @@ def _frame(obj):
     return (_dumps(obj) + "\n").encode("utf-8")
 
 
-# The two frames every block sends, built as _frame() would build them but
-# without making a json encoder object per call: the string encoder _dumps
-# uses (json's C one, non-ASCII kept), and ints as int.__repr__.
-_json_str = json.encoder.encode_basestring
-
-
+# `done`, built as _frame() would build it without making a json encoder
+# object per block. (`output` is built in C: _fb.output, pyrt/output.c.)
 def _done_frame(exit_code):
     return b'{"exit_code":%d,"kind":"done"}\n' % exit_code
-
-
-def _output_frame(stdout, stderr, exit_code):
-    return ('{"stdout":%s,"stderr":%s,"exit_code":%d,"kind":"output"}\n'
-            % (_json_str(stdout), _json_str(stderr), exit_code)).encode("utf-8")
 
 
 # --------------------------------------------------------------------------
@@ -469,9 +460,9 @@ class _Turn:
                     "warm_up", {"n": 1, "s": "x", "l": [None, True, 1.5]})
                 self.flush_stdio()
             finally:
-                (oh, ot, od), (eh, et, ed) = _fb.capture_end()
+                _fb.capture_end()
             _done_frame(1)
-            _output_frame(_join_stream(oh, ot, od, "stdout"), _join_stream(eh, et, ed, "stderr"), 1)
+            _fb.output(1, "", False)
             _fb.snapshot()
             _fb.snapshot_discard()
         except BaseException:
@@ -564,20 +555,21 @@ class _Turn:
         _fb.block_end(_done_frame(exit_code))
         _fb.fail_calls("code block ended before the tool result arrived")
         self.flush_stdio()
-        (oh, ot, od), (eh, et, ed) = _fb.capture_end()
-        stdout = _join_stream(oh, ot, od, "stdout")
-        stderr = _join_stream(eh, et, ed, "stderr")
+        _fb.capture_end()
+        notes = ""
         over_cap, bad_names, snap_err = _fb.snapshot()
         if over_cap:
-            stderr = _add_note(stderr, f"[forkbox: {over_cap} file(s) left out of the workspace "
-                                       f"snapshot: over the {_fb.snapshot_max()}-byte limit]")
+            notes += (f"[forkbox: {over_cap} file(s) left out of the workspace "
+                      f"snapshot: over the {_fb.snapshot_max()}-byte limit]\n")
         if bad_names:
-            stderr = _add_note(stderr, f"[forkbox: {bad_names} file(s) or directories left out of "
-                                       "the workspace snapshot: names that are not UTF-8, longer "
-                                       "than 4095 bytes, or contain 'hdrcharset=']")
+            notes += (f"[forkbox: {bad_names} file(s) or directories left out of "
+                      "the workspace snapshot: names that are not UTF-8, longer "
+                      "than 4095 bytes, or contain 'hdrcharset=']\n")
         if snap_err:
-            stderr = _add_note(stderr, f"[forkbox: workspace snapshot failed: {snap_err}]")
-        _fb.send(_CHAN_FRAME, _output_frame(stdout, stderr, exit_code))
+            notes += f"[forkbox: workspace snapshot failed: {snap_err}]\n"
+        # stdout and stderr go from the capture's buffers into the frame in
+        # C (pyrt/output.c), decoded, cut and escaped there.
+        _fb.output(exit_code, notes, True)
         _fb.send_snapshot()
 
 
@@ -606,35 +598,6 @@ def _closed(stream):
         return bool(stream.closed)
     except BaseException:  # a broken object: treat it as closed
         return True
-
-
-def _join_stream(head, tail, dropped, name):
-    # The supervisor holds each stream to --output-cap bytes of UTF-8 (plus
-    # this note): an invalid byte becomes U+FFFD, three bytes, so a part that
-    # grew in decoding is cut back to the bytes it had (whole characters).
-    text = _decode_within(head, len(head), False)
-    if dropped:
-        text += f"\n[forkbox: {dropped} bytes of {name} dropped]\n"
-    if tail:
-        text += _decode_within(tail, len(tail), True)
-    return text
-
-
-def _decode_within(data, limit, keep_end):
-    text = data.decode("utf-8", "replace")
-    if len(text) == len(data):  # ASCII: the usual case
-        return text
-    b = text.encode("utf-8", "surrogatepass")
-    if len(b) <= limit:
-        return text
-    b = b[-limit:] if keep_end else b[:limit]
-    return b.decode("utf-8", "ignore")  # drops the character cut in two
-
-
-def _add_note(text, note):
-    if text and not text.endswith("\n"):
-        text += "\n"
-    return text + note + "\n"
 
 
 def _execute(code, globs, err, restore_handlers):
