@@ -1,5 +1,5 @@
-/* The WebSocket message path as the session drives it (net/ws.h over
- * wslay): bytes from a client arrive on a socket in arbitrary chunkings,
+/* The WebSocket message path as the session drives it (net/ws.h: our frame
+ * reader, wslay's sender): bytes from a client arrive on a socket in arbitrary chunkings,
  * possibly with a first part already read together with the HTTP request,
  * and ws_conn_read()/ws_conn_write() run as the loop would run them.
  *
@@ -235,7 +235,7 @@ static void check_close(const uint8_t *p, size_t n)
     FUZZ_ASSERT(n >= 2, "close frame with a 1-byte payload");
     unsigned code = (unsigned)p[0] << 8 | p[1];
     /* Ours (1000, 1002, 1007, 1009, 1011, 1013), or an echo of a client's
-     * valid close code (RFC 6455 5.5.1; wslay accepts 1000-1011 but 1004-1006,
+     * valid close code (RFC 6455 7.4: 1000-1011 but 1004-1006,
      * and 3000-4999). */
     FUZZ_ASSERT((code >= 1000 && code <= 1011 && (code < 1004 || code > 1006)) || code == 1013 ||
                     (code >= 3000 && code <= 4999),

@@ -484,7 +484,7 @@ static void test_too_large(void)
     pair_close(&p);
 
     /* A header announcing 2^62 bytes is refused before anything is
-     * allocated (wslay looks at the length with the first payload byte). */
+     * allocated. */
     pair_open(&p, 1000, NULL, 0);
     uint8_t hdr[15] = {0x82, 0xff, 0x40, 0, 0, 0, 0, 0, 0, 0, 1, 2, 3, 4, 'x'};
     client_write(&p, hdr, sizeof(hdr));
@@ -673,8 +673,7 @@ static void test_eof_and_protocol_errors(void)
     expect_close(&p, 1002, "stray continuation");
     pair_close(&p);
 
-    /* A control frame over 125 bytes is a frame-level error: wslay fails the
-     * connection (it sends an empty close at best). */
+    /* A control frame over 125 bytes is a frame-level error. */
     pair_open(&p, 1 << 20, NULL, 0);
     uint8_t big[200] = {0};
     send_frame(&p, true, 0x9, big, 126);
@@ -725,8 +724,8 @@ static void test_read_budget(void)
     pair_close(&p);
 }
 
-/* RFC 6455 protocol errors that wslay itself would answer with an empty close
- * frame are closed with 1002, before wslay sees the header. */
+/* RFC 6455 protocol errors are closed with 1002 and a reason, at the header
+ * (wslay's own reader answered them with an empty close frame). */
 static void test_protocol_errors_1002(void)
 {
     struct { const char *what; uint8_t b[16]; size_t n; } t[] = {
@@ -767,8 +766,7 @@ static void test_limit_at_header(void)
 {
     struct pair p;
     pair_open(&p, 1000, NULL, 0);
-    /* 4096 bytes announced, one sent (wslay reads a frame's header with its
-     * first payload byte) */
+    /* 4096 bytes announced, one sent */
     uint8_t hdr[9] = {0x82, 0xfe, 0x10, 0x00, 1, 2, 3, 4, 'z'};
     client_write(&p, hdr, sizeof hdr);
     is_int(pump(&p), -EMSGSIZE, "refused at the header: -EMSGSIZE");
