@@ -1869,13 +1869,13 @@ static void fill_random(char *p, size_t n, uint64_t seed)
     }
 }
 
-/* Text that compresses and deflates like prose or source code (zlib -6: about 3:1, at about
- * the speed it does English): words drawn from a vocabulary of 4096 made-up words with English
+/* Text that compresses and deflates like prose (zlib -6: about 2.6:1, at about the speed it
+ * does Python source): words drawn from a vocabulary of 1024 made-up words with English
  * letter frequencies, by Zipf's law (word k with weight 1/k), now and then a number or a
  * comma, in lines of 40-100 bytes (`nl` ' ' in place of '\n' when the text must be a JSON
  * string as is). A small vocabulary would make deflate's match search much slower than on
  * real text. */
-#define VOCAB 4096
+#define VOCAB 1024
 static void fill_text(char *p, size_t n, uint64_t seed, char nl)
 {
     static const char letters[] = "eeeeeeeeeeeetttttttttaaaaaaaaooooooooiiiiiiinnnnnnnsssssss"
@@ -2445,9 +2445,8 @@ out:
     big_close(b, s, row, &d);
 }
 
-/* A 50 MiB workspace of 50 files; each measured block rewrites one of them (1 MiB, reversed:
- * new content that compresses alike). One untimed `pass` first, so that a snapshot that
- * remembers what it sent has seen every file once since the upload. */
+/* A 50 MiB workspace of 50 files (uploaded by an untimed first block); each measured block
+ * rewrites one of them (1 MiB, reversed: new content that compresses alike). */
 static void measure_change(struct bench *b, struct server *s, enum col col)
 {
     struct bigdata *bd = b->big;
@@ -2462,8 +2461,7 @@ static void measure_change(struct bench *b, struct server *s, enum col col)
     double *wall = xmalloc(reps * sizeof *wall), all = 0;
     struct driver d;
     if (!big_open(b, s, &d, why, sizeof why) ||
-        isnan(big_block(&d, up, "pass", "", 120, why, sizeof why)) ||
-        isnan(big_block(&d, NULL, "pass", "", 120, why, sizeof why)))
+        isnan(big_block(&d, up, "pass", "", 120, why, sizeof why)))
         goto out;
     for (unsigned r = 0; r < reps; r++) {
         struct cpu_mark m;
@@ -2645,8 +2643,11 @@ static double run_python3(struct bench *b, const char *code, unsigned secs, char
 
 /* A pure-Python loop and a numpy matmul, the same code in a block and under python3, in
  * alternation (`py_rounds` rounds); each run prints its fastest of `py_reps` repetitions (the
- * minimum: other work on the machine only ever adds time). BLAS is held to one thread in both,
- * as a sandbox's CPU count (its cgroup's quota) would have it. */
+ * minimum: other work on the machine only ever adds time), timed with time.thread_time(), the
+ * thread's CPU time: the interpreter's speed, not how the host's scheduler shares the CPUs
+ * between the sandbox's cgroup and the bench's (perf_counter on a busy 2-CPU host put the
+ * sandbox 17% ahead of python3 in one run). BLAS is held to one thread in both, as a
+ * sandbox's CPU count (its cgroup's quota) would have it. */
 static void measure_pyspeed(struct bench *b, struct server *s, enum col col)
 {
     struct bigdata *bd = b->big;
@@ -2654,8 +2655,8 @@ static void measure_pyspeed(struct bench *b, struct server *s, enum col col)
     snprintf(loop, sizeof loop,
              "import time\n"
              "def f(n):\n    s = 0\n    for i in range(n):\n        s += i * i %% 7\n    return s\n"
-             "ts = []\nfor _ in range(%u):\n    t = time.perf_counter()\n    f(%u)\n"
-             "    ts.append(time.perf_counter() - t)\nprint(min(ts) * 1e3)\n",
+             "ts = []\nfor _ in range(%u):\n    t = time.thread_time()\n    f(%u)\n"
+             "    ts.append(time.thread_time() - t)\nprint(min(ts) * 1e3)\n",
              bd->py_reps, LOOP_N);
     snprintf(mm, sizeof mm,
              "import os\n"
@@ -2663,8 +2664,8 @@ static void measure_pyspeed(struct bench *b, struct server *s, enum col col)
              "    os.environ[v] = '1'\n"
              "import time\nimport numpy as np\n"
              "a = np.random.default_rng(0).random((%u, %u))\nb = a.T.copy()\na @ b\n"
-             "ts = []\nfor _ in range(%u):\n    t = time.perf_counter()\n    a @ b\n"
-             "    ts.append(time.perf_counter() - t)\nprint(min(ts) * 1e3)\n",
+             "ts = []\nfor _ in range(%u):\n    t = time.thread_time()\n    a @ b\n"
+             "    ts.append(time.thread_time() - t)\nprint(min(ts) * 1e3)\n",
              MM_N, MM_N, bd->py_reps * 2);
     const char *codes[2] = {loop, mm};
     const char *names[2] = {"pure-Python loop", "numpy matmul"};
@@ -2890,21 +2891,24 @@ static void run_baseline(struct bench *b)
 static void print_big(const struct bench *b)
 {
     const struct bigdata *bd = b->big;
-    printf("\nbig data (--rows bigdata). Each row is one fresh turn (--pool 0) whose blocks run one "
-           "at a time. wall: client-side, workspace archive sent -> snapshot received, median "
-           "of the blocks (tool results: each call timed inside the block with perf_counter, "
-           "median). supervisor CPU: forkboxd's own utime+stime (fork server and sandboxes "
-           "are other processes), per MiB of the archive on the wire (upload: what the host "
-           "sent; download: the snapshot) or per call/block; no baseline figure (it has no "
-           "supervisor). server CPU: the supervisor plus every process serving the turn (fork "
-           "server, sandbox init and runtime; baseline: launcher and the turn's python3), read "
-           "from /proc between blocks, when all of them wait: live threads' schedstat (ns), or "
-           "utime+stime+cutime+cstime where that is larger (exited threads, reaped children; "
-           "10 ms ticks). upload: the archive holds one file of N MiB (gzip -1) that the block "
-           "checks and removes; download: `pass` blocks after a block that kept it, so every "
-           "snapshot carries it unchanged. ratio: baseline / forkbox (isolated). Python rows: "
-           "the fastest of %u runs per round, %u round(s), alternating with %s -c (BLAS at one "
-           "thread in both).\n\n", bd->py_reps, bd->py_rounds, b->python);
+    printf("\nbig data (--rows bigdata): one fresh turn (--pool 0) per row, its blocks run one "
+           "at a time.\n"
+           "  wall: at the client, workspace archive sent -> snapshot received, median of the "
+           "blocks; tool results: each call timed in the block (perf_counter), median.\n"
+           "  supervisor CPU: forkboxd's own (not the fork server's or a sandbox's), per MiB of "
+           "the archive on the wire (the upload; the snapshot) or per call / block. The "
+           "baseline has no supervisor.\n"
+           "  server CPU: the supervisor and every process serving the turn (fork server, "
+           "sandbox init and runtime; baseline: launcher and the turn's python3), from /proc "
+           "between blocks, when all of them wait: the live threads' schedstat (ns), or "
+           "utime+stime+cutime+cstime (10 ms ticks; counts exited threads and reaped children) "
+           "where larger.\n"
+           "  upload: the archive holds one file of N MiB (gzip -1), which the block checks and "
+           "removes. download: `pass` blocks after a block that kept it: each snapshot carries "
+           "it, unchanged (the pass-block rows). text: made-up words, ~2.6:1 at gzip -6.\n"
+           "  Python rows: thread CPU time, the fastest of %u runs per round, %u round(s), "
+           "alternating with %s -c (BLAS at one thread in both). ratio: baseline / forkbox "
+           "(isolated).\n\n", bd->py_reps, bd->py_rounds, b->python);
     print_table(R_BIG_FIRST, NROWS);
     printf("\nbigdata counts: blocks per upload/download row %u / %u / %u (1 / 10 / 50 MiB), "
            "tool calls %u / %u / %u (1 / 10 / 40 MiB), %u blocks of stdout, %u rewrite blocks.\n",
