@@ -13,7 +13,8 @@
  *   in tools/bench/ (a fresh python3 process per turn: the reference's model minus its container)
  *
  * and prints one table: metric | forkbox (isolated) | forkbox (no isolation) | baseline | ratio |
- * target. Server-side turn-start times come from forkboxd's debug log ("turn N: ready X ms after
+ * target, and for --rows bigdata (uploads, snapshots, big tool results and stdout, Python speed
+ * against python3) a second one with the same columns. Server-side turn-start times come from forkboxd's debug log ("turn N: ready X ms after
  * the upgrade (spawn Y ms)"). Memory is Pss from /proc/PID/smaps_rollup of every process below
  * the server. Timing never changes the exit status: it is 0 unless a server could not be started
  * or a turn broke the protocol (then 1), 2 on usage errors. Every loop is bounded in count and
@@ -1741,14 +1742,20 @@ static void measure_throughput(struct bench *b, struct server *s, unsigned conc,
     driver_free(&d);
 }
 
-/* Memory per idle turn: open n turns (each after ready, between blocks) at most 16 starting at
- * once, then sum Pss over every process that serves them. */
-static void measure_pss(struct bench *b, struct server *s, unsigned n, double *per_turn_mb,
-                        double *held, double *top_mb, double *kernel_mb)
+/* Memory per idle turn: open n turns (each after ready, or after `blocks` `pass` blocks, between
+ * blocks) at most 16 starting at once, then sum Pss over every process that serves them. */
+static void measure_pss_after(struct bench *b, struct server *s, unsigned n, unsigned blocks,
+                              double *per_turn_mb, double *held, double *top_mb,
+                              double *kernel_mb)
 {
     struct driver d;
     driver_init(&d, s->port, &b->tools, &b->empty);
     d.plan.hold = true;
+    if (blocks) {
+        d.plan.blocks = blocks;
+        d.plan.run = run_frame("pass");
+        d.plan.expect = "";
+    }
     d.max_active = UINT_MAX;
     d.max_pending = 16;
     d.max_fail = n / 20 + 1; /* a few failures are reported; many mean the server is full */
@@ -1779,15 +1786,22 @@ static void measure_pss(struct bench *b, struct server *s, unsigned n, double *p
     if (d.held_now < n)
         printf("note: %s held %u of %u idle turns: %s\n", s->name, d.held_now, n,
                d.turns_failed ? d.first_err : "(no failure reported)");
-    progress("[%s] idle turns: %u of %u open in %.0f ms (%zu processes), Pss %.2f MB per turn, "
-             "server top %.1f MB, MemAvailable drop %.2f MB per turn",
-             s->name, d.held_now, n, open_ms, tr.nturns, *per_turn_mb, *top_mb, *kernel_mb);
+    progress("[%s] idle turns%s: %u of %u open in %.0f ms (%zu processes), Pss %.2f MB per "
+             "turn, server top %.1f MB, MemAvailable drop %.2f MB per turn", s->name,
+             blocks ? " after a block" : "", d.held_now, n, open_ms, tr.nturns, *per_turn_mb,
+             *top_mb, *kernel_mb);
     tree_free(&tr);
     report_failures(b, s, "idle turns", &d, false);
     driver_release(&d, now_ns() + 120ull * 1000000000u);
     report_failures(b, s, "idle turns (release)", &d, true);
     driver_free(&d);
     server_wait_quiet(s, 30000);
+}
+
+static void measure_pss(struct bench *b, struct server *s, unsigned n, double *per_turn_mb,
+                        double *held, double *top_mb, double *kernel_mb)
+{
+    measure_pss_after(b, s, n, 0, per_turn_mb, held, top_mb, kernel_mb);
 }
 
 /* `import MODULE` timed inside a block of a fresh turn, median over `turns` turns (ms). */
@@ -2163,7 +2177,7 @@ enum row {
     R_RTT_P50, R_RTT_P99,
     R_TC_INSIDE, R_TC_CLIENT, R_TC_ADDED,
     R_TP4, R_TP16, R_TP64, R_TP4x5, R_BP4x5, R_TP16x5, R_BP16x5, R_CPU1, R_CPU5,
-    R_PSS_S, R_PSS_B, R_HELD_B, R_KMEM_B, R_TOP_PSS, R_PRE_PSS_S, R_PRE_PSS_B, R_PRE_TOP_PSS,
+    R_PSS_S, R_PSS_B, R_PSS_BLK, R_HELD_B, R_KMEM_B, R_TOP_PSS, R_PRE_PSS_S, R_PRE_PSS_B, R_PRE_TOP_PSS,
     R_NUMPY, R_PANDAS, R_NUMPY_PRE, R_PANDAS_PRE,
     /* bigdata, printed as a table of its own; [kind * NBIGSZ + size] where there are sizes */
     R_BIG_FIRST,
@@ -2207,7 +2221,7 @@ static void row_def(enum row r, const char *name, int hb, const char *target, in
 
 static void rows_init(const struct counts *fb)
 {
-    char n1[64], n2[64], n3[64], n4[64], n5[64], n6[64];
+    char n1[64], n2[64], n3[64], n4[64], n5[64], n6[64], n7[64];
     row_def(R_SRV_P50, "turn start p50, server: upgrade->ready [ms]", 0, "<= 2", -1, 2, 3);
     row_def(R_SRV_P99, "turn start p99, server [ms]", 0, "<= 10", -1, 10, 3);
     row_def(R_SPAWN_P50, "  of which spawn (clone+isolation) p50 [ms]", 0, "", 0, 0, 3);
@@ -2251,6 +2265,8 @@ static void rows_init(const struct counts *fb)
     snprintf(n6, sizeof n6, "Pss per idle turn, %u open, pandas preloaded [MB]", fb->pss_big);
     row_def(R_PSS_S, n1, 0, "<= 2", -1, 2, 3);
     row_def(R_PSS_B, n2, 0, "<= 2", -1, 2, 3);
+    snprintf(n7, sizeof n7, "Pss per idle turn, %u open, after one block [MB]", fb->pss_small);
+    row_def(R_PSS_BLK, n7, 0, "", 0, 0, 3);
     row_def(R_HELD_B, n3, 1, ">= 2000", +1, 2000, 0);
     row_def(R_KMEM_B, n4, 0, "", 0, 0, 3);
     row_def(R_TOP_PSS, "Pss of the fork server (+helper) / launcher [MB]", 0, "", 0, 0, 1);
@@ -2799,6 +2815,7 @@ static void measure_all(struct bench *b, struct server *s, enum col col, const s
     if (b->groups & G_PSS) {
         double held, kmem;
         measure_pss(b, s, n->pss_small, &val[R_PSS_S][col], &held, &val[R_TOP_PSS][col], &kmem);
+        measure_pss_after(b, s, n->pss_small, 1, &val[R_PSS_BLK][col], &held, &dummy, &kmem);
         if (n->pss_big)
             measure_pss(b, s, n->pss_big, &val[R_PSS_B][col], &val[R_HELD_B][col], &dummy,
                         &val[R_KMEM_B][col]);
