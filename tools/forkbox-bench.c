@@ -2159,6 +2159,16 @@ static void big_note(struct bench *b, const struct server *s, const char *row, c
     (void)b;
 }
 
+/* "12.34" or "n/a", for progress lines (the baseline has no supervisor figure). */
+static const char *fmt_ms(char *buf, size_t n, double v)
+{
+    if (isnan(v))
+        snprintf(buf, n, "n/a");
+    else
+        snprintf(buf, n, "%.2f", v);
+    return buf;
+}
+
 static double median_of(double *v, size_t n)
 {
     struct samples sm = {.v = v, .n = n, .cap = n};
@@ -2428,9 +2438,10 @@ static void measure_updown(struct bench *b, struct server *s, enum col col, int 
     cpu_since(s, &m, &sup, &all);
     val[R_UP_WALL + i][col] = median_of(wall, reps);
     val[R_UP_SUP + i][col] = sup / ((double)reps * (double)up->n / MiB_D);
+    char f1[32];
     progress("[%s] upload %u MiB %s (%.2f MiB archive): %u blocks, p50 %.1f ms, supervisor "
-             "%.2f ms per MiB", s->name, mib, kind_name[kind], (double)up->n / MiB_D, reps,
-             val[R_UP_WALL + i][col], val[R_UP_SUP + i][col]);
+             "%s ms per MiB", s->name, mib, kind_name[kind], (double)up->n / MiB_D, reps,
+             val[R_UP_WALL + i][col], fmt_ms(f1, sizeof f1, val[R_UP_SUP + i][col]));
 
     if (s->baseline && b->quick && kind == K_TEXT && sz == NBIGSZ - 1) {
         snprintf(why, sizeof why, "download skipped with --quick: the baseline's snapshot "
@@ -2457,9 +2468,9 @@ static void measure_updown(struct bench *b, struct server *s, enum col col, int 
     val[R_DN_SUP + i][col] = sup / ((double)reps * (double)snap / MiB_D);
     val[R_DN_SRV + i][col] = all / reps;
     progress("[%s] download %u MiB %s (%.2f MiB snapshot): %u pass blocks, p50 %.1f ms, "
-             "supervisor %.2f ms per MiB, server %.1f ms per block", s->name, mib,
+             "supervisor %s ms per MiB, server %.1f ms per block", s->name, mib,
              kind_name[kind], (double)snap / MiB_D, reps, val[R_DN_WALL + i][col],
-             val[R_DN_SUP + i][col], val[R_DN_SRV + i][col]);
+             fmt_ms(f1, sizeof f1, val[R_DN_SUP + i][col]), val[R_DN_SRV + i][col]);
 out:
     if (why[0])
         big_note(b, s, row, why);
@@ -2553,9 +2564,10 @@ static void measure_tool_results(struct bench *b, struct server *s, enum col col
         val[R_TR_WALL + sz][col] = atof(d.out_stdout);
         val[R_TR_SUP + sz][col] = sup / calls;
         val[R_TR_SRV + sz][col] = all / calls;
-        progress("[%s] %s: %u calls, median %.1f ms in the sandbox, supervisor %.1f ms and "
+        char f1[32];
+        progress("[%s] %s: %u calls, median %.1f ms in the sandbox, supervisor %s ms and "
                  "server %.1f ms per call", s->name, row, calls, val[R_TR_WALL + sz][col],
-                 val[R_TR_SUP + sz][col], val[R_TR_SRV + sz][col]);
+                 fmt_ms(f1, sizeof f1, val[R_TR_SUP + sz][col]), val[R_TR_SRV + sz][col]);
     next:
         if (why[0])
             big_note(b, s, row, why);
@@ -2596,8 +2608,10 @@ static void measure_stdout(struct bench *b, struct server *s, enum col col)
     val[R_SO_WALL][col] = median_of(wall, reps);
     val[R_SO_SUP][col] = sup / reps;
     val[R_SO_SRV][col] = all / reps;
-    progress("[%s] %s: %u blocks, p50 %.1f ms, supervisor %.1f ms, server %.1f ms per block",
-             s->name, row, reps, val[R_SO_WALL][col], val[R_SO_SUP][col], val[R_SO_SRV][col]);
+    char f1[32];
+    progress("[%s] %s: %u blocks, p50 %.1f ms, supervisor %s ms, server %.1f ms per block",
+             s->name, row, reps, val[R_SO_WALL][col], fmt_ms(f1, sizeof f1, val[R_SO_SUP][col]),
+             val[R_SO_SRV][col]);
 out:
     if (why[0])
         big_note(b, s, row, why);
@@ -2941,20 +2955,24 @@ static void print_big(const struct bench *b)
            "(isolated).\n\n", bd->py_reps, bd->py_rounds, b->python);
     print_table(R_BIG_FIRST, NROWS);
     printf("\nbigdata counts: blocks per upload/download row %u / %u / %u (1 / 10 / 50 MiB), "
-           "tool calls %u / %u / %u (1 / 10 / 40 MiB), %u blocks of stdout, %u rewrite blocks.\n",
+           "tool calls %u / %u / %u (1 / 10 / 40 MiB), blocks of stdout %u, rewrite blocks %u.\n",
            bd->reps[0], bd->reps[1], bd->reps[2], bd->tool_calls[0], bd->tool_calls[1],
            bd->tool_calls[2], bd->stdout_reps, bd->change_reps);
     for (int k = 0; k < NKINDS; k++) {
         printf("%s: upload archives", kind_name[k]);
+        char f1[32];
         for (int z = 0; z < NBIGSZ; z++)
-            printf(" %.2f", bd->up[k][z].p ? (double)bd->up[k][z].n / MiB_D : NAN);
+            printf(" %s", fmt_ms(f1, sizeof f1, bd->up[k][z].p ? (double)bd->up[k][z].n / MiB_D
+                                                                : NAN));
         for (int c = 0; c < NCOLS; c++) {
             static const char *const cn[] = {"isolated", "no isolation", "baseline"};
             if (!bd->snap[c][k][0] && !bd->snap[c][k][1] && !bd->snap[c][k][2])
                 continue;
             printf("; %s snapshots", cn[c]);
             for (int z = 0; z < NBIGSZ; z++)
-                printf(" %.2f", bd->snap[c][k][z] ? (double)bd->snap[c][k][z] / MiB_D : NAN);
+                printf(" %s", fmt_ms(f1, sizeof f1, bd->snap[c][k][z]
+                                                        ? (double)bd->snap[c][k][z] / MiB_D
+                                                        : NAN));
         }
         printf(" MiB (at 1 / 10 / 50 MiB of content)\n");
     }
@@ -2963,9 +2981,11 @@ static void print_big(const struct bench *b)
     printf("supervisor CPU per MiB, 50 MiB / 1 MiB (flat: <= 1.5), isolated:");
     for (int k = 0; k < NKINDS; k++) {
         int i = k * NBIGSZ;
-        printf(" upload %s %.2f, download %s %.2f%s", kind_name[k],
-               val[R_UP_SUP + i + 2][COL_ISO] / val[R_UP_SUP + i][COL_ISO], kind_name[k],
-               val[R_DN_SUP + i + 2][COL_ISO] / val[R_DN_SUP + i][COL_ISO],
+        char f1[32], f2[32];
+        printf(" upload %s %s, download %s %s%s", kind_name[k],
+               fmt_ms(f1, sizeof f1, val[R_UP_SUP + i + 2][COL_ISO] / val[R_UP_SUP + i][COL_ISO]),
+               kind_name[k],
+               fmt_ms(f2, sizeof f2, val[R_DN_SUP + i + 2][COL_ISO] / val[R_DN_SUP + i][COL_ISO]),
                k + 1 < NKINDS ? ";" : "\n");
     }
 }
