@@ -14,8 +14,8 @@
  *
  * and prints one table: metric | forkbox (isolated) | forkbox (no isolation) | baseline | ratio |
  * target, and for --rows bigdata (uploads, snapshots, big tool results and stdout, Python speed
- * against python3) a second one with the same columns. Server-side turn-start times come from forkboxd's debug log ("turn N: ready X ms after
- * the upgrade (spawn Y ms)"). Memory is Pss from /proc/PID/smaps_rollup of every process below
+ * against python3) a second one with the same columns. Server-side turn-start times come from
+ * forkboxd's debug log ("turn N: ready X ms after the upgrade (spawn Y ms)"). Memory is Pss from /proc/PID/smaps_rollup of every process below
  * the server. Timing never changes the exit status: it is 0 unless a server could not be started
  * or a turn broke the protocol (then 1), 2 on usage errors. Every loop is bounded in count and
  * time; all traffic goes to 127.0.0.1. */
