@@ -1,8 +1,9 @@
-/* forkboxd: the supervisor, and (re-exec'd) the fork server.
+/* forkboxd: the supervisor. It links no Python: the fork server is
+ * forkbox-sandbox (sandbox_main.c).
  *
  * Start-up order is a security property:
  *   1. parse the configuration (flags and environment);
- *   2. start the fork server: fork + execve of this binary with a fixed,
+ *   2. start the fork server: fork + execve of forkbox-sandbox with a fixed,
  *      minimal environment, so its fresh address space never held the token
  *      or anything else the supervisor will learn;
  *   3. only then read the token (file or environment) and scrub it from this
@@ -17,47 +18,13 @@
 
 #include "config/config.h"
 #include "core/log.h"
+#include "core/util.h"
 #include "loop/loop.h"
 #include "sandbox/forkserver.h"
 #include "session/session.h"
 
 #define TOKEN_ENV "ADK_CODE_MODE_AUTH_TOKEN"
 #define TOKEN_MAX 4096
-#define NOFILE_WANT (1u << 20)
-
-/* Thousands of idle turns need fds: the supervisor holds three per turn
- * (client socket, channel, pidfd), the fork server three per pooled sandbox.
- * Raise the soft RLIMIT_NOFILE to the hard one, and as root the hard one to
- * 1M (capped by fs.nr_open). Sandboxes lower theirs again (limits.c). Runs
- * in both processes: the fork server is this binary too. */
-static void raise_nofile(void)
-{
-    struct rlimit rl;
-    if (getrlimit(RLIMIT_NOFILE, &rl) < 0)
-        return;
-    rlim_t want = NOFILE_WANT;
-    if (geteuid() == 0 && rl.rlim_max != RLIM_INFINITY && rl.rlim_max < want) {
-        FILE *f = fopen("/proc/sys/fs/nr_open", "re");
-        unsigned long nr_open = 0;
-        if (f) {
-            if (fscanf(f, "%lu", &nr_open) != 1)
-                nr_open = 0;
-            fclose(f);
-        }
-        if (nr_open && nr_open < want)
-            want = nr_open;
-        if (want > rl.rlim_max) {
-            struct rlimit up = {.rlim_cur = want, .rlim_max = want};
-            if (setrlimit(RLIMIT_NOFILE, &up) == 0)
-                return;
-        }
-    }
-    if (rl.rlim_cur != rl.rlim_max) {
-        rl.rlim_cur = rl.rlim_max;
-        setrlimit(RLIMIT_NOFILE, &rl);
-    }
-}
-
 /* Read the bearer token. Returns 0 with *token NULL when none is configured,
  * 0 with an owned copy, or -errno with a message. */
 static int read_token(const struct config *cfg, char **token, size_t *len, char *err, size_t errlen)
@@ -111,11 +78,6 @@ static int read_token(const struct config *cfg, char **token, size_t *len, char 
 int main(int argc, char **argv)
 {
     raise_nofile();
-    if (argc == 2 && strcmp(argv[1], FS_ARGV_FLAG) == 0) {
-        /* Its configuration comes on the control socket (fd 3), not in argv. */
-        log_init("forkserver", LOG_LEVEL_INFO);
-        forkserver_main(3);
-    }
 
     struct config cfg;
     char err[512] = "";

@@ -24,7 +24,7 @@ enum {
     OPT_TOOLS_DIR, OPT_NO_ISOLATION, OPT_UID, OPT_GID, OPT_ID_RANGE, OPT_POLICY, OPT_SITE,
     OPT_PRELOAD, OPT_POOL, OPT_MEMORY, OPT_PIDS, OPT_CPU, OPT_TMPFS, OPT_BLOCK_TO, OPT_TURN_TO,
     OPT_IDLE_TO, OPT_LOG_LEVEL, OPT_PREAUTH_MAX, OPT_PREAUTH_PER_PEER, OPT_TURN_BUF,
-    OPT_TOTAL_BUF, OPT_CPU_WEIGHT, OPT_HELP,
+    OPT_TOTAL_BUF, OPT_CPU_WEIGHT, OPT_SANDBOX_EXE, OPT_HELP,
 };
 
 static const struct option long_opts[] = {
@@ -60,6 +60,7 @@ static const struct option long_opts[] = {
     {"turn-buffer", required_argument, NULL, OPT_TURN_BUF},
     {"total-buffer", required_argument, NULL, OPT_TOTAL_BUF},
     {"cpu-weight", required_argument, NULL, OPT_CPU_WEIGHT},
+    {"sandbox-exe", required_argument, NULL, OPT_SANDBOX_EXE},
     {"help", no_argument, NULL, OPT_HELP},
     {NULL, 0, NULL, 0},
 };
@@ -86,6 +87,8 @@ static const char usage[] =
     "  --id-range FIRST:COUNT     host uids/gids for sandboxes, one per live sandbox\n"
     "                             (2013265920:65536); no other user may use them\n"
     "  --policy FILE              seccomp policy (" FORKBOX_DEFAULT_POLICY ")\n"
+    "  --sandbox-exe PATH         the fork server's executable (default: the build tree's\n"
+    "                             for the build tree's forkboxd, else the installed one)\n"
     "  --site-packages DIR        extra read-only package dir (repeatable)\n"
     "  --preload a,b,c            modules imported once before forking\n"
     "  --pool N                   pre-forked sandboxes kept ready (4; 0 = always fresh)\n"
@@ -398,6 +401,10 @@ int config_parse(int argc, char **argv, struct config *cfg, char *err, size_t er
             if (copy_str(cfg->policy_file, sizeof cfg->policy_file, a) < 0)
                 return fail(err, errlen, "--policy: path too long");
             break;
+        case OPT_SANDBOX_EXE:
+            if (a[0] != '/' || copy_str(cfg->sandbox_exe, sizeof cfg->sandbox_exe, a) < 0)
+                return fail(err, errlen, "--sandbox-exe: expected an absolute path: %s", a);
+            break;
         case OPT_SITE:
             if (cfg->n_site_dirs >= CONFIG_MAX_SITE_DIRS)
                 return fail(err, errlen, "--site-packages: at most %d", CONFIG_MAX_SITE_DIRS);
@@ -436,6 +443,7 @@ void config_for_forkserver(const struct config *cfg, struct config *out)
     out->listen_port = 0;
     out->single_use = false;
     memset(out->token_file, 0, sizeof out->token_file);
+    memset(out->sandbox_exe, 0, sizeof out->sandbox_exe);
     out->allow_no_token = false;
     out->max_upload_tools = out->max_upload_workspace = 0;
     out->block_timeout_ms = out->turn_timeout_ms = out->idle_timeout_ms = 0;

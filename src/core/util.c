@@ -3,6 +3,8 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -108,4 +110,39 @@ int parse_u64(const char *s, uint64_t max, uint64_t *out)
         return -ERANGE;
     *out = v;
     return 0;
+}
+
+#define NOFILE_WANT (1u << 20)
+
+/* Thousands of idle turns need fds: the supervisor holds three per turn
+ * (client socket, channel, pidfd), the fork server three per pooled sandbox.
+ * Raise the soft RLIMIT_NOFILE to the hard one, and as root the hard one to
+ * 1M (capped by fs.nr_open). Sandboxes lower theirs again (limits.c). Runs
+ * in forkboxd and in the fork server (forkbox-sandbox). */
+void raise_nofile(void)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) < 0)
+        return;
+    rlim_t want = NOFILE_WANT;
+    if (geteuid() == 0 && rl.rlim_max != RLIM_INFINITY && rl.rlim_max < want) {
+        FILE *f = fopen("/proc/sys/fs/nr_open", "re");
+        unsigned long nr_open = 0;
+        if (f) {
+            if (fscanf(f, "%lu", &nr_open) != 1)
+                nr_open = 0;
+            fclose(f);
+        }
+        if (nr_open && nr_open < want)
+            want = nr_open;
+        if (want > rl.rlim_max) {
+            struct rlimit up = {.rlim_cur = want, .rlim_max = want};
+            if (setrlimit(RLIMIT_NOFILE, &up) == 0)
+                return;
+        }
+    }
+    if (rl.rlim_cur != rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &rl);
+    }
 }

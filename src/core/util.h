@@ -16,3 +16,5 @@ uint64_t now_ns(void);
 bool ct_equal(const void *a, size_t alen, const void *b, size_t blen);
 /* Parse a decimal unsigned integer with an upper bound; 0 or -EINVAL/-ERANGE. */
 int parse_u64(const char *s, uint64_t max, uint64_t *out);
+/* Raise RLIMIT_NOFILE as far as allowed (util.c says how far and why). */
+void raise_nofile(void);

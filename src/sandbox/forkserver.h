@@ -1,12 +1,14 @@
 /* The fork server: the clean process sandboxes are cloned from.
  *
  * forkboxd starts it first, before it reads the token or accepts anything,
- * by fork + execve of its own binary with a minimal environment, so the fork
- * server's address space never held a secret or a connection buffer. It
- * initialises the embedded interpreter once, compiles the seccomp policy, and
- * then clones one sandbox per request. Sandboxes are its children: it reaps
- * them. The supervisor receives, per sandbox, the supervisor end of the
- * channel socketpair and a pidfd, and kills with pidfd_send_signal().
+ * by fork + execve of forkbox-sandbox (a separate executable: the static,
+ * non-PIE interpreter; forkboxd itself links no Python) with a minimal
+ * environment, so the fork server's address space never held a secret or a
+ * connection buffer. It initialises the embedded interpreter once, compiles
+ * the seccomp policy, and then clones one sandbox per request. Sandboxes
+ * are its children: it reaps them. The supervisor receives, per sandbox,
+ * the supervisor end of the channel socketpair and a pidfd, and kills with
+ * pidfd_send_signal().
  *
  * Control protocol (SOCK_SEQPACKET, one record per message):
  *   supervisor -> fork server   first, once: its struct config
@@ -66,11 +68,15 @@ struct fs_client {
 };
 
 /* The fork server's whole command line (and so every sandbox's
- * /proc/self/cmdline): a marker main() dispatches on, nothing configured. */
+ * /proc/self/cmdline): a marker forkbox-sandbox checks, nothing configured.
+ * argv[0] stays "forkboxd": what sandboxes see did not change when the fork
+ * server became an executable of its own. */
 #define FS_ARGV_FLAG "--internal-forkserver"
 #define FS_ARGV {"forkboxd", FS_ARGV_FLAG, NULL}
 
-/* Start the fork server (an execve of /proc/self/exe with FS_ARGV), send it
+/* Start the fork server (forkbox-sandbox, opened and checked here, exec'd
+ * by its fd with FS_ARGV: --sandbox-exe, else the build tree's when this is
+ * the build tree's forkboxd, else the installed one), send it
  * config_for_forkserver(cfg), and wait until it reports that it is ready
  * (interpreter initialised, policy compiled) or failed. 0, or -errno with a
  * message in err (the fork server's own reason when it sent one). */
@@ -83,8 +89,15 @@ int fs_client_request(struct fs_client *fs, uint64_t turn_id);
 int fs_client_reply(struct fs_client *fs, struct fs_reply *rep, int *chan_fd, int *pidfd);
 void fs_client_stop(struct fs_client *fs);
 
-/* --- fork server side --- */
+/* A helper process joined to us by a SEQPACKET socketpair. In the child
+ * (returns 0) its end is fd 3 with close-on-exec off, and it dies with us;
+ * only async-signal-safe calls are made, so the child may exec. The parent
+ * gets the child's pid and its own end in *fd; -errno with a reason in err.
+ * Starts the fork server, and in it the cgroup placer. */
+pid_t fs_fork_helper(const char *what, int *fd, char *err, size_t errlen);
 
-/* Entry point when forkboxd is exec'd as the fork server: ctl_fd is the
- * control socket, on which the configuration arrives first. Never returns. */
+/* --- fork server side (forkbox-sandbox only) --- */
+
+/* forkbox-sandbox's entry point: ctl_fd is the control socket, on which the
+ * configuration arrives first. Never returns. */
 _Noreturn void forkserver_main(int ctl_fd);

@@ -95,7 +95,8 @@ int main(void)
                                {"forkboxd", "--id-range=100000"},
                                {"forkboxd", "--id-range=100000:0"},
                                {"forkboxd", "--uid=1234"},
-                               {"forkboxd", "--gid=1234"}};
+                               {"forkboxd", "--gid=1234"},
+                               {"forkboxd", "--sandbox-exe=forkbox-sandbox"}};
     for (unsigned i = 0; i < sizeof badids / sizeof badids[0]; i++)
         ok(parse(&c, err, 2, badids[i]) < 0 && err[0], "refused: %s (%s)", badids[i][1], err);
 
@@ -103,15 +104,18 @@ int main(void)
     const char *a3[] = {"forkboxd", "--listen=[::1]:7", "--preload=json,re", "--no-isolation",
                         "--site-packages=/opt/x", "--token-file=/secret/t", "--pool=3",
                         "--block-timeout=9", "--max-upload-tools=5", "--id-range=3000000:1000",
-                        "--preauth-max=77", "--preauth-per-peer=0"};
-    is_int(parse(&c, err, 12, a3), 0, "config for the fork server");
+                        "--preauth-max=77", "--preauth-per-peer=0",
+                        "--sandbox-exe=/opt/fb/forkbox-sandbox"};
+    is_int(parse(&c, err, 13, a3), 0, "config for the fork server");
+    ok(!strcmp(c.sandbox_exe, "/opt/fb/forkbox-sandbox"), "--sandbox-exe");
     ok(c.preauth_max == 77 && c.preauth_per_peer == 0, "--preauth-max, --preauth-per-peer");
     config_for_forkserver(&c, &d);
     ok(!d.listen_host[0] && d.listen_port == 0 && !d.token_file[0] &&
            d.block_timeout_ms == 0 && d.idle_timeout_ms == 0 && d.max_upload_tools == 0,
        "no listen address, token file, timeouts or upload limits");
-    ok(!memmem(&d, sizeof d, "secret", 6) && !memmem(&d, sizeof d, "::1", 3),
-       "no byte of them either");
+    ok(!memmem(&d, sizeof d, "secret", 6) && !memmem(&d, sizeof d, "::1", 3) &&
+           !memmem(&d, sizeof d, "/opt/fb", 7),
+       "no byte of them either (nor of its own executable's path)");
     ok(d.pool_size == 3 && !d.isolate && d.n_site_dirs == 1 && !strcmp(d.preload, "json,re") &&
            d.id_first == 3000000 && d.id_count == 1000 && d.capacity == c.capacity &&
            d.output_cap == c.output_cap && d.max_unpacked == c.max_unpacked &&

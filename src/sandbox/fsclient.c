@@ -1,0 +1,350 @@
+/* The supervisor's side of the fork server (see forkserver.h): finding,
+ * checking and starting forkbox-sandbox, the control socket's records.
+ * Runs in forkboxd, which links no Python; fs_fork_helper() is shared with
+ * the fork server (its cgroup placer). */
+#include "sandbox/forkserver.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/cleanup.h"
+#include "core/log.h"
+
+#define FS_READY_TIMEOUT_MS 30000
+#define FS_STOP_GRACE_MS 2000
+
+static uint64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+static void reap_blocking(pid_t pid, int *status)
+{
+    while (waitpid(pid, status, 0) < 0 && errno == EINTR)
+        ;
+}
+
+pid_t fs_fork_helper(const char *what, int *fd, char *err, size_t errlen)
+{
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0) {
+        snprintf(err, errlen, "%s: socketpair: %s", what, strerror(errno));
+        return -errno;
+    }
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid < 0) {
+        int e = errno;
+        close(sv[0]);
+        close(sv[1]);
+        snprintf(err, errlen, "%s: fork: %s", what, strerror(e));
+        return -e;
+    }
+    if (pid == 0) {
+        if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0 || getppid() != parent)
+            _exit(127);
+        /* dup2 clears FD_CLOEXEC; an end that already is fd 3 needs it cleared. */
+        if (sv[1] == 3 ? fcntl(3, F_SETFD, 0) < 0 : dup2(sv[1], 3) < 0)
+            _exit(127);
+        return 0;
+    }
+    close(sv[1]);
+    *fd = sv[0];
+    return pid;
+}
+
+/* Which forkbox-sandbox: --sandbox-exe; else the build tree's when this
+ * forkboxd is the build tree's (the same file, by device and inode: a
+ * copy or an installed forkboxd is not); else the installed one. All three
+ * are fixed paths, never searched for in PATH or next to anything. */
+static const char *sandbox_exe_path(const struct config *cfg)
+{
+    if (cfg->sandbox_exe[0])
+        return cfg->sandbox_exe;
+    struct stat self, built;
+    if (stat("/proc/self/exe", &self) == 0 && stat(FORKBOX_BUILD_DAEMON, &built) == 0 &&
+        self.st_dev == built.st_dev && self.st_ino == built.st_ino)
+        return FORKBOX_BUILD_SANDBOX;
+    return FORKBOX_SANDBOX_EXE;
+}
+
+/* Open forkbox-sandbox once and check the file itself: a regular file that
+ * only root or our own user can have written (owner root or our euid, not
+ * writable by group or others). The child execs that very file
+ * (execveat on the fd), so a rename or a symlink swapped in after the check
+ * changes nothing. The directories above it are not checked (residual risk,
+ * README "How it works"): the compiled-in paths are root's. The fd is above
+ * 3, which fs_fork_helper gives the control socket in the child. */
+static int sandbox_exe_open(const struct config *cfg, char *err, size_t errlen)
+{
+    const char *path = sandbox_exe_path(cfg);
+    _cleanup_close_ int fd = open(path, O_PATH | O_CLOEXEC);
+    if (fd < 0) {
+        int e = errno;
+        snprintf(err, errlen, "the fork server's executable %s: %s (set it with --sandbox-exe)",
+                 path, strerror(e));
+        return -e;
+    }
+    struct stat st;
+    if (fstat(fd, &st) < 0) {
+        int e = errno;
+        snprintf(err, errlen, "%s: fstat: %s", path, strerror(e));
+        return -e;
+    }
+    const char *bad = !S_ISREG(st.st_mode)                        ? "not a regular file"
+                      : st.st_uid != 0 && st.st_uid != geteuid()  ? "owned by another user"
+                      : st.st_mode & (S_IWGRP | S_IWOTH)          ? "writable by group or others"
+                      : !(st.st_mode & S_IXUSR)                   ? "not executable"
+                                                                  : NULL;
+    if (bad) {
+        snprintf(err, errlen, "the fork server's executable %s: %s", path, bad);
+        return -EPERM;
+    }
+    int high = fcntl(fd, F_DUPFD_CLOEXEC, 4);
+    if (high < 0) {
+        int e = errno;
+        snprintf(err, errlen, "%s: fcntl: %s", path, strerror(e));
+        return -e;
+    }
+    return high;
+}
+
+int fs_client_start(const struct config *cfg, struct fs_client *fs, char *err, size_t errlen)
+{
+    fs->ctl_fd = -1;
+    fs->pid = 0;
+
+    _cleanup_close_ int exe_fd = sandbox_exe_open(cfg, err, errlen);
+    if (exe_fd < 0)
+        return exe_fd;
+
+    /* The fork server gets a fixed environment: ours holds the token.
+     * Thread pools that numerical libraries start at import (OpenBLAS, MKL,
+     * BLIS, OpenMP, numexpr, Accelerate) are pinned to one thread: a
+     * preloaded numpy must leave the fork server single-threaded, which
+     * clone(CLONE_NEWUSER) requires and which makes forking it safe. The
+     * libraries read these once, when they load; sandboxes inherit that
+     * setting in the preloaded copies, but not the variables (the runtime
+     * reduces the environment to the spec 6.4 allowlist). */
+    /* LD_BIND_NOW: every library symbol is resolved once, here, at start-up
+     * (and in modules dlopen()ed later). With lazy binding each sandbox
+     * resolved the functions it was first to call itself: the dynamic
+     * linker's time, and a copy-on-write fault for every GOT page written.
+     * The runtime drops it from user code's environment too. */
+    /* The sanitizers' settings are passed on (they hold no secrets), so a
+     * sanitized build's fork server and sandboxes obey the same options as
+     * forkboxd; the runtime drops them from user code's environment. */
+    static const char *const passed[] = {"ASAN_OPTIONS", "UBSAN_OPTIONS"};
+    char kv[2][512];
+    char *envp[] = {
+        "PATH=/usr/local/bin:/usr/bin:/bin",
+        "LANG=C.UTF-8",
+        cfg->isolate ? "HOME=/workspace" : "HOME=/tmp",
+        "TMPDIR=/tmp",
+        "OPENBLAS_NUM_THREADS=1",
+        "GOTO_NUM_THREADS=1",
+        "OMP_NUM_THREADS=1",
+        "MKL_NUM_THREADS=1",
+        "BLIS_NUM_THREADS=1",
+        "NUMEXPR_NUM_THREADS=1",
+        "VECLIB_MAXIMUM_THREADS=1",
+        "LD_BIND_NOW=1",
+        NULL, /* room for the passed variables */
+        NULL,
+        NULL,
+    };
+    size_t n_env = sizeof envp / sizeof *envp - 3;
+    for (size_t i = 0; i < sizeof passed / sizeof *passed; i++) {
+        const char *v = getenv(passed[i]);
+        if (v && snprintf(kv[i], sizeof kv[i], "%s=%s", passed[i], v) < (int)sizeof kv[i])
+            envp[n_env++] = kv[i];
+    }
+
+    int ctl_fd = -1;
+    pid_t pid = fs_fork_helper("fork server", &ctl_fd, err, errlen);
+    if (pid < 0)
+        return pid;
+    if (pid == 0) {
+        /* Nothing else of ours crosses the exec, whatever its flags (the
+         * executable's fd need not: an ELF file is mapped before the
+         * close-on-exec fds are closed). */
+        close_range(4, ~0u, CLOSE_RANGE_CLOEXEC);
+        sigset_t none;
+        sigemptyset(&none);
+        sigprocmask(SIG_SETMASK, &none, NULL); /* the mask survives execve */
+        static char *const argv[] = FS_ARGV;
+        execveat(exe_fd, "", argv, envp, AT_EMPTY_PATH);
+        _exit(127);
+    }
+    fs->ctl_fd = ctl_fd;
+    fs->pid = pid;
+
+    /* Its configuration, as the first record (it waits for it). */
+    struct config fcfg;
+    config_for_forkserver(cfg, &fcfg);
+    ssize_t sent;
+    do
+        sent = send(fs->ctl_fd, &fcfg, sizeof fcfg, MSG_NOSIGNAL);
+    while (sent < 0 && errno == EINTR);
+    if (sent != (ssize_t)sizeof fcfg) {
+        snprintf(err, errlen, "sending the fork server its configuration: %s",
+                 sent < 0 ? strerror(errno) : "short write");
+        fs_client_stop(fs);
+        return -EPIPE;
+    }
+
+    /* sync 0: wait for the ready record. */
+    struct {
+        struct fs_reply rep;
+        char msg[FS_READY_MAX_MSG];
+    } rec;
+    uint64_t deadline = mono_ms() + FS_READY_TIMEOUT_MS;
+    ssize_t n = -1;
+    for (;;) {
+        uint64_t now = mono_ms();
+        if (now >= deadline) {
+            snprintf(err, errlen, "fork server not ready after %d ms", FS_READY_TIMEOUT_MS);
+            fs_client_stop(fs);
+            return -ETIMEDOUT;
+        }
+        struct pollfd pfd = {.fd = fs->ctl_fd, .events = POLLIN};
+        int r = poll(&pfd, 1, (int)(deadline - now));
+        if (r < 0 && errno != EINTR) {
+            int e = errno;
+            snprintf(err, errlen, "poll: %s", strerror(e));
+            fs_client_stop(fs);
+            return -e;
+        }
+        if (r <= 0)
+            continue;
+        n = recv(fs->ctl_fd, &rec, sizeof rec, 0);
+        if (n < 0 && errno == EINTR)
+            continue;
+        break;
+    }
+    if (n <= 0) {
+        int status = 0;
+        close_and_reset(&fs->ctl_fd);
+        reap_blocking(fs->pid, &status);
+        fs->pid = 0;
+        snprintf(err, errlen, "fork server exited before ready (%s %d)",
+                 WIFSIGNALED(status) ? "signal" : "status",
+                 WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
+        return -ECHILD;
+    }
+    if ((size_t)n < sizeof rec.rep || rec.rep.turn_id != 0) {
+        snprintf(err, errlen, "fork server: malformed ready record");
+        fs_client_stop(fs);
+        return -EPROTO;
+    }
+    if (rec.rep.status != 0) {
+        int len = (int)((size_t)n - sizeof rec.rep);
+        snprintf(err, errlen, "%.*s", len, len ? rec.msg : strerror(-rec.rep.status));
+        int status = rec.rep.status;
+        fs_client_stop(fs);
+        return status < 0 ? status : -EIO;
+    }
+    int fl = fcntl(fs->ctl_fd, F_GETFL);
+    if (fl < 0 || fcntl(fs->ctl_fd, F_SETFL, fl | O_NONBLOCK) < 0) {
+        int e = errno;
+        snprintf(err, errlen, "fcntl: %s", strerror(e));
+        fs_client_stop(fs);
+        return -e;
+    }
+    return 0;
+}
+
+int fs_client_request(struct fs_client *fs, uint64_t turn_id)
+{
+    struct fs_request req = {.op = FS_OP_SPAWN, .turn_id = turn_id};
+    ssize_t n;
+    do
+        n = send(fs->ctl_fd, &req, sizeof req, MSG_DONTWAIT | MSG_NOSIGNAL);
+    while (n < 0 && errno == EINTR);
+    if (n < 0)
+        return errno == EWOULDBLOCK ? -EAGAIN : -errno;
+    return n == sizeof req ? 0 : -EPROTO;
+}
+
+int fs_client_reply(struct fs_client *fs, struct fs_reply *rep, int *chan_fd, int *pidfd)
+{
+    *chan_fd = *pidfd = -1;
+    union {
+        char buf[CMSG_SPACE(2 * sizeof(int))];
+        struct cmsghdr align;
+    } cbuf;
+    struct iovec iov = {.iov_base = rep, .iov_len = sizeof *rep};
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf.buf,
+                         .msg_controllen = sizeof cbuf.buf};
+    ssize_t n;
+    do
+        n = recvmsg(fs->ctl_fd, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    while (n < 0 && errno == EINTR);
+    if (n < 0)
+        return errno == EWOULDBLOCK ? 0 : -errno;
+    if (n == 0)
+        return -EPIPE; /* the fork server is gone */
+
+    int fds[2] = {-1, -1}, nfds = 0;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+            continue;
+        size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < k; i++) {
+            int fd;
+            memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
+            if (nfds < 2)
+                fds[nfds++] = fd;
+            else
+                close(fd);
+        }
+    }
+    bool ok = (size_t)n == sizeof *rep && !(msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) &&
+              (rep->kind == FS_REPLY_DEATH ? nfds == 0 : rep->status != 0 || nfds == 2);
+    if (!ok || rep->status != 0 || rep->kind == FS_REPLY_DEATH) {
+        for (int i = 0; i < nfds; i++)
+            close(fds[i]);
+        return ok ? 1 : -EPROTO;
+    }
+    *chan_fd = fds[0];
+    *pidfd = fds[1];
+    return 1;
+}
+
+void fs_client_stop(struct fs_client *fs)
+{
+    /* EOF on the control socket makes the fork server kill its sandboxes
+     * and exit; give it a moment, then insist. */
+    close_and_reset(&fs->ctl_fd);
+    if (fs->pid <= 0)
+        return;
+    uint64_t deadline = mono_ms() + FS_STOP_GRACE_MS;
+    int status;
+    for (;;) {
+        pid_t r = waitpid(fs->pid, &status, WNOHANG);
+        if (r == fs->pid || (r < 0 && errno != EINTR))
+            break;
+        if (r == 0 && mono_ms() >= deadline) {
+            kill(fs->pid, SIGKILL);
+            reap_blocking(fs->pid, &status);
+            break;
+        }
+        if (r == 0)
+            nanosleep(&(struct timespec){.tv_nsec = 5 * 1000 * 1000}, NULL);
+    }
+    fs->pid = 0;
+}
+
