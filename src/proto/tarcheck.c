@@ -82,7 +82,7 @@
 #define F_PREFIX F_PREFIX_OFF, 155
 #define F_PAD 500, 12
 
-enum gz_state { GZ_HEADER, GZ_BODY, GZ_TRAILER };
+enum gz_state { GZ_HEADER, GZ_EXTRA, GZ_BODY, GZ_TRAILER };
 enum tar_state { TAR_HEADER, TAR_PAX, TAR_DATA, TAR_PAD, TAR_END };
 
 /* result while the check runs; VALID (0) and errors (< 0) end it. */
@@ -104,6 +104,8 @@ struct tarcheck {
     enum gz_state gz;
     uint8_t gzbuf[GZ_HDR_LEN]; /* member header or trailer being collected */
     size_t gz_got;
+    size_t member_start; /* message offset of this member's first byte */
+    uint32_t member_len; /* its length from the "FB" subfield, or 0: none */
     z_stream z;
     bool z_init;
     bool z_pending; /* the last inflate() filled its output: it may hold more */
@@ -610,14 +612,45 @@ static uint32_t le32(const uint8_t *p)
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
+static int gz_body_start(struct tarcheck *tc);
+
 static int gz_member_start(struct tarcheck *tc)
 {
     const uint8_t *g = tc->gzbuf;
 
     if (g[2] != 8)
         return fail(tc, -EBADMSG, "gzip: compression method not deflate");
-    if (g[3] != 0)
+    if (g[3] != 0 && g[3] != 4)
         return fail(tc, -EBADMSG, "gzip: header flags set");
+    tc->member_len = 0;
+    if (g[3] == 4) {
+        /* FEXTRA: only the writer's one subfield (tarcheck.h), collected
+         * next; the member starts once it is in. */
+        tc->gz = GZ_EXTRA;
+        tc->gz_got = 0;
+        return 0;
+    }
+    return gz_body_start(tc);
+}
+
+/* The "FB" subfield: XLEN 8, SI1 SI2, LEN 4, the member's length. */
+static int gz_extra(struct tarcheck *tc)
+{
+    const uint8_t *x = tc->gzbuf;
+    uint32_t len = le32(x + 6);
+
+    if (x[0] != TARCHECK_GZ_XLEN || x[1] != 0 || x[2] != TARCHECK_GZ_SI1 ||
+        x[3] != TARCHECK_GZ_SI2 || x[4] != 4 || x[5] != 0)
+        return fail(tc, -EBADMSG, "gzip: extra field not the writer's length subfield");
+    /* The shortest member: this header, a 2-byte deflate block, the trailer. */
+    if (len < TARCHECK_GZ_HDR_LEN + 2 + GZ_TRL_LEN)
+        return fail(tc, -EBADMSG, "gzip: member length field out of range");
+    tc->member_len = len;
+    return gz_body_start(tc);
+}
+
+static int gz_body_start(struct tarcheck *tc)
+{
     if (!tc->z_init) {
         if (inflateInit2(&tc->z, -MAX_WBITS) != Z_OK)
             return fail(tc, -ENOMEM, "gzip: out of memory");
@@ -740,6 +773,8 @@ static int step(struct tarcheck *tc, const uint8_t *msg)
                 r = tar_finish(tc);
                 break;
             }
+            if (tc->gz_got == 0)
+                tc->member_start = tc->pos;
             r = gz_collect(tc, msg, GZ_HDR_LEN, &w, "gzip: member header truncated");
             /* The magic is checked as soon as it is there: after the last
              * member, the first stray byte is the error. */
@@ -749,6 +784,11 @@ static int step(struct tarcheck *tc, const uint8_t *msg)
                                                          : "gzip: not gzip");
             else if (r == RUNNING && tc->gz_got == GZ_HDR_LEN)
                 r = gz_member_start(tc) < 0 ? tc->result : RUNNING;
+            break;
+        case GZ_EXTRA:
+            r = gz_collect(tc, msg, GZ_HDR_LEN, &w, "gzip: member header truncated");
+            if (r == RUNNING && tc->gz_got == GZ_HDR_LEN)
+                r = gz_extra(tc) < 0 ? tc->result : RUNNING;
             break;
         case GZ_BODY:
             r = gz_inflate(tc, msg, &w);
@@ -761,6 +801,8 @@ static int step(struct tarcheck *tc, const uint8_t *msg)
                 r = fail(tc, -EBADMSG, "gzip: CRC mismatch");
             else if (le32(tc->gzbuf + 4) != tc->isize)
                 r = fail(tc, -EBADMSG, "gzip: length mismatch (ISIZE)");
+            else if (tc->member_len && tc->pos - tc->member_start != tc->member_len)
+                r = fail(tc, -EBADMSG, "gzip: member length field wrong");
             else {
                 tc->st.gz_members++;
                 tc->gz = GZ_HEADER;

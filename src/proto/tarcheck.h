@@ -85,6 +85,17 @@ enum tarcheck_result {
     TARCHECK_AGAIN = 2,      /* the step budget is used up; call again */
 };
 
+/* The gzip member header the snapshot writer puts before every member, and
+ * the one form with FLG.FEXTRA the check accepts: ID, CM 8, FLG FEXTRA (4),
+ * MTIME, XFL, OS, then XLEN 8 and one subfield SI1 'F' SI2 'B' of 4 bytes,
+ * the member's whole length (header to trailer) little-endian. The length
+ * lets the check find a member's end without inflating it (see
+ * tarcheck_cache below); like BGZF's "BC" subfield. */
+#define TARCHECK_GZ_XLEN 8
+#define TARCHECK_GZ_SI1 'F'
+#define TARCHECK_GZ_SI2 'B'
+#define TARCHECK_GZ_HDR_LEN (10 + 2 + TARCHECK_GZ_XLEN)
+
 struct tarcheck_limits {
     uint64_t max_data;     /* file data bytes, all members (--snapshot-max) */
     uint64_t max_members;  /* files and directories (--max-members) */

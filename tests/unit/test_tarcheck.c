@@ -791,7 +791,7 @@ static void test_refuse_stream(void)
         { 2, 7, "gzip: compression method", "method 7" },
         { 3, 0x01, "gzip: header flags set", "FTEXT" },
         { 3, 0x02, "gzip: header flags set", "FHCRC" },
-        { 3, 0x04, "gzip: header flags set", "FEXTRA" },
+        { 3, 0x04, "gzip: extra field", "FEXTRA without the length subfield" },
         { 3, 0x08, "gzip: header flags set", "FNAME" },
         { 3, 0x10, "gzip: header flags set", "FCOMMENT" },
         { 3, 0x20, "gzip: header flags set", "reserved flag" },
