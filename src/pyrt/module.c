@@ -451,8 +451,11 @@ static PyObject *fb_snapshot(PyObject *self, PyObject *unused)
     int r;
     buf_free(&g_pyrt.snap);
     buf_init(&g_pyrt.snap, CHAN_MAX_MESSAGE_BYTES);
+    if (!g_pyrt.snap_cache && g_pyrt.snapshot_cache_max)
+        g_pyrt.snap_cache = snapshot_cache_new(g_pyrt.snapshot_cache_max);
     Py_BEGIN_ALLOW_THREADS
-    r = archive_snapshot(g_pyrt.ws_fd, g_pyrt.snapshot_max, &g_pyrt.snap, &st);
+    r = archive_snapshot_cached(g_pyrt.ws_fd, g_pyrt.snapshot_max, g_pyrt.snap_cache,
+                                &g_pyrt.snap, &st);
     Py_END_ALLOW_THREADS
     if (r < 0) {
         /* A zero-length archive leaves the host's copy unchanged (spec 4.4). */

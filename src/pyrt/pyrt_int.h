@@ -112,6 +112,7 @@ struct pyrt_state {
     /* from struct config, copied by pyrt_init() */
     uint64_t output_cap;   /* bytes kept per stream per block */
     uint64_t snapshot_max; /* data bytes in a snapshot */
+    uint64_t snapshot_cache_max; /* member bytes kept for the next snapshot */
     uint64_t max_unpacked; /* per incoming archive */
     uint64_t max_members;
 
@@ -123,6 +124,8 @@ struct pyrt_state {
     int tools_fd;        /* owned until the tools archive is extracted */
     int warm_fd;         /* owned (pooled children): "warmed up" goes here, once */
     int ws_fd;           /* workspace root, O_DIRECTORY (owned) */
+    struct snapshot_cache *snap_cache; /* owned, made at the first snapshot;
+                                          NULL without memory (then none) */
     int devnull_fd;      /* /dev/null, O_RDWR (owned) */
     pthread_mutex_t send_lock; /* one message at a time; guards in_block */
     bool in_block;       /* a block runs: tool calls may be sent */
