@@ -1007,15 +1007,15 @@ static bool cacheable(const struct snap *s, const struct snap_key *k)
 
 /* Every (device, inode) that a process of the sandbox maps shared and
  * writable, from /proc/<pid>/maps. If one of them cannot be read (another
- * process that is not dumpable), reuse is off for this snapshot. Init (pid
- * 1) shares the runtime's address space (src/sandbox/steps.c) and is not
- * read. */
+ * process that is not dumpable), reuse is off for this snapshot. Pid 1 is
+ * not read: in a sandbox it is init, which shares the runtime's address
+ * space (docs/internals.md, "Init and runtime"), so the runtime's own maps
+ * cover it; outside one (--no-isolation, tests) it is the host's init,
+ * whose maps only root may read and which maps nothing of a workspace. */
 static void scan_mappings(struct snap *s)
 {
     DIR *d = opendir("/proc");
     struct dirent *de;
-    pid_t self = getpid();
-
     if (!d) {
         s->no_reuse = true;
         return;
@@ -1026,7 +1026,7 @@ static void scan_mappings(struct snap *s)
         long pid = strtol(de->d_name, &end, 10);
         FILE *f;
 
-        if (*end || pid <= 0 || (pid == 1 && self == 2))
+        if (*end || pid <= 1)
             continue;
         snprintf(path, sizeof path, "/proc/%ld/maps", pid);
         f = fopen(path, "re");
