@@ -5,8 +5,11 @@
  *
  * Two layers, each a small state machine that resumes where the last call
  * stopped:
- *   gzip  the 10-byte member header and the 8-byte trailer are parsed here
- *         (zlib's gzip mode would take FEXTRA/FNAME/FCOMMENT we refuse);
+ *   gzip  the 10-byte member header (with the writer's FB subfield, if
+ *         FEXTRA) and the 8-byte trailer are parsed here (zlib's gzip mode
+ *         would take FNAME/FCOMMENT and any FEXTRA, which we refuse); a
+ *         member with an FB length may be hashed first and replayed from
+ *         the turn's cache instead of inflated (tarcheck.h);
  *         the deflate data goes through zlib's raw inflate, in calls of at
  *         most IN_CHUNK bytes in and OUT_CHUNK out, so the step budget holds
  *         even for input that inflates to nothing (empty stored blocks);

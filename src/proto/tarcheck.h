@@ -14,7 +14,10 @@
  *   gzip    one or more members back to back, nothing before, between or
  *           after them; each: ID 1f 8b, CM 8, FLG 0 (no FEXTRA, FNAME,
  *           FCOMMENT, FHCRC, FTEXT or reserved bits; MTIME, XFL, OS are
- *           free), a raw deflate stream, CRC-32 and ISIZE correct.
+ *           free) or FLG FEXTRA with exactly the writer's "FB" length
+ *           subfield (TARCHECK_GZ_*, below), a raw deflate stream, CRC-32
+ *           and ISIZE correct, and the FB length the member's length.
+ *           Both readers skip FEXTRA whatever it holds.
  *   tar     512-byte POSIX ustar headers (magic "ustar\0", version "00"),
  *           unsigned checksum; every numeric field 1 to width-1 octal
  *           digits from its first byte, then only NUL or space (no
