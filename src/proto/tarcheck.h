@@ -140,8 +140,9 @@ struct tarcheck_cache;
 struct budget;
 
 /* Members verified earlier in the turn (one cache per turn, in the
- * supervisor). A gzip member whose header carries the "FB" length subfield,
- * that starts where a tar entry starts and ends where exactly one file or
+ * supervisor). A gzip member whose header carries the "FB" length subfield
+ * and whose first deflate block is not stored (stored blocks inflate faster
+ * than they hash), that starts where a tar entry starts and ends where exactly one file or
  * directory entry ends (its pax header, ustar header, data and padding),
  * is remembered by the SHA-256 of its bytes (the sandbox chooses them: a
  * cryptographic hash) with what the check learnt from it: the member's

@@ -466,8 +466,8 @@ async def check_hits(d, n):
 
 def test_snapshot_members_reused_and_changes_seen(make_daemon):
     """An unchanged workspace's next snapshot is the same bytes, one FB gzip
-    member per file, each reused (the supervisor says it inflated none of
-    them again); random data is stored; a file modified in place, renamed,
+    member per file, each reused (the supervisor inflates none of the
+    compressed ones again); random data is stored; a file modified in place, renamed,
     replaced, chmod'ed or deleted is right in the next snapshot, as Python's
     tarfile and libarchive read it."""
     d = make_daemon(["--log-level", "debug"])
@@ -491,7 +491,8 @@ def test_snapshot_members_reused_and_changes_seen(make_daemon):
     m1 = fb_members(r1.archive)
     assert len(m1) == 7  # six files, then the end blocks
     assert r2.archive == r1.archive
-    assert "snapshot of 6 members, 6 of them verified earlier" in line2, line2
+    # all but rnd.bin, whose stored blocks are cheaper to inflate than to hash
+    assert "snapshot of 6 members, 5 of them verified earlier" in line2, line2
     big = max(m1, key=len)
     assert len(big) > 200000  # rnd.bin: stored blocks, not level 1 on random bytes
     want = {"a.txt": (0o644, b"alpha\n" * 1000), "b.txt": (0o644, b"bravo"),
@@ -512,7 +513,7 @@ def test_snapshot_members_reused_and_changes_seen(make_daemon):
         assert got == want3, reader
     assert r3.files["a.txt"].startswith(b"ALPHA\n") and "gone.txt" not in r3.files
     assert r4.archive == r3.archive
-    assert "snapshot of 5 members, 5 of them verified earlier" in line4, line4
+    assert "snapshot of 5 members, 4 of them verified earlier" in line4, line4
 
 
 MMAP_1 = r'''

@@ -1424,7 +1424,8 @@ static void test_snapshot_incremental(void)
     is_int((int)st.stored, 1, "the random file is stored (level 0)");
     ok(largest > 65535, "its member holds its data uncompressed (%zu bytes)", largest);
     is_int(check_snap(tcc, &one, &tst), 0, "the supervisor's check accepts it");
-    ok(tst.cache_hits == 0 && tst.cache_added == 6, "and remembers its 6 members (%llu %llu)",
+    /* Not the stored one: inflating stored blocks costs less than hashing. */
+    ok(tst.cache_hits == 0 && tst.cache_added == 5, "and remembers its 5 compressed members (%llu %llu)",
        (unsigned long long)tst.cache_hits, (unsigned long long)tst.cache_added);
 
     is_int(snap_cached(ws, c, &two, &st), 0, "incremental: unchanged tree");
@@ -1433,8 +1434,8 @@ static void test_snapshot_incremental(void)
     ok(two.len == one.len && memcmp(two.data, one.data, one.len) == 0,
        "and the snapshot is byte for byte the first");
     is_int(check_snap(tcc, &two, &tst), 0, "the check accepts it again");
-    ok(tst.cache_hits == 6 && tst.members == 6,
-       "without inflating one of its file members (%llu hits, %llu members)",
+    ok(tst.cache_hits == 5 && tst.members == 6,
+       "without inflating one of its compressed members (%llu hits, %llu members)",
        (unsigned long long)tst.cache_hits, (unsigned long long)tst.members);
 
     /* Modified in place (same size), renamed, replaced by a rename over
