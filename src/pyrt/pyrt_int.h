@@ -18,6 +18,7 @@
 #include "core/buf.h"
 #include "core/limits.h"
 #include "proto/chan.h"
+#include "stage/archive.h"
 
 /* Output capture of fds 1 and 2 for one block (capture.c). */
 struct capture_stream {
@@ -131,7 +132,8 @@ struct pyrt_state {
     bool in_block;       /* a block runs: tool calls may be sent */
     struct capture cap;
     bool capturing;
-    struct buf snap;     /* the last snapshot, until send_snapshot() */
+    struct snapshot_iov snap; /* the last snapshot, until send_snapshot(); its
+                                 pieces may point into snap_cache */
     uint8_t *archive;    /* the archive next_message() returned, until extracted (owned) */
     size_t archive_len;
 };

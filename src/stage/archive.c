@@ -670,10 +670,20 @@ struct gzw {
     struct buf m;   /* owned: the member so far */
 };
 
+/* A piece of the snapshot: bytes at p (held by the cache or static), or,
+ * with p NULL, at off in the snapshot's extra buffer (which may still
+ * move while the snapshot is written). */
+struct piece {
+    const uint8_t *p;
+    size_t off, len;
+};
+
 struct snap {
     struct archive *a;
     struct archive_entry *e;
-    struct buf *out;     /* borrowed */
+    struct snapshot_iov *out; /* borrowed: its extra buffer takes what the cache does not hold */
+    struct piece *pc;         /* owned */
+    size_t pc_n, pc_cap;
     int out_err;         /* first error from the write callback */
     uint64_t max_bytes;
     struct snapshot_stats *st;
@@ -873,6 +883,38 @@ static int snap_error(struct snap *s)
     return s->out_err ? s->out_err : -EIO;
 }
 
+/* ---- output ------------------------------------------------------------- */
+
+static int emit(struct snap *s, const uint8_t *p, size_t off, size_t len)
+{
+    struct piece *last = s->pc_n ? &s->pc[s->pc_n - 1] : NULL;
+
+    if (!p && last && !last->p && last->off + last->len == off) {
+        last->len += len; /* contiguous in extra: one piece */
+        return 0;
+    }
+    if (s->pc_n == s->pc_cap) {
+        size_t ncap = s->pc_cap ? s->pc_cap * 2 : 64;
+        struct piece *np = realloc(s->pc, ncap * sizeof *np);
+
+        if (!np)
+            return -ENOMEM;
+        s->pc = np;
+        s->pc_cap = ncap;
+    }
+    s->pc[s->pc_n++] = (struct piece){.p = p, .off = off, .len = len};
+    return 0;
+}
+
+/* A copy of p[0, n) in extra, as the next piece. */
+static int emit_copy(struct snap *s, const uint8_t *p, size_t n)
+{
+    size_t off = s->out->extra.len;
+    int r = buf_append(&s->out->extra, p, n);
+
+    return r < 0 ? r : emit(s, NULL, off, n);
+}
+
 /* ---- the cache ----------------------------------------------------------- */
 
 struct snapshot_cache *snapshot_cache_new(uint64_t max_bytes)
@@ -958,33 +1000,31 @@ static struct snap_entry *cache_find(struct snap *s, const char *path, const str
     return NULL;
 }
 
-/* Keep (path, key, member) for the next snapshot; takes gz. Over the cap,
- * or out of memory, the member is simply not kept. */
-static void cache_keep(struct snap *s, const char *path, const struct snap_key *k, uint8_t *gz,
+/* Keep (path, key, member) for the next snapshot, taking gz: true. Over
+ * the cap, or out of memory: false, and gz is still the caller's. */
+static bool cache_keep(struct snap *s, const char *path, const struct snap_key *k, uint8_t *gz,
                        size_t gz_len)
 {
-    char *p = NULL;
+    char *p;
 
     if (s->next_bytes + gz_len > s->cache->max_bytes)
-        goto drop;
+        return false;
     if (s->next_n == s->next_cap) {
         size_t ncap = s->next_cap ? s->next_cap * 2 : 64;
         struct snap_entry *ne = realloc(s->next, ncap * sizeof *ne);
 
         if (!ne)
-            goto drop;
+            return false;
         s->next = ne;
         s->next_cap = ncap;
     }
     p = strdup(path);
     if (!p)
-        goto drop;
+        return false;
     s->next[s->next_n++] = (struct snap_entry){.path = p, .key = *k, .gz = gz, .gz_len = gz_len};
     s->next_bytes += gz_len;
     s->st->cached++;
-    return;
-drop:
-    free(gz);
+    return true;
 }
 
 /* Whether a member compressed now may be reused later: its ctime is from a
@@ -1106,15 +1146,18 @@ static int snap_file(struct snap *s, int dirfd, const char *name, const char *pa
     if (hit) {
         /* The same file, unchanged since its member was made: the member
          * (header and data) is what compressing it again would give. */
-        r = buf_append(s->out, hit->gz, hit->gz_len);
+        if (cache_keep(s, path, &key, hit->gz, hit->gz_len)) {
+            r = emit(s, hit->gz, 0, hit->gz_len); /* not copied */
+            hit->gz = NULL;                        /* the new entry's now */
+        } else {
+            r = emit_copy(s, hit->gz, hit->gz_len); /* freed with the old entries */
+        }
         if (r < 0)
             return r;
         s->st->files++;
         s->st->bytes += size;
         s->st->reused++;
         s->st->reused_bytes += hit->gz_len;
-        cache_keep(s, path, &key, hit->gz, hit->gz_len);
-        hit->gz = NULL;
         return 0;
     }
     /* Read before the header is out: a file that cannot be read at all is
@@ -1201,19 +1244,17 @@ static int snap_file(struct snap *s, int dirfd, const char *name, const char *pa
     r = gzw_end(&s->gz);
     if (r < 0)
         return r;
-    r = buf_append(s->out, s->gz.m.data, s->gz.m.len);
-    if (r < 0)
-        return r;
     s->st->files++;
     s->st->bytes += size;
     s->st->stored += level == 0;
-    if (s->cache && cacheable(s, &key)) {
+    if (s->cache && cacheable(s, &key) &&
+        cache_keep(s, path, &key, s->gz.m.data, s->gz.m.len)) {
         size_t len;
-        uint8_t *gz = buf_steal(&s->gz.m, &len);
+        uint8_t *gz = buf_steal(&s->gz.m, &len); /* now the cache's */
 
-        cache_keep(s, path, &key, gz, len);
+        return emit(s, gz, 0, len);
     }
-    return 0;
+    return emit_copy(s, s->gz.m.data, s->gz.m.len);
 }
 
 static int cmp_names(const void *a, const void *b)
@@ -1384,7 +1425,7 @@ static int snapshot_write(struct snap *s, int fd)
     if (rc == 0)
         rc = gzw_end(&s->gz);
     if (rc == 0)
-        rc = buf_append(s->out, s->gz.m.data, s->gz.m.len);
+        rc = emit_copy(s, s->gz.m.data, s->gz.m.len);
 out:
     if (fd >= 0)
         close(fd);
@@ -1441,51 +1482,112 @@ static int dir_is_empty(int fd)
     return empty;
 }
 
-int archive_snapshot_prepare(void)
+void snapshot_iov_free(struct snapshot_iov *o)
 {
-    struct snapshot_stats st = {0};
-    struct snap s = { .out = &empty_tree, .max_bytes = 0, .st = &st };
+    free(o->iov);
+    o->iov = NULL;
+    o->n = 0;
+    o->len = 0;
+    buf_free(&o->extra);
+}
 
-    (void)snapshot_locale(); /* here, while the fork server can read locales */
-    if (empty_tree.len)
-        return 0;
-    buf_init(&empty_tree, 4096);
-    int rc = snapshot_write(&s, -1);
+/* The pieces as iovecs, now that extra has stopped moving. */
+static int pieces_to_iov(struct snap *s)
+{
+    struct snapshot_iov *o = s->out;
+
+    o->iov = calloc(s->pc_n ? s->pc_n : 1, sizeof *o->iov);
+    if (!o->iov)
+        return -ENOMEM;
+    for (size_t i = 0; i < s->pc_n; i++) {
+        const struct piece *pc = &s->pc[i];
+
+        o->iov[i].iov_base = (void *)(pc->p ? pc->p : o->extra.data + pc->off);
+        o->iov[i].iov_len = pc->len;
+        o->len += pc->len;
+    }
+    o->n = s->pc_n;
+    return 0;
+}
+
+int archive_snapshot_iov(int root_fd, uint64_t max_bytes, struct snapshot_cache *cache,
+                         struct snapshot_iov *out, struct snapshot_stats *st)
+{
+    struct snapshot_stats local;
+    struct snap s = { .out = out, .max_bytes = max_bytes, .st = st ? st : &local,
+                      .cache = cache };
+    int fd, rc;
+
+    memset(s.st, 0, sizeof *s.st);
+    snapshot_iov_free(out);
+    buf_init(&out->extra, CHAN_MAX_MESSAGE_BYTES);
+    fd = openat(root_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) {
+        rc = -errno;
+        snapshot_cache_clear(cache);
+        return rc;
+    }
+    rc = dir_is_empty(fd);
+    if (rc != 0 && empty_tree.len) {
+        /* Empty, or an error: no walk. */
+        close(fd);
+        snapshot_cache_clear(cache);
+        if (rc < 0)
+            return rc;
+        rc = emit(&s, empty_tree.data, 0, empty_tree.len);
+    } else if (rc < 0) {
+        close(fd);
+        snapshot_cache_clear(cache);
+        return rc;
+    } else {
+        rc = snapshot_write(&s, fd);
+    }
+    if (rc == 0)
+        rc = pieces_to_iov(&s);
+    free(s.pc);
     if (rc < 0)
-        buf_free(&empty_tree);
+        snapshot_iov_free(out);
     return rc;
 }
 
 int archive_snapshot_cached(int root_fd, uint64_t max_bytes, struct snapshot_cache *cache,
                             struct buf *out, struct snapshot_stats *st)
 {
-    struct snapshot_stats local;
-    struct snap s = { .out = out, .max_bytes = max_bytes, .st = st ? st : &local,
-                      .cache = cache };
-    int fd;
+    struct snapshot_iov o = {0};
+    int rc = archive_snapshot_iov(root_fd, max_bytes, cache, &o, st);
 
-    memset(s.st, 0, sizeof *s.st);
-    fd = openat(root_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0) {
-        snapshot_cache_clear(cache);
-        return -errno;
-    }
-    int empty = dir_is_empty(fd);
-    if (empty < 0) {
-        close(fd);
-        snapshot_cache_clear(cache);
-        return empty;
-    }
-    if (empty && empty_tree.len) {
-        close(fd);
-        snapshot_cache_clear(cache);
-        return buf_append(out, empty_tree.data, empty_tree.len);
-    }
-    return snapshot_write(&s, fd);
+    if (rc == 0)
+        rc = buf_reserve(out, (size_t)o.len);
+    for (size_t i = 0; rc == 0 && i < o.n; i++)
+        rc = buf_append(out, o.iov[i].iov_base, o.iov[i].iov_len);
+    snapshot_iov_free(&o);
+    return rc;
 }
 
 int archive_snapshot(int root_fd, uint64_t max_bytes, struct buf *out,
                      struct snapshot_stats *st)
 {
     return archive_snapshot_cached(root_fd, max_bytes, NULL, out, st);
+}
+
+int archive_snapshot_prepare(void)
+{
+    (void)snapshot_locale(); /* here, while the fork server can read locales */
+    if (empty_tree.len)
+        return 0;
+    struct snapshot_stats st = {0};
+    struct snapshot_iov o = {0};
+    struct snap s = { .out = &o, .max_bytes = 0, .st = &st };
+    int rc;
+
+    buf_init(&o.extra, 4096);
+    rc = snapshot_write(&s, -1);
+    buf_init(&empty_tree, 4096);
+    if (rc == 0 && s.pc_n == 1 && !s.pc[0].p)
+        rc = buf_move(&empty_tree, &o.extra);
+    else if (rc == 0)
+        rc = -EIO; /* never: the end member is one piece in extra */
+    free(s.pc);
+    snapshot_iov_free(&o);
+    return rc;
 }

@@ -5,6 +5,7 @@
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/uio.h>
 
 #include "core/buf.h"
 
@@ -103,6 +104,18 @@ void snapshot_cache_clear(struct snapshot_cache *c);
  * is cleared. */
 int archive_snapshot_cached(int root_fd, uint64_t max_bytes, struct snapshot_cache *cache,
                             struct buf *out, struct snapshot_stats *st);
+/* The same, as pieces to write with writev: a member the cache holds is
+ * not copied. iov[i] points into the cache (valid until its next snapshot,
+ * clear or free), into extra, or at the prepared empty archive. */
+struct snapshot_iov {
+    struct iovec *iov; /* owned array */
+    size_t n;
+    uint64_t len;      /* bytes in all pieces */
+    struct buf extra;  /* owned: the members the cache does not hold */
+};
+int archive_snapshot_iov(int root_fd, uint64_t max_bytes, struct snapshot_cache *cache,
+                         struct snapshot_iov *out, struct snapshot_stats *st);
+void snapshot_iov_free(struct snapshot_iov *o); /* safe twice */
 /* The same without a cache. */
 int archive_snapshot(int root_fd, uint64_t max_bytes, struct buf *out,
                      struct snapshot_stats *st);
