@@ -952,14 +952,21 @@ void snapshot_cache_free(struct snapshot_cache *c)
 }
 
 /* The walk's order (names sorted with strcmp in each directory, depth
- * first): byte order with '/' below every other byte. */
+ * first): byte order with '/' below every other byte (a name holds no NUL,
+ * so '/' as 0 is exact) and a path before the paths it prefixes. A wrong
+ * answer here would only cost reuse, never correctness: a member is reused
+ * only for the very same path and key. */
 static int walk_cmp(const char *a, const char *b)
 {
     for (;; a++, b++) {
-        unsigned ca = *a == '/' ? 1 : (unsigned char)*a, cb = *b == '/' ? 1 : (unsigned char)*b;
+        unsigned ca = (unsigned char)*a, cb = (unsigned char)*b;
 
-        if (ca != cb || !ca)
-            return ca < cb ? -1 : ca > cb;
+        if (!ca || !cb)
+            return ca == cb ? 0 : ca ? 1 : -1;
+        ca = ca == '/' ? 0 : ca;
+        cb = cb == '/' ? 0 : cb;
+        if (ca != cb)
+            return ca < cb ? -1 : 1;
     }
 }
 

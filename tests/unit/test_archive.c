@@ -1515,6 +1515,25 @@ static void test_snapshot_incremental(void)
     is_int(snap_cached(ws, c, &two, &st), 0, "cleared cache");
     is_int((int)st.reused, 0, "nothing reused after a clear");
 
+    /* The merge follows the walk's order for every name: '/' sorts
+     * below every byte, \x01 included. */
+    snapshot_cache_clear(c);
+    char *ws2 = new_dir("snap-order");
+    mkdir((p = subpath(ws2, "a")), 0755), free(p);
+    write_file(ws2, "a/z", "1", 0644);
+    write_file(ws2, "a\x01y", "2", 0644);
+    write_file(ws2, "a.b", "3", 0644);
+    write_file(ws2, "a-", "4", 0644);
+    write_file(ws2, "ab", "5", 0644);
+    mkdir((p = subpath(ws2, "a\x01")), 0755), free(p);
+    write_file(ws2, "a\x01/q", "6", 0644);
+    usleep(PAST_TICK_US);
+    is_int(snap_cached(ws2, c, &one, &st), 0, "odd order: first snapshot");
+    is_int(snap_cached(ws2, c, &two, &st), 0, "odd order: second snapshot");
+    ok(st.files == 6 && st.reused == 6, "odd order: every member reused (%llu of %llu)",
+       (unsigned long long)st.reused, (unsigned long long)st.files);
+    free(ws2);
+
     snapshot_cache_free(c);
     tarcheck_cache_free(tcc);
     buf_free(&one);
