@@ -11,6 +11,10 @@
  *   0x04  small limits (4 KiB of data, 8 members, paths of 200 bytes)
  *         instead of 1 MiB, 1000 and 4095
  *   0x08  a small step budget (1 + 3 * byte 0) in the chunked run
+ *   0x10  (shapes 1 to 3) the tar stream is cut at 512-byte blocks into
+ *         members of 1 to 4 blocks (byte 0 picks), each with the writer's
+ *         FB length subfield, so that members line up with tar entries and
+ *         the verified-member cache (tarcheck_cache) is exercised
  *
  * Properties:
  *   - the verdict (result, reason, every member reported) is the same fed
@@ -19,6 +23,11 @@
  *   - the limits hold: members, data, and bytes inflated within their caps
  *     (inflated at most one byte past max_inflated), and no call inflates or
  *     consumes more than its budget (plus a 10-byte gzip header);
+ *   - with a cache: checked again with a cache warmed by the message
+ *     itself, and a variant of it (two of its FB members swapped, one
+ *     dropped or one repeated, byte 0 picks) checked with and without
+ *     that cache: the same verdict, reason and members, and the cache's
+ *     budget charge is all given back when it is freed;
  *   - when the check accepts, libarchive (gzip + tar, C.UTF-8) reads exactly
  *     the members the check reported, in order: the same path (a
  *     directory's with its one trailing '/'), type, permission bits and
@@ -32,6 +41,7 @@
 #include <string.h>
 #include <zlib.h>
 
+#include "core/budget.h"
 #include "fuzz.h"
 #include "proto/tarcheck.h"
 
@@ -41,6 +51,7 @@ enum {
     F_SHAPE = 0x03,
     F_SMALL = 0x04,
     F_BUDGET = 0x08,
+    F_FB = 0x10,
 };
 
 struct seen_member {
@@ -84,8 +95,8 @@ struct outcome {
     struct tarcheck_stats st;
 };
 
-static struct outcome run(const uint8_t *msg, size_t len, const struct tarcheck_limits *lim,
-                          uint8_t seed, struct seen *seen)
+static struct outcome run_c(const uint8_t *msg, size_t len, const struct tarcheck_limits *lim,
+                            uint8_t seed, struct seen *seen, struct tarcheck_cache *cache)
 {
     struct tarcheck *tc = tarcheck_new(lim);
     struct fuzz_chunker ch;
@@ -95,6 +106,7 @@ static struct outcome run(const uint8_t *msg, size_t len, const struct tarcheck_
 
     FUZZ_ASSERT(tc, "tarcheck_new failed");
     tarcheck_set_member_fn(tc, on_member, seen);
+    tarcheck_set_cache(tc, cache);
     fuzz_chunker_init(&ch, seed);
     while (got < len && r >= 0) {
         got += fuzz_chunker_next(&ch, len - got);
@@ -113,6 +125,12 @@ static struct outcome run(const uint8_t *msg, size_t len, const struct tarcheck_
                     o.rc == -E2BIG || o.rc == -ENAMETOOLONG,
                 "undocumented result %d (%s)", o.rc, o.why);
     return o;
+}
+
+static struct outcome run(const uint8_t *msg, size_t len, const struct tarcheck_limits *lim,
+                          uint8_t seed, struct seen *seen)
+{
+    return run_c(msg, len, lim, seed, seen, NULL);
 }
 
 static void gz_append(uint8_t **out, size_t *len, size_t *cap, const uint8_t *p, size_t n,
@@ -136,6 +154,113 @@ static void gz_append(uint8_t **out, size_t *len, size_t *cap, const uint8_t *p,
     FUZZ_ASSERT(deflate(&z, Z_FINISH) == Z_STREAM_END, "deflate");
     *len += (*cap - *len) - z.avail_out;
     deflateEnd(&z);
+}
+
+/* One member like gz_append's, with the writer's FB length subfield
+ * (tarcheck.h) after its 10-byte header. */
+static void gz_append_fb(uint8_t **out, size_t *len, size_t *cap, const uint8_t *p, size_t n,
+                         int level)
+{
+    size_t start = *len, mlen;
+
+    gz_append(out, len, cap, p, n, level);
+    mlen = *len - start + 10;
+    if (*len + 10 > *cap) {
+        *cap = *len + 10;
+        *out = realloc(*out, *cap);
+        FUZZ_ASSERT(*out, "realloc");
+    }
+    memmove(*out + start + 20, *out + start + 10, *len - start - 10);
+    (*out)[start + 3] = 4; /* FLG.FEXTRA */
+    const uint8_t x[10] = {TARCHECK_GZ_XLEN, 0, TARCHECK_GZ_SI1, TARCHECK_GZ_SI2, 4, 0,
+                           (uint8_t)mlen, (uint8_t)(mlen >> 8), (uint8_t)(mlen >> 16),
+                           (uint8_t)(mlen >> 24)};
+    memcpy(*out + start + 10, x, sizeof x);
+    *len += 10;
+}
+
+/* The FB members of msg (offsets and lengths), or -1 if it is not made of
+ * them exactly. */
+static int fb_split(const uint8_t *msg, size_t len, size_t *off, size_t *mlen, int max)
+{
+    size_t o = 0;
+    int n = 0;
+
+    while (o < len) {
+        if (n == max || len - o < TARCHECK_GZ_HDR_LEN || msg[o + 3] != 4)
+            return -1;
+        off[n] = o;
+        mlen[n] = (size_t)msg[o + 16] | (size_t)msg[o + 17] << 8 | (size_t)msg[o + 18] << 16 |
+                  (size_t)msg[o + 19] << 24;
+        if (mlen[n] == 0 || mlen[n] > len - o)
+            return -1;
+        o += mlen[n++];
+    }
+    return n;
+}
+
+static bool same_outcome(const struct outcome *a, const struct seen *sa, const struct outcome *b,
+                         const struct seen *sb)
+{
+    if (a->rc != b->rc || strcmp(a->why, b->why) || sa->n != sb->n)
+        return false;
+    for (size_t i = 0; i < sa->n && i < MAX_SEEN; i++)
+        if (strcmp(sa->m[i].path, sb->m[i].path) || sa->m[i].size != sb->m[i].size ||
+            sa->m[i].mode != sb->m[i].mode || sa->m[i].type != sb->m[i].type)
+            return false;
+    return true;
+}
+
+/* The cache property (see the top): warmed by msg, the same verdicts. */
+static void check_cache(const uint8_t *msg, size_t len, const struct tarcheck_limits *lim,
+                        uint8_t seed, const struct outcome *plain, const struct seen *plain_seen)
+{
+    static struct seen s1, s2, s3;
+    struct budget turn = {.max = 1 << 20};
+    struct tarcheck_cache *c = tarcheck_cache_new(1 << 20, &turn);
+    size_t off[256], mlen[256];
+    int n = fb_split(msg, len, off, mlen, 256);
+
+    FUZZ_ASSERT(c, "tarcheck_cache_new");
+    struct outcome w = run_c(msg, len, lim, 0, &s1, c);
+    FUZZ_ASSERT(same_outcome(plain, plain_seen, &w, &s1), "a cold cache changed the verdict");
+    struct outcome h = run_c(msg, len, lim, seed, &s2, c);
+    FUZZ_ASSERT(same_outcome(plain, plain_seen, &h, &s2),
+                "a warm cache changed the verdict: %d '%s' vs %d '%s' (%llu hits)", plain->rc,
+                plain->why, h.rc, h.why, (unsigned long long)h.st.cache_hits);
+    seen_free(&s1);
+    seen_free(&s2);
+    if (n >= 2) {
+        /* A variant built from the same members. */
+        int i = seed % n, j = (seed / 7) % n, op = (seed / 3) % 3;
+        uint8_t *v = malloc(len * 2);
+        size_t vl = 0;
+
+        FUZZ_ASSERT(v, "malloc");
+        for (int k = 0; k < n; k++) {
+            int src = op == 0 ? (k == i ? j : k == j ? i : k) : k;
+
+            if (op == 1 && k == i)
+                continue; /* dropped */
+            memcpy(v + vl, msg + off[src], mlen[src]);
+            vl += mlen[src];
+            if (op == 2 && k == i) { /* repeated */
+                memcpy(v + vl, msg + off[src], mlen[src]);
+                vl += mlen[src];
+            }
+        }
+        struct outcome p = run(v, vl, lim, 0, &s3);
+        struct outcome q = run_c(v, vl, lim, seed, &s1, c);
+        FUZZ_ASSERT(same_outcome(&p, &s3, &q, &s1),
+                    "the cache changed the verdict on a variant: %d '%s' vs %d '%s'", p.rc,
+                    p.why, q.rc, q.why);
+        seen_free(&s1);
+        seen_free(&s3);
+        free(v);
+    }
+    tarcheck_cache_free(c);
+    FUZZ_ASSERT(turn.used == 0, "the cache kept %llu bytes of its charge",
+                (unsigned long long)turn.used);
 }
 
 /* libarchive's reading of an accepted message. */
@@ -245,7 +370,23 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     flags = data[1];
     data += 2;
     size -= 2;
-    switch (flags & F_SHAPE) {
+    if ((flags & F_FB) && (flags & F_SHAPE)) {
+        /* Members of 1 to 4 blocks, sizes from byte 0's bits. */
+        size_t o = 0;
+        unsigned bits = seed;
+
+        while (o < size) {
+            size_t n = (size_t)(1 + (bits & 3)) * 512;
+
+            bits = bits >> 2 | (bits & 3) << 6;
+            if (n > size - o)
+                n = size - o;
+            gz_append_fb(&msg, &len, &cap, data + o, n, (flags & F_SHAPE) == 3 ? 0 : 1);
+            o += n;
+        }
+        if (size == 0)
+            gz_append_fb(&msg, &len, &cap, data, 0, 1);
+    } else switch (flags & F_SHAPE) {
     case 0:
         msg = malloc(size ? size : 1);
         FUZZ_ASSERT(msg, "malloc");
@@ -298,6 +439,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 "a call worked past its budget %zu: in %llu out %llu", budget,
                 (unsigned long long)b.st.max_step_in, (unsigned long long)b.st.max_step_out);
 
+    check_cache(msg, len, &lim, seed, &a, &one);
     if (a.rc == TARCHECK_VALID)
         compare_libarchive(msg, len, &one);
     seen_free(&one);

@@ -348,7 +348,7 @@ END = b"\0" * 1024
 
 
 def tarcheck_inputs():
-    RAW, GZ, GZ2, STORED, SMALL, BUDGET = 0, 1, 2, 3, 4, 8
+    RAW, GZ, GZ2, STORED, SMALL, BUDGET, FB = 0, 1, 2, 3, 4, 8, 16
     files = (member(b"a.txt", b"hello\n") + member(b"b/c", b"") +
              member(b"exec.sh", b"#!/bin/sh\n", 0o755) + END)
     longp = b"d" * 120 + b"/" + b"f" * 110
@@ -370,6 +370,13 @@ def tarcheck_inputs():
         "prefix": (0, GZ, prefixed),
         "empty": (0, GZ, END),
         "empty-message": (0, RAW, b""),
+        # FB members of 2 blocks each (byte 0 = 0x55): one per tar entry,
+        # as the snapshot writer makes them, for the verified-member cache
+        "fb-aligned": (0x55, GZ | FB, member(b"a.txt", b"hello\n") + member(b"b.txt", b"b") +
+                       member(b"exec.sh", b"#!/bin/sh\n", 0o755) + END),
+        "fb-stored": (0x55, STORED | FB, member(b"a.txt", b"hello\n") + member(b"b.txt", b"b") +
+                      END),
+        "fb-mixed": (0x1b, GZ | FB, files),
         "small-limits": (3, GZ | SMALL, member(b"a", b"1" * 2000) + member(b"b", b"2" * 2000) + END),
         "over-small-limits": (3, GZ | SMALL, member(b"a", b"1" * 3000) + member(b"b", b"2" * 3000) + END),
         "trailer-10k": (0, GZ, files + b"\0" * (10240 - len(files) % 10240)),

@@ -39,6 +39,12 @@
 /* Bytes of one snapshot member's path (PATH_MAX less its NUL): the writer
  * skips longer ones, the supervisor's check refuses them. */
 #define SNAPSHOT_MAX_PATH 4095
+/* The sandbox keeps each file's compressed member for the next snapshot
+ * (stage/archive.h): at most this many bytes of members, and at most
+ * 1/SNAPSHOT_CACHE_MEMORY_SHARE of the turn's --memory, which they count
+ * against. Past it, files are compressed again each time. */
+#define SNAPSHOT_CACHE_MAX (128 * MiB)
+#define SNAPSHOT_CACHE_MEMORY_SHARE 8
 
 /* The supervisor's check of a snapshot (proto/tarcheck.h). Per call, at
  * most this many compressed bytes consumed and this many inflated: ~0.8 ms
@@ -47,6 +53,11 @@
 #define TARCHECK_STEP_BUDGET (128 * KiB)
 #define TARCHECK_DEFAULT_MAX_PATH SNAPSHOT_MAX_PATH
 #define TARCHECK_MAX_PATH_CEILING (64 * KiB - 1)
+/* Snapshot members the supervisor has verified in a turn, remembered by
+ * their SHA-256 so that an unchanged one is not inflated again (tarcheck.h):
+ * at most this much memory per turn (~100 bytes and the path per member),
+ * charged to the turn's --turn-buffer. */
+#define TARCHECK_CACHE_MAX (4 * MiB)
 /* Zero bytes allowed after the two end blocks (CPython pads to 10240). */
 #define TARCHECK_MAX_TRAILER (64 * KiB)
 

@@ -5,8 +5,11 @@
  *
  * Two layers, each a small state machine that resumes where the last call
  * stopped:
- *   gzip  the 10-byte member header and the 8-byte trailer are parsed here
- *         (zlib's gzip mode would take FEXTRA/FNAME/FCOMMENT we refuse);
+ *   gzip  the 10-byte member header (with the writer's FB subfield, if
+ *         FEXTRA) and the 8-byte trailer are parsed here (zlib's gzip mode
+ *         would take FNAME/FCOMMENT and any FEXTRA, which we refuse); a
+ *         member with an FB length may be hashed first and replayed from
+ *         the turn's cache instead of inflated (tarcheck.h);
  *         the deflate data goes through zlib's raw inflate, in calls of at
  *         most IN_CHUNK bytes in and OUT_CHUNK out, so the step budget holds
  *         even for input that inflates to nothing (empty stored blocks);
@@ -48,8 +51,10 @@
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
+#include <nettle/sha2.h>
 #include <zlib.h>
 
+#include "core/budget.h"
 #include "core/utf8.h"
 
 #define BLOCK 512
@@ -82,7 +87,34 @@
 #define F_PREFIX F_PREFIX_OFF, 155
 #define F_PAD 500, 12
 
-enum gz_state { GZ_HEADER, GZ_BODY, GZ_TRAILER };
+enum gz_state { GZ_HEADER, GZ_EXTRA, GZ_HASH, GZ_BODY, GZ_TRAILER };
+
+/* Buckets of the verified-member cache (a power of two). */
+#define CACHE_BUCKETS 4096
+
+/* A member verified earlier in the turn (see tarcheck.h). */
+struct cache_entry {
+    struct cache_entry *next; /* owned: the bucket's chain */
+    uint8_t digest[SHA256_DIGEST_SIZE];
+    uint32_t gz_len;    /* the member's bytes */
+    uint64_t inflated;  /* what it inflates to */
+    uint64_t hdr_off;   /* inflated bytes up to the end of its ustar header */
+    uint64_t size;      /* the file's data bytes */
+    uint32_t mode;
+    uint64_t gen;       /* the last snapshot that used it */
+    bool pax;           /* its path came from a pax record */
+    size_t path_len;
+    char path[];        /* NUL-terminated */
+};
+
+struct tarcheck_cache {
+    struct cache_entry **bucket; /* owned, CACHE_BUCKETS chains; NULL until the first add */
+    uint64_t bytes;              /* charged for the buckets and entries */
+    uint64_t max_bytes;
+    struct budget *budget;       /* borrowed, or NULL */
+    uint64_t gen;                /* snapshots checked with this cache */
+    uint64_t swept_gen;          /* the snapshot that last swept it */
+};
 enum tar_state { TAR_HEADER, TAR_PAX, TAR_DATA, TAR_PAD, TAR_END };
 
 /* result while the check runs; VALID (0) and errors (< 0) end it. */
@@ -104,6 +136,22 @@ struct tarcheck {
     enum gz_state gz;
     uint8_t gzbuf[GZ_HDR_LEN]; /* member header or trailer being collected */
     size_t gz_got;
+    size_t member_start; /* message offset of this member's first byte */
+    uint32_t member_len; /* its length from the "FB" subfield, or 0: none */
+
+    /* verified-member cache (tarcheck.h) */
+    struct tarcheck_cache *cache; /* borrowed, or NULL */
+    struct sha256_ctx sha;
+    size_t hash_pos;              /* message offset hashed up to */
+    uint8_t digest[SHA256_DIGEST_SIZE];
+    bool have_digest;             /* this member is a candidate for the cache */
+    uint64_t m_members;           /* st.members when the member started */
+    uint64_t m_tar_pos;           /* tar_pos when the member started */
+    uint64_t tar_pos;             /* inflated bytes the tar layer has taken */
+    uint64_t hdr_end;             /* tar_pos at the end of the last member header */
+    bool last_pax;                /* the last member's path came from pax */
+    uint32_t last_mode;           /* the last member's mode and size */
+    uint64_t last_size;
     z_stream z;
     bool z_init;
     bool z_pending; /* the last inflate() filled its output: it may hold more */
@@ -336,29 +384,13 @@ static int ustar_path(struct tarcheck *tc, const uint8_t *h, size_t *len)
     return 0;
 }
 
-static int member_header(struct tarcheck *tc, const uint8_t *h, uint64_t mode, uint64_t size)
+/* A file or directory member at path[0, len) (a directory's with its
+ * trailing '/'): the checks that depend on where it is in the archive (its
+ * order, the caps), then it is counted and reported. Shared by headers that
+ * were inflated and members replayed from the cache. */
+static int member_accept(struct tarcheck *tc, char type, uint64_t mode, uint64_t size,
+                         const char *path, size_t len, bool pax)
 {
-    char type = (char)h[F_TYPE];
-    const char *path;
-    size_t len;
-    int r;
-
-    if (type == '0') {
-        if ((mode & 0644) != 0644)
-            return fail(tc, -EBADMSG, "tar: file mode not within 0644..0755");
-    } else if (mode != 0755 || size != 0) {
-        return fail(tc, -EBADMSG, "tar: directory not mode 0755 and size 0");
-    }
-
-    if (tc->have_pax_path) {
-        path = tc->pax_path;
-        len = tc->pax_path_len;
-    } else {
-        r = ustar_path(tc, h, &len);
-        if (r < 0)
-            return r;
-        path = tc->cur;
-    }
     /* A directory's name ends in one '/' (libarchive's writer adds it;
      * tarfile strips it, libarchive keeps it). */
     if (type == '5') {
@@ -392,10 +424,13 @@ static int member_header(struct tarcheck *tc, const uint8_t *h, uint64_t mode, u
     tc->st.dirs += type == '5';
     tc->st.data += size;
     tc->pax_pending = false;
+    tc->last_pax = pax;
+    tc->last_mode = (uint32_t)mode;
+    tc->last_size = size;
     if (tc->fn) {
         struct tarcheck_member m = {
             .path = tc->prev, .path_len = len, .type = type, .mode = (uint32_t)mode,
-            .size = size, .pax = tc->have_pax_path,
+            .size = size, .pax = pax,
         };
         tc->fn(tc->ud, &m);
     }
@@ -405,6 +440,26 @@ static int member_header(struct tarcheck *tc, const uint8_t *h, uint64_t mode, u
     tc->pad_left = (size_t)(round_block(size) - size);
     tc->tar = size ? TAR_DATA : TAR_HEADER;
     return 0;
+}
+
+static int member_header(struct tarcheck *tc, const uint8_t *h, uint64_t mode, uint64_t size)
+{
+    char type = (char)h[F_TYPE];
+    size_t len;
+    int r;
+
+    if (type == '0') {
+        if ((mode & 0644) != 0644)
+            return fail(tc, -EBADMSG, "tar: file mode not within 0644..0755");
+    } else if (mode != 0755 || size != 0) {
+        return fail(tc, -EBADMSG, "tar: directory not mode 0755 and size 0");
+    }
+    if (tc->have_pax_path)
+        return member_accept(tc, type, mode, size, tc->pax_path, tc->pax_path_len, true);
+    r = ustar_path(tc, h, &len);
+    if (r < 0)
+        return r;
+    return member_accept(tc, type, mode, size, tc->cur, len, false);
 }
 
 static int header(struct tarcheck *tc)
@@ -539,6 +594,7 @@ static int tar_consume(struct tarcheck *tc, const uint8_t *p, size_t n)
             tc->hdr_got += k;
             if (tc->hdr_got == BLOCK) {
                 tc->hdr_got = 0;
+                tc->hdr_end = tc->tar_pos + k;
                 r = header(tc);
                 if (r < 0)
                     return r;
@@ -582,6 +638,7 @@ static int tar_consume(struct tarcheck *tc, const uint8_t *p, size_t n)
         }
         p += k;
         n -= k;
+        tc->tar_pos += k;
     }
     return 0;
 }
@@ -610,14 +667,257 @@ static uint32_t le32(const uint8_t *p)
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
+static int gz_body_start(struct tarcheck *tc);
+
+/* Work done by one call: compressed bytes consumed (or hashed), bytes
+ * inflated. */
+struct work {
+    size_t in, out;
+};
+
+/* The tar layer is between entries: nothing of a header, pax block, data or
+ * padding is pending, and the end has not been seen. */
+static bool at_entry_boundary(const struct tarcheck *tc)
+{
+    return tc->tar == TAR_HEADER && tc->hdr_got == 0 && !tc->pax_pending &&
+           !tc->have_pax_path;
+}
+
+/* ---- the verified-member cache ------------------------------------------ */
+
+static size_t bucket_of(const uint8_t *digest)
+{
+    size_t h;
+
+    memcpy(&h, digest, sizeof h);
+    return h & (CACHE_BUCKETS - 1);
+}
+
+static struct cache_entry *cache_lookup(struct tarcheck_cache *c, const uint8_t *digest,
+                                        uint32_t gz_len)
+{
+    if (!c->bucket)
+        return NULL;
+    for (struct cache_entry *e = c->bucket[bucket_of(digest)]; e; e = e->next)
+        if (e->gz_len == gz_len && memcmp(e->digest, digest, sizeof e->digest) == 0)
+            return e;
+    return NULL;
+}
+
+static uint64_t entry_bytes(size_t path_len)
+{
+    return sizeof(struct cache_entry) + path_len + 1;
+}
+
+/* Drop the entries no snapshot used since the one before this. */
+static void cache_sweep(struct tarcheck_cache *c)
+{
+    c->swept_gen = c->gen;
+    for (size_t b = 0; c->bucket && b < CACHE_BUCKETS; b++) {
+        struct cache_entry **pp = &c->bucket[b];
+
+        while (*pp) {
+            struct cache_entry *e = *pp;
+
+            if (e->gen + 1 >= c->gen) {
+                pp = &e->next;
+                continue;
+            }
+            *pp = e->next;
+            c->bytes -= entry_bytes(e->path_len);
+            if (c->budget)
+                budget_give(c->budget, entry_bytes(e->path_len));
+            free(e);
+        }
+    }
+}
+
+static bool cache_charge(struct tarcheck_cache *c, uint64_t n)
+{
+    if (n > c->max_bytes - c->bytes)
+        return false;
+    if (c->budget && budget_take(c->budget, n) < 0)
+        return false;
+    c->bytes += n;
+    return true;
+}
+
+/* The member just verified (one file entry, from an entry boundary to the
+ * next) is remembered; nothing happens if it does not fit. */
+static void cache_add(struct tarcheck *tc)
+{
+    struct tarcheck_cache *c = tc->cache;
+    uint64_t need = entry_bytes(tc->prev_len);
+    struct cache_entry *e;
+
+    if (cache_lookup(c, tc->digest, tc->member_len))
+        return;
+    if (!c->bucket) {
+        if (!cache_charge(c, CACHE_BUCKETS * sizeof *c->bucket))
+            return;
+        c->bucket = calloc(CACHE_BUCKETS, sizeof *c->bucket);
+        if (!c->bucket) {
+            c->bytes -= CACHE_BUCKETS * sizeof *c->bucket;
+            if (c->budget)
+                budget_give(c->budget, CACHE_BUCKETS * sizeof *c->bucket);
+            return;
+        }
+    }
+    if (need > c->max_bytes - c->bytes && c->swept_gen != c->gen)
+        cache_sweep(c);
+    if (!cache_charge(c, need))
+        return;
+    e = malloc(need);
+    if (!e) {
+        c->bytes -= need;
+        if (c->budget)
+            budget_give(c->budget, need);
+        return;
+    }
+    memcpy(e->digest, tc->digest, sizeof e->digest);
+    e->gz_len = tc->member_len;
+    e->inflated = tc->tar_pos - tc->m_tar_pos;
+    e->hdr_off = tc->hdr_end - tc->m_tar_pos;
+    e->size = tc->last_size;
+    e->mode = tc->last_mode;
+    e->pax = tc->last_pax;
+    e->gen = c->gen;
+    e->path_len = tc->prev_len;
+    memcpy(e->path, tc->prev, tc->prev_len + 1);
+    e->next = c->bucket[bucket_of(e->digest)];
+    c->bucket[bucket_of(e->digest)] = e;
+    tc->st.cache_added++;
+}
+
+/* A member with the same bytes as e, at an entry boundary: what inflating
+ * it would do, without inflating it. The tar layer would see the same
+ * bytes from the same state, so only what depends on the rest of the
+ * archive is checked again, in the order inflating it would meet it: the
+ * bomb guard up to its header, the header's order and caps, then the guard
+ * for the rest. */
+static int cache_replay(struct tarcheck *tc, struct cache_entry *e)
+{
+    uint64_t room = tc->lim.max_inflated - tc->st.inflated;
+    int r;
+
+    if (e->hdr_off > room)
+        return fail(tc, -EFBIG, "gzip: inflates past the limit");
+    r = member_accept(tc, '0', e->mode, e->size, e->path, e->path_len, e->pax);
+    if (r < 0)
+        return r;
+    if (e->inflated > room)
+        return fail(tc, -EFBIG, "gzip: inflates past the limit");
+    e->gen = tc->cache->gen;
+    tc->tar = TAR_HEADER;
+    tc->data_left = 0;
+    tc->pad_left = 0;
+    tc->tar_pos += e->inflated;
+    tc->st.inflated += e->inflated;
+    tc->st.consumed += tc->member_start + e->gz_len - tc->pos;
+    tc->pos = tc->member_start + e->gz_len;
+    tc->st.gz_members++;
+    tc->st.cache_hits++;
+    tc->st.cache_bytes += e->gz_len;
+    tc->gz = GZ_HEADER;
+    tc->gz_got = 0;
+    return RUNNING;
+}
+
+/* Hash what is there of a candidate member, within the budget; once it is
+ * all hashed, replay it from the cache or inflate it. */
+static int gz_hash(struct tarcheck *tc, const uint8_t *msg, struct work *w)
+{
+    size_t end = tc->member_start + tc->member_len, n;
+    struct cache_entry *e;
+
+    if (tc->hash_pos == tc->member_start) {
+        /* A member whose first deflate block is stored (BTYPE 00: the
+         * writer's level 0) inflates as a copy and a CRC, cheaper than
+         * hashing it (~1.7 vs ~1 GB/s here): not worth caching. Only the
+         * cost depends on this byte, never the verdict. */
+        size_t first = tc->member_start + TARCHECK_GZ_HDR_LEN;
+
+        if (tc->len <= first) {
+            if (!tc->finished)
+                return TARCHECK_NEED_INPUT;
+            return gz_body_start(tc) < 0 ? tc->result : RUNNING;
+        }
+        if ((msg[first] & 6) == 0)
+            return gz_body_start(tc) < 0 ? tc->result : RUNNING;
+    }
+    if (tc->hash_pos < end) {
+        n = (tc->len < end ? tc->len : end) - tc->hash_pos;
+        if (n > tc->lim.step_budget - w->in)
+            n = tc->lim.step_budget - w->in;
+        if (n == 0) {
+            if (!tc->finished)
+                return TARCHECK_NEED_INPUT;
+            /* The message ends before the length says: inflate, which
+             * finds what is wrong as it would without a cache. */
+            return gz_body_start(tc) < 0 ? tc->result : RUNNING;
+        }
+        sha256_update(&tc->sha, n, msg + tc->hash_pos);
+        tc->hash_pos += n;
+        w->in += n;
+        if (tc->hash_pos < end)
+            return RUNNING;
+    }
+    sha256_digest(&tc->sha, sizeof tc->digest, tc->digest);
+    e = cache_lookup(tc->cache, tc->digest, tc->member_len);
+    if (e)
+        return cache_replay(tc, e);
+    tc->have_digest = true;
+    tc->m_members = tc->st.members;
+    tc->m_tar_pos = tc->tar_pos;
+    return gz_body_start(tc) < 0 ? tc->result : RUNNING;
+}
+
 static int gz_member_start(struct tarcheck *tc)
 {
     const uint8_t *g = tc->gzbuf;
 
     if (g[2] != 8)
         return fail(tc, -EBADMSG, "gzip: compression method not deflate");
-    if (g[3] != 0)
+    if (g[3] != 0 && g[3] != 4)
         return fail(tc, -EBADMSG, "gzip: header flags set");
+    tc->member_len = 0;
+    if (g[3] == 4) {
+        /* FEXTRA: only the writer's one subfield (tarcheck.h), collected
+         * next; the member starts once it is in. */
+        tc->gz = GZ_EXTRA;
+        tc->gz_got = 0;
+        return 0;
+    }
+    return gz_body_start(tc);
+}
+
+/* The "FB" subfield: XLEN 8, SI1 SI2, LEN 4, the member's length. */
+static int gz_extra(struct tarcheck *tc)
+{
+    const uint8_t *x = tc->gzbuf;
+    uint32_t len = le32(x + 6);
+
+    if (x[0] != TARCHECK_GZ_XLEN || x[1] != 0 || x[2] != TARCHECK_GZ_SI1 ||
+        x[3] != TARCHECK_GZ_SI2 || x[4] != 4 || x[5] != 0)
+        return fail(tc, -EBADMSG, "gzip: extra field not the writer's length subfield");
+    /* The shortest member: this header, a 2-byte deflate block, the trailer. */
+    if (len < TARCHECK_GZ_HDR_LEN + 2 + GZ_TRL_LEN)
+        return fail(tc, -EBADMSG, "gzip: member length field out of range");
+    tc->member_len = len;
+    tc->have_digest = false;
+    if (tc->cache && at_entry_boundary(tc)) {
+        /* A candidate: hash it whole first (GZ_HASH), then replay it from
+         * the cache or inflate it. */
+        sha256_init(&tc->sha);
+        tc->hash_pos = tc->member_start;
+        tc->gz = GZ_HASH;
+        return 0;
+    }
+    return gz_body_start(tc);
+}
+
+static int gz_body_start(struct tarcheck *tc)
+{
     if (!tc->z_init) {
         if (inflateInit2(&tc->z, -MAX_WBITS) != Z_OK)
             return fail(tc, -ENOMEM, "gzip: out of memory");
@@ -633,10 +933,6 @@ static int gz_member_start(struct tarcheck *tc)
     return 0;
 }
 
-/* Work done by one call: compressed bytes consumed, bytes inflated. */
-struct work {
-    size_t in, out;
-};
 
 /* One inflate() call within what is left of the budget. */
 static int gz_inflate(struct tarcheck *tc, const uint8_t *msg, struct work *w)
@@ -740,6 +1036,8 @@ static int step(struct tarcheck *tc, const uint8_t *msg)
                 r = tar_finish(tc);
                 break;
             }
+            if (tc->gz_got == 0)
+                tc->member_start = tc->pos;
             r = gz_collect(tc, msg, GZ_HDR_LEN, &w, "gzip: member header truncated");
             /* The magic is checked as soon as it is there: after the last
              * member, the first stray byte is the error. */
@@ -749,6 +1047,14 @@ static int step(struct tarcheck *tc, const uint8_t *msg)
                                                          : "gzip: not gzip");
             else if (r == RUNNING && tc->gz_got == GZ_HDR_LEN)
                 r = gz_member_start(tc) < 0 ? tc->result : RUNNING;
+            break;
+        case GZ_EXTRA:
+            r = gz_collect(tc, msg, GZ_HDR_LEN, &w, "gzip: member header truncated");
+            if (r == RUNNING && tc->gz_got == GZ_HDR_LEN)
+                r = gz_extra(tc) < 0 ? tc->result : RUNNING;
+            break;
+        case GZ_HASH:
+            r = gz_hash(tc, msg, &w);
             break;
         case GZ_BODY:
             r = gz_inflate(tc, msg, &w);
@@ -761,10 +1067,18 @@ static int step(struct tarcheck *tc, const uint8_t *msg)
                 r = fail(tc, -EBADMSG, "gzip: CRC mismatch");
             else if (le32(tc->gzbuf + 4) != tc->isize)
                 r = fail(tc, -EBADMSG, "gzip: length mismatch (ISIZE)");
+            else if (tc->member_len && tc->pos - tc->member_start != tc->member_len)
+                r = fail(tc, -EBADMSG, "gzip: member length field wrong");
             else {
                 tc->st.gz_members++;
                 tc->gz = GZ_HEADER;
                 tc->gz_got = 0;
+                /* Cacheable: hashed from an entry boundary, and it held
+                 * exactly one file entry, whole. */
+                if (tc->have_digest && at_entry_boundary(tc) &&
+                    tc->st.members == tc->m_members + 1 && !tc->prev_dir)
+                    cache_add(tc);
+                tc->have_digest = false;
             }
             break;
         }
@@ -816,6 +1130,39 @@ const char *tarcheck_reason(const struct tarcheck *tc)
 void tarcheck_get_stats(const struct tarcheck *tc, struct tarcheck_stats *st)
 {
     *st = tc->st;
+}
+
+struct tarcheck_cache *tarcheck_cache_new(uint64_t max_bytes, struct budget *budget)
+{
+    struct tarcheck_cache *c = calloc(1, sizeof *c);
+
+    if (!c)
+        return NULL;
+    c->max_bytes = max_bytes;
+    c->budget = budget;
+    return c;
+}
+
+void tarcheck_cache_free(struct tarcheck_cache *c)
+{
+    if (!c)
+        return;
+    for (size_t b = 0; c->bucket && b < CACHE_BUCKETS; b++)
+        for (struct cache_entry *e = c->bucket[b], *next; e; e = next) {
+            next = e->next;
+            free(e);
+        }
+    free(c->bucket);
+    if (c->budget)
+        budget_give(c->budget, c->bytes);
+    free(c);
+}
+
+void tarcheck_set_cache(struct tarcheck *tc, struct tarcheck_cache *c)
+{
+    tc->cache = c;
+    if (c)
+        c->gen++;
 }
 
 void tarcheck_set_member_fn(struct tarcheck *tc, tarcheck_member_fn fn, void *ud)

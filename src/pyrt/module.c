@@ -64,6 +64,53 @@ static int chan_write2(int fd, const void *hdr, size_t hn, const void *p, size_t
     return 0;
 }
 
+/* A snapshot's pieces as one 'S' message: the header and the pieces with
+ * sendmsg, up to 1024 iovecs a call (IOV_MAX), resuming after a partial
+ * write like chan_write2. Caller holds send_lock. A write error means the
+ * supervisor is gone, and with it the turn: exit like on EOF. */
+static void chan_send_snapshot_locked(const struct snapshot_iov *o)
+{
+    uint8_t hdr[CHAN_HDR_LEN];
+    if (o->len > CHAN_MAX_MESSAGE_BYTES)
+        _exit(3); /* never produced: snapshots are capped below this */
+    if (pyrt_forked_copy())
+        _exit(1); /* never reached: the callers refuse first */
+    chan_hdr_encode(hdr, CHAN_SNAPSHOT, (uint32_t)o->len);
+    struct iovec *all = malloc((o->n + 1) * sizeof *all);
+    if (!all)
+        _exit(3);
+    all[0] = (struct iovec){hdr, sizeof hdr};
+    memcpy(all + 1, o->iov, o->n * sizeof *all);
+    struct iovec *v = all;
+    size_t cnt = o->n + 1;
+    bool sock = true;
+    while (cnt > 0) {
+        size_t k = cnt < 1024 ? cnt : 1024;
+        struct msghdr msg = {.msg_iov = v, .msg_iovlen = k};
+        ssize_t w = sock ? sendmsg(g_pyrt.chan_fd, &msg, MSG_NOSIGNAL)
+                         : writev(g_pyrt.chan_fd, v, (int)k);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            if (errno == ENOTSOCK && sock) {
+                sock = false;
+                continue;
+            }
+            _exit(0);
+        }
+        while (cnt > 0 && (size_t)w >= v->iov_len) {
+            w -= (ssize_t)v->iov_len;
+            v++;
+            cnt--;
+        }
+        if (cnt > 0) {
+            v->iov_base = (uint8_t *)v->iov_base + w;
+            v->iov_len -= (size_t)w;
+        }
+    }
+    free(all);
+}
+
 /* The _forkbox entry points that touch the channel, the capture or the
  * runtime's locks call this first: in a child user code forked from the
  * runtime they raise instead (the channel fd is closed there, see
@@ -467,14 +514,16 @@ static PyObject *fb_snapshot(PyObject *self, PyObject *unused)
 {
     struct snapshot_stats st = {0};
     int r;
-    buf_free(&g_pyrt.snap);
-    buf_init(&g_pyrt.snap, CHAN_MAX_MESSAGE_BYTES);
+    snapshot_iov_free(&g_pyrt.snap);
+    if (!g_pyrt.snap_cache && g_pyrt.snapshot_cache_max)
+        g_pyrt.snap_cache = snapshot_cache_new(g_pyrt.snapshot_cache_max);
     Py_BEGIN_ALLOW_THREADS
-    r = archive_snapshot(g_pyrt.ws_fd, g_pyrt.snapshot_max, &g_pyrt.snap, &st);
+    r = archive_snapshot_iov(g_pyrt.ws_fd, g_pyrt.snapshot_max, g_pyrt.snap_cache,
+                             &g_pyrt.snap, &st);
     Py_END_ALLOW_THREADS
     if (r < 0) {
         /* A zero-length archive leaves the host's copy unchanged (spec 4.4). */
-        buf_free(&g_pyrt.snap);
+        snapshot_iov_free(&g_pyrt.snap);
         return Py_BuildValue("(KKs)", (unsigned long long)st.over_cap,
                              (unsigned long long)st.bad_names, strerror(-r));
     }
@@ -488,10 +537,10 @@ static PyObject *fb_send_snapshot(PyObject *self, PyObject *unused)
         return NULL;
     Py_BEGIN_ALLOW_THREADS
     pthread_mutex_lock(&g_pyrt.send_lock);
-    chan_send_locked(CHAN_SNAPSHOT, g_pyrt.snap.data, g_pyrt.snap.len);
+    chan_send_snapshot_locked(&g_pyrt.snap);
     pthread_mutex_unlock(&g_pyrt.send_lock);
     Py_END_ALLOW_THREADS
-    buf_free(&g_pyrt.snap);
+    snapshot_iov_free(&g_pyrt.snap);
     Py_RETURN_NONE;
 }
 
@@ -499,7 +548,7 @@ static PyObject *fb_send_snapshot(PyObject *self, PyObject *unused)
  * (the warm-up of a pooled sandbox). */
 static PyObject *fb_snapshot_discard(PyObject *self, PyObject *unused)
 {
-    buf_free(&g_pyrt.snap);
+    snapshot_iov_free(&g_pyrt.snap);
     Py_RETURN_NONE;
 }
 

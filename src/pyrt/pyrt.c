@@ -152,6 +152,11 @@ int pyrt_init(const struct config *cfg, char *err, size_t errlen)
     }
     g_pyrt.output_cap = cfg->output_cap ? cfg->output_cap : OUTPUT_DEFAULT_CAP;
     g_pyrt.snapshot_max = cfg->snapshot_max ? cfg->snapshot_max : SNAPSHOT_DEFAULT_MAX_BYTES;
+    /* The members kept for the next snapshot count against the turn's
+     * memory cgroup: at most an eighth of it, and SNAPSHOT_CACHE_MAX. */
+    g_pyrt.snapshot_cache_max = SNAPSHOT_CACHE_MAX;
+    if (cfg->memory_max && cfg->memory_max / SNAPSHOT_CACHE_MEMORY_SHARE < g_pyrt.snapshot_cache_max)
+        g_pyrt.snapshot_cache_max = cfg->memory_max / SNAPSHOT_CACHE_MEMORY_SHARE;
     g_pyrt.max_unpacked = cfg->max_unpacked ? cfg->max_unpacked : ARCHIVE_DEFAULT_MAX_UNPACKED;
     g_pyrt.max_members = cfg->max_members ? cfg->max_members : ARCHIVE_DEFAULT_MAX_MEMBERS;
     /* Output frames must fit in one channel message with room for JSON

@@ -18,6 +18,7 @@
 #include "core/buf.h"
 #include "core/limits.h"
 #include "proto/chan.h"
+#include "stage/archive.h"
 
 /* Output capture of fds 1 and 2 for one block (capture.c). */
 struct capture_stream {
@@ -119,6 +120,7 @@ struct pyrt_state {
     /* from struct config, copied by pyrt_init() */
     uint64_t output_cap;   /* bytes kept per stream per block */
     uint64_t snapshot_max; /* data bytes in a snapshot */
+    uint64_t snapshot_cache_max; /* member bytes kept for the next snapshot */
     uint64_t max_unpacked; /* per incoming archive */
     uint64_t max_members;
 
@@ -130,12 +132,15 @@ struct pyrt_state {
     int tools_fd;        /* owned until the tools archive is extracted */
     int warm_fd;         /* owned (pooled children): "warmed up" goes here, once */
     int ws_fd;           /* workspace root, O_DIRECTORY (owned) */
+    struct snapshot_cache *snap_cache; /* owned, made at the first snapshot;
+                                          NULL without memory (then none) */
     int devnull_fd;      /* /dev/null, O_RDWR (owned) */
     pthread_mutex_t send_lock; /* one message at a time; guards in_block */
     bool in_block;       /* a block runs: tool calls may be sent */
     struct capture cap;
     bool capturing;
-    struct buf snap;     /* the last snapshot, until send_snapshot() */
+    struct snapshot_iov snap; /* the last snapshot, until send_snapshot(); its
+                                 pieces may point into snap_cache */
     uint8_t *archive;    /* the archive next_message() returned, until extracted (owned) */
     size_t archive_len;
 };

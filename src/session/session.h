@@ -29,6 +29,7 @@ struct session;
 struct policy_notify;
 struct frame_scan;
 struct tarcheck;
+struct tarcheck_cache;
 
 struct server {
     struct loop *loop;            /* borrowed */
@@ -137,6 +138,7 @@ struct session {
     struct buf in;                /* the body, room reserved at the header */
     struct frame_scan *sscan;     /* owned (admitted turns): an F body's scan */
     struct tarcheck *tc;          /* owned while an S body is checked */
+    struct tarcheck_cache *tc_cache; /* owned: snapshot members verified this turn */
     struct ratelimit log_rl;      /* the sandbox's log lines in the operator log */
 
     /* counted refusals (notify.c) */

@@ -5,6 +5,7 @@
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/uio.h>
 
 #include "core/buf.h"
 
@@ -50,7 +51,23 @@ struct snapshot_stats {
     uint64_t bad_names;   /* files and directories left out for their names
                              (the supervisor's check would refuse them) */
     uint64_t over_cap;    /* regular files left out because of max_bytes */
+    uint64_t reused;      /* members taken from the cache, not compressed */
+    uint64_t reused_bytes; /* their compressed bytes */
+    uint64_t stored;      /* members compressed with stored blocks (level 0:
+                             their data did not compress) */
+    uint64_t cached;      /* members the cache holds for the next snapshot */
 };
+
+/* The members of the last snapshot, kept for the next one (one per turn, in
+ * the sandbox). Each file's tar entry is its own gzip member; while a file
+ * is unchanged, its member is copied instead of being read and compressed
+ * again. At most max_bytes of members are kept (the rest is compressed
+ * again next time). Owned by the caller; NULL when out of memory. */
+struct snapshot_cache;
+struct snapshot_cache *snapshot_cache_new(uint64_t max_bytes);
+void snapshot_cache_free(struct snapshot_cache *c); /* NULL is fine */
+/* Forget every member (the next snapshot compresses everything). */
+void snapshot_cache_clear(struct snapshot_cache *c);
 
 /* Write a gzip-compressed tar (pax) of every regular file under the directory
  * root_fd (borrowed), recursively, hidden files included, into out. Names are
@@ -68,8 +85,38 @@ struct snapshot_stats {
  * process locale. A file or directory whose path tarcheck_path_ok()
  * refuses (not UTF-8, over SNAPSHOT_MAX_PATH bytes, containing
  * "hdrcharset=") is skipped with everything below it.
+ *
+ * Gzip layout: one gzip member per file (its pax header if any, its ustar
+ * header, data and padding), then one member holding the end-of-archive
+ * blocks. Each member's header has FLG.FEXTRA with one subfield "FB" of 4
+ * bytes: the member's whole length (header to trailer), little-endian, so
+ * the supervisor can recognise a member it verified before without
+ * inflating it (tarcheck.h). Level 1, or stored blocks (level 0) for a file
+ * whose first SNAPSHOT_SAMPLE bytes do not compress. Deterministic: the same
+ * tree gives the same bytes, with or without a cache.
+ *
+ * cache (may be NULL): members of the previous snapshot of this tree. A
+ * file's member is reused when its path, device, inode, size, mtime, ctime
+ * and mode are those it had when it was compressed, and updated otherwise
+ * (the cache then holds this snapshot's members).
  * 0, or -ENOMEM / -errno if root itself cannot be read, -EILSEQ if
- * libarchive still could not write a name as UTF-8. */
+ * libarchive still could not write a name as UTF-8. On an error, the cache
+ * is cleared. */
+int archive_snapshot_cached(int root_fd, uint64_t max_bytes, struct snapshot_cache *cache,
+                            struct buf *out, struct snapshot_stats *st);
+/* The same, as pieces to write with writev: a member the cache holds is
+ * not copied. iov[i] points into the cache (valid until its next snapshot,
+ * clear or free), into extra, or at the prepared empty archive. */
+struct snapshot_iov {
+    struct iovec *iov; /* owned array */
+    size_t n;
+    uint64_t len;      /* bytes in all pieces */
+    struct buf extra;  /* owned: the members the cache does not hold */
+};
+int archive_snapshot_iov(int root_fd, uint64_t max_bytes, struct snapshot_cache *cache,
+                         struct snapshot_iov *out, struct snapshot_stats *st);
+void snapshot_iov_free(struct snapshot_iov *o); /* safe twice */
+/* The same without a cache. */
 int archive_snapshot(int root_fd, uint64_t max_bytes, struct buf *out,
                      struct snapshot_stats *st);
 /* Make (once) the archive of an empty tree: archive_snapshot() then copies

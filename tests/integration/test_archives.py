@@ -1,6 +1,7 @@
 """Archives in both directions (§4, §9.1 item 19, §9.2 archive hardening):
 hostile members are skipped, limits end the turn, bombs are stopped."""
 
+import asyncio
 import io
 import os
 import tarfile
@@ -366,3 +367,184 @@ def test_snapshot_passes_the_supervisor_check(daemon):
     assert members["neg"].mtime == 0 and members["far"].mtime == 8 ** 11 - 1
     for m in members.values():
         assert m.uid == 0 and m.gid == 0 and not m.uname and set(m.pax_headers) <= {"path", "mtime"}
+
+
+# --------------------------------------------------------------------------
+# incremental snapshots (issue 13): one gzip member per file, reused while
+# the file is unchanged, in the sandbox and in the supervisor's check
+
+INCR_SETUP = r'''
+import os, random, time
+r = random.Random(1)
+os.makedirs("sub", exist_ok=True)
+open("a.txt", "w").write("alpha\n" * 1000)
+open("b.txt", "w").write("bravo")
+open("c.sh", "w").write("#!/bin/sh\necho hi\n")
+os.chmod("c.sh", 0o755)
+open("rnd.bin", "wb").write(bytes(r.getrandbits(8) for _ in range(200000)))
+open("sub/d.txt", "w").write("delta")
+open("gone.txt", "w").write("to be deleted")
+time.sleep(0.05)  # past the clock tick of the writes: the members may be kept
+'''
+
+INCR_CHANGE = r'''
+import os, time
+open("a.txt", "r+").write("ALPHA\n")        # same size, in place
+os.rename("b.txt", "b2.txt")                # renamed
+open("sub/new.tmp", "w").write("DELTA!")
+os.replace("sub/new.tmp", "sub/d.txt")      # replaced
+os.chmod("c.sh", 0o644)                     # chmod'ed
+os.remove("gone.txt")                       # deleted
+time.sleep(0.05)
+'''
+
+
+def fb_members(data):
+    """The gzip members of a snapshot, by the FB length in each header
+    (src/proto/tarcheck.h); fails on anything else."""
+    out, off = [], 0
+    while off < len(data):
+        h = data[off:off + 20]
+        assert h[:4] == b"\x1f\x8b\x08\x04" and h[10:16] == b"\x08\x00FB\x04\x00", h
+        n = int.from_bytes(h[16:20], "little")
+        assert 20 < n <= len(data) - off
+        out.append(data[off:off + n])
+        off += n
+    return out
+
+
+def libarchive_files(data):
+    """Members and data as libarchive (the C library the reference's other
+    readers use) reads the archive, through ctypes."""
+    import ctypes
+    import ctypes.util
+    la = ctypes.CDLL(ctypes.util.find_library("archive") or "libarchive.so.13")
+    la.archive_read_new.restype = ctypes.c_void_p
+    la.archive_entry_pathname.restype = ctypes.c_char_p
+    la.archive_entry_pathname.argtypes = [ctypes.c_void_p]
+    la.archive_entry_perm.argtypes = [ctypes.c_void_p]
+    la.archive_read_data.restype = ctypes.c_ssize_t
+    la.archive_read_data.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+    for f in ("archive_read_support_filter_gzip", "archive_read_support_format_tar",
+              "archive_read_free"):
+        getattr(la, f).argtypes = [ctypes.c_void_p]
+    la.archive_read_open_memory.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t]
+    la.archive_read_next_header.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)]
+    a = la.archive_read_new()
+    la.archive_read_support_filter_gzip(a)
+    la.archive_read_support_format_tar(a)
+    assert la.archive_read_open_memory(a, data, len(data)) == 0
+    files, e, buf = {}, ctypes.c_void_p(), ctypes.create_string_buffer(65536)
+    while (r := la.archive_read_next_header(a, ctypes.byref(e))) == 0:
+        name = la.archive_entry_pathname(e).decode()
+        mode = la.archive_entry_perm(e)
+        body = b""
+        while (n := la.archive_read_data(a, buf, len(buf))) > 0:
+            body += buf.raw[:n]
+        assert n == 0
+        files[name] = (mode, body)
+    la.archive_read_free(a)
+    assert r == 1  # ARCHIVE_EOF
+    return files
+
+
+def tar_modes(data):
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tf:
+        return {m.name: (m.mode, tf.extractfile(m).read()) for m in tf.getmembers()}
+
+
+async def check_hits(d, n):
+    """The supervisor's debug line for the n-th snapshot it checked (its
+    stderr is read by a thread: wait for it, at most 10 s)."""
+    for _ in range(200):
+        lines = [ln for ln in d.stderr().splitlines() if "verified earlier in the turn" in ln]
+        if len(lines) >= n:
+            return lines[n - 1]
+        await asyncio.sleep(0.05)
+    raise AssertionError(d.stderr()[-2000:])
+
+
+def test_snapshot_members_reused_and_changes_seen(make_daemon):
+    """An unchanged workspace's next snapshot is the same bytes, one FB gzip
+    member per file, each reused (the supervisor inflates none of the
+    compressed ones again); random data is stored; a file modified in place, renamed,
+    replaced, chmod'ed or deleted is right in the next snapshot, as Python's
+    tarfile and libarchive read it."""
+    d = make_daemon(["--log-level", "debug"])
+
+    async def go():
+        turn = await connect(d)
+        try:
+            r1 = await turn.run(INCR_SETUP)
+            r2 = await turn.run("pass")
+            line2 = await check_hits(d, 2)
+            r3 = await turn.run(INCR_CHANGE)
+            r4 = await turn.run("pass")
+            line4 = await check_hits(d, 4)
+            return r1, r2, line2, r3, r4, line4
+        finally:
+            await turn.shutdown()
+
+    r1, r2, line2, r3, r4, line4 = arun(go(), T)
+    for r in (r1, r2, r3, r4):
+        assert r.exit_code == 0, r.stderr
+    m1 = fb_members(r1.archive)
+    assert len(m1) == 7  # six files, then the end blocks
+    assert r2.archive == r1.archive
+    # all but rnd.bin, whose stored blocks are cheaper to inflate than to hash
+    assert "snapshot of 6 members, 5 of them verified earlier" in line2, line2
+    big = max(m1, key=len)
+    assert len(big) > 200000  # rnd.bin: stored blocks, not level 1 on random bytes
+    want = {"a.txt": (0o644, b"alpha\n" * 1000), "b.txt": (0o644, b"bravo"),
+            "c.sh": (0o755, b"#!/bin/sh\necho hi\n"), "sub/d.txt": (0o644, b"delta"),
+            "gone.txt": (0o644, b"to be deleted")}
+    for reader in (tar_modes, libarchive_files):
+        got = reader(r1.archive)
+        assert len(got["rnd.bin"][1]) == 200000
+        del got["rnd.bin"]
+        assert got == want, reader
+
+    want3 = {"a.txt": (0o644, b"ALPHA\n" + b"alpha\n" * 999), "b2.txt": (0o644, b"bravo"),
+             "c.sh": (0o644, b"#!/bin/sh\necho hi\n"), "sub/d.txt": (0o644, b"DELTA!")}
+    for reader in (tar_modes, libarchive_files):
+        got = reader(r3.archive)
+        rnd = got.pop("rnd.bin")
+        assert rnd == reader(r1.archive)["rnd.bin"]
+        assert got == want3, reader
+    assert r3.files["a.txt"].startswith(b"ALPHA\n") and "gone.txt" not in r3.files
+    assert r4.archive == r3.archive
+    assert "snapshot of 5 members, 4 of them verified earlier" in line4, line4
+
+
+MMAP_1 = r'''
+import mmap, time
+f = open("m.dat", "w+b")
+f.write(b"0123456789abcdef" * 256)
+f.flush()
+m = mmap.mmap(f.fileno(), 4096)
+m[0:1] = b"X"   # the first write through the map moves mtime
+time.sleep(0.05)
+'''
+MMAP_2 = r'''
+m[1:2] = b"Y"   # the page is mapped writable already: no new mtime or ctime
+'''
+
+
+def test_snapshot_sees_writes_through_a_map(daemon):
+    """A file mapped shared and writable can change without its times: its
+    member is never reused while it is mapped."""
+    async def go():
+        turn = await connect(daemon)
+        try:
+            a = await turn.run(MMAP_1)
+            b = await turn.run(MMAP_2)
+            c = await turn.run("m.close(); f.close()")
+            return a, b, c
+        finally:
+            await turn.shutdown()
+
+    a, b, c = arun(go(), T)
+    assert a.exit_code == 0 and b.exit_code == 0 and c.exit_code == 0, (a.stderr, b.stderr)
+    assert a.files["m.dat"][:4] == b"X123"
+    assert b.files["m.dat"][:4] == b"XY23"
+    assert c.files["m.dat"][:4] == b"XY23"

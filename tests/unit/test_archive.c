@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mount.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <sys/wait.h>
@@ -25,6 +26,7 @@
 #include <unistd.h>
 
 #include "core/buf.h"
+#include "proto/tarcheck.h"
 #include "stage/archive.h"
 #include "tap.h"
 
@@ -1303,6 +1305,244 @@ static void test_snapshot_unreadable(void)
     free(ws);
 }
 
+/* ---- incremental snapshots ------------------------------------------------ */
+
+/* Longer than a tick of the coarse clock: a file written before it may be
+ * cached (archive.c, cacheable()). */
+#define PAST_TICK_US 30000
+
+static int snap_cached(const char *dir, struct snapshot_cache *c, struct buf *out,
+                       struct snapshot_stats *st)
+{
+    int fd = open_dir(dir), rc;
+
+    buf_reset(out);
+    rc = archive_snapshot_cached(fd, 100 * MiB_, c, out, st);
+    close(fd);
+    return rc;
+}
+
+/* The snapshot the cache gave is byte for byte the one written without. */
+static bool same_as_uncached(const char *dir, const struct buf *b)
+{
+    struct buf plain;
+    struct snapshot_stats st;
+    bool same;
+
+    buf_init(&plain, 256 * MiB_);
+    same = snapshot_dir(dir, 100 * MiB_, &plain, &st) == 0 && plain.len == b->len &&
+           memcmp(plain.data, b->data, b->len) == 0;
+    buf_free(&plain);
+    return same;
+}
+
+/* The supervisor's check with the turn's cache; its stats in *tst. */
+static int check_snap(struct tarcheck_cache *tcc, const struct buf *b,
+                      struct tarcheck_stats *tst)
+{
+    const struct tarcheck_limits lim = {.max_data = 100 * MiB_, .max_members = 1000};
+    struct tarcheck *tc = tarcheck_new(&lim);
+    int r;
+
+    tarcheck_set_cache(tc, tcc);
+    while ((r = tarcheck_finish(tc, b->data, b->len)) == TARCHECK_AGAIN)
+        ;
+    tarcheck_get_stats(tc, tst);
+    tarcheck_free(tc);
+    return r;
+}
+
+static const struct member *find_member(const struct member *m, int n, const char *name)
+{
+    for (int i = 0; i < n; i++)
+        if (!strcmp(m[i].name, name))
+            return &m[i];
+    return NULL;
+}
+
+/* gzip members of a snapshot, from the FB length of each (tarcheck.h). */
+static int gz_member_count(const struct buf *b, size_t *stored_len_of_largest)
+{
+    size_t off = 0, largest = 0;
+    int n = 0;
+
+    while (off + TARCHECK_GZ_HDR_LEN <= b->len) {
+        const uint8_t *h = b->data + off;
+        size_t len = (size_t)h[16] | (size_t)h[17] << 8 | (size_t)h[18] << 16 |
+                     (size_t)h[19] << 24;
+
+        if (h[0] != 0x1f || h[1] != 0x8b || h[3] != 4 || h[12] != 'F' || h[13] != 'B' ||
+            len == 0 || off + len > b->len)
+            return -1;
+        if (len > largest)
+            largest = len;
+        off += len;
+        n++;
+    }
+    if (stored_len_of_largest)
+        *stored_len_of_largest = largest;
+    return off == b->len ? n : -1;
+}
+
+static void test_snapshot_incremental(void)
+{
+    char *ws = new_dir("snap-incr"), *p, *q;
+    struct snapshot_cache *c = snapshot_cache_new(64 * MiB_);
+    struct tarcheck_cache *tcc = tarcheck_cache_new(1 * MiB_, NULL);
+    struct snapshot_stats st;
+    struct tarcheck_stats tst;
+    struct member mem[64];
+    struct buf one, two;
+    size_t largest = 0;
+    char *big = malloc(200000), *rnd = malloc(65536);
+    int n;
+
+    for (size_t i = 0; i < 200000; i++)
+        big[i] = "abcdefgh\n"[i % 9];
+    big[199999] = '\0';
+    for (size_t i = 0; i < 65535; i++)
+        rnd[i] = (char)(1 + (unsigned)rand() % 255); /* no NUL: write_file takes a string */
+    rnd[65535] = '\0';
+    buf_init(&one, 256 * MiB_);
+    buf_init(&two, 256 * MiB_);
+    write_file(ws, "a.txt", "alpha", 0644);
+    write_file(ws, "b.txt", "bravo", 0644);
+    write_file(ws, "c.sh", "#!/bin/sh\n", 0755);
+    write_file(ws, "big.txt", big, 0644);
+    write_file(ws, "rnd.bin", rnd, 0644);
+    mkdir((p = subpath(ws, "sub")), 0755), free(p);
+    write_file(ws, "sub/d.txt", "delta", 0644);
+    usleep(PAST_TICK_US);
+
+    is_int(snap_cached(ws, c, &one, &st), 0, "incremental: first snapshot");
+    ok(st.files == 6 && st.reused == 0 && st.cached == 6,
+       "incremental: 6 members, none reused, all kept (%llu %llu %llu)",
+       (unsigned long long)st.files, (unsigned long long)st.reused,
+       (unsigned long long)st.cached);
+    ok(same_as_uncached(ws, &one), "incremental: the same bytes as without a cache");
+    is_int(gz_member_count(&one, &largest), 7, "a gzip member per file and one for the end");
+    is_int((int)st.stored, 1, "the random file is stored (level 0)");
+    ok(largest > 65535, "its member holds its data uncompressed (%zu bytes)", largest);
+    is_int(check_snap(tcc, &one, &tst), 0, "the supervisor's check accepts it");
+    /* Not the stored one: inflating stored blocks costs less than hashing. */
+    ok(tst.cache_hits == 0 && tst.cache_added == 5, "and remembers its 5 compressed members (%llu %llu)",
+       (unsigned long long)tst.cache_hits, (unsigned long long)tst.cache_added);
+
+    is_int(snap_cached(ws, c, &two, &st), 0, "incremental: unchanged tree");
+    ok(st.reused == 6 && st.files == 6, "every member reused (%llu of %llu)",
+       (unsigned long long)st.reused, (unsigned long long)st.files);
+    ok(two.len == one.len && memcmp(two.data, one.data, one.len) == 0,
+       "and the snapshot is byte for byte the first");
+    is_int(check_snap(tcc, &two, &tst), 0, "the check accepts it again");
+    ok(tst.cache_hits == 5 && tst.members == 6,
+       "without inflating one of its compressed members (%llu hits, %llu members)",
+       (unsigned long long)tst.cache_hits, (unsigned long long)tst.members);
+
+    /* Modified in place (same size), renamed, replaced by a rename over
+     * it, chmod'ed, deleted; c.sh untouched. */
+    write_file(ws, "a.txt", "ALPHA", 0644);
+    p = subpath(ws, "b.txt"), q = subpath(ws, "b2.txt");
+    is_int(rename(p, q), 0, "rename b.txt");
+    free(p), free(q);
+    write_file(ws, "sub/new.tmp", "DELTA!", 0644);
+    p = subpath(ws, "sub/new.tmp"), q = subpath(ws, "sub/d.txt");
+    is_int(rename(p, q), 0, "replace sub/d.txt");
+    free(p), free(q);
+    p = subpath(ws, "big.txt");
+    is_int(chmod(p, 0755), 0, "chmod big.txt");
+    free(p);
+    p = subpath(ws, "rnd.bin");
+    is_int(unlink(p), 0, "delete rnd.bin");
+    free(p);
+    usleep(PAST_TICK_US);
+
+    is_int(snap_cached(ws, c, &two, &st), 0, "incremental: after changes");
+    ok(st.files == 5 && st.reused == 1, "only c.sh reused (%llu of %llu)",
+       (unsigned long long)st.reused, (unsigned long long)st.files);
+    ok(same_as_uncached(ws, &two), "the same bytes as without a cache");
+    n = read_members(&two, mem, 64);
+    is_int(n, 5, "libarchive reads 5 members");
+    const struct member *m;
+    ok((m = find_member(mem, n, "a.txt")) && !strcmp(m->data, "ALPHA"), "a.txt modified");
+    ok(find_member(mem, n, "b2.txt") && !find_member(mem, n, "b.txt"), "b.txt renamed");
+    ok((m = find_member(mem, n, "sub/d.txt")) && !strcmp(m->data, "DELTA!"), "sub/d.txt replaced");
+    ok((m = find_member(mem, n, "big.txt")) && (m->mode & 0777) == 0755, "big.txt chmod'ed");
+    ok(!find_member(mem, n, "rnd.bin"), "rnd.bin deleted");
+    ok((m = find_member(mem, n, "c.sh")) && !strcmp(m->data, "#!/bin/sh\n"), "c.sh unchanged");
+    free_members(mem, n);
+    is_int(check_snap(tcc, &two, &tst), 0, "the check accepts it");
+    is_int((int)tst.cache_hits, 1, "one member from the check's cache");
+
+    /* A file mapped shared and writable can change without its times:
+     * never cached while mapped. */
+    write_file(ws, "m.dat", "0123456789abcdef", 0644);
+    p = subpath(ws, "m.dat");
+    int fd = open(p, O_RDWR);
+    free(p);
+    char *map = fd >= 0 ? mmap(NULL, 16, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
+    ok(map != MAP_FAILED, "map m.dat");
+    if (map != MAP_FAILED) {
+        map[0] = 'X'; /* the first write to the page moves mtime */
+        usleep(PAST_TICK_US);
+        is_int(snap_cached(ws, c, &two, &st), 0, "snapshot with a mapped file");
+        is_int((int)st.cached, 5, "the mapped file is not kept (5 of 6)");
+        map[1] = 'Y'; /* no fault now: mtime and ctime stay */
+        is_int(snap_cached(ws, c, &two, &st), 0, "snapshot after a write through the map");
+        n = read_members(&two, mem, 64);
+        ok((m = find_member(mem, n, "m.dat")) && !strncmp(m->data, "XY23", 4),
+           "the write through the map is in it");
+        free_members(mem, n);
+        ok(same_as_uncached(ws, &two), "the same bytes as without a cache");
+        munmap(map, 16);
+    }
+    if (fd >= 0)
+        close(fd);
+
+    /* Over the cap: fewer members kept, the same bytes. */
+    snapshot_cache_free(c);
+    c = snapshot_cache_new(two.len / 2); /* about half the members */
+    is_int(snap_cached(ws, c, &one, &st), 0, "small cache: first snapshot");
+    ok(st.cached > 0 && st.cached < st.files, "only what fits is kept (%llu of %llu)",
+       (unsigned long long)st.cached, (unsigned long long)st.files);
+    uint64_t kept = st.cached;
+    is_int(snap_cached(ws, c, &two, &st), 0, "small cache: second snapshot");
+    ok(st.reused == kept, "what was kept is reused (%llu), the rest compressed again",
+       (unsigned long long)st.reused);
+    ok(two.len == one.len && memcmp(two.data, one.data, one.len) == 0 &&
+           same_as_uncached(ws, &two),
+       "the same bytes as without a cache");
+    snapshot_cache_clear(c);
+    is_int(snap_cached(ws, c, &two, &st), 0, "cleared cache");
+    is_int((int)st.reused, 0, "nothing reused after a clear");
+
+    /* The merge follows the walk's order for every name: '/' sorts
+     * below every byte, \x01 included. */
+    snapshot_cache_clear(c);
+    char *ws2 = new_dir("snap-order");
+    mkdir((p = subpath(ws2, "a")), 0755), free(p);
+    write_file(ws2, "a/z", "1", 0644);
+    write_file(ws2, "a\x01y", "2", 0644);
+    write_file(ws2, "a.b", "3", 0644);
+    write_file(ws2, "a-", "4", 0644);
+    write_file(ws2, "ab", "5", 0644);
+    mkdir((p = subpath(ws2, "a\x01")), 0755), free(p);
+    write_file(ws2, "a\x01/q", "6", 0644);
+    usleep(PAST_TICK_US);
+    is_int(snap_cached(ws2, c, &one, &st), 0, "odd order: first snapshot");
+    is_int(snap_cached(ws2, c, &two, &st), 0, "odd order: second snapshot");
+    ok(st.files == 6 && st.reused == 6, "odd order: every member reused (%llu of %llu)",
+       (unsigned long long)st.reused, (unsigned long long)st.files);
+    free(ws2);
+
+    snapshot_cache_free(c);
+    tarcheck_cache_free(tcc);
+    buf_free(&one);
+    buf_free(&two);
+    free(big);
+    free(rnd);
+    free(ws);
+}
+
 static void rm_rf(const char *path)
 {
     char *cmd;
@@ -1338,6 +1578,7 @@ int main(void)
     test_snapshot_prepared_empty();
     test_snapshot_depth();
     test_snapshot_unreadable();
+    test_snapshot_incremental();
 
     rm_rf(base);
     return tap_done();

@@ -20,6 +20,7 @@
 #include <zlib.h>
 
 #include "../../fuzz/fuzz.h" /* fuzz_chunker */
+#include "core/budget.h"
 #include "core/buf.h"
 #include "proto/tarcheck.h"
 #include "stage/archive.h"
@@ -251,8 +252,8 @@ struct run {
 /* Feed msg in the chunking given by seed (fuzz_chunker: 0 = one chunk) with
  * the given budget, moving the buffer between calls (the caller's buffer
  * may be reallocated). */
-static struct run run_once(const uint8_t *msg, size_t len, const struct tarcheck_limits *lim,
-                           uint8_t seed)
+static struct run run_cached(const uint8_t *msg, size_t len, const struct tarcheck_limits *lim,
+                             uint8_t seed, struct tarcheck_cache *cache)
 {
     struct tarcheck *tc = tarcheck_new(lim);
     struct fuzz_chunker ch;
@@ -264,6 +265,7 @@ static struct run run_once(const uint8_t *msg, size_t len, const struct tarcheck
     if (!tc || !copy)
         abort();
     tarcheck_set_member_fn(tc, on_member, &out.seen);
+    tarcheck_set_cache(tc, cache);
     fuzz_chunker_init(&ch, seed);
     while (got < len && r >= 0) {
         got += fuzz_chunker_next(&ch, len - got);
@@ -284,6 +286,12 @@ static struct run run_once(const uint8_t *msg, size_t len, const struct tarcheck
     tarcheck_free(tc);
     free(copy);
     return out;
+}
+
+static struct run run_once(const uint8_t *msg, size_t len, const struct tarcheck_limits *lim,
+                           uint8_t seed)
+{
+    return run_cached(msg, len, lim, seed, NULL);
 }
 
 static const struct tarcheck_limits default_lim = {
@@ -791,7 +799,7 @@ static void test_refuse_stream(void)
         { 2, 7, "gzip: compression method", "method 7" },
         { 3, 0x01, "gzip: header flags set", "FTEXT" },
         { 3, 0x02, "gzip: header flags set", "FHCRC" },
-        { 3, 0x04, "gzip: header flags set", "FEXTRA" },
+        { 3, 0x04, "gzip: extra field", "FEXTRA without the length subfield" },
         { 3, 0x08, "gzip: header flags set", "FNAME" },
         { 3, 0x10, "gzip: header flags set", "FCOMMENT" },
         { 3, 0x20, "gzip: header flags set", "reserved flag" },
@@ -1340,6 +1348,183 @@ static void cleanup(void)
         printf("# could not remove %s\n", base);
 }
 
+/* ---- the verified-member cache ----------------------------------------- */
+
+static size_t fb_len(const uint8_t *h)
+{
+    return (size_t)h[16] | (size_t)h[17] << 8 | (size_t)h[18] << 16 | (size_t)h[19] << 24;
+}
+
+/* Split a snapshot into its gzip members (by their FB lengths). */
+static int split_members(const struct mem *m, size_t *off, size_t *len, int max)
+{
+    size_t o = 0;
+    int n = 0;
+
+    while (o < m->len && n < max) {
+        off[n] = o;
+        len[n] = fb_len(m->p + o);
+        o += len[n++];
+    }
+    return o == m->len ? n : -1;
+}
+
+static struct mem cat_members(const struct mem *m, const size_t *off, const size_t *len,
+                              const int *order, int n)
+{
+    struct mem out = {0};
+
+    for (int i = 0; i < n; i++)
+        mem_add(&out, m->p + off[order[i]], len[order[i]]);
+    return out;
+}
+
+/* The same verdict and members with a cache (warmed by msg0) as without. */
+static void expect_same(const struct mem *msg0, const struct mem *m,
+                        const struct tarcheck_limits *lim, const char *what, bool want_hits)
+{
+    struct tarcheck_cache *c = tarcheck_cache_new(MiB_, NULL);
+    struct run warm = run_cached(msg0->p, msg0->len, &default_lim, 0, c);
+    struct run plain = run_once(m->p, m->len, lim, 3);
+    struct run cached = run_cached(m->p, m->len, lim, 3, c);
+
+    ok(warm.rc == 0 && plain.rc == cached.rc && !strcmp(plain.why, cached.why) &&
+           plain.seen.n == cached.seen.n && !strcmp(plain.seen.last, cached.seen.last),
+       "cache: %s: %d (%s) without, %d (%s) with (%llu hits)", what, plain.rc, plain.why,
+       cached.rc, cached.why, (unsigned long long)cached.st.cache_hits);
+    if (want_hits)
+        ok(cached.st.cache_hits > 0, "cache: %s: members came from the cache", what);
+    tarcheck_cache_free(c);
+}
+
+static void test_cache(void)
+{
+    char *ws = new_dir("cache");
+    struct buf out;
+    struct mem msg, m;
+    size_t off[16], len[16];
+    struct budget turn = {.max = 100 * MiB_};
+    struct tarcheck_cache *c = tarcheck_cache_new(MiB_, &turn);
+    struct tarcheck_limits lim;
+    int fd, n;
+    static uint8_t rnd[20000];
+
+    for (size_t i = 0; i < sizeof rnd; i++)
+        rnd[i] = (uint8_t)(i * 2654435761u >> 13);
+    put(ws, "a.txt", "alpha alpha alpha", 17, 0644);
+    put(ws, "b.txt", "bravo", 5, 0755);
+    put(ws, "c.bin", rnd, sizeof rnd, 0644);
+    put(ws, "d.txt", "delta", 5, 0644);
+    fd = open(ws, O_RDONLY | O_DIRECTORY);
+    buf_init(&out, 256 * MiB_);
+    is_int(archive_snapshot(fd, 100 * MiB_, &out, NULL), 0, "cache: snapshot");
+    close(fd);
+    msg = (struct mem){.p = out.data, .len = out.len};
+    n = split_members(&msg, off, len, 16);
+    is_int(n, 5, "cache: four file members and the end");
+
+    struct run r1 = run_cached(msg.p, msg.len, &default_lim, 0, c);
+    ok(r1.rc == 0 && r1.st.cache_hits == 0 && r1.st.cache_added == 4,
+       "cache: first check inflates all, remembers 4 (%d, %llu)", r1.rc,
+       (unsigned long long)r1.st.cache_added);
+    ok(turn.used > 0, "cache: its memory is charged to the turn (%llu)",
+       (unsigned long long)turn.used);
+    struct run r2 = run_cached(msg.p, msg.len, &default_lim, 5, c);
+    ok(r2.rc == 0 && r2.st.cache_hits == 4 && r2.seen.n == 4 &&
+           r2.st.inflated == r1.st.inflated && r2.st.data == r1.st.data,
+       "cache: second check, chunked: 4 hits, same members and counts");
+    bool same = r1.seen.n == r2.seen.n;
+    for (int i = 0; same && i < r1.seen.n; i++)
+        same = !strcmp(r1.seen.names[i], r2.seen.names[i]) &&
+               r1.seen.mode[i] == r2.seen.mode[i] && r1.seen.size[i] == r2.seen.size[i];
+    ok(same, "cache: members reported the same (path, mode, size)");
+    ok(r2.st.max_step_in <= TARCHECK_STEP_BUDGET + 10, "cache: hashing keeps the step budget");
+    tarcheck_cache_free(c);
+    is_int((int)turn.used, 0, "cache: its charge is given back when freed");
+
+    /* What depends on a member's place is checked again. */
+    int swapped[] = {0, 2, 1, 3, 4}, twice[] = {0, 0, 1, 2, 3, 4}, no_end[] = {0, 1, 2, 3};
+    m = cat_members(&msg, off, len, swapped, 5);
+    expect_same(&msg, &m, &default_lim, "two members swapped", true);
+    mem_free(&m);
+    m = cat_members(&msg, off, len, twice, 6);
+    expect_same(&msg, &m, &default_lim, "a member twice", true);
+    mem_free(&m);
+    m = cat_members(&msg, off, len, no_end, 4);
+    expect_same(&msg, &m, &default_lim, "no end member", true);
+    mem_free(&m);
+    lim = default_lim;
+    lim.max_members = 2;
+    expect_same(&msg, &msg, &lim, "over max_members", true);
+    lim = default_lim;
+    lim.max_data = 100;
+    expect_same(&msg, &msg, &lim, "over max_data", true);
+    for (uint64_t mi = 1000; mi < 30000; mi += 2900) {
+        lim = default_lim;
+        lim.max_inflated = mi;
+        expect_same(&msg, &msg, &lim, "over max_inflated", false);
+    }
+    /* Different bytes are never taken for a cached member. */
+    m = (struct mem){0};
+    mem_add(&m, msg.p, msg.len);
+    m.p[off[1] + len[1] - 9] ^= 1; /* the CRC's last byte */
+    expect_same(&msg, &m, &default_lim, "a CRC changed", true);
+    memcpy(m.p, msg.p, msg.len);
+    m.p[off[2] + 16] += 1; /* the FB length */
+    expect_same(&msg, &m, &default_lim, "a length field off by one", true);
+    memcpy(m.p, msg.p, msg.len);
+    m.p[off[2] + 30] ^= 0x40; /* deflate data of c.bin */
+    expect_same(&msg, &m, &default_lim, "deflate data changed", true);
+    mem_free(&m);
+    m = (struct mem){0};
+    mem_add(&m, msg.p, off[2] + len[2] / 2);
+    expect_same(&msg, &m, &default_lim, "truncated inside a cached member", true);
+    mem_free(&m);
+
+    /* A full cache, or a budget that refuses, only means inflating. */
+    c = tarcheck_cache_new(100, NULL);
+    run_cached(msg.p, msg.len, &default_lim, 0, c);
+    r2 = run_cached(msg.p, msg.len, &default_lim, 0, c);
+    ok(r2.rc == 0 && r2.st.cache_hits == 0, "cache: a cache too small for one entry: no hits");
+    tarcheck_cache_free(c);
+    turn = (struct budget){.max = 1};
+    c = tarcheck_cache_new(MiB_, &turn);
+    run_cached(msg.p, msg.len, &default_lim, 0, c);
+    r2 = run_cached(msg.p, msg.len, &default_lim, 0, c);
+    ok(r2.rc == 0 && r2.st.cache_hits == 0 && turn.used == 0,
+       "cache: a budget that refuses: nothing kept, no hits");
+    tarcheck_cache_free(c);
+
+    /* The FB subfield has one form. */
+    static const struct { size_t at; uint8_t v; const char *why; } fb[] = {
+        { 10, 9, "gzip: extra field" },  /* XLEN */
+        { 12, 'G', "gzip: extra field" }, /* SI1 */
+        { 13, 'C', "gzip: extra field" }, /* SI2 */
+        { 14, 5, "gzip: extra field" },  /* LEN */
+        { 16, 0, "gzip: member length field" }, /* length (low byte) */
+    };
+    for (size_t i = 0; i < sizeof fb / sizeof *fb; i++) {
+        struct run r;
+
+        m = (struct mem){0};
+        mem_add(&m, msg.p, msg.len);
+        m.p[off[0] + fb[i].at] = fb[i].v;
+        r = run_once(m.p, m.len, &default_lim, 0);
+        ok(r.rc == -EBADMSG && !strncmp(r.why, fb[i].why, strlen(fb[i].why)),
+           "FB subfield byte %zu = %u refused: %s", fb[i].at, fb[i].v, r.why);
+        mem_free(&m);
+    }
+    m = (struct mem){0};
+    mem_add(&m, msg.p, msg.len);
+    m.p[off[0] + 19] = 0x10; /* the length far past the member */
+    struct run r3 = run_once(m.p, m.len, &default_lim, 0);
+    ok(r3.rc == -EBADMSG && !strcmp(r3.why, "gzip: member length field wrong"),
+       "a length past the member refused: %s", r3.why);
+    mem_free(&m);
+    buf_free(&out);
+    free(ws);
+}
+
 int main(void)
 {
     snprintf(base, sizeof base, "/tmp/test_tarcheck.XXXXXX");
@@ -1355,6 +1540,7 @@ int main(void)
     test_api();
     test_snapshot_odd();
     test_snapshot_random();
+    test_cache();
     cleanup();
     return tap_done();
 }
