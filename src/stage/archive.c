@@ -650,6 +650,10 @@ struct snap_entry {
     struct snap_key key;
     uint8_t *gz;    /* owned: the whole gzip member */
     size_t gz_len;
+    bool racy;      /* its ctime was in the clock tick the snapshot began in: a
+                       write in that tick may have left the key unchanged, so
+                       the data is compared (data_crc) before it is reused */
+    uint32_t data_crc; /* racy: CRC-32 of the file's data as written */
 };
 
 struct snapshot_cache {
@@ -1008,9 +1012,10 @@ static struct snap_entry *cache_find(struct snap *s, const char *path, const str
 }
 
 /* Keep (path, key, member) for the next snapshot, taking gz: true. Over
- * the cap, or out of memory: false, and gz is still the caller's. */
+ * the cap, or out of memory: false, and gz is still the caller's. racy and
+ * crc: see struct snap_entry. */
 static bool cache_keep(struct snap *s, const char *path, const struct snap_key *k, uint8_t *gz,
-                       size_t gz_len)
+                       size_t gz_len, bool racy, uint32_t crc)
 {
     char *p;
 
@@ -1028,27 +1033,55 @@ static bool cache_keep(struct snap *s, const char *path, const struct snap_key *
     p = strdup(path);
     if (!p)
         return false;
-    s->next[s->next_n++] = (struct snap_entry){.path = p, .key = *k, .gz = gz, .gz_len = gz_len};
+    s->next[s->next_n++] = (struct snap_entry){
+        .path = p, .key = *k, .gz = gz, .gz_len = gz_len, .racy = racy, .data_crc = crc};
     s->next_bytes += gz_len;
     s->st->cached++;
     return true;
 }
 
-/* Whether a member compressed now may be reused later: its ctime is from a
- * clock tick before this snapshot began (a write in the same tick as the
- * one we saw could leave ctime unchanged; any later write moves it), and no
- * process maps it shared and writable (a write through a page already
- * mapped writable changes the data without touching the times). */
+/* Whether a member compressed now may be reused later: no process maps the
+ * file shared and writable (a write through a page already mapped writable
+ * changes the data without touching the times). */
 static bool cacheable(const struct snap *s, const struct snap_key *k)
 {
     if (s->no_reuse)
         return false;
-    if (k->ctime.tv_sec > s->t0.tv_sec ||
-        (k->ctime.tv_sec == s->t0.tv_sec && k->ctime.tv_nsec >= s->t0.tv_nsec))
-        return false;
     for (size_t i = 0; i < s->mapped_n; i++)
         if (s->mapped[i].dev == k->dev && s->mapped[i].ino == k->ino)
             return false;
+    return true;
+}
+
+/* Whether the file's ctime is in the clock tick this snapshot began in, or
+ * later: a write in the same tick as the one we saw could leave the key
+ * unchanged (any later write moves ctime). Such a member is kept racy: its
+ * data is compared before it is reused (git's "racily clean" entries). A
+ * file written just before its block ended, the common case, is then not
+ * compressed twice. */
+static bool racy_now(const struct snap *s, const struct snap_key *k)
+{
+    return k->ctime.tv_sec > s->t0.tv_sec ||
+           (k->ctime.tv_sec == s->t0.tv_sec && k->ctime.tv_nsec >= s->t0.tv_nsec);
+}
+
+/* CRC-32 of fd's first size bytes (read with pread: the offset is left for
+ * the writer), or false if they cannot all be read. */
+static bool data_crc_of(struct snap *s, int fd, uint64_t size, uint32_t *crc)
+{
+    uint32_t c = (uint32_t)crc32(0L, Z_NULL, 0);
+    for (uint64_t off = 0; off < size;) {
+        size_t want = size - off < SNAPSHOT_IO_CHUNK ? (size_t)(size - off) : SNAPSHOT_IO_CHUNK;
+        ssize_t got;
+        do
+            got = pread(fd, s->io, want, (off_t)off);
+        while (got < 0 && errno == EINTR);
+        if (got <= 0)
+            return false;
+        c = (uint32_t)crc32(c, s->io, (uInt)got);
+        off += (uint64_t)got;
+    }
+    *crc = c;
     return true;
 }
 
@@ -1150,10 +1183,15 @@ static int snap_file(struct snap *s, int dirfd, const char *name, const char *pa
     }
     key = key_of(&sb);
     hit = cache_find(s, path, &key);
+    uint32_t crc = 0;
+    if (hit && hit->racy && (!data_crc_of(s, fd, size, &crc) || crc != hit->data_crc))
+        hit = NULL; /* written in the tick its member was made in: compressed again */
     if (hit) {
         /* The same file, unchanged since its member was made: the member
-         * (header and data) is what compressing it again would give. */
-        if (cache_keep(s, path, &key, hit->gz, hit->gz_len)) {
+         * (header and data) is what compressing it again would give. A racy
+         * one whose data matched stays racy only if ctime is still fresh. */
+        if (cache_keep(s, path, &key, hit->gz, hit->gz_len, hit->racy && racy_now(s, &key),
+                       hit->data_crc)) {
             r = emit(s, hit->gz, 0, hit->gz_len); /* not copied */
             hit->gz = NULL;                        /* the new entry's now */
         } else {
@@ -1177,6 +1215,8 @@ static int snap_file(struct snap *s, int dirfd, const char *name, const char *pa
         }
     }
     int level = pick_level(s, s->io, (size_t)first);
+    bool racy = s->cache && racy_now(s, &key);
+    crc = (uint32_t)crc32(0L, Z_NULL, 0);
 
     r = gzw_begin(&s->gz, level);
     if (r < 0)
@@ -1241,6 +1281,8 @@ static int snap_file(struct snap *s, int dirfd, const char *name, const char *pa
                 n = (size_t)got;
             }
         }
+        if (racy)
+            crc = (uint32_t)crc32(crc, s->io, (uInt)n);
         if (archive_write_data(s->a, s->io, n) < 0)
             return snap_error(s);
         left -= n;
@@ -1255,7 +1297,7 @@ static int snap_file(struct snap *s, int dirfd, const char *name, const char *pa
     s->st->bytes += size;
     s->st->stored += level == 0;
     if (s->cache && cacheable(s, &key) &&
-        cache_keep(s, path, &key, s->gz.m.data, s->gz.m.len)) {
+        cache_keep(s, path, &key, s->gz.m.data, s->gz.m.len, racy, crc)) {
         size_t len;
         uint8_t *gz = buf_steal(&s->gz.m, &len); /* now the cache's */
 
