@@ -29,19 +29,20 @@ extern char **environ;
 
 /* ---- channel ---------------------------------------------------------- */
 
-/* Write a header and a payload to the channel in one system call (the
- * supervisor then wakes once per message, not once for the header and again
- * for the rest). MSG_NOSIGNAL: a vanished supervisor gives EPIPE, not a
- * signal. Returns 0 or -errno. */
-static int chan_write2(int fd, const void *hdr, size_t hn, const void *p, size_t n)
+/* Write v[0..cnt) to the channel, resuming after partial writes, at most
+ * 1024 iovecs (IOV_MAX) a call: one message is one system call where the
+ * socket takes it (the supervisor then wakes once per message). v is
+ * consumed. MSG_NOSIGNAL: a vanished supervisor gives EPIPE, not a signal;
+ * writev for a channel that is not a socket (tests). Returns 0 or -errno. */
+static int chan_writev(int fd, struct iovec *v, size_t cnt)
 {
-    struct iovec iov[2] = {{(void *)hdr, hn}, {(void *)p, n}};
-    struct iovec *v = iov;
-    int cnt = n ? 2 : 1;
     bool sock = true;
+    while (cnt > 0 && v->iov_len == 0)
+        v++, cnt--;
     while (cnt > 0) {
-        struct msghdr msg = {.msg_iov = v, .msg_iovlen = (size_t)cnt};
-        ssize_t w = sock ? sendmsg(fd, &msg, MSG_NOSIGNAL) : writev(fd, v, cnt);
+        size_t k = cnt < 1024 ? cnt : 1024;
+        struct msghdr msg = {.msg_iov = v, .msg_iovlen = k};
+        ssize_t w = sock ? sendmsg(fd, &msg, MSG_NOSIGNAL) : writev(fd, v, (int)k);
         if (w < 0) {
             if (errno == EINTR)
                 continue;
@@ -64,10 +65,16 @@ static int chan_write2(int fd, const void *hdr, size_t hn, const void *p, size_t
     return 0;
 }
 
-/* A snapshot's pieces as one 'S' message: the header and the pieces with
- * sendmsg, up to 1024 iovecs a call (IOV_MAX), resuming after a partial
- * write like chan_write2. Caller holds send_lock. A write error means the
- * supervisor is gone, and with it the turn: exit like on EOF. */
+/* A header and a payload in one system call. Returns 0 or -errno. */
+static int chan_write2(int fd, const void *hdr, size_t hn, const void *p, size_t n)
+{
+    struct iovec iov[2] = {{(void *)hdr, hn}, {(void *)p, n}};
+    return chan_writev(fd, iov, n ? 2 : 1);
+}
+
+/* A snapshot's pieces as one 'S' message. Caller holds send_lock. A write
+ * error means the supervisor is gone, and with it the turn: exit like on
+ * EOF. */
 static void chan_send_snapshot_locked(const struct snapshot_iov *o)
 {
     uint8_t hdr[CHAN_HDR_LEN];
@@ -81,33 +88,8 @@ static void chan_send_snapshot_locked(const struct snapshot_iov *o)
         _exit(3);
     all[0] = (struct iovec){hdr, sizeof hdr};
     memcpy(all + 1, o->iov, o->n * sizeof *all);
-    struct iovec *v = all;
-    size_t cnt = o->n + 1;
-    bool sock = true;
-    while (cnt > 0) {
-        size_t k = cnt < 1024 ? cnt : 1024;
-        struct msghdr msg = {.msg_iov = v, .msg_iovlen = k};
-        ssize_t w = sock ? sendmsg(g_pyrt.chan_fd, &msg, MSG_NOSIGNAL)
-                         : writev(g_pyrt.chan_fd, v, (int)k);
-        if (w < 0) {
-            if (errno == EINTR)
-                continue;
-            if (errno == ENOTSOCK && sock) {
-                sock = false;
-                continue;
-            }
-            _exit(0);
-        }
-        while (cnt > 0 && (size_t)w >= v->iov_len) {
-            w -= (ssize_t)v->iov_len;
-            v++;
-            cnt--;
-        }
-        if (cnt > 0) {
-            v->iov_base = (uint8_t *)v->iov_base + w;
-            v->iov_len -= (size_t)w;
-        }
-    }
+    if (chan_writev(g_pyrt.chan_fd, all, o->n + 1) < 0)
+        _exit(0);
     free(all);
 }
 
