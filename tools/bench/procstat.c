@@ -17,6 +17,18 @@
 
 #include "bench.h"
 
+/* Reads a small /proc file in one read() into buf, NUL-terminated ("" when it is gone or
+ * empty); returns the bytes read, <= 0 when there were none. */
+static ssize_t read_proc(const char *path, char *buf, size_t n)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    ssize_t r = fd < 0 ? -1 : read(fd, buf, n - 1);
+    if (fd >= 0)
+        close(fd);
+    buf[r > 0 ? r : 0] = 0;
+    return r;
+}
+
 struct proc_table {
     pid_t *pid, *ppid;
     size_t n;
@@ -35,14 +47,8 @@ static void proc_scan(struct proc_table *t)
             continue;
         char path[300], buf[512];
         snprintf(path, sizeof path, "/proc/%s/stat", de->d_name);
-        int fd = open(path, O_RDONLY | O_CLOEXEC);
-        if (fd < 0)
+        if (read_proc(path, buf, sizeof buf) <= 0)
             continue;
-        ssize_t r = read(fd, buf, sizeof buf - 1);
-        close(fd);
-        if (r <= 0)
-            continue;
-        buf[r] = 0;
         char *rp = strrchr(buf, ')'); /* the comm may hold spaces and parentheses */
         int ppid;
         char state;
@@ -93,14 +99,8 @@ long pss_kb(pid_t pid)
 {
     char path[64], buf[4096];
     snprintf(path, sizeof path, "/proc/%d/smaps_rollup", (int)pid);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
+    if (read_proc(path, buf, sizeof buf) <= 0)
         return -1;
-    ssize_t r = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (r <= 0)
-        return -1;
-    buf[r] = 0;
     char *p = strstr(buf, "\nPss:");
     return p ? strtol(p + 5, NULL, 10) : -1;
 }
@@ -111,13 +111,8 @@ bool shares_parent_mm(pid_t pid)
 {
     char path[64], buf[1024];
     snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    ssize_t r = fd < 0 ? -1 : read(fd, buf, sizeof buf - 1);
-    if (fd >= 0)
-        close(fd);
-    if (r <= 0)
+    if (read_proc(path, buf, sizeof buf) <= 0)
         return false;
-    buf[r] = 0;
     char *rp = strrchr(buf, ')');
     int ppid;
     if (!rp || sscanf(rp + 2, "%*c %d", &ppid) != 1 || ppid <= 1)
@@ -146,13 +141,8 @@ bool cgroup_favordynmods(void)
 long meminfo_kb(const char *key)
 {
     char buf[4096];
-    int fd = open("/proc/meminfo", O_RDONLY | O_CLOEXEC);
-    ssize_t r = fd < 0 ? -1 : read(fd, buf, sizeof buf - 1);
-    if (fd >= 0)
-        close(fd);
-    if (r <= 0)
+    if (read_proc("/proc/meminfo", buf, sizeof buf) <= 0)
         return -1;
-    buf[r] = 0;
     char *p = strstr(buf, key);
     return p ? strtol(p + strlen(key), NULL, 10) : -1;
 }
@@ -249,11 +239,7 @@ double self_cpu_s(void)
 
 void loadavg(char *out, size_t n)
 {
-    int fd = open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
-    ssize_t r = fd < 0 ? -1 : read(fd, out, n - 1);
-    if (fd >= 0)
-        close(fd);
-    out[r > 0 ? r : 0] = 0;
+    read_proc("/proc/loadavg", out, n);
     char *sp = out;
     for (int i = 0; i < 3 && sp; i++)
         sp = strchr(sp + 1, ' ');
@@ -287,13 +273,8 @@ static long long proc_cpu_ns(pid_t pid, bool children)
 {
     char path[64], buf[1024];
     snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    ssize_t r = fd < 0 ? -1 : read(fd, buf, sizeof buf - 1);
-    if (fd >= 0)
-        close(fd);
-    if (r <= 0)
+    if (read_proc(path, buf, sizeof buf) <= 0)
         return -1;
-    buf[r] = 0;
     char *rp = strrchr(buf, ')');
     unsigned long long ut, st;
     long long cut, cst;
@@ -310,14 +291,8 @@ static long long proc_cpu_ns(pid_t pid, bool children)
             continue;
         char p2[300];
         snprintf(p2, sizeof p2, "/proc/%d/task/%s/schedstat", (int)pid, de->d_name);
-        int f2 = open(p2, O_RDONLY | O_CLOEXEC);
-        ssize_t r2 = f2 < 0 ? -1 : read(f2, buf, sizeof buf - 1);
-        if (f2 >= 0)
-            close(f2);
-        if (r2 > 0) {
-            buf[r2] = 0;
+        if (read_proc(p2, buf, sizeof buf) > 0)
             live += strtoll(buf, NULL, 10);
-        }
     }
     if (dir)
         closedir(dir);
