@@ -47,6 +47,7 @@ void progress(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 double ms_since(uint64_t t0);
 const char *fmt_ms(char *buf, size_t n, double v);
 unsigned scale_u(unsigned v, double f);
+bool fd_readable(int fd, unsigned ms);
 
 /* stats.c */
 

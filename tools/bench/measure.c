@@ -10,7 +10,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/select.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -78,15 +77,11 @@ double measure_py_turn_start(struct bench *b, struct server *s, unsigned n, unsi
     size_t len = 0;
     uint64_t deadline = now_ns() + 120ull * 1000000000u;
     for (;;) {
-        struct timeval tv = {1, 0};
-        fd_set rs;
-        FD_ZERO(&rs);
-        FD_SET(pfd[0], &rs);
         if (now_ns() > deadline) {
             kill(pid, SIGKILL);
             break;
         }
-        if (select(pfd[0] + 1, &rs, NULL, NULL, &tv) <= 0)
+        if (!fd_readable(pfd[0], 1000))
             continue;
         ssize_t r = read(pfd[0], buf + len, sizeof buf - 1 - len);
         if (r <= 0)

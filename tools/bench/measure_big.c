@@ -11,7 +11,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/select.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -320,15 +319,11 @@ static double run_python3(struct bench *b, const char *code, unsigned secs, char
     uint64_t deadline = now_ns() + (uint64_t)secs * 1000000000u;
     bool killed = false;
     for (;;) {
-        fd_set rs;
-        FD_ZERO(&rs);
-        FD_SET(pfd[0], &rs);
-        struct timeval tv = {0, 200000};
         if (now_ns() > deadline && !killed) {
             kill(pid, SIGKILL);
             killed = true;
         }
-        if (select(pfd[0] + 1, &rs, NULL, NULL, &tv) <= 0)
+        if (!fd_readable(pfd[0], 200))
             continue;
         ssize_t r = read(pfd[0], buf + len, sizeof buf - 1 - len);
         if (r <= 0)

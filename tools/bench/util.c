@@ -1,13 +1,14 @@
 /* forkbox-bench: small helpers: the monotonic clock, sleeping, allocation that exits on
- * failure, the progress lines on stderr, and the scaling of counts (--scale). Runs in the
- * forkbox-bench process. */
+ * failure, the progress lines on stderr, the scaling of counts (--scale), and waiting for a
+ * child's pipe. Runs in the forkbox-bench process. */
 #include <errno.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/select.h>
 #include <time.h>
-#include <math.h>
 
 #include "bench.h"
 
@@ -75,4 +76,15 @@ unsigned scale_u(unsigned v, double f)
 {
     double x = (double)v * f;
     return x < 1 ? 1 : (unsigned)x;
+}
+
+/* Whether fd becomes readable (or at EOF) within ms milliseconds: the wait of the loops that
+ * read a child's output against a deadline. */
+bool fd_readable(int fd, unsigned ms)
+{
+    fd_set rs;
+    FD_ZERO(&rs);
+    FD_SET(fd, &rs);
+    struct timeval tv = {ms / 1000, (long)(ms % 1000) * 1000};
+    return select(fd + 1, &rs, NULL, NULL, &tv) > 0;
 }
