@@ -1,0 +1,90 @@
+/* forkbox-bench: small helpers: the monotonic clock, sleeping, allocation that exits on
+ * failure, the progress lines on stderr, the scaling of counts (--scale), and waiting for a
+ * child's pipe. Runs in the forkbox-bench process. */
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/select.h>
+#include <time.h>
+
+#include "bench.h"
+
+uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+void sleep_ms(unsigned ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+        ;
+}
+
+void *xmalloc(size_t n)
+{
+    void *p = malloc(n ? n : 1);
+    if (!p) {
+        fprintf(stderr, "forkbox-bench: out of memory\n");
+        exit(1);
+    }
+    return p;
+}
+
+void *xrealloc(void *p, size_t n)
+{
+    p = realloc(p, n ? n : 1);
+    if (!p) {
+        fprintf(stderr, "forkbox-bench: out of memory\n");
+        exit(1);
+    }
+    return p;
+}
+
+char *xstrdup(const char *s) { return strcpy(xmalloc(strlen(s) + 1), s); }
+
+uint64_t t_begin;
+
+void progress(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "forkbox-bench: %6.1fs ", (double)(now_ns() - t_begin) / 1e9);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}
+
+double ms_since(uint64_t t0) { return (double)(now_ns() - t0) / NS_PER_MS; }
+
+/* "12.34" or "n/a", for progress lines (the baseline has no supervisor figure). */
+const char *fmt_ms(char *buf, size_t n, double v)
+{
+    if (isnan(v))
+        snprintf(buf, n, "n/a");
+    else
+        snprintf(buf, n, "%.2f", v);
+    return buf;
+}
+
+unsigned scale_u(unsigned v, double f)
+{
+    double x = (double)v * f;
+    return x < 1 ? 1 : (unsigned)x;
+}
+
+/* Whether fd becomes readable (or at EOF) within ms milliseconds: the wait of the loops that
+ * read a child's output against a deadline. */
+bool fd_readable(int fd, unsigned ms)
+{
+    fd_set rs;
+    FD_ZERO(&rs);
+    FD_SET(fd, &rs);
+    struct timeval tv = {ms / 1000, (long)(ms % 1000) * 1000};
+    return select(fd + 1, &rs, NULL, NULL, &tv) > 0;
+}
