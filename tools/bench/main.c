@@ -2,7 +2,7 @@
  * main(); what the other files of tools/bench/ do is in bench.h.
  *
  *   forkbox-bench [--quick] [--forkboxd PATH] [--bench-dir DIR] [--python PATH]
- *                 [--no-baseline] [--only iso|noiso|baseline] [--scale F] [--keep-logs DIR]
+ *                 [--no-baseline] [--only iso|noiso|baseline] [--scale F]
  *
  * Speaks the Code Mode wire protocol v2 (shared/spec/wire-protocol.md) over real loopback
  * sockets: its own HTTP upgrade (OpenSSL libcrypto for the key/accept check), WebSocket framing
