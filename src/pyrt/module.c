@@ -22,7 +22,7 @@
 #include "core/cleanup.h"
 #include "core/limits.h"
 #include "proto/chan.h"
-#include "pyrt/shape.h"
+#include "proto/shape.h"
 #include "stage/archive.h"
 
 extern char **environ;

@@ -1,5 +1,5 @@
 /* Reading the supervisor's frames by their shape (see shape.h). */
-#include "pyrt/shape.h"
+#include "proto/shape.h"
 
 #include <string.h>
 
