@@ -515,3 +515,58 @@ void frame_free(struct frame *f)
 {
     fields_free(f->field);
 }
+
+/* ---------------------------------------------------------------------------
+ * The allocation-free log writer. */
+
+/* s escaped into out[o..lim) (see frame_log_write); stops before a byte whose
+ * escape does not fit. Returns the new o; *rest is where it stopped. */
+static size_t log_escape(char *out, size_t o, size_t lim, const char *s, const char **rest)
+{
+    static const char hex[] = "0123456789abcdef";
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        char e[6];
+        size_t n = 1;
+        if (c == '"' || c == '\\') {
+            e[0] = '\\';
+            e[1] = (char)c;
+            n = 2;
+        } else if (c < 0x20) {
+            memcpy(e, "\\u00", 4);
+            e[4] = hex[c >> 4];
+            e[5] = hex[c & 15];
+            n = 6;
+        } else {
+            e[0] = c < 0x80 ? (char)c : '?';
+        }
+        if (n > lim - o)
+            break;
+        memcpy(out + o, e, n);
+        o += n;
+    }
+    *rest = s;
+    return o;
+}
+
+_Static_assert(FRAME_FIELD_LOG_level == 0 && FRAME_FIELD_LOG_msg == 1 && FRAME_FIELD_LOG_COUNT == 2,
+               "frame_log_write writes {\"level\":...,\"msg\":...,\"kind\":\"log\"}");
+
+size_t frame_log_write(char *out, size_t room, const char *level, const char *msg)
+{
+    static const char head[] = "{" FRAME_KEY(level) "\"", mid[] = "\"," FRAME_KEY(msg) "\"",
+                      tail[] = "\"," FRAME_TAIL("log");
+    const size_t fixed = sizeof head - 1 + sizeof mid - 1 + sizeof tail - 1;
+    const char *rest;
+
+    if (room < fixed)
+        return 0;
+    memcpy(out, head, sizeof head - 1);
+    size_t o = log_escape(out, sizeof head - 1, room - (fixed - (sizeof head - 1)), level, &rest);
+    if (*rest)
+        return 0;
+    memcpy(out + o, mid, sizeof mid - 1);
+    o = log_escape(out, o + sizeof mid - 1, room - (sizeof tail - 1), msg, &rest);
+    memcpy(out + o, tail, sizeof tail - 1);
+    return o + sizeof tail - 1;
+}
