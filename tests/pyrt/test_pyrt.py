@@ -1,6 +1,7 @@
 """pyrt over the channel: ready, tools, tool calls, outcomes, capture,
 snapshots, stray threads, environment (spec 3-6, 9)."""
 import json
+import os
 import re
 import subprocess
 import time
@@ -598,6 +599,33 @@ def test_environment_allowlist(make_sandbox):
     assert lines[1] == "[None, None, None, b'C.UTF-8']"
     assert lines[2] == "False False"  # wiped from the initial environment block too
     assert lines[3] == "4"
+
+
+def _env_keep():
+    """The allowlist's one copy, src/pyrt/env_keep.h: (names, prefix)."""
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "src", "pyrt", "env_keep.h")
+    with open(path) as f:
+        text = f.read()
+    names = re.search(r"#define PYRT_ENV_KEEP_NAMES((?:.*\\\n)*.*)", text).group(1)
+    return set(re.findall(r'"(\w+)"', names)), re.search(r'_PREFIX "(\w+)"', text).group(1)
+
+
+def test_environment_is_the_allowlist(make_sandbox):
+    """Every name of the C header kept, nothing else, in os.environ and in the
+    C environ alike; a name that is not UTF-8 is dropped, not an error."""
+    keep, prefix = _env_keep()
+    env = {k: "v" for k in keep}
+    env.update(PATH=os.environ["PATH"], HOME="/nonexistent", LANG="C.UTF-8", LANGUAGE="C",
+               PYTHONHASHSEED="0", PYTHONDONTWRITEBYTECODE="1", TMPDIR="/tmp")
+    env.update({prefix + "X": "v", "FORKBOX_SECRET": "hunter2", "PATHX": "v", "LC": "v",
+                os.fsdecode(b"BAD\xff"): "v"})
+    sb = make_sandbox(env=env)
+    blk = sb.run("import os, subprocess\nprint(sorted(os.environ))\n"
+                 "print(sorted(l.split('=')[0] for l in subprocess.run(['env'], "
+                 "capture_output=True, text=True).stdout.splitlines()))\n")
+    assert blk.stderr == ""
+    want = repr(sorted(keep | {prefix + "X"}))
+    assert blk.stdout.splitlines() == [want, want]
 
 
 # ---- after a raw clone, as in the sandbox --------------------------------------

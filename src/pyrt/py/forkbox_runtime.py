@@ -278,15 +278,12 @@ def init(sources, site_dirs, preload):
 # --------------------------------------------------------------------------
 # Sandbox child side: pyrt_serve()
 
-_ENV_KEEP = {"PATH", "HOME", "USER", "LANG", "LANGUAGE", "TERM", "TMPDIR", "TEMP", "TMP",
-             "PYTHONHASHSEED", "PYTHONDONTWRITEBYTECODE"}
-
-
 def _sanitize_environ():
-    """Spec 6.4: the C environ first (in _forkbox), then os.environ."""
+    """Spec 6.4: the C environ first (in _forkbox), then os.environ, by the
+    one allowlist (src/pyrt/env_keep.h)."""
     _fb.sanitize_env()
     for key in list(os.environ):
-        if key not in _ENV_KEEP and not key.startswith("LC_"):
+        if not _fb.env_allowed(key):
             try:
                 del os.environ[key]
             except KeyError:
