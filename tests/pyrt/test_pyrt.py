@@ -10,11 +10,29 @@ import pytest
 from conftest import UNDER_ASAN, echo_handler, result, targz
 
 
+def _frame_fields():
+    """Each kind's fields in order, from the table's one copy,
+    src/proto/frame_fields.h (its FRAME_FIELDS_<KIND>(X) lists)."""
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "src", "proto", "frame_fields.h")
+    with open(path) as f:
+        text = f.read()
+    lists = re.findall(r"#define FRAME_FIELDS_(\w+)\(X\)((?:.*\\\n)*.*)", text)
+    table = {k.lower(): re.findall(r"X\(\w+, (\w+)\)", body) for k, body in lists}
+    assert len(table) == 8 and table["run"] == ["code"], table
+    return table
+
+
+FRAME_FIELDS = _frame_fields()
+
+
 def compact_ok(raw):
-    """A frame as the spec writes it: compact JSON, one trailing newline."""
+    """A frame as frame_encode() writes it, so the supervisor relays it as it
+    is: compact JSON, the kind's fields in the table's order, "kind" last, one
+    trailing newline."""
     assert raw.endswith(b"\n") and not raw.endswith(b"\n\n")
     obj = json.loads(raw)
     assert raw == (json.dumps(obj, separators=(",", ":"), ensure_ascii=False) + "\n").encode()
+    assert list(obj) == FRAME_FIELDS[obj["kind"]] + ["kind"], raw[:200]
     return obj
 
 
@@ -307,6 +325,7 @@ def test_exit_outcomes(sb, code, exit_code, stderr):
     assert blk.exit_code == exit_code
     assert type(blk.done["exit_code"]) is int
     assert blk.done_raw == ('{"exit_code":%d,"kind":"done"}\n' % exit_code).encode()
+    compact_ok(blk.done_raw)
     assert blk.stderr == stderr
     assert blk.stdout == ""
     compact_ok(blk.output_raw)
