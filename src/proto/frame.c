@@ -62,10 +62,12 @@ static const char *const output_names[] = {FRAME_FIELDS_OUTPUT(FIELD_NAME)};
 static const char *const shutdown_names[] = {NULL}; /* never NULL for callers */
 #undef FIELD_NAME
 
-_Static_assert(FRAME_FIELD_READY_COUNT <= FRAME_MAX_FIELDS && FRAME_FIELD_RUN_COUNT <= FRAME_MAX_FIELDS &&
+_Static_assert(FRAME_FIELD_READY_COUNT <= FRAME_MAX_FIELDS &&
+               FRAME_FIELD_RUN_COUNT <= FRAME_MAX_FIELDS &&
                FRAME_FIELD_TOOL_CALL_COUNT <= FRAME_MAX_FIELDS &&
                FRAME_FIELD_TOOL_RESULT_COUNT <= FRAME_MAX_FIELDS &&
-               FRAME_FIELD_LOG_COUNT <= FRAME_MAX_FIELDS && FRAME_FIELD_DONE_COUNT <= FRAME_MAX_FIELDS &&
+               FRAME_FIELD_LOG_COUNT <= FRAME_MAX_FIELDS &&
+               FRAME_FIELD_DONE_COUNT <= FRAME_MAX_FIELDS &&
                FRAME_FIELD_OUTPUT_COUNT <= FRAME_MAX_FIELDS && FRAME_FIELD_SHUTDOWN_COUNT == 0,
                "a kind has more fields than struct frame holds");
 

@@ -10,7 +10,8 @@
  * id the tool_result's first, or these readers would take another field's
  * text; these assertions make a change there a build error. */
 _Static_assert(FRAME_FIELD_RUN_code == 0 && FRAME_FIELD_RUN_COUNT == 1,
-               "shape_run_code reads {\"code\":...,\"kind\":\"run\"}: code must be run's only field");
+               "shape_run_code reads {\"code\":...,\"kind\":\"run\"}: "
+               "code must be run's only field");
 _Static_assert(FRAME_FIELD_TOOL_RESULT_id == 0,
                "shape_result_id reads {\"id\":...: id must be tool_result's first field");
 

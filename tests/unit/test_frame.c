@@ -888,7 +888,8 @@ static bool log_frame_reads_as(const char *out, size_t len, const char *level, c
         return false;
     bool good = f.kind == FRAME_LOG && f.canonical;
     const struct frame_field *lv = frame_get(&f, "level"), *mv = frame_get(&f, "msg");
-    cJSON *l = cJSON_ParseWithLength(lv->json, lv->len), *m = cJSON_ParseWithLength(mv->json, mv->len);
+    cJSON *l = cJSON_ParseWithLength(lv->json, lv->len);
+    cJSON *m = cJSON_ParseWithLength(mv->json, mv->len);
     const char *ls = cJSON_GetStringValue(l), *ms = cJSON_GetStringValue(m);
     good = good && ls && ms && strcmp(ls, level) == 0;
     size_t i = 0;
