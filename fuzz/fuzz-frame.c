@@ -16,7 +16,13 @@
  *     encode(f), ending in exactly one '\n';
  *   - a string set with frame_set_stringn() (any valid UTF-8, NULs included)
  *     survives encode -> decode as the child would send it;
- *   - chan_hdr_decode() accepts exactly what chan_hdr_encode() produces. */
+ *   - chan_hdr_decode() accepts exactly what chan_hdr_encode() produces;
+ *   - frame_log_write() with the input as the message (up to its first NUL),
+ *     in any room: fits the room, and is a canonical log frame from a child
+ *     (valid UTF-8 whatever the bytes) whose msg is a prefix of the input
+ *     with bytes >= 0x80 as '?' -- all of it when the room is FRAME_LOG_MAX
+ *     and the input's escape fits. */
+#include <cjson/cJSON.h>
 #include <errno.h>
 #include <string.h>
 
@@ -231,11 +237,48 @@ static void check_chan(const uint8_t *data, size_t size)
     FUZZ_ASSERT(memcmp(again, data, CHAN_HDR_LEN) == 0, "chan header does not round-trip");
 }
 
+static void check_log_write(const uint8_t *data, size_t size)
+{
+    char msg[FRAME_LOG_MAX], out[FRAME_LOG_MAX];
+    size_t n = size < sizeof msg - 1 ? size : sizeof msg - 1, esc = 0;
+    memcpy(msg, data, n);
+    msg[n] = '\0';
+    n = strlen(msg);
+    for (size_t i = 0; i < n; i++)
+        esc += msg[i] == '"' || msg[i] == '\\' ? 2 : (uint8_t)msg[i] < 0x20 ? 6 : 1;
+    /* The room: FRAME_LOG_MAX, or one picked by the input's first byte. */
+    size_t room = size && data[0] & 1 ? data[0] >> 1 : sizeof out;
+    size_t len = frame_log_write(out, room, "warning", msg);
+    size_t fixed = strlen("{\"level\":\"warning\",\"msg\":\"\",\"kind\":\"log\"}\n");
+    FUZZ_ASSERT(room < fixed ? len == 0 : len >= fixed && len <= room, "log frame of %zu in %zu",
+                len, room);
+    if (len == 0)
+        return;
+    struct frame f;
+    const char *why = NULL;
+    FUZZ_ASSERT(frame_decode((const uint8_t *)out, len, FRAME_FROM_CHILD, &f, &why) == 0,
+                "log frame refused: %s", why);
+    FUZZ_ASSERT(f.kind == FRAME_LOG && f.canonical, "log frame not canonical");
+    const struct frame_field *m = frame_get(&f, "msg");
+    cJSON *root = cJSON_ParseWithLength(m->json, m->len);
+    const char *got = cJSON_GetStringValue(root);
+    FUZZ_ASSERT(got, "msg is not a string");
+    size_t i = 0;
+    for (; got[i]; i++)
+        FUZZ_ASSERT(i < n && got[i] == ((uint8_t)msg[i] < 0x80 ? msg[i] : '?'),
+                    "msg differs at %zu", i);
+    if (room == sizeof out && esc + fixed <= room)
+        FUZZ_ASSERT(i == n, "msg cut at %zu of %zu", i, n);
+    cJSON_Delete(root);
+    frame_free(&f);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     check_decode(data, size, FRAME_FROM_CLIENT);
     check_decode(data, size, FRAME_FROM_CHILD);
     check_set_string(data, size);
     check_chan(data, size);
+    check_log_write(data, size);
     return 0;
 }

@@ -1,4 +1,4 @@
-/* Frames as a sandbox receives them: the C shape readers (pyrt/shape.h) that
+/* Frames as a sandbox receives them: the C shape readers (proto/shape.h) that
  * take a run frame's code and a tool_result's id without Python, held to
  * what the supervisor really sends. A client's frame reaches a sandbox as
  * frame_decode(FRAME_FROM_CLIENT) then frame_encode(); the readers must agree
@@ -23,7 +23,7 @@
 #include "core/utf8.h"
 #include "fuzz.h"
 #include "proto/frame.h"
-#include "pyrt/shape.h"
+#include "proto/shape.h"
 
 #define ENCODE_MAX (64u * 1024 * 1024)
 

@@ -56,6 +56,9 @@ FRAMES = {
     "escapes": '{"kind":"log","msg":"\\"\\\\\\/\\b\\f\\n\\r\\t\\u001f"}',
     "chan-frame": b"F\x00\x00\x00\x10\x00\x00\x00{\"kind\":\"done\"}",
     "chan-tools": b"T\x00\x00\x00\x00\x00\x00\x01\xff",
+    # As a log message for frame_log_write (even first byte: the full room):
+    # quotes, a backslash, controls, UTF-8 and a stray byte, which become '?'.
+    "log-write-bytes": b"path \"/t\xc3\xa9\\ools\"\n\x01\x1f\x7f\xff end",
 }
 
 # ---------------------------------------------------------------------- http

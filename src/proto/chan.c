@@ -1,7 +1,11 @@
-/* The 8-byte channel envelope (see chan.h). */
+/* The 8-byte channel envelope (see chan.h), and a log frame written
+ * straight to the channel (supervisor and sandbox both link this). */
 #include "proto/chan.h"
 
 #include <errno.h>
+#include <unistd.h>
+
+#include "proto/frame.h"
 
 void chan_hdr_encode(uint8_t out[CHAN_HDR_LEN], enum chan_type type, uint32_t len)
 {
@@ -39,4 +43,25 @@ int chan_hdr_decode(const uint8_t *p, size_t n, uint32_t max_len,
     *type = (enum chan_type)p[0];
     *len = l;
     return 1;
+}
+
+int chan_write_log(int fd, const char *level, const char *msg)
+{
+    char buf[CHAN_HDR_LEN + FRAME_LOG_MAX];
+    size_t len = frame_log_write(buf + CHAN_HDR_LEN, FRAME_LOG_MAX, level, msg);
+    if (len == 0)
+        return -EINVAL;
+    chan_hdr_encode((uint8_t *)buf, CHAN_FRAME, (uint32_t)len);
+    len += CHAN_HDR_LEN;
+    for (size_t off = 0; off < len;) {
+        ssize_t w = write(fd, buf + off, len - off);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0)
+            return -errno;
+        if (w == 0)
+            return -EPIPE;
+        off += (size_t)w;
+    }
+    return 0;
 }

@@ -36,3 +36,10 @@ void chan_hdr_encode(uint8_t out[CHAN_HDR_LEN], enum chan_type type, uint32_t le
  * or non-zero padding; -EMSGSIZE if len > max_len. */
 int chan_hdr_decode(const uint8_t *p, size_t n, uint32_t max_len,
                     enum chan_type *type, uint32_t *len);
+
+/* Write a `log` frame (frame_log_write(), FRAME_LOG_MAX bytes at most) to fd
+ * as one CHAN_FRAME message: blocking writes, EINTR and short writes retried,
+ * nothing allocated. For a process with nothing else on the channel, such as
+ * the sandbox child reporting a setup failure before it _exits. 0, or
+ * -errno of the failed write (-EPIPE if a write wrote nothing). */
+int chan_write_log(int fd, const char *level, const char *msg);

@@ -13,6 +13,8 @@
  * Nothing in here recurses on the input, so nesting depth costs no stack. */
 #include "proto/frame.h"
 
+#include "proto/frame_fields.h"
+
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <inttypes.h>
@@ -21,7 +23,7 @@
 #include <string.h>
 
 /* ---------------------------------------------------------------------------
- * Kind and field tables (spec 3.3, in the reference's field order). */
+ * Kind and field tables (spec 3.3; the field order is proto/frame_fields.h's). */
 
 enum jtype {              /* type requirements, as a mask of accepted types */
     J_ANY = 0,            /* not checked */
@@ -46,36 +48,59 @@ struct kind_def {
     struct field_def f[FRAME_MAX_FIELDS];
 };
 
-static const char *const ready_names[] = {"protocol_version", "python_version", "packages"};
-static const char *const run_names[] = {"code"};
-static const char *const tool_call_names[] = {"id", "name", "args", "timeout"};
-static const char *const tool_result_names[] = {"id", "ok", "value", "error"};
-static const char *const log_names[] = {"level", "msg"};
-static const char *const done_names[] = {"exit_code"};
-static const char *const output_names[] = {"stdout", "stderr", "exit_code"};
+/* The names come from proto/frame_fields.h, the one place the order is
+ * written; defaults and types are set by field index, so they follow a
+ * reordering there. */
+#define FIELD_NAME(kind, name) #name,
+static const char *const ready_names[] = {FRAME_FIELDS_READY(FIELD_NAME)};
+static const char *const run_names[] = {FRAME_FIELDS_RUN(FIELD_NAME)};
+static const char *const tool_call_names[] = {FRAME_FIELDS_TOOL_CALL(FIELD_NAME)};
+static const char *const tool_result_names[] = {FRAME_FIELDS_TOOL_RESULT(FIELD_NAME)};
+static const char *const log_names[] = {FRAME_FIELDS_LOG(FIELD_NAME)};
+static const char *const done_names[] = {FRAME_FIELDS_DONE(FIELD_NAME)};
+static const char *const output_names[] = {FRAME_FIELDS_OUTPUT(FIELD_NAME)};
 static const char *const shutdown_names[] = {NULL}; /* never NULL for callers */
+#undef FIELD_NAME
 
+_Static_assert(FRAME_FIELD_READY_COUNT <= FRAME_MAX_FIELDS &&
+               FRAME_FIELD_RUN_COUNT <= FRAME_MAX_FIELDS &&
+               FRAME_FIELD_TOOL_CALL_COUNT <= FRAME_MAX_FIELDS &&
+               FRAME_FIELD_TOOL_RESULT_COUNT <= FRAME_MAX_FIELDS &&
+               FRAME_FIELD_LOG_COUNT <= FRAME_MAX_FIELDS &&
+               FRAME_FIELD_DONE_COUNT <= FRAME_MAX_FIELDS &&
+               FRAME_FIELD_OUTPUT_COUNT <= FRAME_MAX_FIELDS && FRAME_FIELD_SHUTDOWN_COUNT == 0,
+               "a kind has more fields than struct frame holds");
+
+#define F(kind, name) [FRAME_FIELD_##kind##_##name]
 static const struct kind_def kinds[FRAME_KIND_COUNT] = {
-    [FRAME_READY] = {"ready", true, 3, ready_names,
-                     {{"2", J_INT, J_ANY}, {"\"\"", J_STRING, J_ANY}, {"{}", J_OBJECT, J_ANY}}},
-    [FRAME_RUN] = {"run", false, 1, run_names, {{"\"\"", J_ANY, J_STRING}}},
-    [FRAME_TOOL_CALL] = {"tool_call", true, 4, tool_call_names,
-                         {{"\"\"", J_STRING, J_ANY},
-                          {"\"\"", J_STRING, J_ANY},
-                          {"{}", J_OBJECT, J_ANY},
-                          {"null", J_NUMBER | J_NULL, J_ANY}}},
-    [FRAME_TOOL_RESULT] = {"tool_result", false, 4, tool_result_names,
-                           {{"\"\"", J_ANY, J_STRING},
-                            {"true", J_ANY, J_ANY},
-                            {"null", J_ANY, J_ANY},
-                            {"null", J_ANY, J_OBJECT | J_NULL}}},
-    [FRAME_LOG] = {"log", true, 2, log_names,
-                   {{"\"info\"", J_STRING, J_ANY}, {"\"\"", J_STRING, J_ANY}}},
-    [FRAME_DONE] = {"done", true, 1, done_names, {{"0", J_INT, J_ANY}}},
-    [FRAME_OUTPUT] = {"output", true, 3, output_names,
-                      {{"\"\"", J_STRING, J_ANY}, {"\"\"", J_STRING, J_ANY}, {"0", J_INT, J_ANY}}},
-    [FRAME_SHUTDOWN] = {"shutdown", false, 0, shutdown_names, {{0}}},
+    [FRAME_READY] = {"ready", true, FRAME_FIELD_READY_COUNT, ready_names,
+                     {F(READY, protocol_version) = {"2", J_INT, J_ANY},
+                      F(READY, python_version) = {"\"\"", J_STRING, J_ANY},
+                      F(READY, packages) = {"{}", J_OBJECT, J_ANY}}},
+    [FRAME_RUN] = {"run", false, FRAME_FIELD_RUN_COUNT, run_names,
+                   {F(RUN, code) = {"\"\"", J_ANY, J_STRING}}},
+    [FRAME_TOOL_CALL] = {"tool_call", true, FRAME_FIELD_TOOL_CALL_COUNT, tool_call_names,
+                         {F(TOOL_CALL, id) = {"\"\"", J_STRING, J_ANY},
+                          F(TOOL_CALL, name) = {"\"\"", J_STRING, J_ANY},
+                          F(TOOL_CALL, args) = {"{}", J_OBJECT, J_ANY},
+                          F(TOOL_CALL, timeout) = {"null", J_NUMBER | J_NULL, J_ANY}}},
+    [FRAME_TOOL_RESULT] = {"tool_result", false, FRAME_FIELD_TOOL_RESULT_COUNT, tool_result_names,
+                           {F(TOOL_RESULT, id) = {"\"\"", J_ANY, J_STRING},
+                            F(TOOL_RESULT, ok) = {"true", J_ANY, J_ANY},
+                            F(TOOL_RESULT, value) = {"null", J_ANY, J_ANY},
+                            F(TOOL_RESULT, error) = {"null", J_ANY, J_OBJECT | J_NULL}}},
+    [FRAME_LOG] = {"log", true, FRAME_FIELD_LOG_COUNT, log_names,
+                   {F(LOG, level) = {"\"info\"", J_STRING, J_ANY},
+                    F(LOG, msg) = {"\"\"", J_STRING, J_ANY}}},
+    [FRAME_DONE] = {"done", true, FRAME_FIELD_DONE_COUNT, done_names,
+                    {F(DONE, exit_code) = {"0", J_INT, J_ANY}}},
+    [FRAME_OUTPUT] = {"output", true, FRAME_FIELD_OUTPUT_COUNT, output_names,
+                      {F(OUTPUT, stdout) = {"\"\"", J_STRING, J_ANY},
+                       F(OUTPUT, stderr) = {"\"\"", J_STRING, J_ANY},
+                       F(OUTPUT, exit_code) = {"0", J_INT, J_ANY}}},
+    [FRAME_SHUTDOWN] = {"shutdown", false, FRAME_FIELD_SHUTDOWN_COUNT, shutdown_names, {{0}}},
 };
+#undef F
 
 const char *const *frame_field_names(enum frame_kind kind, size_t *n)
 {
@@ -491,4 +516,59 @@ const struct frame_field *frame_get(const struct frame *f, const char *name)
 void frame_free(struct frame *f)
 {
     fields_free(f->field);
+}
+
+/* ---------------------------------------------------------------------------
+ * The allocation-free log writer. */
+
+/* s escaped into out[o..lim) (see frame_log_write); stops before a byte whose
+ * escape does not fit. Returns the new o; *rest is where it stopped. */
+static size_t log_escape(char *out, size_t o, size_t lim, const char *s, const char **rest)
+{
+    static const char hex[] = "0123456789abcdef";
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        char e[6];
+        size_t n = 1;
+        if (c == '"' || c == '\\') {
+            e[0] = '\\';
+            e[1] = (char)c;
+            n = 2;
+        } else if (c < 0x20) {
+            memcpy(e, "\\u00", 4);
+            e[4] = hex[c >> 4];
+            e[5] = hex[c & 15];
+            n = 6;
+        } else {
+            e[0] = c < 0x80 ? (char)c : '?';
+        }
+        if (n > lim - o)
+            break;
+        memcpy(out + o, e, n);
+        o += n;
+    }
+    *rest = s;
+    return o;
+}
+
+_Static_assert(FRAME_FIELD_LOG_level == 0 && FRAME_FIELD_LOG_msg == 1 && FRAME_FIELD_LOG_COUNT == 2,
+               "frame_log_write writes {\"level\":...,\"msg\":...,\"kind\":\"log\"}");
+
+size_t frame_log_write(char *out, size_t room, const char *level, const char *msg)
+{
+    static const char head[] = "{" FRAME_KEY(level) "\"", mid[] = "\"," FRAME_KEY(msg) "\"",
+                      tail[] = "\"," FRAME_TAIL("log");
+    const size_t fixed = sizeof head - 1 + sizeof mid - 1 + sizeof tail - 1;
+    const char *rest;
+
+    if (room < fixed)
+        return 0;
+    memcpy(out, head, sizeof head - 1);
+    size_t o = log_escape(out, sizeof head - 1, room - (fixed - (sizeof head - 1)), level, &rest);
+    if (*rest)
+        return 0;
+    memcpy(out + o, mid, sizeof mid - 1);
+    o = log_escape(out, o + sizeof mid - 1, room - (sizeof tail - 1), msg, &rest);
+    memcpy(out + o, tail, sizeof tail - 1);
+    return o + sizeof tail - 1;
 }

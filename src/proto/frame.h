@@ -138,3 +138,19 @@ int frame_set_json(struct frame *f, const char *name, char *json, size_t len);
 const struct frame_field *frame_get(const struct frame *f, const char *name);
 
 void frame_free(struct frame *f); /* safe on a zeroed or freed frame */
+
+/* Room enough for any log frame frame_log_write() is given a message of a
+ * few hundred bytes for, and what chan_write_log() uses. */
+#define FRAME_LOG_MAX 1024
+
+/* The canonical `log` frame {"level":"<level>","msg":"<msg>","kind":"log"}\n
+ * written into out[0..room), for a process that must not allocate: the
+ * sandbox child before its runtime runs, the runtime before its loop. No
+ * malloc, no stdio, no locale: async-signal-safe. level and msg are C
+ * strings, escaped as JSON with '"' and '\\' backslashed and the controls
+ * below U+0020 as \u00xx; a byte >= 0x80 is written as '?', so the frame is
+ * valid UTF-8 whatever the bytes (the supervisor refuses a child's frame that
+ * is not). The message is cut, at a whole escape, where the frame would not
+ * fit. Returns the frame's length (no NUL is written), or 0 if not even the
+ * level fits. */
+size_t frame_log_write(char *out, size_t room, const char *level, const char *msg);

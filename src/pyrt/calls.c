@@ -25,7 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "pyrt/shape.h"
+#include "proto/shape.h"
 
 static pthread_mutex_t calls_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct call_wait *calls_head; /* guarded by calls_mu */

@@ -22,7 +22,8 @@
 #include "core/cleanup.h"
 #include "core/limits.h"
 #include "proto/chan.h"
-#include "pyrt/shape.h"
+#include "proto/shape.h"
+#include "pyrt/env_keep.h"
 #include "stage/archive.h"
 
 extern char **environ;
@@ -559,15 +560,15 @@ static PyObject *fb_snapshot_max(PyObject *self, PyObject *unused)
 
 /* ---- environment (spec 6.4) ------------------------------------------- */
 
+/* Is the variable kv ("NAME=value", or a bare name) on the allowlist
+ * (env_keep.h)? */
 static bool env_allowed(const char *kv)
 {
-    static const char *const keep[] = {
-        "PATH", "HOME", "USER", "LANG", "LANGUAGE", "TERM", "TMPDIR", "TEMP", "TMP",
-        "PYTHONHASHSEED", "PYTHONDONTWRITEBYTECODE",
-    };
+    static const char *const keep[] = {PYRT_ENV_KEEP_NAMES};
+    static const char prefix[] = PYRT_ENV_KEEP_PREFIX;
     const char *eq = strchr(kv, '=');
     size_t n = eq ? (size_t)(eq - kv) : strlen(kv);
-    if (n >= 3 && memcmp(kv, "LC_", 3) == 0)
+    if (n >= sizeof prefix - 1 && memcmp(kv, prefix, sizeof prefix - 1) == 0)
         return true;
     for (size_t i = 0; i < sizeof(keep) / sizeof(keep[0]); i++)
         if (strlen(keep[i]) == n && memcmp(kv, keep[i], n) == 0)
@@ -605,6 +606,24 @@ static bool env_block(uintptr_t *start, uintptr_t *end)
         }
     }
     return false;
+}
+
+/* env_allowed(name) -> bool: the runtime's test for os.environ's names
+ * (str; undecodable bytes arrive as lone surrogates, which no allowed name
+ * has: False, as for a NUL or '=' in the name). */
+static PyObject *fb_env_allowed(PyObject *self, PyObject *arg)
+{
+    Py_ssize_t n;
+    if (!PyUnicode_Check(arg)) {
+        PyErr_SetString(PyExc_TypeError, "env_allowed() takes a str");
+        return NULL;
+    }
+    const char *name = PyUnicode_AsUTF8AndSize(arg, &n);
+    if (!name) {
+        PyErr_Clear();
+        Py_RETURN_FALSE;
+    }
+    return PyBool_FromLong(strlen(name) == (size_t)n && !strchr(name, '=') && env_allowed(name));
 }
 
 /* Remove every variable not on the allowlist from the C environ and wipe its
@@ -668,6 +687,7 @@ static PyMethodDef fb_methods[] = {
     {"snapshot_discard", fb_snapshot_discard, METH_NOARGS, "Drop the snapshot built last."},
     {"warm_done", fb_warm_done, METH_NOARGS, "Pooled sandbox: report the warm-up done."},
     {"sanitize_env", fb_sanitize_env, METH_NOARGS, "Reduce the C environ to the allowlist."},
+    {"env_allowed", fb_env_allowed, METH_O, "env_allowed(name): is the name on the allowlist?"},
     {"caught_signals", fb_caught_signals, METH_NOARGS, "Signals with a handler function."},
     {NULL, NULL, 0, NULL},
 };

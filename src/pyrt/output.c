@@ -29,6 +29,13 @@
 #include <string.h>
 
 #include "core/utf8.h"
+#include "proto/frame_fields.h"
+
+/* The frame is written in the table's order (proto/frame_fields.h), so the
+ * supervisor relays it as it is: a reordering there must be one here too. */
+_Static_assert(FRAME_FIELD_OUTPUT_stdout == 0 && FRAME_FIELD_OUTPUT_stderr == 1 &&
+               FRAME_FIELD_OUTPUT_exit_code == 2 && FRAME_FIELD_OUTPUT_COUNT == 3,
+               "output_frame writes {\"stdout\":...,\"stderr\":...,\"exit_code\":...}");
 
 /* Bytes that need an escape: '"', '\\' and 00..1F. Zero-byte trick: a byte b
  * of w is flagged if b ^ '"' or b ^ '\\' is 0, or b < 0x20. */
@@ -223,13 +230,15 @@ static int put_stream(struct buf *out, const struct capture_stream *s, const cha
 int output_frame(struct buf *out, const struct capture *c, const char *stderr_notes,
                  int64_t exit_code)
 {
+    static const char head[] = "{" FRAME_KEY(stdout), mid[] = "," FRAME_KEY(stderr);
     char end[64];
-    int k = snprintf(end, sizeof end, ",\"exit_code\":%" PRId64 ",\"kind\":\"output\"}\n", exit_code);
-    int r = buf_append(out, "{\"stdout\":", 10);
+    int k = snprintf(end, sizeof end, "," FRAME_KEY(exit_code) "%" PRId64 "," FRAME_TAIL("output"),
+                     exit_code);
+    int r = buf_append(out, head, sizeof head - 1);
     if (r == 0)
         r = put_stream(out, &c->s[0], "stdout", NULL);
     if (r == 0)
-        r = buf_append(out, ",\"stderr\":", 10);
+        r = buf_append(out, mid, sizeof mid - 1);
     if (r == 0)
         r = put_stream(out, &c->s[1], "stderr", stderr_notes);
     if (r == 0)

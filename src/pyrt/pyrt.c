@@ -266,26 +266,11 @@ void pyrt_after_fork(void)
 /* ---- the child -------------------------------------------------------- */
 
 /* A `log` error frame written straight from C, for failures before the
- * Python loop runs. msg is ASCII-safe text from this file or strerror(). */
+ * Python loop runs (proto's writer: no allocation, valid UTF-8 whatever msg
+ * holds). */
 static void send_log_error(const char *msg)
 {
-    char json[1024];
-    size_t o = 0;
-    o += (size_t)snprintf(json, sizeof(json), "{\"level\":\"error\",\"msg\":\"");
-    for (const char *p = msg; *p && o < sizeof(json) - 32; p++) {
-        unsigned char c = (unsigned char)*p;
-        if (c == '"' || c == '\\')
-            o += (size_t)snprintf(json + o, sizeof(json) - o, "\\%c", c);
-        else if (c < 0x20)
-            o += (size_t)snprintf(json + o, sizeof(json) - o, "\\u%04x", c);
-        else
-            json[o++] = (char)c;
-    }
-    o += (size_t)snprintf(json + o, sizeof(json) - o, "\",\"kind\":\"log\"}\n");
-    uint8_t hdr[CHAN_HDR_LEN];
-    chan_hdr_encode(hdr, CHAN_FRAME, (uint32_t)o);
-    if (write(g_pyrt.chan_fd, hdr, sizeof(hdr)) == (ssize_t)sizeof(hdr))
-        (void)!write(g_pyrt.chan_fd, json, o);
+    (void)chan_write_log(g_pyrt.chan_fd, "error", msg);
 }
 
 static _Noreturn void fail(const char *what, int errnum)

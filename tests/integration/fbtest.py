@@ -40,8 +40,21 @@ from demo_tools import demo_tools  # noqa: E402
 
 ConnectionClosed = websockets.exceptions.ConnectionClosed
 LISTEN_RE = re.compile(r"listening on 127\.0\.0\.1:(\d+)")
-ALLOWED_ENV = {"PATH", "HOME", "USER", "LANG", "LANGUAGE", "TERM", "TMPDIR", "TEMP", "TMP",
-               "PYTHONHASHSEED", "PYTHONDONTWRITEBYTECODE"}
+
+
+def _env_keep():
+    """The spec 6.4 allowlist from its one copy, the C header the sandbox is
+    built with: (names, prefix)."""
+    with open(os.path.join(SRCDIR, "src", "pyrt", "env_keep.h")) as f:
+        text = f.read()
+    names = re.search(r"#define PYRT_ENV_KEEP_NAMES((?:.*\\\n)*.*)", text)
+    prefix = re.search(r'#define PYRT_ENV_KEEP_PREFIX "(\w+)"', text)
+    found = set(re.findall(r'"(\w+)"', names.group(1)))
+    assert "PATH" in found and prefix, "src/pyrt/env_keep.h: allowlist not found"
+    return found, prefix.group(1)
+
+
+ALLOWED_ENV, ALLOWED_ENV_PREFIX = _env_keep()
 
 
 # --------------------------------------------------------------------------

@@ -4,7 +4,7 @@
 import json
 import re
 
-from fbtest import arun, connect, fc, text_frames
+from fbtest import ALLOWED_ENV, ALLOWED_ENV_PREFIX, arun, connect, fc, text_frames
 
 T = 30
 
@@ -265,9 +265,8 @@ print(json.dumps({"keys": sorted(os.environ), "self": rd('/proc/self/environ'),
     _, (r,) = run_blocks(d, code, token=token)
     assert r.exit_code == 0, r.stderr
     info = json.loads(r.stdout)
-    allowed = {"PATH", "HOME", "USER", "LANG", "LANGUAGE", "TERM", "TMPDIR", "TEMP", "TMP",
-               "PYTHONHASHSEED", "PYTHONDONTWRITEBYTECODE"}
-    bad = [k for k in info["keys"] if k not in allowed and not k.startswith("LC_")]
+    bad = [k for k in info["keys"]
+           if k not in ALLOWED_ENV and not k.startswith(ALLOWED_ENV_PREFIX)]
     assert bad == []
     for where in ("self", "one"):
         assert token not in info[where]

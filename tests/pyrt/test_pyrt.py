@@ -1,6 +1,7 @@
 """pyrt over the channel: ready, tools, tool calls, outcomes, capture,
 snapshots, stray threads, environment (spec 3-6, 9)."""
 import json
+import os
 import re
 import subprocess
 import time
@@ -9,11 +10,29 @@ import pytest
 from conftest import UNDER_ASAN, echo_handler, result, targz
 
 
+def _frame_fields():
+    """Each kind's fields in order, from the table's one copy,
+    src/proto/frame_fields.h (its FRAME_FIELDS_<KIND>(X) lists)."""
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "src", "proto", "frame_fields.h")
+    with open(path) as f:
+        text = f.read()
+    lists = re.findall(r"#define FRAME_FIELDS_(\w+)\(X\)((?:.*\\\n)*.*)", text)
+    table = {k.lower(): re.findall(r"X\(\w+, (\w+)\)", body) for k, body in lists}
+    assert len(table) == 8 and table["run"] == ["code"], table
+    return table
+
+
+FRAME_FIELDS = _frame_fields()
+
+
 def compact_ok(raw):
-    """A frame as the spec writes it: compact JSON, one trailing newline."""
+    """A frame as frame_encode() writes it, so the supervisor relays it as it
+    is: compact JSON, the kind's fields in the table's order, "kind" last, one
+    trailing newline."""
     assert raw.endswith(b"\n") and not raw.endswith(b"\n\n")
     obj = json.loads(raw)
     assert raw == (json.dumps(obj, separators=(",", ":"), ensure_ascii=False) + "\n").encode()
+    assert list(obj) == FRAME_FIELDS[obj["kind"]] + ["kind"], raw[:200]
     return obj
 
 
@@ -306,6 +325,7 @@ def test_exit_outcomes(sb, code, exit_code, stderr):
     assert blk.exit_code == exit_code
     assert type(blk.done["exit_code"]) is int
     assert blk.done_raw == ('{"exit_code":%d,"kind":"done"}\n' % exit_code).encode()
+    compact_ok(blk.done_raw)
     assert blk.stderr == stderr
     assert blk.stdout == ""
     compact_ok(blk.output_raw)
@@ -598,6 +618,33 @@ def test_environment_allowlist(make_sandbox):
     assert lines[1] == "[None, None, None, b'C.UTF-8']"
     assert lines[2] == "False False"  # wiped from the initial environment block too
     assert lines[3] == "4"
+
+
+def _env_keep():
+    """The allowlist's one copy, src/pyrt/env_keep.h: (names, prefix)."""
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "src", "pyrt", "env_keep.h")
+    with open(path) as f:
+        text = f.read()
+    names = re.search(r"#define PYRT_ENV_KEEP_NAMES((?:.*\\\n)*.*)", text).group(1)
+    return set(re.findall(r'"(\w+)"', names)), re.search(r'_PREFIX "(\w+)"', text).group(1)
+
+
+def test_environment_is_the_allowlist(make_sandbox):
+    """Every name of the C header kept, nothing else, in os.environ and in the
+    C environ alike; a name that is not UTF-8 is dropped, not an error."""
+    keep, prefix = _env_keep()
+    env = {k: "v" for k in keep}
+    env.update(PATH=os.environ["PATH"], HOME="/nonexistent", LANG="C.UTF-8", LANGUAGE="C",
+               PYTHONHASHSEED="0", PYTHONDONTWRITEBYTECODE="1", TMPDIR="/tmp")
+    env.update({prefix + "X": "v", "FORKBOX_SECRET": "hunter2", "PATHX": "v", "LC": "v",
+                os.fsdecode(b"BAD\xff"): "v"})
+    sb = make_sandbox(env=env)
+    blk = sb.run("import os, subprocess\nprint(sorted(os.environ))\n"
+                 "print(sorted(l.split('=')[0] for l in subprocess.run(['env'], "
+                 "capture_output=True, text=True).stdout.splitlines()))\n")
+    assert blk.stderr == ""
+    want = repr(sorted(keep | {prefix + "X"}))
+    assert blk.stdout.splitlines() == [want, want]
 
 
 # ---- after a raw clone, as in the sandbox --------------------------------------

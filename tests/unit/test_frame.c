@@ -1,10 +1,15 @@
 /* Unit tests for proto/: the frame codec (frame.h) and the channel envelope
  * (chan.h). TAP output. */
 #include <errno.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <cjson/cJSON.h>
 
@@ -826,6 +831,175 @@ static void test_scan_limits(void)
     }
 }
 
+
+/* ---- the allocation-free log writer ----------------------------------- */
+
+/* The writer src/sandbox/steps.c had (json_escape + send_log_frame), copied
+ * as it was: frame_log_write must write the same bytes. Returns the frame's
+ * length; *cut is set when json_escape dropped the end of msg. */
+static size_t steps_log_frame(char *buf, size_t room, const char *level, const char *msg,
+                              bool *cut)
+{
+    char esc[600];
+    size_t n = 0;
+    const char *s = msg;
+    for (; *s && n + 7 < sizeof esc; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\') {
+            esc[n++] = '\\';
+            esc[n++] = (char)c;
+        } else if (c < 0x20) {
+            n += (size_t)snprintf(esc + n, sizeof esc - n, "\\u%04x", c);
+        } else {
+            esc[n++] = c < 0x80 ? (char)c : '?';
+        }
+    }
+    esc[n] = '\0';
+    *cut = *s != '\0';
+    return (size_t)snprintf(buf, room, "{\"level\":\"%s\",\"msg\":\"%s\",\"kind\":\"log\"}\n",
+                            level, esc);
+}
+
+/* The writer src/pyrt/pyrt.c had (send_log_error), for an ASCII message. */
+static size_t pyrt_log_frame(char json[1024], const char *msg)
+{
+    size_t o = 0;
+    o += (size_t)snprintf(json, 1024, "{\"level\":\"error\",\"msg\":\"");
+    for (const char *p = msg; *p && o < 1024 - 32; p++) {
+        unsigned char c = (unsigned char)*p;
+        if (c == '"' || c == '\\')
+            o += (size_t)snprintf(json + o, 1024 - o, "\\%c", c);
+        else if (c < 0x20)
+            o += (size_t)snprintf(json + o, 1024 - o, "\\u%04x", c);
+        else
+            json[o++] = (char)c;
+    }
+    o += (size_t)snprintf(json + o, 1024 - o, "\",\"kind\":\"log\"}\n");
+    return o;
+}
+
+/* out[0..len) is a canonical log frame from a child whose msg decodes to
+ * want (msg with each byte >= 0x80 as '?', maybe cut: then a prefix). */
+static bool log_frame_reads_as(const char *out, size_t len, const char *level, const char *msg,
+                               bool may_cut)
+{
+    struct frame f;
+    if (frame_decode((const uint8_t *)out, len, FRAME_FROM_CHILD, &f, NULL) < 0)
+        return false;
+    bool good = f.kind == FRAME_LOG && f.canonical;
+    const struct frame_field *lv = frame_get(&f, "level"), *mv = frame_get(&f, "msg");
+    cJSON *l = cJSON_ParseWithLength(lv->json, lv->len);
+    cJSON *m = cJSON_ParseWithLength(mv->json, mv->len);
+    const char *ls = cJSON_GetStringValue(l), *ms = cJSON_GetStringValue(m);
+    good = good && ls && ms && strcmp(ls, level) == 0;
+    size_t i = 0;
+    for (; good && ms[i]; i++)
+        good = msg[i] && ms[i] == ((unsigned char)msg[i] < 0x80 ? msg[i] : '?');
+    good = good && (may_cut || msg[i] == '\0');
+    cJSON_Delete(l);
+    cJSON_Delete(m);
+    frame_free(&f);
+    return good;
+}
+
+static void test_log_write(void)
+{
+    static const char *const msgs[] = {
+        "",
+        "sandbox setup: mounts: mount /tools: No such file or directory",
+        "quote \" and backslash \\ and slash /",
+        "controls \x01\x07\b\t\n\v\f\r\x1b\x1f and DEL \x7f",
+        "non-ASCII: caf\xc3\xa9 \xe2\x80\xa8 \xf0\x9f\x98\x80, invalid \xff\xc0\x80",
+    };
+    static const char *const levels[] = {"error", "warning"};
+    char got[FRAME_LOG_MAX], want[FRAME_LOG_MAX];
+    bool cut;
+
+    for (size_t l = 0; l < 2; l++)
+        for (size_t i = 0; i < sizeof msgs / sizeof *msgs; i++) {
+            size_t n = frame_log_write(got, sizeof got, levels[l], msgs[i]);
+            size_t w = steps_log_frame(want, sizeof want, levels[l], msgs[i], &cut);
+            ok(n == w && memcmp(got, want, n) == 0, "log frame %zu/%s: steps.c's bytes", i,
+               levels[l]);
+            ok(log_frame_reads_as(got, n, levels[l], msgs[i], false),
+               "log frame %zu/%s: canonical, reads back", i, levels[l]);
+        }
+    /* An ASCII message: the same bytes pyrt.c wrote. */
+    size_t n = frame_log_write(got, sizeof got, "error", msgs[3]);
+    size_t w = pyrt_log_frame(want, msgs[3]);
+    ok(n == w && memcmp(got, want, n) == 0, "log frame: pyrt.c's bytes");
+
+    /* Messages of up to 399 bytes (setup_failed's buffer), any bytes: the
+     * same as steps.c's writer whenever that one did not cut the message
+     * (its escape buffer holds 592 bytes; FRAME_LOG_MAX holds more). */
+    uint64_t x = 0x9e3779b97f4a7c15ull;
+    unsigned same = 0, compared = 0, cuts_ok = 0, cuts = 0;
+    for (int t = 0; t < 5000; t++) {
+        char msg[400];
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        size_t len = x % sizeof msg;
+        unsigned mix = (unsigned)(x >> 32) % 4; /* mostly text .. mostly controls */
+        for (size_t i = 0; i < len; i++) {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            unsigned r = (unsigned)(x >> 24);
+            msg[i] = (char)((r & 7) < mix ? 1 + r % 0x1f
+                          : (r & 0x30) == 0x30 ? (unsigned char)"\"\\\x80\xe9"[r >> 8 & 3]
+                                               : 0x20 + r % 0x5f);
+        }
+        msg[len] = '\0';
+        n = frame_log_write(got, sizeof got, "error", msg);
+        w = steps_log_frame(want, sizeof want, "error", msg, &cut);
+        if (!cut) {
+            compared++;
+            same += n == w && memcmp(got, want, n) == 0 &&
+                    log_frame_reads_as(got, n, "error", msg, false);
+        } else {
+            cuts++;
+            cuts_ok += n <= sizeof got && log_frame_reads_as(got, n, "error", msg, true);
+        }
+    }
+    ok(compared > 2000 && same == compared, "random messages: steps.c's bytes (%u of %u)", same,
+       compared);
+    ok(cuts > 100 && cuts_ok == cuts, "random messages steps.c cut: fit, canonical (%u of %u)",
+       cuts_ok, cuts);
+
+    /* Cut where the room ends, at a whole escape; too little room: 0. */
+    for (size_t room = 0; room <= 80; room++) {
+        char small[80];
+        n = frame_log_write(small, room, "error", "ab\ncd\"ef");
+        if (room < strlen("{\"level\":\"error\",\"msg\":\"\",\"kind\":\"log\"}\n"))
+            ok(n == 0, "room %zu: nothing written", room);
+        else
+            ok(n <= room && log_frame_reads_as(small, n, "error", "ab\ncd\"ef", true),
+               "room %zu: %zu bytes, a canonical log frame", room, n);
+    }
+    n = frame_log_write(got, sizeof got, "error", "ab\ncd\"ef");
+    is_int(n, 54, "whole message at 54 bytes (\\n as \\u000a, as steps.c wrote it)");
+}
+
+/* chan_write_log: one CHAN_FRAME message holding frame_log_write's frame. */
+static void test_chan_write_log(void)
+{
+    int sv[2];
+    char frame[FRAME_LOG_MAX];
+    uint8_t got[CHAN_HDR_LEN + FRAME_LOG_MAX + 1];
+
+    signal(SIGPIPE, SIG_IGN); /* as in the sandbox child: EPIPE, not death */
+    ok(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0, "socketpair");
+    is_int(chan_write_log(sv[0], "warning", "disk \"low\""), 0, "chan_write_log");
+    size_t n = frame_log_write(frame, sizeof frame, "warning", "disk \"low\"");
+    ssize_t r = read(sv[1], got, sizeof got);
+    enum chan_type type;
+    uint32_t len;
+    ok(r == (ssize_t)(CHAN_HDR_LEN + n) &&
+           chan_hdr_decode(got, (size_t)r, FRAME_LOG_MAX, &type, &len) == 1 &&
+           type == CHAN_FRAME && len == n && memcmp(got + CHAN_HDR_LEN, frame, n) == 0,
+       "one CHAN_FRAME message, the frame as written");
+    close(sv[1]);
+    is_int(chan_write_log(sv[0], "error", "x"), -EPIPE, "a closed peer: -EPIPE");
+    close(sv[0]);
+}
+
 int main(void)
 {
     test_tables();
@@ -849,5 +1023,7 @@ int main(void)
     test_scan_canonical();
     test_scan_string_bytes();
     test_scan_limits();
+    test_log_write();
+    test_chan_write_log();
     return tap_done();
 }

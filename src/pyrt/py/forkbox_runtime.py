@@ -76,6 +76,15 @@ def _frame(obj):
     return (_dumps(obj) + "\n").encode("utf-8")
 
 
+# An error `log` frame, fields in the table's order (src/proto/frame_fields.h)
+# so that the supervisor relays it as it is. Written with json, the same
+# escaping as the supervisor's encoder, not with C's frame_log_write: msg may
+# be a long traceback in any language, which that writer (made for short
+# ASCII messages where nothing may allocate) would cut and turn into '?'.
+def _log_error_frame(msg):
+    return _frame({"level": "error", "msg": msg, "kind": "log"})
+
+
 # `done`, built as _frame() would build it without making a json encoder
 # object per block. (`output` is built in C: _fb.output, pyrt/output.c.)
 def _done_frame(exit_code):
@@ -242,9 +251,9 @@ def init(sources, site_dirs, preload):
     import adk_code_mode_sandbox  # noqa: F401
     import adk_code_mode_sandbox._rpc_client  # noqa: F401
     import adk_code_mode_sandbox.protocol  # noqa: F401
-    ready = _frame({"kind": "ready", "protocol_version": 2,
-                    "python_version": platform.python_version(),
-                    "packages": _packages_in_a_child()})
+    # In the table's order (src/proto/frame_fields.h): relayed as it is.
+    ready = _frame({"protocol_version": 2, "python_version": platform.python_version(),
+                    "packages": _packages_in_a_child(), "kind": "ready"})
     for name in (preload or "").split(","):
         name = name.strip()
         if not name:
@@ -278,15 +287,12 @@ def init(sources, site_dirs, preload):
 # --------------------------------------------------------------------------
 # Sandbox child side: pyrt_serve()
 
-_ENV_KEEP = {"PATH", "HOME", "USER", "LANG", "LANGUAGE", "TERM", "TMPDIR", "TEMP", "TMP",
-             "PYTHONHASHSEED", "PYTHONDONTWRITEBYTECODE"}
-
-
 def _sanitize_environ():
-    """Spec 6.4: the C environ first (in _forkbox), then os.environ."""
+    """Spec 6.4: the C environ first (in _forkbox), then os.environ, by the
+    one allowlist (src/pyrt/env_keep.h)."""
     _fb.sanitize_env()
     for key in list(os.environ):
-        if key not in _ENV_KEEP and not key.startswith("LC_"):
+        if not _fb.env_allowed(key):
             try:
                 del os.environ[key]
             except KeyError:
@@ -383,7 +389,7 @@ class _Turn:
 
     def log_error_and_exit(self, msg):
         try:
-            _fb.send(_CHAN_FRAME, _frame({"level": "error", "msg": msg, "kind": "log"}))
+            _fb.send(_CHAN_FRAME, _log_error_frame(msg))
         finally:
             os._exit(3)
 
@@ -686,7 +692,6 @@ def serve(tools_dir, warm):
     except BaseException as e:
         try:
             msg = "".join(traceback.format_exception(type(e), e, e.__traceback__))
-            _fb.send(_CHAN_FRAME, _frame({"level": "error", "kind": "log",
-                                          "msg": "forkbox runtime: internal error: " + msg}))
+            _fb.send(_CHAN_FRAME, _log_error_frame("forkbox runtime: internal error: " + msg))
         finally:
             os._exit(4)

@@ -8,8 +8,11 @@
  * Whatever does not have the shape is left to the runtime's Python decoder,
  * so a peer other than the supervisor is still read correctly, only slower.
  *
- * Both functions read only data[0..len) and may be given any bytes; the
- * fuzz target fuzz/fuzz-inbox.c holds them to the supervisor's encoder. */
+ * The literals they match are built from the field table (frame_fields.h),
+ * and shape.c asserts at compile time that the positions they rely on (run:
+ * code alone; tool_result: id first) still hold. Both functions read only
+ * data[0..len) and may be given any bytes; the fuzz target
+ * fuzz/fuzz-inbox.c holds them to the supervisor's encoder. */
 #pragma once
 #include <cjson/cJSON.h>
 #include <stdbool.h>

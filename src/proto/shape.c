@@ -1,7 +1,19 @@
 /* Reading the supervisor's frames by their shape (see shape.h). */
-#include "pyrt/shape.h"
+#include "proto/shape.h"
+
+#include "proto/frame_fields.h"
 
 #include <string.h>
+
+/* The literals below are frame_encode()'s output for these two kinds: the
+ * field table (frame_fields.h) must keep code the run frame's only field and
+ * id the tool_result's first, or these readers would take another field's
+ * text; these assertions make a change there a build error. */
+_Static_assert(FRAME_FIELD_RUN_code == 0 && FRAME_FIELD_RUN_COUNT == 1,
+               "shape_run_code reads {\"code\":...,\"kind\":\"run\"}: "
+               "code must be run's only field");
+_Static_assert(FRAME_FIELD_TOOL_RESULT_id == 0,
+               "shape_result_id reads {\"id\":...: id must be tool_result's first field");
 
 static bool has(const uint8_t *data, size_t len, const char *pre, size_t pre_len,
                 const char *suf, size_t suf_len)
@@ -29,7 +41,7 @@ static cJSON *parse_whole(const uint8_t *data, size_t len)
 
 const char *shape_run_code(const uint8_t *data, size_t len, cJSON **root)
 {
-    static const char pre[] = "{\"code\":\"", suf[] = "\",\"kind\":\"run\"}\n";
+    static const char pre[] = "{" FRAME_KEY(code) "\"", suf[] = "\"," FRAME_TAIL("run");
 
     *root = NULL;
     if (!has(data, len, pre, sizeof pre - 1, suf, sizeof suf - 1))
@@ -48,7 +60,7 @@ const char *shape_run_code(const uint8_t *data, size_t len, cJSON **root)
 bool shape_result_id(const uint8_t *data, size_t len, const char **id, size_t *id_len,
                      cJSON **root)
 {
-    static const char pre[] = "{\"id\":\"", suf[] = ",\"kind\":\"tool_result\"}\n";
+    static const char pre[] = "{" FRAME_KEY(id) "\"", suf[] = "," FRAME_TAIL("tool_result");
     const size_t pre_len = sizeof pre - 1, suf_len = sizeof suf - 1;
 
     *root = NULL;
