@@ -1139,7 +1139,9 @@ static void scan_mappings(struct snap *s)
             while (ll && line[ll - 1] != '\n' && fgets(line, sizeof line, f))
                 ll = strlen(line);
         }
-        if (ferror(f))
+        /* A process that exited while its maps were read (ESRCH) maps
+         * nothing any more; any other error leaves its mappings unknown. */
+        if (ferror(f) && errno != ESRCH && errno != ENOENT)
             s->no_reuse = true;
         fclose(f);
     }
