@@ -12,7 +12,6 @@
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
-#include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -194,16 +193,6 @@ static const struct opt opts[] = {
 };
 #define N_OPTS (sizeof opts / sizeof opts[0])
 
-static int fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int fail(char *err, size_t errlen, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-    return -EINVAL;
-}
-
 static void *at(struct config *cfg, struct field f) { return (char *)cfg + f.off; }
 
 /* Store v in an unsigned field of any width (bool and enum included). The
@@ -338,60 +327,65 @@ static int set_opt(struct config *cfg, const struct opt *o, const char *a, char 
         return 0;
     case K_UINT:
         if (parse_u64(a, o->max, &v) < 0 || v < o->min)
-            return fail(err, errlen, "--%s: expected %" PRIu64 "..%" PRIu64 ", got %s", o->name,
-                        o->min, o->max, a);
+            return err_fmt(err, errlen, -EINVAL,
+                           "--%s: expected %" PRIu64 "..%" PRIu64 ", got %s", o->name,
+                           o->min, o->max, a);
         put_uint(cfg, o->f, v);
         return 0;
     case K_SIZE:
         if (parse_size(a, o->max, &v) < 0 || v < o->min)
-            return fail(err, errlen, "--%s: expected a size in %s..%s (K, M, G suffixes), got %s",
-                        o->name, fmt_size(lo, sizeof lo, o->min), fmt_size(hi, sizeof hi, o->max), a);
+            return err_fmt(err, errlen, -EINVAL,
+                           "--%s: expected a size in %s..%s (K, M, G suffixes), got %s",
+                           o->name, fmt_size(lo, sizeof lo, o->min),
+                           fmt_size(hi, sizeof hi, o->max), a);
         put_uint(cfg, o->f, v);
         return 0;
     case K_SECONDS:
         if (parse_u64(a, o->max, &v) < 0 || v < o->min)
-            return fail(err, errlen, "--%s: expected seconds in %" PRIu64 "..%" PRIu64 ", got %s",
-                        o->name, o->min, o->max, a);
+            return err_fmt(err, errlen, -EINVAL,
+                           "--%s: expected seconds in %" PRIu64 "..%" PRIu64 ", got %s",
+                           o->name, o->min, o->max, a);
         put_uint(cfg, o->f, v * 1000);
         return 0;
     case K_PATH:
     case K_NAMES:
         if (copy_str(at(cfg, o->f), o->f.size, a) < 0)
-            return fail(err, errlen, "--%s: %s too long (at most %zu bytes)", o->name,
+            return err_fmt(err, errlen, -EINVAL, "--%s: %s too long (at most %zu bytes)", o->name,
                         o->kind == K_NAMES ? "list" : "path", o->f.size - 1);
         return 0;
     case K_ABSPATH:
         if (a[0] != '/' || copy_str(at(cfg, o->f), o->f.size, a) < 0)
-            return fail(err, errlen, "--%s: expected an absolute path: %s", o->name, a);
+            return err_fmt(err, errlen, -EINVAL, "--%s: expected an absolute path: %s", o->name, a);
         return 0;
     case K_ABSPATHS: {
         uint64_t n = get_uint(cfg, o->f2);
         size_t each = o->f.size / o->max;
         if (n >= o->max)
-            return fail(err, errlen, "--%s: at most %" PRIu64, o->name, o->max);
+            return err_fmt(err, errlen, -EINVAL, "--%s: at most %" PRIu64, o->name, o->max);
         if (a[0] != '/' || copy_str((char *)at(cfg, o->f) + n * each, each, a) < 0)
-            return fail(err, errlen, "--%s: expected an absolute path: %s", o->name, a);
+            return err_fmt(err, errlen, -EINVAL, "--%s: expected an absolute path: %s", o->name, a);
         put_uint(cfg, o->f2, n + 1);
         return 0;
     }
     case K_LISTEN:
         if (parse_listen(cfg, a) < 0)
-            return fail(err, errlen, "--%s: expected ADDR:PORT, got %s", o->name, a);
+            return err_fmt(err, errlen, -EINVAL, "--%s: expected ADDR:PORT, got %s", o->name, a);
         return 0;
     case K_ID_RANGE:
         if (parse_id_range(cfg, a) < 0)
-            return fail(err, errlen, "--%s: expected FIRST:COUNT, got %s", o->name, a);
+            return err_fmt(err, errlen, -EINVAL, "--%s: expected FIRST:COUNT, got %s", o->name, a);
         return 0;
     case K_LEVEL:
         if (parse_level(a, at(cfg, o->f)) < 0)
-            return fail(err, errlen, "--%s: expected debug, info, warn or error", o->name);
+            return err_fmt(err, errlen, -EINVAL,
+                           "--%s: expected debug, info, warn or error", o->name);
         return 0;
     case K_GONE:
-        return fail(err, errlen, "%s", o->help);
+        return err_fmt(err, errlen, -EINVAL, "%s", o->help);
     case K_HELP:
         break;
     }
-    return fail(err, errlen, "--%s: not a setting", o->name);
+    return err_fmt(err, errlen, -EINVAL, "--%s: not a setting", o->name);
 }
 
 /* Every field at its default: the table's, so --help, the bounds and the
@@ -432,7 +426,7 @@ static int apply_env(struct config *cfg, char *err, size_t errlen)
     if ((v = getenv("PORT")) && *v) {
         uint64_t port;
         if (parse_u64(v, 65535, &port) < 0)
-            return fail(err, errlen, "PORT: not a port number: %s", v);
+            return err_fmt(err, errlen, -EINVAL, "PORT: not a port number: %s", v);
         strcpy(cfg->listen_host, "0.0.0.0");
         cfg->listen_port = (uint16_t)port;
     }
@@ -443,10 +437,10 @@ static int apply_env(struct config *cfg, char *err, size_t errlen)
             continue;
         if (o->kind == K_SIZE) {
             if (parse_u64(v, o->max, &n) < 0 || n < o->min)
-                return fail(err, errlen, "%s: bad size: %s", o->env, v);
+                return err_fmt(err, errlen, -EINVAL, "%s: bad size: %s", o->env, v);
             put_uint(cfg, o->f, n);
         } else if (copy_str(at(cfg, o->f), o->f.size, v) < 0) { /* K_PATH */
-            return fail(err, errlen, "%s: too long", o->env);
+            return err_fmt(err, errlen, -EINVAL, "%s: too long", o->env);
         }
     }
     return 0;
@@ -484,17 +478,19 @@ static int check_id_range(const struct config *cfg, char *err, size_t errlen)
     uint64_t first = cfg->id_first, end = first + cfg->id_count; /* exclusive */
     static const uint64_t special[] = {0, 65534, 65535, 4294967295ULL};
     if (cfg->id_count == 0 || end > 4294967295ULL)
-        return fail(err, errlen, "--id-range %" PRIu64 ":%u: must be non-empty and end below "
-                    "4294967295", first, cfg->id_count);
+        return err_fmt(err, errlen, -EINVAL,
+                       "--id-range %" PRIu64 ":%u: must be non-empty and end below "
+                       "4294967295", first, cfg->id_count);
     for (size_t i = 0; i < sizeof special / sizeof *special; i++)
         if (special[i] >= first && special[i] < end)
-            return fail(err, errlen, "--id-range %" PRIu64 ":%u: holds %" PRIu64
-                        " (root, nobody or -1)", first, cfg->id_count, special[i]);
+            return err_fmt(err, errlen, -EINVAL, "--id-range %" PRIu64 ":%u: holds %" PRIu64
+                           " (root, nobody or -1)", first, cfg->id_count, special[i]);
     uint64_t need = 2 * ((uint64_t)cfg->capacity + cfg->pool_size);
     if (cfg->id_count < need)
-        return fail(err, errlen, "--id-range %" PRIu64 ":%u: too small for --capacity %u and "
-                    "--pool %u: needs at least %" PRIu64 " ids (twice capacity + pool)",
-                    first, cfg->id_count, cfg->capacity, cfg->pool_size, need);
+        return err_fmt(err, errlen, -EINVAL,
+                       "--id-range %" PRIu64 ":%u: too small for --capacity %u and "
+                       "--pool %u: needs at least %" PRIu64 " ids (twice capacity + pool)",
+                       first, cfg->id_count, cfg->capacity, cfg->pool_size, need);
     return 0;
 }
 
@@ -504,11 +500,14 @@ static int check(const struct config *cfg, char *err, size_t errlen)
     char a[24], b[24];
     const char *base = strrchr(cfg->tools_dir, '/');
     if (cfg->tools_dir[0] != '/' || !base || strcmp(base, "/tools") != 0)
-        return fail(err, errlen, "tools dir must be an absolute path ending in /tools: %s",
-                    cfg->tools_dir);
+        return err_fmt(err, errlen, -EINVAL,
+                       "tools dir must be an absolute path ending in /tools: %s",
+                       cfg->tools_dir);
     if (cfg->total_buffer < cfg->turn_buffer)
-        return fail(err, errlen, "--total-buffer (%s) must be at least --turn-buffer (%s)",
-                    fmt_size(a, sizeof a, cfg->total_buffer), fmt_size(b, sizeof b, cfg->turn_buffer));
+        return err_fmt(err, errlen, -EINVAL,
+                       "--total-buffer (%s) must be at least --turn-buffer (%s)",
+                       fmt_size(a, sizeof a, cfg->total_buffer),
+                       fmt_size(b, sizeof b, cfg->turn_buffer));
     return check_id_range(cfg, err, errlen);
 }
 
@@ -539,7 +538,7 @@ int config_parse(int argc, char **argv, struct config *cfg, char *err, size_t er
         if (c == -1)
             break;
         if (c < 1000 || c >= 1000 + (int)N_OPTS)
-            return fail(err, errlen, "unknown or incomplete option: %s (see --help)",
+            return err_fmt(err, errlen, -EINVAL, "unknown or incomplete option: %s (see --help)",
                         argv[optind - 1]);
         const struct opt *o = &opts[c - 1000];
         if (o->kind == K_HELP) {
@@ -551,7 +550,7 @@ int config_parse(int argc, char **argv, struct config *cfg, char *err, size_t er
             return r;
     }
     if (optind < argc)
-        return fail(err, errlen, "unexpected argument: %s", argv[optind]);
+        return err_fmt(err, errlen, -EINVAL, "unexpected argument: %s", argv[optind]);
     if (cfg->single_use)
         cfg->capacity = 1;
     return check(cfg, err, errlen);
@@ -598,31 +597,37 @@ int config_table_check(char *err, size_t errlen)
         const struct opt *o = &opts[i];
         for (size_t j = 0; j < i; j++)
             if (strcmp(opts[j].name, o->name) == 0)
-                return fail(err, errlen, "--%s: two rows", o->name);
+                return err_fmt(err, errlen, -EINVAL, "--%s: two rows", o->name);
         if (o->kind == K_HELP)
             continue;
         if (!o->help)
-            return fail(err, errlen, "--%s: no help", o->name);
+            return err_fmt(err, errlen, -EINVAL, "--%s: no help", o->name);
         if (o->kind == K_GONE)
             continue;
         if (o->f.size == 0)
-            return fail(err, errlen, "--%s: no field", o->name);
+            return err_fmt(err, errlen, -EINVAL, "--%s: no field", o->name);
+        if ((o->kind == K_LISTEN || o->kind == K_ID_RANGE || o->kind == K_ABSPATHS) && !o->f2.size)
+            return err_fmt(err, errlen, -EINVAL, "--%s: no second field", o->name);
+        if (o->kind == K_ABSPATHS && (o->max == 0 || o->f.size % o->max))
+            return err_fmt(err, errlen, -EINVAL, "--%s: max is not the array's length", o->name);
         if ((o->kind == K_UINT || o->kind == K_SIZE || o->kind == K_SECONDS) && !o->def_fn) {
             uint64_t unit = o->kind == K_SECONDS ? 1000 : 1;
             unsigned bits = (unsigned)o->f.size * 8;
             if (o->min > o->max || (bits < 64 && o->max * unit >> bits))
-                return fail(err, errlen, "--%s: bounds do not fit the field", o->name);
+                return err_fmt(err, errlen, -EINVAL, "--%s: bounds do not fit the field", o->name);
             if (o->def < o->min || o->def > o->max)
-                return fail(err, errlen, "--%s: default out of bounds", o->name);
+                return err_fmt(err, errlen, -EINVAL, "--%s: default out of bounds", o->name);
             if (o->kind == K_SIZE)
                 fmt_size(num, sizeof num, o->def);
             else
                 snprintf(num, sizeof num, "%" PRIu64, o->def);
             if (!mentions(o->help, num))
-                return fail(err, errlen, "--%s: help does not say the default %s", o->name, num);
+                return err_fmt(err, errlen, -EINVAL,
+                               "--%s: help does not say the default %s", o->name, num);
         }
         if (o->sdef && o->sdef[0] && !strstr(o->help, o->sdef))
-            return fail(err, errlen, "--%s: help does not say the default %s", o->name, o->sdef);
+            return err_fmt(err, errlen, -EINVAL,
+                           "--%s: help does not say the default %s", o->name, o->sdef);
     }
     return 0;
 }
