@@ -1,11 +1,18 @@
-/* Flags and environment -> struct config. Every knob has a default, a bound
- * and one line of help; a bad value stops forkboxd with a message. */
+/* Flags and environment -> struct config (runs in forkboxd, once at start).
+ *
+ * Every knob is one row of opts[] below, in the manner of redis's
+ * standardConfig: its name, the kind of argument, the struct config field(s)
+ * it sets, its default, its bounds, its line of --help, the environment
+ * variable of the reference that sets it too, and whether the fork server
+ * gets it. Parsing, defaults, --help and config_for_forkserver() are loops
+ * over that table; what is left by hand is only what relates two knobs
+ * (check()). A bad value stops forkboxd with a message naming the flag. */
 #include "config/config.h"
 
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
-#include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,103 +25,198 @@
 #define FORKBOX_DEFAULT_POLICY "/usr/share/forkbox/default.policy"
 #endif
 
-enum {
-    OPT_LISTEN = 1000, OPT_CAPACITY, OPT_SINGLE_USE, OPT_TOKEN_FILE, OPT_MAX_UP_TOOLS,
-    OPT_MAX_UP_WS, OPT_MAX_UNPACKED, OPT_MAX_MEMBERS, OPT_SNAPSHOT_MAX, OPT_OUTPUT_CAP,
-    OPT_TOOLS_DIR, OPT_NO_ISOLATION, OPT_UID, OPT_GID, OPT_ID_RANGE, OPT_POLICY, OPT_SITE,
-    OPT_PRELOAD, OPT_POOL, OPT_MEMORY, OPT_PIDS, OPT_CPU, OPT_TMPFS, OPT_BLOCK_TO, OPT_TURN_TO,
-    OPT_IDLE_TO, OPT_LOG_LEVEL, OPT_PREAUTH_MAX, OPT_PREAUTH_PER_PEER, OPT_TURN_BUF,
-    OPT_TOTAL_BUF, OPT_CPU_WEIGHT, OPT_SANDBOX_EXE, OPT_HELP,
+enum opt_kind {
+    K_FLAG,      /* no argument: sets the field to !def */
+    K_UINT,      /* decimal number in [min, max] */
+    K_SIZE,      /* bytes: decimal with an optional K, M or G suffix (powers of 1024) */
+    K_SECONDS,   /* decimal seconds in [min, max], stored in ms */
+    K_PATH,      /* a string that must fit the field */
+    K_ABSPATH,   /* ... and start with '/' */
+    K_ABSPATHS,  /* repeatable K_ABSPATH: an array of fields plus a count */
+    K_NAMES,     /* comma-separated names (one string) */
+    K_LISTEN,    /* ADDR:PORT or [ADDR6]:PORT -> host string + port */
+    K_ID_RANGE,  /* FIRST:COUNT -> two uint32 */
+    K_LEVEL,     /* debug, info, warn, error */
+    K_GONE,      /* a removed flag: refused with .help as the reason */
+    K_HELP,
 };
 
-static const struct option long_opts[] = {
-    {"listen", required_argument, NULL, OPT_LISTEN},
-    {"capacity", required_argument, NULL, OPT_CAPACITY},
-    {"single-use", no_argument, NULL, OPT_SINGLE_USE},
-    {"token-file", required_argument, NULL, OPT_TOKEN_FILE},
-    {"max-upload-tools", required_argument, NULL, OPT_MAX_UP_TOOLS},
-    {"max-upload-workspace", required_argument, NULL, OPT_MAX_UP_WS},
-    {"max-unpacked", required_argument, NULL, OPT_MAX_UNPACKED},
-    {"max-members", required_argument, NULL, OPT_MAX_MEMBERS},
-    {"snapshot-max", required_argument, NULL, OPT_SNAPSHOT_MAX},
-    {"output-cap", required_argument, NULL, OPT_OUTPUT_CAP},
-    {"tools-dir", required_argument, NULL, OPT_TOOLS_DIR},
-    {"no-isolation", no_argument, NULL, OPT_NO_ISOLATION},
-    {"uid", required_argument, NULL, OPT_UID},
-    {"gid", required_argument, NULL, OPT_GID},
-    {"id-range", required_argument, NULL, OPT_ID_RANGE},
-    {"policy", required_argument, NULL, OPT_POLICY},
-    {"site-packages", required_argument, NULL, OPT_SITE},
-    {"preload", required_argument, NULL, OPT_PRELOAD},
-    {"pool", required_argument, NULL, OPT_POOL},
-    {"memory", required_argument, NULL, OPT_MEMORY},
-    {"pids", required_argument, NULL, OPT_PIDS},
-    {"cpu", required_argument, NULL, OPT_CPU},
-    {"tmpfs-size", required_argument, NULL, OPT_TMPFS},
-    {"block-timeout", required_argument, NULL, OPT_BLOCK_TO},
-    {"turn-timeout", required_argument, NULL, OPT_TURN_TO},
-    {"idle-timeout", required_argument, NULL, OPT_IDLE_TO},
-    {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
-    {"preauth-max", required_argument, NULL, OPT_PREAUTH_MAX},
-    {"preauth-per-peer", required_argument, NULL, OPT_PREAUTH_PER_PEER},
-    {"turn-buffer", required_argument, NULL, OPT_TURN_BUF},
-    {"total-buffer", required_argument, NULL, OPT_TOTAL_BUF},
-    {"cpu-weight", required_argument, NULL, OPT_CPU_WEIGHT},
-    {"sandbox-exe", required_argument, NULL, OPT_SANDBOX_EXE},
-    {"help", no_argument, NULL, OPT_HELP},
-    {NULL, 0, NULL, 0},
+/* A place in struct config: offset and size, so one parser serves fields of
+ * any integer width and the fork server's share is copied field by field. */
+struct field {
+    size_t off, size;
+};
+#define FIELD(f) {offsetof(struct config, f), sizeof(((struct config *)0)->f)}
+
+struct opt {
+    const char *name;       /* the long flag, without "--" */
+    enum opt_kind kind;
+    struct field f;         /* the field it sets (K_LISTEN: the host) */
+    struct field f2;        /* K_LISTEN: the port; K_ID_RANGE: the count; K_ABSPATHS: the count */
+    uint64_t def;           /* numeric default, in the flag's own unit (seconds for K_SECONDS);
+                               K_FLAG: the value without the flag */
+    uint64_t (*def_fn)(void); /* a default computed at start, instead of .def */
+    const char *sdef;       /* default of string-like kinds, parsed like an argument */
+    uint64_t min, max;      /* bounds of numeric kinds, in the flag's own unit */
+    const char *env;        /* the reference's environment variable, read before the flags */
+    bool forkserver;        /* the fork server gets this setting (config_for_forkserver) */
+    const char *arg;        /* the argument's name in --help */
+    const char *help;       /* --help text; '\n' starts an indented line. K_GONE: the refusal */
 };
 
-static const char usage[] =
-    "usage: forkboxd [options]\n"
-    "  --listen ADDR:PORT         address to serve (default 127.0.0.1:8080; with only\n"
-    "                             $PORT set: 0.0.0.0:$PORT). Port 0 picks a free port.\n"
-    "  --capacity N               concurrent turns (default 64); more get 503 Busy\n"
-    "  --single-use               one turn, then exit 0 (the reference's behaviour)\n"
-    "  --token-file PATH          bearer token file (else $ADK_CODE_MODE_AUTH_TOKEN)\n"
-    "  --preauth-max N            connections not yet admitted (1024); when full, the\n"
-    "                             least valuable is closed for a new one\n"
-    "  --preauth-per-peer N       of them from one IPv4 address or IPv6 /64 (128; 0 = no\n"
-    "                             limit, e.g. behind a proxy)\n"
-    "  --max-upload-tools SIZE    tools archive limit ($ADK_CODE_MODE_MAX_UPLOAD_TOOLS, 100M)\n"
-    "  --max-upload-workspace SIZE  workspace archive limit ($..._WORKSPACE, 100M)\n"
-    "  --max-unpacked SIZE        decompressed bytes per archive (1G)\n"
-    "  --max-members N            members per archive (100000)\n"
-    "  --snapshot-max SIZE        file data in a returned snapshot (100M)\n"
-    "  --output-cap SIZE          bytes kept per stream per block (16M)\n"
-    "  --tools-dir DIR            tools package dir ($ADK_CODE_MODE_TOOLS_DIR, /tools)\n"
-    "  --no-isolation             no namespaces/seccomp (benchmarks only)\n"
-    "  --id-range FIRST:COUNT     host uids/gids for sandboxes, one per live sandbox\n"
-    "                             (2013265920:65536); no other user may use them\n"
-    "  --policy FILE              seccomp policy (" FORKBOX_DEFAULT_POLICY ")\n"
-    "  --sandbox-exe PATH         the fork server's executable (default: the build tree's\n"
-    "                             for the build tree's forkboxd, else the installed one)\n"
-    "  --site-packages DIR        extra read-only package dir (repeatable)\n"
-    "  --preload a,b,c            modules imported once before forking\n"
-    "  --pool N                   pre-forked sandboxes kept ready (4; 0 = always fresh)\n"
-    "  --memory SIZE              memory per turn (1G)\n"
-    "  --pids N                   processes/threads per turn (256)\n"
-    "  --cpu MILLIS               CPU ms per second per turn (1000 = one CPU)\n"
-    "  --cpu-weight N             CPU weight of all sandboxes together against the host's\n"
-    "                             processes (1-10000; a process has 100; 0 = 100 per running\n"
-    "                             turn, the default)\n"
-    "  --tmpfs-size SIZE          /workspace and /tmp size each (512M)\n"
-    "  --block-timeout SEC        wall clock per block (900; 0 = none)\n"
-    "  --turn-timeout SEC         wall clock per turn (7200; 0 = none)\n"
-    "  --idle-timeout SEC         idle time between blocks (600)\n"
-    "  --turn-buffer SIZE         supervisor memory one turn's messages may hold (528M)\n"
-    "  --total-buffer SIZE        ... all turns together (a quarter of RAM, >= 528M)\n"
-    "  --log-level LEVEL          debug, info, warn, error (info)\n"
-    "SIZE accepts K, M and G suffixes (powers of 1024).\n";
+#define HELP_COLUMN 29 /* where the help text starts in --help */
 
-static int fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int fail(char *err, size_t errlen, const char *fmt, ...)
+/* A quarter of the machine's memory: what the supervisor may hold of all
+ * turns' messages at once, by default. */
+static uint64_t default_total_buffer(void)
 {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-    return -EINVAL;
+    long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
+    uint64_t quarter = pages > 0 && size > 0 ? (uint64_t)pages * (uint64_t)size / 4 : 0;
+    return quarter > TOTAL_BUFFER_MIN ? quarter : TOTAL_BUFFER_MIN;
+}
+
+/* In --help order. Supervisor-only settings (forkserver = false) are never
+ * sent to the fork server: sandboxes are its clones and could read them. */
+static const struct opt opts[] = {
+    /* the front door */
+    {"listen", K_LISTEN, FIELD(listen_host), FIELD(listen_port), .sdef = "127.0.0.1:8080",
+     .arg = "ADDR:PORT", .help = "address to serve (default 127.0.0.1:8080; with only\n"
+                                 "$PORT set: 0.0.0.0:$PORT). Port 0 picks a free port."},
+    {"capacity", K_UINT, FIELD(capacity), .def = 64, .min = 1, .max = 1000000, .forkserver = true,
+     .arg = "N", .help = "concurrent turns (default 64); more get 503 Busy"},
+    {"single-use", K_FLAG, FIELD(single_use), .def = false,
+     .help = "one turn, then exit 0 (the reference's behaviour)"},
+    {"token-file", K_PATH, FIELD(token_file), .sdef = "",
+     .arg = "PATH", .help = "bearer token file (else $ADK_CODE_MODE_AUTH_TOKEN)"},
+    {"preauth-max", K_UINT, FIELD(preauth_max), .def = PREAUTH_DEFAULT_MAX, .min = 1,
+     .max = PREAUTH_MAX_CONNECTIONS_BOUND,
+     .arg = "N", .help = "connections not yet admitted (1024); when full, the\n"
+                         "least valuable is closed for a new one"},
+    {"preauth-per-peer", K_UINT, FIELD(preauth_per_peer), .def = PREAUTH_DEFAULT_PER_PEER,
+     .max = PREAUTH_MAX_CONNECTIONS_BOUND,
+     .arg = "N", .help = "of them from one IPv4 address or IPv6 /64 (128; 0 = no\n"
+                         "limit, e.g. behind a proxy)"},
+
+    /* per-turn limits (spec 4.5, 9.2) */
+    {"max-upload-tools", K_SIZE, FIELD(max_upload_tools), .def = ARCHIVE_DEFAULT_MAX_UPLOAD,
+     .max = WS_MAX_MESSAGE_BYTES, .env = "ADK_CODE_MODE_MAX_UPLOAD_TOOLS",
+     .arg = "SIZE", .help = "tools archive limit ($ADK_CODE_MODE_MAX_UPLOAD_TOOLS, 100M)"},
+    {"max-upload-workspace", K_SIZE, FIELD(max_upload_workspace), .def = ARCHIVE_DEFAULT_MAX_UPLOAD,
+     .max = WS_MAX_MESSAGE_BYTES, .env = "ADK_CODE_MODE_MAX_UPLOAD_WORKSPACE",
+     .arg = "SIZE", .help = "workspace archive limit ($..._WORKSPACE, 100M)"},
+    {"max-unpacked", K_SIZE, FIELD(max_unpacked), .def = ARCHIVE_DEFAULT_MAX_UNPACKED,
+     .max = 1ULL << 40, .forkserver = true,
+     .arg = "SIZE", .help = "decompressed bytes per archive (1G)"},
+    {"max-members", K_UINT, FIELD(max_members), .def = ARCHIVE_DEFAULT_MAX_MEMBERS,
+     .max = 100000000, .forkserver = true,
+     .arg = "N", .help = "members per archive (100000)"},
+    {"snapshot-max", K_SIZE, FIELD(snapshot_max), .def = SNAPSHOT_DEFAULT_MAX_BYTES,
+     .max = 200 * MiB, .forkserver = true,
+     .arg = "SIZE", .help = "file data in a returned snapshot (100M)"},
+    {"output-cap", K_SIZE, FIELD(output_cap), .def = OUTPUT_DEFAULT_CAP, .min = KiB,
+     .max = 100 * MiB, .forkserver = true,
+     .arg = "SIZE", .help = "bytes kept per stream per block (16M)"},
+
+    /* the sandbox */
+    {"tools-dir", K_PATH, FIELD(tools_dir), .sdef = "/tools", .env = "ADK_CODE_MODE_TOOLS_DIR",
+     .forkserver = true,
+     .arg = "DIR", .help = "tools package dir ($ADK_CODE_MODE_TOOLS_DIR, /tools)"},
+    {"no-isolation", K_FLAG, FIELD(isolate), .def = true, .forkserver = true,
+     .help = "no namespaces/seccomp (benchmarks only)"},
+    /* One host uid and gid per live sandbox, so that nothing the kernel
+     * counts per user (processes, pending signals, inotify, pipe buffers,
+     * fds in flight, ...) is shared between sandboxes or with root. The
+     * default block lies in 1879048192..2147352575, which systemd's
+     * UIDS-GIDS.md leaves unused: above its container range (524288..) and
+     * Debian's subordinate ids (100000..600100000), below its foreign range
+     * (2147352576..) and below 2^31 (ids that look negative to signed code).
+     * Regular users (1000..60000), systemd's dynamic users (61184..65519)
+     * and nobody (65534) are far away. 2013265920 = 0x78000000. */
+    {"id-range", K_ID_RANGE, FIELD(id_first), FIELD(id_count), .sdef = "2013265920:65536",
+     .forkserver = true,
+     .arg = "FIRST:COUNT", .help = "host uids/gids for sandboxes, one per live sandbox\n"
+                                   "(2013265920:65536); no other user may use them"},
+    {"uid", K_GONE, .help = "--uid and --gid are gone: every sandbox gets a host id of its own "
+                            "from --id-range FIRST:COUNT"},
+    {"gid", K_GONE, .help = "--uid and --gid are gone: every sandbox gets a host id of its own "
+                            "from --id-range FIRST:COUNT"},
+    {"policy", K_PATH, FIELD(policy_file), .sdef = FORKBOX_DEFAULT_POLICY, .forkserver = true,
+     .arg = "FILE", .help = "seccomp policy (" FORKBOX_DEFAULT_POLICY ")"},
+    /* Not for the fork server: it is that executable, and its sandboxes
+     * need not learn where the daemon is installed. */
+    {"sandbox-exe", K_ABSPATH, FIELD(sandbox_exe), .sdef = "",
+     .arg = "PATH", .help = "the fork server's executable (default: the build tree's\n"
+                            "for the build tree's forkboxd, else the installed one)"},
+    {"site-packages", K_ABSPATHS, FIELD(site_dirs), FIELD(n_site_dirs), .max = CONFIG_MAX_SITE_DIRS,
+     .forkserver = true,
+     .arg = "DIR", .help = "extra read-only package dir (repeatable)"},
+    {"preload", K_NAMES, FIELD(preload), .sdef = "", .forkserver = true,
+     .arg = "a,b,c", .help = "modules imported once before forking"},
+    /* Four warm sandboxes (~14 MB) absorb small bursts; a refill takes ~18 ms,
+     * so a larger pool only helps bursts bigger than that. */
+    {"pool", K_UINT, FIELD(pool_size), .def = 4, .max = 100000, .forkserver = true,
+     .arg = "N", .help = "pre-forked sandboxes kept ready (4; 0 = always fresh)"},
+
+    /* resources and time */
+    {"memory", K_SIZE, FIELD(memory_max), .def = 1024 * MiB, .max = 1ULL << 40, .forkserver = true,
+     .arg = "SIZE", .help = "memory per turn (1G)"},
+    {"pids", K_UINT, FIELD(pids_max), .def = 256, .max = 1000000, .forkserver = true,
+     .arg = "N", .help = "processes/threads per turn (256)"},
+    {"cpu", K_UINT, FIELD(cpu_millis), .def = 1000, .max = 1000000, .forkserver = true,
+     .arg = "MILLIS", .help = "CPU ms per second per turn (1000 = one CPU)"},
+    {"cpu-weight", K_UINT, FIELD(cpu_weight), .def = 0, .max = 10000, .forkserver = true,
+     .arg = "N", .help = "CPU weight of all sandboxes together against the host's\n"
+                         "processes (1-10000; a process has 100; 0 = 100 per running\n"
+                         "turn, the default)"},
+    {"tmpfs-size", K_SIZE, FIELD(tmpfs_size), .def = 512 * MiB, .max = 1ULL << 40,
+     .forkserver = true,
+     .arg = "SIZE", .help = "/workspace and /tmp size each (512M)"},
+    /* Finite, so that a looping or stopped block, or a client that keeps a
+     * turn busy forever, gives its CPU and turn slot back (README,
+     * "Timeouts"). The idle limit is the host's own reaper (spec 7.5). The
+     * turn clock is the supervisor's alone. */
+    {"block-timeout", K_SECONDS, FIELD(block_timeout_ms), .def = 900, .max = 31536000,
+     .arg = "SEC", .help = "wall clock per block (900; 0 = none)"},
+    {"turn-timeout", K_SECONDS, FIELD(turn_timeout_ms), .def = 7200, .max = 31536000,
+     .arg = "SEC", .help = "wall clock per turn (7200; 0 = none)"},
+    {"idle-timeout", K_SECONDS, FIELD(idle_timeout_ms), .def = 600, .max = 31536000,
+     .arg = "SEC", .help = "idle time between blocks (600)"},
+    {"turn-buffer", K_SIZE, FIELD(turn_buffer), .def = TURN_BUFFER_DEFAULT, .min = MiB,
+     .max = 1ULL << 40,
+     .arg = "SIZE", .help = "supervisor memory one turn's messages may hold (528M)"},
+    {"total-buffer", K_SIZE, FIELD(total_buffer), .def_fn = default_total_buffer,
+     .max = 1ULL << 44,
+     .arg = "SIZE", .help = "... all turns together (a quarter of RAM, >= 528M)"},
+    {"log-level", K_LEVEL, FIELD(log_level), .sdef = "info", .forkserver = true,
+     .arg = "LEVEL", .help = "debug, info, warn, error (info)"},
+    {"help", K_HELP, {0, 0}},
+};
+#define N_OPTS (sizeof opts / sizeof opts[0])
+
+static void *at(struct config *cfg, struct field f) { return (char *)cfg + f.off; }
+
+/* Store v in an unsigned field of any width (bool and enum included). The
+ * table's bounds keep v within the field: config_table_check() proves it. */
+static void put_uint(struct config *cfg, struct field f, uint64_t v)
+{
+    void *p = at(cfg, f);
+    switch (f.size) {
+    case 1: { uint8_t x = (uint8_t)v; memcpy(p, &x, 1); break; }
+    case 2: { uint16_t x = (uint16_t)v; memcpy(p, &x, 2); break; }
+    case 4: { uint32_t x = (uint32_t)v; memcpy(p, &x, 4); break; }
+    default: memcpy(p, &v, 8); break;
+    }
+}
+
+static uint64_t get_uint(const struct config *cfg, struct field f)
+{
+    const void *p = (const char *)cfg + f.off;
+    switch (f.size) {
+    case 1: { uint8_t x; memcpy(&x, p, 1); return x; }
+    case 2: { uint16_t x; memcpy(&x, p, 2); return x; }
+    case 4: { uint32_t x; memcpy(&x, p, 4); return x; }
+    default: { uint64_t x; memcpy(&x, p, 8); return x; }
+    }
 }
 
 /* "123", "64K", "1M", "2G" -> bytes. */
@@ -140,6 +242,20 @@ static int parse_size(const char *s, uint64_t max, uint64_t *out)
         return r;
     *out = v * mult;
     return 0;
+}
+
+/* Bytes as --help writes them: 16M, not 16777216. */
+static const char *fmt_size(char *buf, size_t len, uint64_t v)
+{
+    static const char suffix[] = "GMK";
+    static const uint64_t unit[] = {1024 * MiB, MiB, KiB};
+    for (size_t i = 0; i < 3; i++)
+        if (v && v % unit[i] == 0) {
+            snprintf(buf, len, "%" PRIu64 "%c", v / unit[i], suffix[i]);
+            return buf;
+        }
+    snprintf(buf, len, "%" PRIu64, v);
+    return buf;
 }
 
 static int copy_str(char *dst, size_t dstlen, const char *src)
@@ -189,84 +305,6 @@ static int parse_id_range(struct config *cfg, const char *s)
     return 0;
 }
 
-/* A quarter of the machine's memory: what the supervisor may hold of all
- * turns' messages at once, by default. */
-static uint64_t default_total_buffer(void)
-{
-    long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
-    uint64_t quarter = pages > 0 && size > 0 ? (uint64_t)pages * (uint64_t)size / 4 : 0;
-    return quarter > TOTAL_BUFFER_MIN ? quarter : TOTAL_BUFFER_MIN;
-}
-
-static void set_defaults(struct config *cfg)
-{
-    memset(cfg, 0, sizeof *cfg);
-    strcpy(cfg->listen_host, "127.0.0.1");
-    cfg->listen_port = 8080;
-    cfg->capacity = 64;
-    cfg->preauth_max = PREAUTH_DEFAULT_MAX;
-    cfg->preauth_per_peer = PREAUTH_DEFAULT_PER_PEER;
-    cfg->max_upload_tools = ARCHIVE_DEFAULT_MAX_UPLOAD;
-    cfg->max_upload_workspace = ARCHIVE_DEFAULT_MAX_UPLOAD;
-    cfg->max_unpacked = ARCHIVE_DEFAULT_MAX_UNPACKED;
-    cfg->max_members = ARCHIVE_DEFAULT_MAX_MEMBERS;
-    cfg->snapshot_max = SNAPSHOT_DEFAULT_MAX_BYTES;
-    cfg->output_cap = OUTPUT_DEFAULT_CAP;
-    strcpy(cfg->tools_dir, "/tools");
-    cfg->isolate = true;
-    /* Four warm sandboxes (~14 MB) absorb small bursts; a refill takes ~18 ms,
-     * so a larger pool only helps bursts bigger than that. */
-    cfg->pool_size = 4;
-    /* One host uid and gid per live sandbox, so that nothing the kernel
-     * counts per user (processes, pending signals, inotify, pipe buffers,
-     * fds in flight, ...) is shared between sandboxes or with root. The
-     * default block lies in 1879048192..2147352575, which systemd's
-     * UIDS-GIDS.md leaves unused: above its container range (524288..) and
-     * Debian's subordinate ids (100000..600100000), below its foreign range
-     * (2147352576..) and below 2^31 (ids that look negative to signed code).
-     * Regular users (1000..60000), systemd's dynamic users (61184..65519)
-     * and nobody (65534) are far away. */
-    cfg->id_first = 2013265920; /* 0x78000000 */
-    cfg->id_count = 65536;
-    copy_str(cfg->policy_file, sizeof cfg->policy_file, FORKBOX_DEFAULT_POLICY);
-    cfg->memory_max = 1024 * MiB;
-    cfg->pids_max = 256;
-    cfg->cpu_millis = 1000;
-    cfg->tmpfs_size = 512 * MiB;
-    /* Finite, so that a looping or stopped block, or a client that keeps a
-     * turn busy forever, gives its CPU and turn slot back (README,
-     * "Timeouts"). The idle limit is the host's own reaper (spec 7.5). */
-    cfg->block_timeout_ms = 900 * 1000;
-    cfg->turn_timeout_ms = 7200 * 1000;
-    cfg->idle_timeout_ms = 600 * 1000;
-    cfg->turn_buffer = TURN_BUFFER_DEFAULT;
-    cfg->total_buffer = default_total_buffer();
-    cfg->log_level = LOG_LEVEL_INFO;
-}
-
-/* Environment settings of the reference (spec 8.3); flags given later win. */
-static int apply_env(struct config *cfg, char *err, size_t errlen)
-{
-    const char *v;
-    if ((v = getenv("PORT")) && *v) {
-        uint64_t port;
-        if (parse_u64(v, 65535, &port) < 0)
-            return fail(err, errlen, "PORT: not a port number: %s", v);
-        strcpy(cfg->listen_host, "0.0.0.0");
-        cfg->listen_port = (uint16_t)port;
-    }
-    if ((v = getenv("ADK_CODE_MODE_MAX_UPLOAD_TOOLS")) && *v &&
-        parse_u64(v, WS_MAX_MESSAGE_BYTES, &cfg->max_upload_tools) < 0)
-        return fail(err, errlen, "ADK_CODE_MODE_MAX_UPLOAD_TOOLS: bad size: %s", v);
-    if ((v = getenv("ADK_CODE_MODE_MAX_UPLOAD_WORKSPACE")) && *v &&
-        parse_u64(v, WS_MAX_MESSAGE_BYTES, &cfg->max_upload_workspace) < 0)
-        return fail(err, errlen, "ADK_CODE_MODE_MAX_UPLOAD_WORKSPACE: bad size: %s", v);
-    if ((v = getenv("ADK_CODE_MODE_TOOLS_DIR")) && *v &&
-        copy_str(cfg->tools_dir, sizeof cfg->tools_dir, v) < 0)
-        return fail(err, errlen, "ADK_CODE_MODE_TOOLS_DIR: too long");
-    return 0;
-}
-
 static int parse_level(const char *s, enum log_level *out)
 {
     static const char *const names[] = {"debug", "info", "warn", "error"};
@@ -276,6 +314,156 @@ static int parse_level(const char *s, enum log_level *out)
             return 0;
         }
     return -EINVAL;
+}
+
+/* Set o's field(s) from the text a (a flag's argument or a string default). */
+static int set_opt(struct config *cfg, const struct opt *o, const char *a, char *err, size_t errlen)
+{
+    char lo[24], hi[24];
+    uint64_t v;
+    switch (o->kind) {
+    case K_FLAG:
+        put_uint(cfg, o->f, !o->def);
+        return 0;
+    case K_UINT:
+        if (parse_u64(a, o->max, &v) < 0 || v < o->min)
+            return err_fmt(err, errlen, -EINVAL,
+                           "--%s: expected %" PRIu64 "..%" PRIu64 ", got %s", o->name,
+                           o->min, o->max, a);
+        put_uint(cfg, o->f, v);
+        return 0;
+    case K_SIZE:
+        if (parse_size(a, o->max, &v) < 0 || v < o->min)
+            return err_fmt(err, errlen, -EINVAL,
+                           "--%s: expected a size in %s..%s (K, M, G suffixes), got %s",
+                           o->name, fmt_size(lo, sizeof lo, o->min),
+                           fmt_size(hi, sizeof hi, o->max), a);
+        put_uint(cfg, o->f, v);
+        return 0;
+    case K_SECONDS:
+        if (parse_u64(a, o->max, &v) < 0 || v < o->min)
+            return err_fmt(err, errlen, -EINVAL,
+                           "--%s: expected seconds in %" PRIu64 "..%" PRIu64 ", got %s",
+                           o->name, o->min, o->max, a);
+        put_uint(cfg, o->f, v * 1000);
+        return 0;
+    case K_PATH:
+    case K_NAMES:
+        if (copy_str(at(cfg, o->f), o->f.size, a) < 0)
+            return err_fmt(err, errlen, -EINVAL, "--%s: %s too long (at most %zu bytes)", o->name,
+                        o->kind == K_NAMES ? "list" : "path", o->f.size - 1);
+        return 0;
+    case K_ABSPATH:
+        if (a[0] != '/' || copy_str(at(cfg, o->f), o->f.size, a) < 0)
+            return err_fmt(err, errlen, -EINVAL, "--%s: expected an absolute path: %s", o->name, a);
+        return 0;
+    case K_ABSPATHS: {
+        uint64_t n = get_uint(cfg, o->f2);
+        size_t each = o->f.size / o->max;
+        if (n >= o->max)
+            return err_fmt(err, errlen, -EINVAL, "--%s: at most %" PRIu64, o->name, o->max);
+        if (a[0] != '/' || copy_str((char *)at(cfg, o->f) + n * each, each, a) < 0)
+            return err_fmt(err, errlen, -EINVAL, "--%s: expected an absolute path: %s", o->name, a);
+        put_uint(cfg, o->f2, n + 1);
+        return 0;
+    }
+    case K_LISTEN:
+        if (parse_listen(cfg, a) < 0)
+            return err_fmt(err, errlen, -EINVAL, "--%s: expected ADDR:PORT, got %s", o->name, a);
+        return 0;
+    case K_ID_RANGE:
+        if (parse_id_range(cfg, a) < 0)
+            return err_fmt(err, errlen, -EINVAL, "--%s: expected FIRST:COUNT, got %s", o->name, a);
+        return 0;
+    case K_LEVEL:
+        if (parse_level(a, at(cfg, o->f)) < 0)
+            return err_fmt(err, errlen, -EINVAL,
+                           "--%s: expected debug, info, warn or error", o->name);
+        return 0;
+    case K_GONE:
+        return err_fmt(err, errlen, -EINVAL, "%s", o->help);
+    case K_HELP:
+        break;
+    }
+    return err_fmt(err, errlen, -EINVAL, "--%s: not a setting", o->name);
+}
+
+/* Every field at its default: the table's, so --help, the bounds and the
+ * value cannot drift apart (config_table_check() holds them together). */
+static int set_defaults(struct config *cfg, char *err, size_t errlen)
+{
+    memset(cfg, 0, sizeof *cfg);
+    for (size_t i = 0; i < N_OPTS; i++) {
+        const struct opt *o = &opts[i];
+        int r = 0;
+        switch (o->kind) {
+        case K_FLAG:
+        case K_UINT:
+        case K_SIZE:
+            put_uint(cfg, o->f, o->def_fn ? o->def_fn() : o->def);
+            break;
+        case K_SECONDS:
+            put_uint(cfg, o->f, o->def * 1000);
+            break;
+        case K_PATH: case K_ABSPATH: case K_NAMES: case K_LISTEN: case K_ID_RANGE: case K_LEVEL:
+            if (o->sdef[0]) /* "" is the memset's */
+                r = set_opt(cfg, o, o->sdef, err, errlen);
+            break;
+        case K_ABSPATHS: case K_GONE: case K_HELP:
+            break;
+        }
+        if (r < 0)
+            return r;
+    }
+    return 0;
+}
+
+/* Environment settings of the reference (spec 8.3); flags given later win.
+ * The reference reads sizes as plain integers: no suffixes here. */
+static int apply_env(struct config *cfg, char *err, size_t errlen)
+{
+    const char *v;
+    if ((v = getenv("PORT")) && *v) {
+        uint64_t port;
+        if (parse_u64(v, 65535, &port) < 0)
+            return err_fmt(err, errlen, -EINVAL, "PORT: not a port number: %s", v);
+        strcpy(cfg->listen_host, "0.0.0.0");
+        cfg->listen_port = (uint16_t)port;
+    }
+    for (size_t i = 0; i < N_OPTS; i++) {
+        const struct opt *o = &opts[i];
+        uint64_t n;
+        if (!o->env || !(v = getenv(o->env)) || !*v)
+            continue;
+        if (o->kind == K_SIZE) {
+            if (parse_u64(v, o->max, &n) < 0 || n < o->min)
+                return err_fmt(err, errlen, -EINVAL, "%s: bad size: %s", o->env, v);
+            put_uint(cfg, o->f, n);
+        } else if (copy_str(at(cfg, o->f), o->f.size, v) < 0) { /* K_PATH */
+            return err_fmt(err, errlen, -EINVAL, "%s: too long", o->env);
+        }
+    }
+    return 0;
+}
+
+static void print_usage(FILE *out)
+{
+    fputs("usage: forkboxd [options]\n", out);
+    for (size_t i = 0; i < N_OPTS; i++) {
+        const struct opt *o = &opts[i];
+        if (o->kind == K_GONE || o->kind == K_HELP)
+            continue;
+        int w = fprintf(out, "  --%s%s%s", o->name, o->arg ? " " : "", o->arg ? o->arg : "");
+        fprintf(out, "%*s", w < HELP_COLUMN - 1 ? HELP_COLUMN - w : 2, "");
+        for (const char *h = o->help; *h;) {
+            size_t n = strcspn(h, "\n");
+            fprintf(out, "%.*s\n", (int)n, h);
+            h += n;
+            if (*h == '\n' && *++h)
+                fprintf(out, "%*s", HELP_COLUMN, "");
+        }
+    }
+    fputs("SIZE accepts K, M and G suffixes (powers of 1024).\n", out);
 }
 
 /* The id range: no special id inside (root, nobody, the two -1s), and room
@@ -290,44 +478,58 @@ static int check_id_range(const struct config *cfg, char *err, size_t errlen)
     uint64_t first = cfg->id_first, end = first + cfg->id_count; /* exclusive */
     static const uint64_t special[] = {0, 65534, 65535, 4294967295ULL};
     if (cfg->id_count == 0 || end > 4294967295ULL)
-        return fail(err, errlen, "--id-range %" PRIu64 ":%u: must be non-empty and end below "
-                    "4294967295", first, cfg->id_count);
+        return err_fmt(err, errlen, -EINVAL,
+                       "--id-range %" PRIu64 ":%u: must be non-empty and end below "
+                       "4294967295", first, cfg->id_count);
     for (size_t i = 0; i < sizeof special / sizeof *special; i++)
         if (special[i] >= first && special[i] < end)
-            return fail(err, errlen, "--id-range %" PRIu64 ":%u: holds %" PRIu64
-                        " (root, nobody or -1)", first, cfg->id_count, special[i]);
+            return err_fmt(err, errlen, -EINVAL, "--id-range %" PRIu64 ":%u: holds %" PRIu64
+                           " (root, nobody or -1)", first, cfg->id_count, special[i]);
     uint64_t need = 2 * ((uint64_t)cfg->capacity + cfg->pool_size);
     if (cfg->id_count < need)
-        return fail(err, errlen, "--id-range %" PRIu64 ":%u: too small for --capacity %u and "
-                    "--pool %u: needs at least %" PRIu64 " ids (twice capacity + pool)",
-                    first, cfg->id_count, cfg->capacity, cfg->pool_size, need);
+        return err_fmt(err, errlen, -EINVAL,
+                       "--id-range %" PRIu64 ":%u: too small for --capacity %u and "
+                       "--pool %u: needs at least %" PRIu64 " ids (twice capacity + pool)",
+                       first, cfg->id_count, cfg->capacity, cfg->pool_size, need);
     return 0;
 }
 
+/* What one row's bounds cannot say: the rules that relate settings. */
 static int check(const struct config *cfg, char *err, size_t errlen)
 {
+    char a[24], b[24];
     const char *base = strrchr(cfg->tools_dir, '/');
     if (cfg->tools_dir[0] != '/' || !base || strcmp(base, "/tools") != 0)
-        return fail(err, errlen, "tools dir must be an absolute path ending in /tools: %s",
-                    cfg->tools_dir);
-    if (cfg->capacity == 0)
-        return fail(err, errlen, "--capacity must be at least 1");
-    if (cfg->preauth_max == 0)
-        return fail(err, errlen, "--preauth-max must be at least 1");
-    if (cfg->output_cap < 1024)
-        return fail(err, errlen, "--output-cap must be at least 1K");
-    if (cfg->turn_buffer < MiB || cfg->total_buffer < cfg->turn_buffer)
-        return fail(err, errlen, "--turn-buffer must be at least 1M and --total-buffer at least "
-                                 "--turn-buffer");
+        return err_fmt(err, errlen, -EINVAL,
+                       "tools dir must be an absolute path ending in /tools: %s",
+                       cfg->tools_dir);
+    if (cfg->total_buffer < cfg->turn_buffer)
+        return err_fmt(err, errlen, -EINVAL,
+                       "--total-buffer (%s) must be at least --turn-buffer (%s)",
+                       fmt_size(a, sizeof a, cfg->total_buffer),
+                       fmt_size(b, sizeof b, cfg->turn_buffer));
     return check_id_range(cfg, err, errlen);
 }
 
 int config_parse(int argc, char **argv, struct config *cfg, char *err, size_t errlen)
 {
-    set_defaults(cfg);
-    int r = apply_env(cfg, err, errlen);
+    int r = set_defaults(cfg, err, errlen);
     if (r < 0)
         return r;
+    r = apply_env(cfg, err, errlen);
+    if (r < 0)
+        return r;
+
+    struct option long_opts[N_OPTS + 1];
+    for (size_t i = 0; i < N_OPTS; i++) {
+        long_opts[i] = (struct option){
+            .name = opts[i].name,
+            .has_arg = opts[i].kind == K_FLAG || opts[i].kind == K_HELP ? no_argument
+                                                                         : required_argument,
+            .val = 1000 + (int)i,
+        };
+    }
+    long_opts[N_OPTS] = (struct option){0};
 
     optind = 1;
     opterr = 0;
@@ -335,118 +537,97 @@ int config_parse(int argc, char **argv, struct config *cfg, char *err, size_t er
         int c = getopt_long(argc, argv, "", long_opts, NULL);
         if (c == -1)
             break;
-        const char *a = optarg;
-        uint64_t v;
-        switch (c) {
-        case OPT_LISTEN:
-            if (parse_listen(cfg, a) < 0)
-                return fail(err, errlen, "--listen: expected ADDR:PORT, got %s", a);
-            break;
-        case OPT_CAPACITY:
-            if (parse_u64(a, 1000000, &v) < 0 || v == 0)
-                return fail(err, errlen, "--capacity: expected 1..1000000, got %s", a);
-            cfg->capacity = (unsigned)v;
-            break;
-        case OPT_SINGLE_USE: cfg->single_use = true; break;
-        case OPT_TOKEN_FILE:
-            if (copy_str(cfg->token_file, sizeof cfg->token_file, a) < 0)
-                return fail(err, errlen, "--token-file: path too long");
-            break;
-#define SIZE_OPT(OPT, FIELD, MAX)                                                   \
-        case OPT:                                                                   \
-            if (parse_size(a, MAX, &cfg->FIELD) < 0)                                \
-                return fail(err, errlen, "--%s: bad size %s", long_opts[OPT - OPT_LISTEN].name, a); \
-            break;
-        SIZE_OPT(OPT_MAX_UP_TOOLS, max_upload_tools, WS_MAX_MESSAGE_BYTES)
-        SIZE_OPT(OPT_MAX_UP_WS, max_upload_workspace, WS_MAX_MESSAGE_BYTES)
-        SIZE_OPT(OPT_MAX_UNPACKED, max_unpacked, 1ULL << 40)
-        SIZE_OPT(OPT_SNAPSHOT_MAX, snapshot_max, 200 * MiB)
-        SIZE_OPT(OPT_OUTPUT_CAP, output_cap, 100 * MiB)
-        SIZE_OPT(OPT_MEMORY, memory_max, 1ULL << 40)
-        SIZE_OPT(OPT_TMPFS, tmpfs_size, 1ULL << 40)
-        SIZE_OPT(OPT_TURN_BUF, turn_buffer, 1ULL << 40)
-        SIZE_OPT(OPT_TOTAL_BUF, total_buffer, 1ULL << 44)
-#undef SIZE_OPT
-#define NUM_OPT(OPT, FIELD, MAX, MULT)                                              \
-        case OPT:                                                                   \
-            if (parse_u64(a, MAX, &v) < 0)                                          \
-                return fail(err, errlen, "--%s: bad number %s", long_opts[OPT - OPT_LISTEN].name, a); \
-            cfg->FIELD = v * (MULT);                                                \
-            break;
-        NUM_OPT(OPT_MAX_MEMBERS, max_members, 100000000, 1)
-        NUM_OPT(OPT_POOL, pool_size, 100000, 1)
-        NUM_OPT(OPT_PIDS, pids_max, 1000000, 1)
-        NUM_OPT(OPT_CPU, cpu_millis, 1000000, 1)
-        NUM_OPT(OPT_CPU_WEIGHT, cpu_weight, 10000, 1)
-        NUM_OPT(OPT_BLOCK_TO, block_timeout_ms, 31536000, 1000)
-        NUM_OPT(OPT_TURN_TO, turn_timeout_ms, 31536000, 1000)
-        NUM_OPT(OPT_IDLE_TO, idle_timeout_ms, 31536000, 1000)
-        NUM_OPT(OPT_PREAUTH_MAX, preauth_max, PREAUTH_MAX_CONNECTIONS_BOUND, 1)
-        NUM_OPT(OPT_PREAUTH_PER_PEER, preauth_per_peer, PREAUTH_MAX_CONNECTIONS_BOUND, 1)
-#undef NUM_OPT
-        case OPT_TOOLS_DIR:
-            if (copy_str(cfg->tools_dir, sizeof cfg->tools_dir, a) < 0)
-                return fail(err, errlen, "--tools-dir: path too long");
-            break;
-        case OPT_NO_ISOLATION: cfg->isolate = false; break;
-        case OPT_UID:
-        case OPT_GID:
-            return fail(err, errlen, "--uid and --gid are gone: every sandbox gets a host id of "
-                        "its own from --id-range FIRST:COUNT");
-        case OPT_ID_RANGE:
-            if (parse_id_range(cfg, a) < 0)
-                return fail(err, errlen, "--id-range: expected FIRST:COUNT, got %s", a);
-            break;
-        case OPT_POLICY:
-            if (copy_str(cfg->policy_file, sizeof cfg->policy_file, a) < 0)
-                return fail(err, errlen, "--policy: path too long");
-            break;
-        case OPT_SANDBOX_EXE:
-            if (a[0] != '/' || copy_str(cfg->sandbox_exe, sizeof cfg->sandbox_exe, a) < 0)
-                return fail(err, errlen, "--sandbox-exe: expected an absolute path: %s", a);
-            break;
-        case OPT_SITE:
-            if (cfg->n_site_dirs >= CONFIG_MAX_SITE_DIRS)
-                return fail(err, errlen, "--site-packages: at most %d", CONFIG_MAX_SITE_DIRS);
-            if (a[0] != '/' || copy_str(cfg->site_dirs[cfg->n_site_dirs], 256, a) < 0)
-                return fail(err, errlen, "--site-packages: expected an absolute path: %s", a);
-            cfg->n_site_dirs++;
-            break;
-        case OPT_PRELOAD:
-            if (copy_str(cfg->preload, sizeof cfg->preload, a) < 0)
-                return fail(err, errlen, "--preload: list too long");
-            break;
-        case OPT_LOG_LEVEL:
-            if (parse_level(a, &cfg->log_level) < 0)
-                return fail(err, errlen, "--log-level: expected debug, info, warn or error");
-            break;
-        case OPT_HELP:
-            fputs(usage, stdout);
-            return 1;
-        default:
-            return fail(err, errlen, "unknown or incomplete option: %s (see --help)",
+        if (c < 1000 || c >= 1000 + (int)N_OPTS)
+            return err_fmt(err, errlen, -EINVAL, "unknown or incomplete option: %s (see --help)",
                         argv[optind - 1]);
+        const struct opt *o = &opts[c - 1000];
+        if (o->kind == K_HELP) {
+            print_usage(stdout);
+            return 1;
         }
+        r = set_opt(cfg, o, optarg, err, errlen);
+        if (r < 0)
+            return r;
     }
     if (optind < argc)
-        return fail(err, errlen, "unexpected argument: %s", argv[optind]);
+        return err_fmt(err, errlen, -EINVAL, "unexpected argument: %s", argv[optind]);
     if (cfg->single_use)
         cfg->capacity = 1;
     return check(cfg, err, errlen);
 }
 
+/* An allow-list: the fork server starts from zeros and gets the fields of
+ * the rows marked forkserver, nothing else (not even padding), so a new
+ * setting stays the supervisor's until its row says otherwise. */
 void config_for_forkserver(const struct config *cfg, struct config *out)
 {
-    *out = *cfg;
-    /* The front door, the token and the turn clock are the supervisor's. */
-    memset(out->listen_host, 0, sizeof out->listen_host);
-    out->listen_port = 0;
-    out->single_use = false;
-    memset(out->token_file, 0, sizeof out->token_file);
-    memset(out->sandbox_exe, 0, sizeof out->sandbox_exe);
-    out->allow_no_token = false;
-    out->max_upload_tools = out->max_upload_workspace = 0;
-    out->block_timeout_ms = out->turn_timeout_ms = out->idle_timeout_ms = 0;
-    out->preauth_max = out->preauth_per_peer = 0;
-    out->turn_buffer = out->total_buffer = 0;
+    memset(out, 0, sizeof *out);
+    for (size_t i = 0; i < N_OPTS; i++) {
+        const struct opt *o = &opts[i];
+        if (!o->forkserver)
+            continue;
+        memcpy(at(out, o->f), (const char *)cfg + o->f.off, o->f.size);
+        if (o->f2.size)
+            memcpy(at(out, o->f2), (const char *)cfg + o->f2.off, o->f2.size);
+    }
+}
+
+/* Is the text of n, as a whole word, in s? */
+static bool mentions(const char *s, const char *n)
+{
+    size_t len = strlen(n);
+    for (const char *p = s; (p = strstr(p, n)); p++) {
+        bool left = p == s || !(p[-1] >= '0' && p[-1] <= '9');
+        char r = p[len];
+        bool right = !((r >= '0' && r <= '9') || r == 'K' || r == 'M' || r == 'G');
+        if (left && right)
+            return true;
+    }
+    return false;
+}
+
+int config_table_check(char *err, size_t errlen)
+{
+    struct config cfg;
+    char num[24];
+    int r = set_defaults(&cfg, err, errlen);
+    if (r < 0)
+        return r;
+    for (size_t i = 0; i < N_OPTS; i++) {
+        const struct opt *o = &opts[i];
+        for (size_t j = 0; j < i; j++)
+            if (strcmp(opts[j].name, o->name) == 0)
+                return err_fmt(err, errlen, -EINVAL, "--%s: two rows", o->name);
+        if (o->kind == K_HELP)
+            continue;
+        if (!o->help)
+            return err_fmt(err, errlen, -EINVAL, "--%s: no help", o->name);
+        if (o->kind == K_GONE)
+            continue;
+        if (o->f.size == 0)
+            return err_fmt(err, errlen, -EINVAL, "--%s: no field", o->name);
+        if ((o->kind == K_LISTEN || o->kind == K_ID_RANGE || o->kind == K_ABSPATHS) && !o->f2.size)
+            return err_fmt(err, errlen, -EINVAL, "--%s: no second field", o->name);
+        if (o->kind == K_ABSPATHS && (o->max == 0 || o->f.size % o->max))
+            return err_fmt(err, errlen, -EINVAL, "--%s: max is not the array's length", o->name);
+        if ((o->kind == K_UINT || o->kind == K_SIZE || o->kind == K_SECONDS) && !o->def_fn) {
+            uint64_t unit = o->kind == K_SECONDS ? 1000 : 1;
+            unsigned bits = (unsigned)o->f.size * 8;
+            if (o->min > o->max || (bits < 64 && o->max * unit >> bits))
+                return err_fmt(err, errlen, -EINVAL, "--%s: bounds do not fit the field", o->name);
+            if (o->def < o->min || o->def > o->max)
+                return err_fmt(err, errlen, -EINVAL, "--%s: default out of bounds", o->name);
+            if (o->kind == K_SIZE)
+                fmt_size(num, sizeof num, o->def);
+            else
+                snprintf(num, sizeof num, "%" PRIu64, o->def);
+            if (!mentions(o->help, num))
+                return err_fmt(err, errlen, -EINVAL,
+                               "--%s: help does not say the default %s", o->name, num);
+        }
+        if (o->sdef && o->sdef[0] && !strstr(o->help, o->sdef))
+            return err_fmt(err, errlen, -EINVAL,
+                           "--%s: help does not say the default %s", o->name, o->sdef);
+    }
+    return 0;
 }

@@ -22,7 +22,6 @@ struct config {
     unsigned capacity;          /* concurrent turns (default 64) */
     bool single_use;            /* capacity 1; exit 0 when the turn ends */
     char token_file[256];       /* "" = use ADK_CODE_MODE_AUTH_TOKEN */
-    bool allow_no_token;        /* informational: no token configured */
     unsigned preauth_max;       /* connections not yet admitted, at most (1024) */
     unsigned preauth_per_peer;  /* of them from one IPv4 address or IPv6 /64 (128) */
 
@@ -66,8 +65,14 @@ struct config {
  * with a message in err. Prints help and returns 1 for --help. */
 int config_parse(int argc, char **argv, struct config *cfg, char *err, size_t errlen);
 
-/* What the fork server is given: cfg with every supervisor-only setting
- * (listen address, single-use, token file, sandbox executable, upload limits,
- * timeouts) reset to zero. Sent as is on the control socket (forkbox-sandbox
- * is built from the same tree as forkboxd, so the layout is the same). */
+/* What the fork server is given: the settings whose row in config.c's table
+ * says forkserver, every other byte zero (listen address, single-use, token
+ * file, sandbox executable, upload limits, timeouts, buffers, pre-auth).
+ * Sent as is on the control socket (forkbox-sandbox is built from the same
+ * tree as forkboxd, so the layout is the same). */
 void config_for_forkserver(const struct config *cfg, struct config *out);
+
+/* The option table (config.c) checked against itself: one row per name,
+ * every default within its bounds and said in its --help line, every bound
+ * within its field. 0 or -EINVAL with the row at fault in err. For tests. */
+int config_table_check(char *err, size_t errlen);

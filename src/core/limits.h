@@ -136,3 +136,9 @@
 /* A sandbox's log lines in the operator log: a burst, then a few a minute. */
 #define SANDBOX_LOG_BURST 20
 #define SANDBOX_LOG_PER_MINUTE 10
+
+/* fds one fd_recv() takes (core/util.h): the control buffer's room. The
+ * largest legitimate message carries two (the fork server's reply: channel
+ * and pidfd); session.c took up to 8 from a sandbox so that they could be
+ * closed, and the kernel drops what does not fit (MSG_CTRUNC). */
+#define FDPASS_MAX_FDS 8

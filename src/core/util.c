@@ -1,12 +1,17 @@
-/* Small fd and time helpers (see util.h). */
+/* Small shared helpers (see util.h); every process links them. */
 #include "core/util.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
 #include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "core/limits.h"
 
 int fd_set_nonblock(int fd, bool on)
 {
@@ -75,6 +80,99 @@ static uint64_t mono_ns(void)
 
 uint64_t now_ns(void) { return mono_ns(); }
 uint64_t now_ms(void) { return mono_ns() / 1000000ULL; }
+
+static void err_vfmt(char *err, size_t errlen, const char *fmt, va_list ap)
+    __attribute__((format(printf, 3, 0)));
+static void err_vfmt(char *err, size_t errlen, const char *fmt, va_list ap)
+{
+    if (err && errlen)
+        vsnprintf(err, errlen, fmt, ap);
+}
+
+int err_fmt(char *err, size_t errlen, int code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    err_vfmt(err, errlen, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+int err_errno(char *err, size_t errlen, const char *fmt, ...)
+{
+    int code = errno ? -errno : -EIO; /* before vsnprintf can change errno */
+    va_list ap;
+    va_start(ap, fmt);
+    err_vfmt(err, errlen, fmt, ap);
+    va_end(ap);
+    errno = -code;
+    return code;
+}
+
+/* Control-message room for FDPASS_MAX_FDS fds, aligned for cmsghdr. */
+union fdpass_ctl {
+    struct cmsghdr align;
+    char buf[CMSG_SPACE(FDPASS_MAX_FDS * sizeof(int))];
+};
+
+ssize_t fd_send(int sock, const void *p, size_t n, const int *fds, size_t nfds, int flags)
+{
+    union fdpass_ctl ctl;
+    struct iovec iov = {.iov_base = (void *)p, .iov_len = n};
+    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1};
+    if (nfds > FDPASS_MAX_FDS)
+        return -EINVAL;
+    if (nfds) {
+        memset(&ctl, 0, sizeof ctl);
+        m.msg_control = ctl.buf;
+        m.msg_controllen = CMSG_SPACE(nfds * sizeof(int));
+        struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(nfds * sizeof(int));
+        memcpy(CMSG_DATA(c), fds, nfds * sizeof(int));
+    }
+    ssize_t w;
+    do
+        w = sendmsg(sock, &m, MSG_NOSIGNAL | flags);
+    while (w < 0 && errno == EINTR);
+    return w < 0 ? -errno : w;
+}
+
+ssize_t fd_recv(int sock, void *p, size_t n, int *fds, size_t maxfds, size_t *nfds, int flags,
+                int *msg_flags)
+{
+    union fdpass_ctl ctl;
+    struct iovec iov = {.iov_base = p, .iov_len = n};
+    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf,
+                       .msg_controllen = sizeof ctl.buf};
+    *nfds = 0;
+    if (msg_flags)
+        *msg_flags = 0;
+    ssize_t r;
+    do
+        r = recvmsg(sock, &m, MSG_CMSG_CLOEXEC | flags);
+    while (r < 0 && errno == EINTR);
+    if (r < 0)
+        return -errno;
+    /* Every fd that arrived is ours now: keep maxfds, close the rest. */
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+            continue;
+        size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < k; i++) {
+            int fd;
+            memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
+            if (*nfds < maxfds)
+                fds[(*nfds)++] = fd;
+            else
+                close(fd);
+        }
+    }
+    if (msg_flags)
+        *msg_flags = m.msg_flags & (MSG_TRUNC | MSG_CTRUNC);
+    return r;
+}
 
 /* Like hmac.compare_digest: the running time depends on the lengths only.
  * Every byte of a is visited whatever the contents; bytes of a past the end

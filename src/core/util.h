@@ -1,4 +1,6 @@
-/* Small fd and time helpers shared by every process. */
+/* Small helpers shared by every process: fds (and passing them), clocks,
+ * parsing, and the reason buffer of the error convention (docs/internals.md,
+ * "Errors and ownership"). */
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>
@@ -12,6 +14,36 @@ int write_all(int fd, const void *p, size_t n);
 int read_all(int fd, void *p, size_t n);
 uint64_t now_ms(void);                  /* CLOCK_MONOTONIC */
 uint64_t now_ns(void);
+
+/* The reason buffer: write the reason into err (NULL or errlen 0: none
+ * wanted; cut to fit) and return code, a -errno, so a failure is one line:
+ *     return err_fmt(err, errlen, -EINVAL, "--%s: expected ...", name);
+ * Allocation-free (vsnprintf into the caller's buffer): usable in a
+ * sandbox child between clone and exec. */
+int err_fmt(char *err, size_t errlen, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* The same for a failed system call: returns -errno as it was on entry
+ * (-EIO if errno was 0), whatever formatting the reason does to errno. */
+int err_errno(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* fd passing over a unix socket (SCM_RIGHTS), the one copy for every
+ * process. Both retry EINTR; neither allocates.
+ *
+ * fd_send: sendmsg of the n bytes at p with fds[0..nfds) attached to them
+ * (nfds 0: plain bytes), MSG_NOSIGNAL | flags. The fds are borrowed: the
+ * caller still owns (and closes) its copies. Returns the bytes sent (a
+ * stream socket may take fewer: fds ride with the first byte) or -errno;
+ * -EINVAL for nfds > FDPASS_MAX_FDS. */
+ssize_t fd_send(int sock, const void *p, size_t n, const int *fds, size_t nfds, int flags);
+/* fd_recv: recvmsg into p[0..n), MSG_CMSG_CLOEXEC | flags. The fds that
+ * came with the bytes are taken by the caller: fds[0..*nfds), each
+ * close-on-exec; fds beyond maxfds are closed here (the kernel itself drops
+ * any beyond FDPASS_MAX_FDS and sets MSG_CTRUNC). *msg_flags (may be NULL)
+ * gets MSG_TRUNC and MSG_CTRUNC of the message, for callers that must
+ * refuse a cut message. Returns the bytes received, 0 at EOF, or -errno
+ * (-EAGAIN with MSG_DONTWAIT and nothing there). */
+ssize_t fd_recv(int sock, void *p, size_t n, int *fds, size_t maxfds, size_t *nfds, int flags,
+                int *msg_flags);
 /* Constant-time comparison of two byte strings; leaks only the lengths. */
 bool ct_equal(const void *a, size_t alen, const void *b, size_t blen);
 /* Parse a decimal unsigned integer with an upper bound; 0 or -EINVAL/-ERANGE. */

@@ -1,7 +1,9 @@
 /* config: defaults, flags, environment, bounds, and the fork server argv
  * round trip (which must never carry the token). */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "config/config.h"
 #include "tap.h"
@@ -121,5 +123,53 @@ int main(void)
            d.output_cap == c.output_cap && d.max_unpacked == c.max_unpacked &&
            !strcmp(d.policy_file, c.policy_file),
        "what the fork server uses is kept");
+    /* The fork server's share is an allow-list: every supervisor-only
+     * setting is zero, whatever it was set to. */
+    const char *a4[] = {"forkboxd", "--single-use", "--turn-buffer=2M", "--total-buffer=3G",
+                        "--preauth-max=5", "--turn-timeout=5", "--idle-timeout=5",
+                        "--max-upload-workspace=7"};
+    is_int(parse(&c, err, 8, a4), 0, "supervisor-only settings");
+    config_for_forkserver(&c, &d);
+    ok(!d.single_use && d.turn_buffer == 0 && d.total_buffer == 0 && d.preauth_max == 0 &&
+           d.turn_timeout_ms == 0 && d.max_upload_workspace == 0 && d.capacity == 1,
+       "none of them reaches the fork server (capacity 1 does)");
+
+    /* One table drives parsing, defaults and --help: it agrees with itself,
+     * and a refusal names the bounds. */
+    err[0] = '\0';
+    is_int(config_table_check(err, sizeof err), 0, "option table consistent (%s)", err);
+    const char *b1[] = {"forkboxd", "--output-cap=12x"};
+    ok(parse(&c, err, 2, b1) < 0 && strstr(err, "1K..100M"), "size bounds in the message (%s)", err);
+    const char *b2[] = {"forkboxd", "--pool=100001"};
+    ok(parse(&c, err, 2, b2) < 0 && strstr(err, "0..100000,"), "number bounds in the message (%s)",
+       err);
+    const char *b3[] = {"forkboxd", "--turn-buffer=2G", "--total-buffer=1G"};
+    ok(parse(&c, err, 3, b3) < 0 && strstr(err, "--total-buffer (1G)"), "buffers related (%s)", err);
+
+    char help[8192] = "";
+    FILE *tmp = tmpfile();
+    fflush(stdout);
+    int saved = dup(1);
+    dup2(fileno(tmp), 1);
+    const char *h[] = {"forkboxd", "--help"};
+    int hr = parse(&c, err, 2, h);
+    fflush(stdout);
+    dup2(saved, 1);
+    close(saved);
+    rewind(tmp);
+    size_t hn = fread(help, 1, sizeof help - 1, tmp);
+    help[hn] = '\0';
+    fclose(tmp);
+    is_int(hr, 1, "--help returns 1");
+    ok(!strncmp(help, "usage: forkboxd [options]\n  --listen ADDR:PORT         address to serve "
+                      "(default 127.0.0.1:8080; with only\n                             $PORT set",
+                21 + 91) &&
+           strstr(help, "\n  --max-upload-workspace SIZE  workspace archive limit ($..._WORKSPACE, "
+                        "100M)\n") &&
+           strstr(help, "\n  --single-use               one turn, then exit 0") &&
+           strstr(help, "\n  --log-level LEVEL          debug, info, warn, error (info)\n"
+                        "SIZE accepts K, M and G suffixes (powers of 1024).\n") &&
+           !strstr(help, "--uid") && !strstr(help, "--help"),
+       "--help laid out as before, removed flags not listed");
     return tap_done();
 }

@@ -1,5 +1,7 @@
-/* Unit tests for core/: buf, budget, outq, util, utf8, log, ratelimit. TAP output. */
+/* Unit tests for core/: buf, budget, outq, util (fds, fd passing, clocks, the
+ * reason buffer), utf8, log, ratelimit. TAP output. */
 #include <errno.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -12,6 +14,7 @@
 #include "core/buf.h"
 #include "core/outq.h"
 #include "core/cleanup.h"
+#include "core/limits.h"
 #include "core/log.h"
 #include "core/ratelimit.h"
 #include "core/utf8.h"
@@ -146,6 +149,98 @@ static void test_fd(void)
     is_int(read_all(r, got, 3), -EPIPE, "read_all: EOF before n bytes");
     is_int(write_all(-1, "x", 1), -EBADF, "write_all on a bad fd");
     is_int(read_all(-1, got, 1), -EBADF, "read_all on a bad fd");
+}
+
+/* ---- the reason buffer ---------------------------------------------------- */
+
+static void test_err(void)
+{
+    char err[16];
+    is_int(err_fmt(err, sizeof err, -EINVAL, "bad %s: %d", "value", 7), -EINVAL,
+           "err_fmt returns its code");
+    is_str(err, "bad value: 7", "err_fmt writes the reason");
+    err_fmt(err, sizeof err, -E2BIG, "%s", "a reason longer than the buffer");
+    ok(strlen(err) == sizeof err - 1 && !strncmp(err, "a reason longer", 15),
+       "err_fmt cuts to fit, NUL-terminated");
+    is_int(err_fmt(NULL, 0, -ENOMEM, "%s", "nobody reads this"), -ENOMEM, "no buffer: only the code");
+    err[0] = 'x';
+    is_int(err_fmt(err, 0, -ENOMEM, "%s", "no room"), -ENOMEM, "errlen 0: nothing written");
+    ok(err[0] == 'x', "errlen 0 leaves the buffer alone");
+
+    errno = ENOENT;
+    is_int(err_errno(err, sizeof err, "open %s", "/x"), -ENOENT, "err_errno returns -errno");
+    ok(!strcmp(err, "open /x") && errno == ENOENT, "err_errno writes the reason, keeps errno");
+    errno = 0;
+    is_int(err_errno(err, sizeof err, "odd"), -EIO, "err_errno with errno 0: -EIO");
+}
+
+/* ---- fd passing ------------------------------------------------------------ */
+
+static int count_fds(void)
+{
+    int n = 0;
+    DIR *d = opendir("/proc/self/fd");
+    if (!d)
+        return -1;
+    for (struct dirent *de; (de = readdir(d));)
+        n += de->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+
+static void test_fdpass(void)
+{
+    int sv[2], p1[2], p2[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) < 0 || pipe(p1) < 0 || pipe(p2) < 0) {
+        ok(0, "socketpair, pipes");
+        return;
+    }
+    _cleanup_close_ int a = sv[0], b = sv[1];
+    _cleanup_close_ int r1 = p1[0], w1 = p1[1], r2 = p2[0], w2 = p2[1];
+
+    /* Two fds with the bytes; they arrive as new fds on the same pipes,
+     * close-on-exec, and the sender keeps its own. */
+    int out[2] = {w1, w2}, in[FDPASS_MAX_FDS];
+    size_t nin = 99;
+    int mf = -1;
+    char got[8] = {0};
+    is_int(fd_send(a, "abc", 3, out, 2, 0), 3, "fd_send: bytes and two fds");
+    is_int(fd_recv(b, got, sizeof got, in, FDPASS_MAX_FDS, &nin, 0, &mf), 3, "fd_recv: the bytes");
+    ok(!memcmp(got, "abc", 3) && nin == 2 && mf == 0, "two fds, no truncation");
+    ok(nin == 2 && in[0] != w1 && in[1] != w2 && (fcntl(in[0], F_GETFD) & FD_CLOEXEC) &&
+           (fcntl(in[1], F_GETFD) & FD_CLOEXEC), "new fds, close-on-exec");
+    ok(fcntl(w1, F_GETFD) >= 0 && fcntl(w2, F_GETFD) >= 0, "the sender's fds are still its own");
+    if (nin == 2) {
+        ok(write(in[1], "y", 1) == 1 && read(r2, got, 1) == 1 && got[0] == 'y',
+           "the second fd is the second pipe");
+        close(in[0]);
+        close(in[1]);
+    }
+
+    /* maxfds 1: the second fd is closed by fd_recv, not leaked. */
+    int before = count_fds();
+    fd_send(a, "d", 1, out, 2, 0);
+    is_int(fd_recv(b, got, sizeof got, in, 1, &nin, 0, NULL), 1, "fd_recv with room for one");
+    is_int(nin, 1, "one fd taken");
+    is_int(count_fds(), before + 1, "the other one closed, not leaked");
+    if (nin == 1)
+        close(in[0]);
+
+    /* Plain bytes, too many fds, nothing there, EOF. */
+    is_int(fd_send(a, "e", 1, NULL, 0, 0), 1, "fd_send without fds");
+    ok(fd_recv(b, got, sizeof got, in, FDPASS_MAX_FDS, &nin, 0, NULL) == 1 && nin == 0 &&
+           got[0] == 'e', "fd_recv without fds");
+    int many[FDPASS_MAX_FDS + 1];
+    for (size_t i = 0; i <= FDPASS_MAX_FDS; i++)
+        many[i] = w1;
+    is_int(fd_send(a, "f", 1, many, FDPASS_MAX_FDS + 1, 0), -EINVAL, "more than FDPASS_MAX_FDS");
+    is_int(fd_recv(b, got, sizeof got, in, 1, &nin, MSG_DONTWAIT, NULL), -EAGAIN,
+           "MSG_DONTWAIT with nothing there: -EAGAIN");
+    close_and_reset(&a);
+    is_int(fd_recv(b, got, sizeof got, in, 1, &nin, 0, NULL), 0, "EOF: 0");
+    is_int(fd_send(b, "g", 1, NULL, 0, 0), -EPIPE, "fd_send to a closed peer: -EPIPE, no SIGPIPE");
+    is_int(fd_send(-1, "g", 1, NULL, 0, 0), -EBADF, "fd_send on a bad fd");
+    (void)r1;
 }
 
 static void test_time(void)
@@ -628,6 +723,8 @@ int main(void)
     test_parse_u64();
     test_fd();
     test_time();
+    test_err();
+    test_fdpass();
     test_utf8();
     test_utf8_stream();
     test_log();
