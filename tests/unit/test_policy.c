@@ -46,6 +46,7 @@
 #include "sandbox/limits.h"
 #include "sandbox/policy.h"
 #include "sandbox/seccomp.h"
+#include "sandbox/seccomp_notify.h"
 #include "tap.h"
 
 extern char **environ;
