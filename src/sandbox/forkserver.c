@@ -39,7 +39,7 @@
 #include "core/log.h"
 #include "proto/chan.h"
 #include "sandbox/ids.h"
-#include "sandbox/limits.h"
+#include "sandbox/cgroups.h"
 #include "sandbox/mounts.h"
 #include "sandbox/seccomp.h"
 #include "sandbox/steps.h"

@@ -37,7 +37,8 @@
 #include "core/limits.h"
 #include "proto/chan.h"
 #include "sandbox/caps.h"
-#include "sandbox/limits.h"
+#include "sandbox/cgroups.h"
+#include "sandbox/rlimits.h"
 #include "sandbox/mounts.h"
 #include "sandbox/seccomp.h"
 

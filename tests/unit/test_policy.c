@@ -43,7 +43,8 @@
 #include <unistd.h>
 
 #include "config/config.h"
-#include "sandbox/limits.h"
+#include "sandbox/cgroups.h"
+#include "sandbox/rlimits.h"
 #include "sandbox/policy.h"
 #include "sandbox/seccomp.h"
 #include "sandbox/seccomp_notify.h"

@@ -1,6 +1,7 @@
-/* Per-turn resource limits: cgroups (v2 where the host has controllers, else
- * the v1 memory and pids controllers) placed from the fork server, and
- * rlimits set in the child. */
+/* Per-turn cgroups (v2 where the host has controllers, else the v1 memory,
+ * pids and cpu controllers): probed by the fork server at start, then
+ * written only by its cgroup helper (placer.c). The child's own rlimits are
+ * rlimits.h. */
 #pragma once
 #include <stdint.h>
 #include <sys/types.h>
@@ -42,7 +43,3 @@ unsigned limits_cgroups_cpu_weight(const struct sbx_cgroups *cg);
  * still waiting (call again a little later while non-zero). */
 size_t limits_cgroups_retry(struct sbx_cgroups *cg);
 void limits_cgroups_free(struct sbx_cgroups *cg);
-
-/* In the child: RLIMIT_CORE 0, RLIMIT_FSIZE, RLIMIT_NOFILE, RLIMIT_NPROC
- * backstop, RLIMIT_SIGPENDING, RLIMIT_MSGQUEUE. 0 or -errno. */
-int limits_apply_rlimits(const struct config *cfg);

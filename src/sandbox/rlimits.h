@@ -1,0 +1,9 @@
+/* The rlimits a sandbox sets on itself: runs in the sandbox child, before
+ * init (steps.c). Lowering needs no privilege. */
+#pragma once
+
+#include "config/config.h"
+
+/* In the child: RLIMIT_CORE 0, RLIMIT_FSIZE, RLIMIT_NOFILE, RLIMIT_NPROC
+ * backstop, RLIMIT_SIGPENDING, RLIMIT_MSGQUEUE. 0 or -errno. */
+int limits_apply_rlimits(const struct config *cfg);
