@@ -1,6 +1,6 @@
 /* Runs in the fork server's cgroup helper (placer.c), which makes every
  * cgroup write; the fork server only probes at start, before it forks the
- * helper (limits_cgroups_init). Per-turn cgroups, see cgroups.h.
+ * helper (cgroups_init). Per-turn cgroups, see cgroups.h.
  *
  * Kernel-enforced, per turn:
  *   memory  cgroup v2 memory.max (+ memory.swap.max 0), or v1 memory.limit_in_bytes
@@ -34,7 +34,7 @@
  * three cgroups cost ~7% of the CPU of a one-block turn (mkdir, rmdir and the
  * v1 cpu quota write); the counters a cgroup keeps are not data of a turn, and
  * nothing in a sandbox can read them. A cgroup that is still busy when
- * released is retried later (limits_cgroups_retry) instead of blocking the
+ * released is retried later (cgroups_retry) instead of blocking the
  * caller. Spares are kept up to the most turn cgroups that can be live at
  * once (capacity + pool, within [SPARE_MIN, SPARE_MAX]); beyond that they are
  * removed. A lower cap churned under a steady load whose number of live turns
@@ -332,7 +332,7 @@ static void set_parent_weight(struct sbx_cgroups *cg)
     cg->weight_set = w;
 }
 
-int limits_cgroups_init(const struct config *cfg, struct sbx_cgroups **out)
+int cgroups_init(const struct config *cfg, struct sbx_cgroups **out)
 {
     struct sbx_cgroups *cg = calloc(1, sizeof *cg);
     if (!cg)
@@ -616,7 +616,7 @@ static int attach_spare(struct sbx_cgroups *cg, pid_t pid, const char *pidstr)
     return -ENOENT;
 }
 
-int limits_cgroups_attach(struct sbx_cgroups *cg, pid_t pid, const struct config *cfg)
+int cgroups_attach(struct sbx_cgroups *cg, pid_t pid, const struct config *cfg)
 {
     char pidstr[32];
     snprintf(pidstr, sizeof pidstr, "%d", (int)pid);
@@ -660,7 +660,7 @@ int limits_cgroups_attach(struct sbx_cgroups *cg, pid_t pid, const struct config
     return rc;
 }
 
-void limits_cgroups_events(struct sbx_cgroups *cg, pid_t pid, struct cg_events *ev)
+void cgroups_events(struct sbx_cgroups *cg, pid_t pid, struct cg_events *ev)
 {
     *ev = (struct cg_events){0};
     for (size_t i = 0; cg && i < cg->n_live; i++) {
@@ -676,7 +676,7 @@ void limits_cgroups_events(struct sbx_cgroups *cg, pid_t pid, struct cg_events *
     }
 }
 
-void limits_cgroups_release(struct sbx_cgroups *cg, pid_t pid)
+void cgroups_release(struct sbx_cgroups *cg, pid_t pid)
 {
     if (!cg)
         return;
@@ -684,12 +684,12 @@ void limits_cgroups_release(struct sbx_cgroups *cg, pid_t pid)
     set_parent_weight(cg);
 }
 
-unsigned limits_cgroups_cpu_weight(const struct sbx_cgroups *cg)
+unsigned cgroups_cpu_weight(const struct sbx_cgroups *cg)
 {
     return cg ? cg->weight_set : 0;
 }
 
-void limits_cgroups_serving(struct sbx_cgroups *cg, pid_t pid)
+void cgroups_serving(struct sbx_cgroups *cg, pid_t pid)
 {
     for (size_t i = 0; cg && i < cg->n_live; i++)
         if (cg->live[i].pid == pid && !cg->live[i].serving) {
@@ -699,7 +699,7 @@ void limits_cgroups_serving(struct sbx_cgroups *cg, pid_t pid)
         }
 }
 
-size_t limits_cgroups_retry(struct sbx_cgroups *cg)
+size_t cgroups_retry(struct sbx_cgroups *cg)
 {
     if (!cg)
         return 0;
@@ -711,7 +711,7 @@ size_t limits_cgroups_retry(struct sbx_cgroups *cg)
     return kept;
 }
 
-void limits_cgroups_free(struct sbx_cgroups *cg)
+void cgroups_free(struct sbx_cgroups *cg)
 {
     if (!cg)
         return;
@@ -728,7 +728,7 @@ void limits_cgroups_free(struct sbx_cgroups *cg)
     cg->n_spare = cg->n_live = 0;
     for (size_t i = 0; i < cg->n_busy; i++)
         cg->busy[i].complete = false; /* removed, not recycled */
-    for (int tries = 0; limits_cgroups_retry(cg) && tries < 100; tries++)
+    for (int tries = 0; cgroups_retry(cg) && tries < 100; tries++)
         nanosleep(&(struct timespec){.tv_nsec = 10 * 1000 * 1000}, NULL);
     if (cg->n_busy)
         LOG_W("cgroup: %zu turn cgroups still busy at exit", cg->n_busy);

@@ -238,7 +238,7 @@ _Noreturn static void placer_main(const struct config *cfg, struct sbx_cgroups *
             /* Retry them every 20 ms while otherwise idle. */
             struct pollfd pfd = {.fd = fd, .events = POLLIN};
             if (poll(&pfd, 1, 20) == 0) {
-                busy = limits_cgroups_retry(cg);
+                busy = cgroups_retry(cg);
                 continue;
             }
         }
@@ -256,7 +256,7 @@ _Noreturn static void placer_main(const struct config *cfg, struct sbx_cgroups *
         if (n <= 0) {
             /* The fork server is gone or done: its sandboxes are dead
              * (PDEATHSIG), so every turn cgroup can go. */
-            limits_cgroups_free(cg);
+            cgroups_free(cg);
             _exit(0);
         }
         int go_fd = -1;
@@ -271,7 +271,7 @@ _Noreturn static void placer_main(const struct config *cfg, struct sbx_cgroups *
         }
         if (req.op == PLACER_ATTACH && go_fd >= 0) {
             uint64_t t0 = mono_ns();
-            int r = limits_cgroups_attach(cg, req.pid, cfg);
+            int r = cgroups_attach(cg, req.pid, cfg);
             /* Gone already (killed as its client left, or failed before
              * its go): nothing to place, its cgroup stays a spare. Common
              * and harmless, so not a warning. */
@@ -291,13 +291,13 @@ _Noreturn static void placer_main(const struct config *cfg, struct sbx_cgroups *
                  * starts from here); the report goes first: the turn's
                  * close waits for it, the cgroup's recycling does not. */
                 struct cg_events ev;
-                limits_cgroups_events(cg, req.pid, &ev);
+                cgroups_events(cg, req.pid, &ev);
                 if (req.op == PLACER_RELEASE_REPORT)
                     placer_report(ctl_fd, &req, &ev);
-                limits_cgroups_release(cg, req.pid);
-                busy = limits_cgroups_retry(cg);
+                cgroups_release(cg, req.pid);
+                busy = cgroups_retry(cg);
             } else if (req.op == PLACER_SERVING) {
-                limits_cgroups_serving(cg, req.pid);
+                cgroups_serving(cg, req.pid);
             }
         }
     }
@@ -785,7 +785,7 @@ _Noreturn void forkserver_main(int ctl_fd)
         if (r < 0)
             fail_start(ctl_fd, r, err);
     }
-    r = limits_cgroups_init(cfg, &fsv.cgroups);
+    r = cgroups_init(cfg, &fsv.cgroups);
     if (r < 0) {
         snprintf(err, sizeof err, "cgroups: %s", strerror(-r));
         fail_start(ctl_fd, r, err);

@@ -32,7 +32,7 @@ static int set_rlimit(int res, rlim_t v)
     return 0;
 }
 
-int limits_apply_rlimits(const struct config *cfg)
+int rlimits_apply(const struct config *cfg)
 {
     int rc;
     if ((rc = set_rlimit(RLIMIT_CORE, 0)) < 0)

@@ -6,4 +6,4 @@
 
 /* In the child: RLIMIT_CORE 0, RLIMIT_FSIZE, RLIMIT_NOFILE, RLIMIT_NPROC
  * backstop, RLIMIT_SIGPENDING, RLIMIT_MSGQUEUE. 0 or -errno. */
-int limits_apply_rlimits(const struct config *cfg);
+int rlimits_apply(const struct config *cfg);

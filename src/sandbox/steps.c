@@ -313,10 +313,10 @@ static int step_namespaces(const struct sbx_plan *p, struct sbx_state *st)
  * limits (limits.c has the values and why). */
 static int step_rlimits(const struct sbx_plan *p, struct sbx_state *st)
 {
-    int r = limits_apply_rlimits(p->cfg);
+    int r = rlimits_apply(p->cfg);
     if (r < 0) {
         errno = -r;
-        return set_what(st, "limits_apply_rlimits");
+        return set_what(st, "rlimits_apply");
     }
     return 0;
 }
@@ -827,7 +827,7 @@ static int place_child(const struct sbx_plan *p, pid_t pid, uint32_t id, bool ma
 {
     int r = maps ? write_maps(pid, id, err, errlen) : 0;
     if (r == 0 && cgroups && p->cgroups) {
-        r = limits_cgroups_attach(p->cgroups, pid, p->cfg);
+        r = cgroups_attach(p->cgroups, pid, p->cfg);
         if (r < 0)
             snprintf(err, errlen, "cgroup placement of %d: %s", (int)pid, strerror(-r));
     }
@@ -1197,7 +1197,7 @@ int sbx_spawn(const struct sbx_plan *p, uint32_t id, unsigned spawn_flags,
 void sbx_child_release(const struct sbx_plan *p, struct sbx_child *c)
 {
     if (p->cgroups && c->pid > 0)
-        limits_cgroups_release(p->cgroups, c->pid);
+        cgroups_release(p->cgroups, c->pid);
     close_and_reset(&c->pidfd);
     close_and_reset(&c->chan_fd);
     close_and_reset(&c->warm_fd);

@@ -1147,7 +1147,7 @@ static void test_cgroup_leftovers(struct sbx_cgroups *cg, const struct config *c
             pause();
             _exit(0);
         }
-        is_int(limits_cgroups_attach(cg, turn[i], cfg), 0, "attach %d next to leftovers", i + 1);
+        is_int(cgroups_attach(cg, turn[i], cfg), 0, "attach %d next to leftovers", i + 1);
     }
     snprintf(want, sizeof want, "%s/turn-%d-1/cgroup.procs", base, (int)getpid());
     ok(access(want, F_OK) == 0, "an empty leftover of the same name is replaced");
@@ -1156,11 +1156,11 @@ static void test_cgroup_leftovers(struct sbx_cgroups *cg, const struct config *c
     for (int i = 0; i < 2; i++) {
         kill(turn[i], SIGKILL);
         waitpid(turn[i], NULL, 0);
-        limits_cgroups_release(cg, turn[i]);
+        cgroups_release(cg, turn[i]);
     }
     kill(sleeper, SIGKILL);
     waitpid(sleeper, NULL, 0);
-    for (int i = 0; i < 100 && limits_cgroups_retry(cg) > 0; i++)
+    for (int i = 0; i < 100 && cgroups_retry(cg) > 0; i++)
         usleep(10000);
     rmdir(busy);
     rmdir(empty);
@@ -1172,7 +1172,7 @@ static void test_cgroup_leftovers(struct sbx_cgroups *cg, const struct config *c
  * in parallel) share that parent and write their own weight to it. */
 static void test_cpu_weight(struct sbx_cgroups *cg, const struct config *cfg)
 {
-    unsigned one = limits_cgroups_cpu_weight(cg);
+    unsigned one = cgroups_cpu_weight(cg);
     if (one == 0) {
         printf("ok %d - # SKIP no cpu controller for the weight test\n", ++tap_n);
         return;
@@ -1185,19 +1185,19 @@ static void test_cpu_weight(struct sbx_cgroups *cg, const struct config *cfg)
             pause();
             _exit(0);
         }
-        is_int(limits_cgroups_attach(cg, kids[i], cfg), 0, "sandbox %d placed", i);
+        is_int(cgroups_attach(cg, kids[i], cfg), 0, "sandbox %d placed", i);
     }
-    is_int((int)limits_cgroups_cpu_weight(cg), 100, "placed but idle (pooled): no more weight");
-    limits_cgroups_serving(cg, kids[0]);
-    limits_cgroups_serving(cg, kids[1]);
-    limits_cgroups_serving(cg, kids[1]);
-    is_int((int)limits_cgroups_cpu_weight(cg), 200, "two turns running: twice the weight");
+    is_int((int)cgroups_cpu_weight(cg), 100, "placed but idle (pooled): no more weight");
+    cgroups_serving(cg, kids[0]);
+    cgroups_serving(cg, kids[1]);
+    cgroups_serving(cg, kids[1]);
+    is_int((int)cgroups_cpu_weight(cg), 200, "two turns running: twice the weight");
     for (int i = 0; i < 3; i++) {
         kill(kids[i], SIGKILL);
         waitpid(kids[i], NULL, 0);
-        limits_cgroups_release(cg, kids[i]);
+        cgroups_release(cg, kids[i]);
     }
-    is_int((int)limits_cgroups_cpu_weight(cg), 100, "every turn ended: one process's weight again");
+    is_int((int)cgroups_cpu_weight(cg), 100, "every turn ended: one process's weight again");
 }
 
 /* A child held until start_held(*go) (so that it is in its cgroup before it
@@ -1273,20 +1273,20 @@ static void test_cgroups(void)
     struct config cfg = { .memory_max = 32 << 20, .pids_max = 16, .cpu_millis = 500,
                           .tmpfs_size = 512 << 20, .isolate = true };
     struct sbx_cgroups *cg = NULL;
-    is_int(limits_cgroups_init(&cfg, &cg), 0, "cgroups probed");
+    is_int(cgroups_init(&cfg, &cg), 0, "cgroups probed");
     test_cgroup_leftovers(cg, &cfg);
     test_cpu_weight(cg, &cfg);
 
     /* memory: allocate 256 MiB in a turn limited to 32 MiB */
     int go;
     pid_t pid = fork_held(eat_256_mib, &go);
-    int rc = limits_cgroups_attach(cg, pid, &cfg);
+    int rc = cgroups_attach(cg, pid, &cfg);
     if (rc == -ENOENT || rc == -EROFS) {
         printf("ok %d - # SKIP no usable memory cgroup (%s)\n", ++tap_n, strerror(-rc));
         kill(pid, SIGKILL);
         waitpid(pid, NULL, 0);
         close(go);
-        limits_cgroups_free(cg);
+        cgroups_free(cg);
         return;
     }
     is_int(rc, 0, "turn cgroup created, child attached");
@@ -1295,8 +1295,8 @@ static void test_cgroups(void)
     waitpid(pid, &st, 0);
     ok(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL, "child over memory limit is OOM-killed");
     struct cg_events ev;
-    limits_cgroups_events(cg, pid, &ev);
-    limits_cgroups_release(cg, pid);
+    cgroups_events(cg, pid, &ev);
+    cgroups_release(cg, pid);
     ok(ev.oom_kills >= 1, "the release reports the OOM kill (%u)", ev.oom_kills);
 
     /* The next turn in that (reused) cgroup starts from zero: a child that
@@ -1304,25 +1304,25 @@ static void test_cgroups(void)
      * test below may itself be OOM-killed at 32 MiB under ASan (15 forked
      * copies of an ASan process). */
     pid = fork_held(exit_at_once, &go);
-    is_int(limits_cgroups_attach(cg, pid, &cfg), 0, "the next turn attached");
+    is_int(cgroups_attach(cg, pid, &cfg), 0, "the next turn attached");
     start_held(go);
     waitpid(pid, &st, 0);
-    limits_cgroups_events(cg, pid, &ev);
-    limits_cgroups_release(cg, pid);
+    cgroups_events(cg, pid, &ev);
+    cgroups_release(cg, pid);
     ok(ev.oom_kills == 0 && ev.pids_max == 0,
        "the next turn does not report the earlier turn's OOM kill (%u, %u)", ev.oom_kills,
        ev.pids_max);
 
     /* pids: a turn limited to 16 tasks cannot start 40 */
     pid = fork_held(fork_40, &go);
-    is_int(limits_cgroups_attach(cg, pid, &cfg), 0, "second turn attached");
+    is_int(cgroups_attach(cg, pid, &cfg), 0, "second turn attached");
     start_held(go);
     waitpid(pid, &st, 0);
     ok(WIFEXITED(st) && WEXITSTATUS(st) == 0, "pids.max 16: the 16th fork fails with EAGAIN");
-    limits_cgroups_events(cg, pid, &ev);
-    limits_cgroups_release(cg, pid);
+    cgroups_events(cg, pid, &ev);
+    cgroups_release(cg, pid);
     ok(ev.pids_max >= 1, "the release reports the refused forks (%u)", ev.pids_max);
-    limits_cgroups_free(cg);
+    cgroups_free(cg);
 }
 
 static void test_rlimits(void)
@@ -1330,7 +1330,7 @@ static void test_rlimits(void)
     pid_t pid = fork();
     if (pid == 0) {
         struct config cfg = { .tmpfs_size = 1 << 20, .pids_max = 64, .isolate = false };
-        if (limits_apply_rlimits(&cfg) < 0)
+        if (rlimits_apply(&cfg) < 0)
             _exit(2);
         struct rlimit c, f, n;
         getrlimit(RLIMIT_CORE, &c);
