@@ -2,7 +2,7 @@
  * Keeping it here lets tests spawn real sandboxes with their own hooks
  * without linking the embedded interpreter. */
 #include "pyrt/pyrt.h"
-#include "sandbox/steps.h"
+#include "sandbox/spawn.h"
 
 int sbx_runtime_init(const struct config *cfg, char *err, size_t errlen)
 {

@@ -43,7 +43,7 @@
 #include "sandbox/mounts.h"
 #include "sandbox/placer.h"
 #include "sandbox/seccomp.h"
-#include "sandbox/steps.h"
+#include "sandbox/spawn.h"
 
 static void reap_blocking(pid_t pid, int *status)
 {

@@ -14,7 +14,7 @@
 #include "core/util.h"
 #include "sandbox/cgroups.h"
 #include "sandbox/forkserver.h"
-#include "sandbox/steps.h"
+#include "sandbox/spawn.h"
 
 /* A sandbox handed to a turn has been reaped: the helper reads what its
  * turn cgroup counted (before the cgroup can be reused) and sends the
