@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "core/cleanup.h"
+#include "sandbox/arch.h"
 #include "sandbox/cgroups.h"
 #include "sandbox/steps.h"
 
@@ -408,7 +409,7 @@ int sbx_spawn(const struct sbx_plan *p, uint32_t id, unsigned spawn_flags,
             errno = -r;
             pid = -1;
         } else {
-            pid = syscall(SYS_clone, flags, NULL, &pidfd, p->tid_addr, 0);
+            pid = arch_clone(flags, &pidfd, p->tid_addr);
             if (pid != 0 && cfg->isolate) {
                 int e = errno;
                 clone_done(pdeath);

@@ -29,6 +29,7 @@
 #include "core/cleanup.h"
 #include "core/limits.h"
 #include "proto/chan.h"
+#include "sandbox/arch.h"
 #include "sandbox/caps.h"
 #include "sandbox/mounts.h"
 #include "sandbox/rlimits.h"
@@ -456,35 +457,12 @@ static void restore_robust_list(const struct sbx_plan *p)
         syscall(SYS_set_robust_list, p->robust_head, p->robust_len);
 }
 
-static long raw_syscall3(long n, long a, long b, long c)
-{
-    long ret;
-    __asm__ volatile("syscall"
-                     : "=a"(ret)
-                     : "0"(n), "D"(a), "S"(b), "d"(c)
-                     : "rcx", "r11", "memory");
-    return ret;
-}
-
-static long raw_syscall4(long n, long a, long b, long c, long d)
-{
-    register long r10 __asm__("r10") = d;
-    long ret;
-    __asm__ volatile("syscall"
-                     : "=a"(ret)
-                     : "0"(n), "D"(a), "S"(b), "d"(c), "r"(r10)
-                     : "rcx", "r11", "memory");
-    return ret;
-}
-
 /* The calling thread's rseq area, registered by glibc (sys/rseq.h). */
 static void *rseq_area(void)
 {
     if (__rseq_size == 0)
         return NULL; /* glibc did not register one (tunable, old kernel) */
-    char *tp;
-    __asm__("mov %%fs:0, %0" : "=r"(tp));
-    return tp + __rseq_offset;
+    return arch_thread_pointer() + __rseq_offset;
 }
 
 #define RSEQ_LEN 32 /* the original struct rseq, which glibc 2.36 registers */
@@ -496,16 +474,16 @@ static void init_main(long worker)
      * over (the kernel would otherwise keep writing init's cpu into it). */
     void *rs = rseq_area();
     if (rs)
-        raw_syscall4(SYS_rseq, (long)rs, RSEQ_LEN, RSEQ_FLAG_UNREGISTER, RSEQ_SIG);
+        arch_syscall4(SYS_rseq, (long)rs, RSEQ_LEN, RSEQ_FLAG_UNREGISTER, RSEQ_SIG);
     /* Init needs no fd; the channel must close when the runtime's copy does. */
-    raw_syscall3(SYS_close_range, 0, ~0U, 0);
+    arch_syscall3(SYS_close_range, 0, ~0U, 0);
     for (;;) {
         int status = 0;
-        long pid = raw_syscall4(SYS_wait4, -1, (long)&status, __WALL, 0);
+        long pid = arch_syscall4(SYS_wait4, -1, (long)&status, __WALL, 0);
         if (pid == worker)
-            raw_syscall3(SYS_exit_group, SANDBOX_STATUS(status), 0, 0);
+            arch_syscall3(SYS_exit_group, SANDBOX_STATUS(status), 0, 0);
         if (pid < 0 && pid != -EINTR)
-            raw_syscall3(SYS_exit_group, 127, 0, 0);
+            arch_syscall3(SYS_exit_group, 127, 0, 0);
     }
 }
 
@@ -515,23 +493,8 @@ static void init_main(long worker)
  * and calls init_main(child). Returns -errno if there is no child. */
 static long clone_init(pid_t *tid_addr)
 {
-    register long r10 __asm__("r10") = (long)tid_addr;
-    register long r8 __asm__("r8") = 0;
-    long ret;
-    __asm__ volatile("syscall\n\t"
-                     "test %%rax, %%rax\n\t"
-                     "jle 1f\n\t"
-                     "mov %[stack], %%rsp\n\t"
-                     "mov %%rax, %%rdi\n\t"
-                     "call *%[fn]\n\t"
-                     "ud2\n"
-                     "1:"
-                     : "=a"(ret)
-                     : "0"((long)SYS_clone), "D"((long)(CLONE_VM | CLONE_CHILD_SETTID | SIGCHLD)),
-                       "S"(0L), "d"(0L), "r"(r10), "r"(r8),
-                       [stack] "r"(init_stack + sizeof init_stack), [fn] "r"(init_main)
-                     : "rcx", "r11", "memory");
-    return ret;
+    return arch_clone_init(CLONE_VM | CLONE_CHILD_SETTID | SIGCHLD, tid_addr,
+                           init_stack + sizeof init_stack, init_main);
 }
 
 /* Without the tid address (sbx_tid_probe failed) only glibc's fork is safe;
