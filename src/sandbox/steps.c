@@ -200,7 +200,7 @@ static int step_ids(const struct sbx_plan *p, struct sbx_state *st)
  * mapped uid. */
 static int step_mounts(const struct sbx_plan *p, struct sbx_state *st)
 {
-    int r = mounts_setup(p->cfg, p->mounts, &st->tools_fd, st->what, sizeof st->what);
+    int r = mounts_enter(p->cfg, p->mounts, &st->tools_fd, st->what, sizeof st->what);
     st->tools_dir = p->cfg->tools_dir;
     st->workspace_dir = SBX_WORKSPACE;
     return r;
