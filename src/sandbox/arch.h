@@ -1,6 +1,6 @@
-/* The architecture-specific code of a spawn, behind one guard: used in the
- * fork server (arch_clone, by spawn.c) and in the sandbox child (the rest,
- * by steps.c's init). Each supported architecture has one header,
+/* Runs in the fork server (arch_clone, spawn.c) and the sandbox child (the
+ * rest, steps.c's init): the architecture-specific code of a spawn, behind
+ * one guard. Each supported architecture has one header,
  * arch_<arch>.h, with the same static inline functions:
  *
  *   long arch_syscall3(long n, long a, long b, long c);

@@ -1,5 +1,5 @@
-/* x86-64 code of a spawn (the contract is arch.h): the raw system calls of
- * the sandbox's init and its clone onto its own stack (sandbox child), and
+/* Runs in the fork server and the sandbox child (see arch.h): x86-64 code of
+ * a spawn: the raw system calls of the sandbox's init and its clone onto its own stack (sandbox child), and
  * clone(2)'s argument order (fork server). Include arch.h, not this. */
 #pragma once
 #include <sys/syscall.h>

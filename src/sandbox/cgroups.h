@@ -1,4 +1,5 @@
-/* Per-turn cgroups (v2 where the host has controllers, else the v1 memory,
+/* Runs in the fork server (probe) and its cgroup helper (every write, placer.c):
+ * per-turn cgroups (v2 where the host has controllers, else the v1 memory,
  * pids and cpu controllers): probed by the fork server at start, then
  * written only by its cgroup helper (placer.c). The child's own rlimits are
  * rlimits.h. */

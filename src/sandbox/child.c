@@ -1,4 +1,6 @@
-/* The interpreter glue: the only file of the sandbox module that calls pyrt.
+/* Runs in the fork server (sbx_runtime_init) and the sandbox child (the
+ * hooks): the interpreter glue, the only file of the sandbox module that
+ * calls pyrt.
  * Keeping it here lets tests spawn real sandboxes with their own hooks
  * without linking the embedded interpreter. */
 #include "pyrt/pyrt.h"

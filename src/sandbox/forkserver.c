@@ -1,5 +1,7 @@
-/* The fork server (see forkserver.h): runs in forkbox-sandbox, never in
- * forkboxd; the supervisor's side of the control socket is fsclient.c.
+/* Runs in the fork server (forkbox-sandbox, never forkboxd): its start-up,
+ * loop and pool (see forkserver.h), and starting and feeding its cgroup
+ * helper (placer.c). The supervisor's side of the control socket is
+ * fsclient.c.
  *
  * Start-up handshake (sync 0): after everything that can fail at start has
  * run (policy compiled, mount plan built, cgroups probed, interpreter

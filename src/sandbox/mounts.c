@@ -1,4 +1,6 @@
-/* The sandbox's filesystem (see mounts.h).
+/* Runs in the fork server (mounts_prepare, mounts_build: once, at start) and
+ * the sandbox child (mounts_enter, its step 3): the sandbox's filesystem
+ * (see mounts.h).
  *
  * The root is built once, in the fork server (mounts_build), in a mount
  * namespace of its own that every sandbox's namespace is then a copy of:

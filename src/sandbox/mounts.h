@@ -1,4 +1,5 @@
-/* The sandbox's filesystem: a read-only tmpfs root holding read-only binds of
+/* Runs in the fork server (the plan, the root) and the sandbox child (entering
+ * it): the sandbox's filesystem, a read-only tmpfs root holding read-only binds of
  * the interpreter's files, a private /workspace, /tmp and /dev/shm sharing one
  * size-limited tmpfs, a minimal /dev, a fresh /proc and a read-only /tools
  * whose writable side is reachable only through an fd.

@@ -1,5 +1,5 @@
-/* The fork server's cgroup helper ("placer"), a process of its own: the
- * records the fork server queues for it on a SOCK_SEQPACKET socket, and its
+/* Runs in the fork server's cgroup helper ("placer"), a process of its own:
+ * the records the fork server queues for it on a SOCK_SEQPACKET socket, and its
  * loop (placer.c). The fork server starts it and sends it work
  * (forkserver.c: placer_start, placer_send).
  *

@@ -1,5 +1,5 @@
-/* The rlimits a sandbox sets on itself: runs in the sandbox child, before
- * init (steps.c). Lowering needs no privilege. */
+/* Runs in the sandbox child (its rlimits step, before init, steps.c): the
+ * rlimits a sandbox sets on itself. Lowering needs no privilege. */
 #pragma once
 
 #include "config/config.h"

@@ -1,4 +1,7 @@
-/* Compile once, install in each child (habit 2: nsjail preparePolicy /
+/* Runs in the fork server (policy_load, at start) and the sandbox child
+ * (policy_install, its step 8).
+ *
+ * Compile once, install in each child (habit 2: nsjail preparePolicy /
  * applyPolicy, crun libcrun_generate_seccomp / libcrun_apply_seccomp).
  *
  * policy_load() runs in the fork server at start: policy file -> rules

@@ -1,4 +1,5 @@
-/* seccomp policy: a text file in policy/ -> libseccomp -> BPF, compiled once
+/* Runs in the fork server (policy_load) and the sandbox child (policy_install):
+ * the seccomp policy, a text file in policy/ -> libseccomp -> BPF, compiled once
  * in the fork server at start; each sandbox only loads the BPF as its last
  * step before user code. */
 #pragma once

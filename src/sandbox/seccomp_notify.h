@@ -1,5 +1,5 @@
-/* Answering counted refusals, outside the sandbox: runs in the supervisor
- * (forkboxd; and the unit test). The filter is compiled and installed by
+/* Runs in the supervisor (forkboxd; and test_policy): answering counted
+ * refusals, outside the sandbox. The filter is compiled and installed by
  * seccomp.h's functions in the fork server and the child.
  *
  * The listener's holder (the supervisor; the unit test) answers each counted

@@ -1,4 +1,4 @@
-/* The spawn API, called in the fork server (and test_sandbox): spawning one
+/* Runs in the fork server (and test_sandbox): the spawn API, spawning one
  * sandbox. The fork server's half (clone, id maps, cgroup placement,
  * release) is spawn.c; the child's half (the ordered isolation steps, then
  * the runtime's serve loop) is steps.c, through the hooks below.

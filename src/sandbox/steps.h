@@ -1,4 +1,4 @@
-/* The sandbox child's half of a spawn (steps.c): runs in the child from
+/* Runs in the sandbox child: its half of a spawn (steps.c), from
  * the moment clone (or the fork path's fork) returns 0 in spawn.c. Internal
  * to spawn.c and steps.c; the spawn API is spawn.h. */
 #pragma once
