@@ -27,5 +27,5 @@
 #if defined(__x86_64__)
 #include "sandbox/arch_x86_64.h"
 #else
-#error "forkbox: no sandbox spawn code for this architecture (add src/sandbox/arch_<arch>.h, see arch.h)"
+#error "forkbox: no spawn code for this architecture: add src/sandbox/arch_<arch>.h (see arch.h)"
 #endif

@@ -1,6 +1,7 @@
 /* Runs in the fork server and the sandbox child (see arch.h): x86-64 code of
- * a spawn: the raw system calls of the sandbox's init and its clone onto its own stack (sandbox child), and
- * clone(2)'s argument order (fork server). Include arch.h, not this. */
+ * a spawn: the raw system calls of the sandbox's init and its clone onto its
+ * own stack (child), and clone(2)'s argument order (fork server). Include
+ * arch.h, not this. */
 #pragma once
 #include <sys/syscall.h>
 #include <sys/types.h>
