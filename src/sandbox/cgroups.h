@@ -34,7 +34,7 @@ void cgroups_events(struct sbx_cgroups *cg, pid_t pid, struct cg_events *ev);
  * cgroups_retry(). */
 void cgroups_release(struct sbx_cgroups *cg, pid_t pid);
 /* pid's sandbox now serves a turn: it counts in the sandboxes' CPU weight
- * (limits.c) until it is released. Unknown pids (gone before placement)
+ * (cgroups.c) until it is released. Unknown pids (gone before placement)
  * are ignored. */
 void cgroups_serving(struct sbx_cgroups *cg, pid_t pid);
 /* The CPU weight last written to the sandboxes' parent (cgroup v2 units; 0

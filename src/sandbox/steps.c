@@ -281,7 +281,7 @@ static int step_namespaces(const struct sbx_plan *p, struct sbx_state *st)
  * sandbox was one uid), so the order no longer matters for that, and costs
  * nothing. Lowering limits needs no privilege, and the policy allows
  * prlimit64 on the caller itself. Before init, so both processes carry the
- * limits (limits.c has the values and why). */
+ * limits (rlimits.c has the values and why). */
 static int step_rlimits(const struct sbx_plan *p, struct sbx_state *st)
 {
     int r = rlimits_apply(p->cfg);
