@@ -159,6 +159,23 @@ static int place_child(const struct sbx_plan *p, pid_t pid, uint32_t id, bool ma
     return r;
 }
 
+/* sync 1: maps and cgroups in place -> go. Deferred (SBX_SPAWN_DEFER_GO):
+ * only the maps here; the go pipe's write end (*go_wr) moves to out->go_fd
+ * and the caller places and releases the child (sbx_child_go). */
+static int place_and_go(const struct sbx_plan *p, struct sbx_child *out, bool maps,
+                        unsigned spawn_flags, int *go_wr, char *err, size_t errlen)
+{
+    bool defer = spawn_flags & SBX_SPAWN_DEFER_GO;
+    int ret = place_child(p, out->pid, out->id, maps, !defer, err, errlen);
+    if (ret == 0 && defer) {
+        out->go_fd = *go_wr;
+        *go_wr = -1;
+    } else if (ret == 0 && (ret = send_go(*go_wr)) < 0) {
+        snprintf(err, errlen, "releasing the child: %s", strerror(-ret));
+    }
+    return ret;
+}
+
 static void kill_child(struct sbx_child *c)
 {
     if (c->pidfd >= 0)
@@ -208,14 +225,7 @@ static int spawn_forked(const struct sbx_plan *p, uint32_t id, unsigned spawn_fl
         snprintf(err, errlen, "fork path: the child did not unshare");
         return -ECHILD;
     }
-    bool defer = spawn_flags & SBX_SPAWN_DEFER_GO;
-    int ret = place_child(p, pid, id, true, !defer, err, errlen);
-    if (ret == 0 && defer) {
-        out->go_fd = sync[1];
-        sync[1] = -1;
-    } else if (ret == 0 && (ret = send_go(sync[1])) < 0) {
-        snprintf(err, errlen, "releasing the child: %s", strerror(-ret));
-    }
+    int ret = place_and_go(p, out, true, spawn_flags, &sync[1], err, errlen);
     out->spawn_ns = mono_ns() - t0;
     return ret;
 }
@@ -432,16 +442,7 @@ int sbx_spawn(const struct sbx_plan *p, uint32_t id, unsigned spawn_flags,
         } else {
             out->pid = (pid_t)pid;
             out->pidfd = pidfd;
-            /* sync 1: maps and cgroup in place -> go (or deferred: the
-             * caller places and releases it). */
-            bool defer = spawn_flags & SBX_SPAWN_DEFER_GO;
-            ret = place_child(p, out->pid, id, cfg->isolate, !defer, err, errlen);
-            if (ret == 0 && defer) {
-                out->go_fd = sync[1];
-                sync[1] = -1;
-            } else if (ret == 0 && (ret = send_go(sync[1])) < 0) {
-                snprintf(err, errlen, "releasing the child: %s", strerror(-ret));
-            }
+            ret = place_and_go(p, out, cfg->isolate, spawn_flags, &sync[1], err, errlen);
             out->spawn_ns = mono_ns() - t0;
         }
     }
