@@ -9,8 +9,9 @@
 
 struct sbx_policy; /* opaque: the compiled filter plus its source summary */
 
-/* Parse and compile path for the native architecture, refusing foreign ABIs
- * (x32, i386 via int 0x80). 0, or -EINVAL with "file:line: reason" in err
+/* In the fork server, at start (and forkbox-policy, the fuzzer): parse and
+ * compile path for the native architecture, refusing foreign ABIs (x32,
+ * i386 via int 0x80). 0, or -EINVAL with "file:line: reason" in err
  * (any error in the file stops forkboxd at start). */
 int policy_load(const char *path, struct sbx_policy **out, char *err, size_t errlen);
 void policy_free(struct sbx_policy *p);
