@@ -21,8 +21,8 @@ struct sbx_state {
     int tools_fd;       /* writable tools dir (O_DIRECTORY), from step 3 */
     int warm_fd;        /* pooled spawns: the child's end of the warm socket, else -1 */
     uint32_t id;        /* the sandbox's host uid and gid */
-    const char *tools_dir;
-    const char *workspace_dir;
+    const char *tools_dir;     /* borrowed: /tools (isolated) or the turn dir's tools/ */
+    const char *workspace_dir; /* borrowed: /workspace or the turn dir's workspace/ */
     char what[256];     /* what failed, for the error frame */
 };
 
