@@ -1,4 +1,5 @@
-/* forkbox-sandbox: the fork server, and through it every sandbox.
+/* Runs as the fork server: forkbox-sandbox's main, and through it every
+ * sandbox child.
  *
  * Only forkboxd starts it (fsclient.c): argv is exactly FS_ARGV, fd 3 the
  * control socket, the environment a fixed minimal one; the configuration

@@ -1,4 +1,5 @@
-/* Dropping privilege inside the sandbox's user namespace (nsjail caps.cc).
+/* Runs in the sandbox child (its step 7): dropping privilege inside its user
+ * namespace (nsjail caps.cc).
  *
  * The sandbox runs as uid 0 of its own user namespace (mapped to an
  * unprivileged host uid). Capabilities there only act on objects that

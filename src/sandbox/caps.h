@@ -1,4 +1,5 @@
-/* Dropping privilege inside the sandbox's user namespace. */
+/* Runs in the sandbox child (its step 7): dropping privilege inside its user
+ * namespace. */
 #pragma once
 #include <stddef.h>
 

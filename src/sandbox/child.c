@@ -1,8 +1,10 @@
-/* The interpreter glue: the only file of the sandbox module that calls pyrt.
+/* Runs in the fork server (sbx_runtime_init) and the sandbox child (the
+ * hooks): the interpreter glue, the only file of the sandbox module that
+ * calls pyrt.
  * Keeping it here lets tests spawn real sandboxes with their own hooks
  * without linking the embedded interpreter. */
 #include "pyrt/pyrt.h"
-#include "sandbox/steps.h"
+#include "sandbox/spawn.h"
 
 int sbx_runtime_init(const struct config *cfg, char *err, size_t errlen)
 {

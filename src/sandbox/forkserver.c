@@ -1,5 +1,7 @@
-/* The fork server (see forkserver.h): runs in forkbox-sandbox, never in
- * forkboxd; the supervisor's side of the control socket is fsclient.c.
+/* Runs in the fork server (forkbox-sandbox, never forkboxd): its start-up,
+ * loop and pool (see forkserver.h), and starting and feeding its cgroup
+ * helper (placer.c). The supervisor's side of the control socket is
+ * fsclient.c.
  *
  * Start-up handshake (sync 0): after everything that can fail at start has
  * run (policy compiled, mount plan built, cgroups probed, interpreter
@@ -39,10 +41,11 @@
 #include "core/log.h"
 #include "proto/chan.h"
 #include "sandbox/ids.h"
-#include "sandbox/limits.h"
+#include "sandbox/cgroups.h"
 #include "sandbox/mounts.h"
+#include "sandbox/placer.h"
 #include "sandbox/seccomp.h"
-#include "sandbox/steps.h"
+#include "sandbox/spawn.h"
 
 static void reap_blocking(pid_t pid, int *status)
 {
@@ -174,134 +177,7 @@ static int kids_reserve(struct forkserver *fsv)
     return 0;
 }
 
-/* --- the cgroup helper ------------------------------------------------------
- *
- * Moving a process into a cgroup (the first cgroup.procs write of a spawn)
- * can wait for an RCU grace period: 5-16 ms on cgroup v1 hosts here, while
- * everything else a spawn does on our side takes ~0.2 ms. So the writes are
- * made by a helper process, forked before the interpreter starts: we clone
- * and write the id maps, then pass the child's pid and the write end of its
- * "go" pipe to the helper, which attaches it, limits set, and releases it
- * (or makes it fail with the reason). Removing a reaped sandbox's cgroups
- * goes the same way. We never wait for either; the helper works through its
- * queue in order (back-to-back attaches mostly skip the grace period). */
-
-enum placer_op {
-    PLACER_ATTACH = 1,
-    PLACER_RELEASE = 2,
-    PLACER_RELEASE_REPORT = 3,
-    PLACER_SERVING = 4, /* the sandbox was handed to a turn: it counts in the CPU weight */
-};
-
-struct placer_req {
-    uint32_t op;         /* enum placer_op */
-    int32_t pid;         /* ATTACH carries the child's go fd by SCM_RIGHTS */
-    uint64_t turn_id;    /* RELEASE_REPORT: the turn the reaped sandbox served */
-    int32_t wait_status; /* RELEASE_REPORT: its init's wait status */
-    int32_t reserved;
-};
-
-/* A sandbox handed to a turn has been reaped: the helper reads what its
- * turn cgroup counted (before the cgroup can be reused) and sends the
- * supervisor the death report itself, on its copy of the control socket
- * (fd 4), so that we never wait for it and no reply flows back to us. The
- * supervisor reads the control socket all the time, so the helper's
- * blocking send cannot stall for long. */
-static void placer_report(int ctl_fd, const struct placer_req *req, const struct cg_events *ev)
-{
-    struct fs_reply rep = {.pid = req->pid, .turn_id = req->turn_id, .kind = FS_REPLY_DEATH,
-                           .wait_status = req->wait_status, .oom_kills = ev->oom_kills,
-                           .pids_max = ev->pids_max};
-    ssize_t n;
-    do
-        n = send(ctl_fd, &rep, sizeof rep, MSG_NOSIGNAL);
-    while (n < 0 && errno == EINTR);
-    if (n < 0 && errno != EPIPE && errno != ECONNRESET)
-        PLOG_W("death report for turn %llu", (unsigned long long)req->turn_id);
-}
-
-_Noreturn static void placer_main(const struct config *cfg, struct sbx_cgroups *cg, int fd,
-                                  int ctl_fd)
-{
-    signal(SIGPIPE, SIG_IGN); /* a child killed before its go */
-    /* We leave when the fork server does, however it ends (EOF on our
-     * socket), and take every turn cgroup with us: so no death signal, and a
-     * stop signal to the whole process group (systemd, a terminal) is left
-     * to the supervisor. */
-    prctl(PR_SET_PDEATHSIG, 0, 0, 0, 0);
-    signal(SIGTERM, SIG_IGN);
-    signal(SIGINT, SIG_IGN);
-    signal(SIGHUP, SIG_IGN);
-    size_t busy = 0; /* released turn cgroups whose tasks are still exiting */
-    for (;;) {
-        if (busy) {
-            /* Retry them every 20 ms while otherwise idle. */
-            struct pollfd pfd = {.fd = fd, .events = POLLIN};
-            if (poll(&pfd, 1, 20) == 0) {
-                busy = limits_cgroups_retry(cg);
-                continue;
-            }
-        }
-        struct placer_req req;
-        union {
-            char buf[CMSG_SPACE(sizeof(int))];
-            struct cmsghdr align;
-        } cbuf;
-        struct iovec iov = {.iov_base = &req, .iov_len = sizeof req};
-        struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf.buf,
-                             .msg_controllen = sizeof cbuf.buf};
-        ssize_t n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0) {
-            /* The fork server is gone or done: its sandboxes are dead
-             * (PDEATHSIG), so every turn cgroup can go. */
-            limits_cgroups_free(cg);
-            _exit(0);
-        }
-        int go_fd = -1;
-        struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
-        if (c && c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS &&
-            c->cmsg_len == CMSG_LEN(sizeof(int)))
-            memcpy(&go_fd, CMSG_DATA(c), sizeof go_fd);
-        if ((size_t)n != sizeof req || req.pid <= 0) {
-            if (go_fd >= 0)
-                close(go_fd);
-            continue;
-        }
-        if (req.op == PLACER_ATTACH && go_fd >= 0) {
-            uint64_t t0 = mono_ns();
-            int r = limits_cgroups_attach(cg, req.pid, cfg);
-            /* Gone already (killed as its client left, or failed before
-             * its go): nothing to place, its cgroup stays a spare. Common
-             * and harmless, so not a warning. */
-            if (r == -ESRCH)
-                LOG_D("sandbox %d was gone before its placement", (int)req.pid);
-            else if (r < 0)
-                LOG_W("cgroup placement of %d: %s", (int)req.pid, strerror(-r));
-            else
-                LOG_D("sandbox %d placed in %llu us", (int)req.pid,
-                      (unsigned long long)((mono_ns() - t0) / 1000));
-            sbx_child_go(go_fd, r < 0 ? -r : 0); /* closes go_fd */
-        } else {
-            if (go_fd >= 0)
-                close(go_fd);
-            if (req.op == PLACER_RELEASE || req.op == PLACER_RELEASE_REPORT) {
-                /* Counted either way (the next sandbox in this cgroup
-                 * starts from here); the report goes first: the turn's
-                 * close waits for it, the cgroup's recycling does not. */
-                struct cg_events ev;
-                limits_cgroups_events(cg, req.pid, &ev);
-                if (req.op == PLACER_RELEASE_REPORT)
-                    placer_report(ctl_fd, &req, &ev);
-                limits_cgroups_release(cg, req.pid);
-                busy = limits_cgroups_retry(cg);
-            } else if (req.op == PLACER_SERVING) {
-                limits_cgroups_serving(cg, req.pid);
-            }
-        }
-    }
-}
+/* --- the cgroup helper (placer.c): starting it and queueing its work --- */
 
 static int placer_start(struct forkserver *fsv, char *err, size_t errlen)
 {
@@ -785,7 +661,7 @@ _Noreturn void forkserver_main(int ctl_fd)
         if (r < 0)
             fail_start(ctl_fd, r, err);
     }
-    r = limits_cgroups_init(cfg, &fsv.cgroups);
+    r = cgroups_init(cfg, &fsv.cgroups);
     if (r < 0) {
         snprintf(err, sizeof err, "cgroups: %s", strerror(-r));
         fail_start(ctl_fd, r, err);

@@ -1,4 +1,7 @@
-/* The fork server: the clean process sandboxes are cloned from.
+/* Used in the supervisor (fs_client_*, fsclient.c) and the fork server
+ * (forkserver_main, forkserver.c): the control socket between them.
+ *
+ * The fork server: the clean process sandboxes are cloned from.
  *
  * forkboxd starts it first, before it reads the token or accepts anything,
  * by fork + execve of forkbox-sandbox (a separate executable: the static,

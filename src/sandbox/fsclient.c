@@ -1,7 +1,7 @@
-/* The supervisor's side of the fork server (see forkserver.h): finding,
- * checking and starting forkbox-sandbox, the control socket's records.
- * Runs in forkboxd, which links no Python; fs_fork_helper() is shared with
- * the fork server (its cgroup placer). */
+/* Runs in the supervisor (forkboxd, which links no Python): its side of the
+ * fork server (see forkserver.h): finding, checking and starting
+ * forkbox-sandbox, the control socket's records. fs_fork_helper() is shared
+ * with the fork server (which starts its cgroup helper with it). */
 #include "sandbox/forkserver.h"
 
 #include <errno.h>

@@ -1,4 +1,4 @@
-/* Host ids for sandboxes (see ids.h). Runs in the fork server.
+/* Runs in the fork server: host ids for sandboxes (see ids.h).
  *
  * A bitmap over the range (8 KiB for the default 65536 ids) and a cursor:
  * ids_take() scans forward from the id after the last one taken, so ids go

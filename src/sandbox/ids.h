@@ -1,4 +1,4 @@
-/* Host ids for sandboxes (runs in the fork server): one uid, used as the gid
+/* Runs in the fork server: host ids for sandboxes, one uid, used as the gid
  * too, per live sandbox, from the range forkboxd owns (--id-range).
  *
  * The kernel counts many resources per user: per host user (user_struct:

@@ -1,4 +1,6 @@
-/* The sandbox's filesystem (see mounts.h).
+/* Runs in the fork server (mounts_prepare, mounts_build: once, at start) and
+ * the sandbox child (mounts_enter, its step 3): the sandbox's filesystem
+ * (see mounts.h).
  *
  * The root is built once, in the fork server (mounts_build), in a mount
  * namespace of its own that every sandbox's namespace is then a copy of:
@@ -12,7 +14,7 @@
  * site dir under /tmp is bound too. The decisions about the host (which files
  * exist, which are directories) were made before, by mounts_prepare().
  *
- * Order in the child (mounts_setup), each step relying on the one before:
+ * Order in the child (mounts_enter), each step relying on the one before:
  *   1. make every mount private: nothing below propagates anywhere;
  *   2. a recursive bind of the prepared root onto itself: the copy our
  *      namespace came with is locked to the old root, and pivot_root wants a
@@ -169,7 +171,7 @@ static const struct proc_entry {
 
 #define PROC_ENTRIES_MAX (sizeof proc_entries / sizeof *proc_entries)
 /* Where the replacements live: the root's own /proc directory, under every
- * sandbox's proc mount once that is in place (see mounts_setup, step 6). */
+ * sandbox's proc mount once that is in place (see mounts_enter, step 6). */
 #define PROC_SRC "/proc"
 #define PROC_EMPTY_FILE_NAME ".empty"
 #define PROC_EMPTY_DIR_NAME ".empty-dir"
@@ -1018,7 +1020,7 @@ static int scratch_binds(const struct config *cfg, char *what, size_t whatlen)
 }
 
 /* Where a sandbox's proc is mounted first: over the scratch's bind at
- * /workspace, for a moment (see mounts_setup, step 6). */
+ * /workspace, for a moment (see mounts_enter, step 6). */
 #define PROC_TMP "/workspace"
 
 /* 6b. Cover the host-wide files of our fresh proc, mounted at PROC_TMP, with
@@ -1036,7 +1038,7 @@ static int proc_covers(const struct mount_plan *mp, char *what, size_t whatlen)
     return 0;
 }
 
-int mounts_setup(const struct config *cfg, const struct mount_plan *mp, int *tools_fd,
+int mounts_enter(const struct config *cfg, const struct mount_plan *mp, int *tools_fd,
                  char *what, size_t whatlen)
 {
     *tools_fd = -1;

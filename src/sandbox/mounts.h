@@ -1,4 +1,5 @@
-/* The sandbox's filesystem: a read-only tmpfs root holding read-only binds of
+/* Runs in the fork server (the plan, the root) and the sandbox child (entering
+ * it): the sandbox's filesystem, a read-only tmpfs root holding read-only binds of
  * the interpreter's files, a private /workspace, /tmp and /dev/shm sharing one
  * size-limited tmpfs, a minimal /dev, a fresh /proc and a read-only /tools
  * whose writable side is reachable only through an fd.
@@ -6,7 +7,7 @@
  * Like bubblewrap's SetupOp list, the host-dependent part is data: the fork
  * server looks at the host once (mounts_prepare) and builds the root from
  * that list once (mounts_build); a child only pivots into it and mounts what
- * is its own (mounts_setup), with no lookups of host directories. */
+ * is its own (mounts_enter), with no lookups of host directories. */
 #pragma once
 #include <stddef.h>
 
@@ -30,12 +31,12 @@ size_t mounts_len(const struct mount_plan *mp);
 int mounts_build(const struct config *cfg, const struct mount_plan *mp, char *err,
                  size_t errlen);
 
-/* In the child: in its own user and mount namespace (a copy of the fork
- * server's, after mounts_build from mp) with uid/gid 0 there. Pivots into the
- * root and adds what is the turn's own: the scratch tmpfs, the tools tmpfs,
- * /proc with its host-wide files covered; cwd is "/" afterwards. On success
- * *tools_fd is an O_DIRECTORY|O_CLOEXEC fd on the writable side of the tools
- * dir (owned by the caller). 0 or -errno with what failed in what.
- * Allocation-free. */
-int mounts_setup(const struct config *cfg, const struct mount_plan *mp, int *tools_fd,
+/* In the child (its step 3), in its own user and mount namespace (a copy
+ * of the fork server's, after mounts_build from mp) with uid/gid 0 there:
+ * enter the root. Pivots into it and adds what is the turn's own: the
+ * scratch tmpfs, the tools tmpfs, /proc with its host-wide files covered;
+ * cwd is "/" afterwards. On success *tools_fd is an O_DIRECTORY|O_CLOEXEC fd
+ * on the writable side of the tools dir (owned by the caller). 0 or -errno
+ * with what failed in what. Allocation-free. */
+int mounts_enter(const struct config *cfg, const struct mount_plan *mp, int *tools_fd,
                  char *what, size_t whatlen);

@@ -1,4 +1,7 @@
-/* Policy file -> struct policy_rules -> libseccomp filters. See policy.h for
+/* Runs wherever a policy file is read: the fork server (policy_load), the
+ * supervisor (policy_notify_load), forkbox-policy and the fuzzer.
+ *
+ * Policy file -> struct policy_rules -> libseccomp filters. See policy.h for
  * the format and policy/README.md for the reviewer's view of it.
  *
  * Every error names the file and line and says what is wrong; forkboxd

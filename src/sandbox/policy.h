@@ -1,4 +1,5 @@
-/* The policy file format, parsed into plain data (policy_parse), and that data
+/* Runs wherever a policy file is read (fork server, supervisor, forkbox-policy,
+ * the fuzzer): the policy file format, parsed into plain data (policy_parse), and that data
  * turned into libseccomp filters (policy_build). Internal to the sandbox
  * module, the policy checker and the fuzzer; the daemon uses seccomp.h.
  *

@@ -1,51 +1,42 @@
-/* Spawning one sandbox (see steps.h).
+/* Runs in the sandbox child: the ordered isolation steps, then the
+ * runtime's serve loop (see steps.h). The fork server's half of a spawn,
+ * up to clone, is spawn.c.
  *
- * Parent (fork server):  socketpair + sync pipe (+ the warm socket for a
- *   pooled spawn) -> ONE clone() with every namespace flag and CLONE_PIDFD,
- *   made as the sandbox's own host id (clone_as) -> write
- *   setgroups/uid_map/gid_map -> cgroup placement -> "go" byte
- *   (sync 1) -> hand the channel end and the pidfd to the caller.
- * Child: the ordered step table below, then hooks->serve(). A failing step
- *   writes a `log` error frame on the channel and exits 70 + step (habit 4),
- *   so the supervisor can tell "setup failed" from "user code failed".
+ * A failing step writes a `log` error frame on the channel and exits
+ * 70 + its id (habit 4), so the supervisor can tell "setup failed" from
+ * "user code failed". The ids, not the positions in the table, are what
+ * the steps' comments and README's "Isolation model" table number them by.
  *
  * The order of the table is the security property; read it top to bottom. */
 #include "sandbox/steps.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <net/if.h>
-#include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
-#include <sys/pidfd.h>
 #include <sys/prctl.h>
 #include <sys/rseq.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "core/cleanup.h"
 #include "core/limits.h"
 #include "proto/chan.h"
+#include "sandbox/arch.h"
 #include "sandbox/caps.h"
-#include "sandbox/limits.h"
 #include "sandbox/mounts.h"
+#include "sandbox/rlimits.h"
 #include "sandbox/seccomp.h"
 
 #define SBX_HOSTNAME "forkbox"
 #define SBX_WORKSPACE "/workspace"
-#define SBX_GO 'G'
-#define SBX_NO_GO 'E' /* followed by one byte: the errno of the failed placement */
-#define SBX_UNSHARED 'U'
 
 /* Step numbers are part of the exit status (70 + step): keep them stable. */
 enum sbx_step {
@@ -60,25 +51,6 @@ enum sbx_step {
     SBX_STEP_SECCOMP = 8,
     SBX_STEP_INIT = 9,
 };
-
-/* The child's mutable state while the steps run. */
-struct sbx_state {
-    int chan_fd;        /* the child's end of the channel */
-    int sync_fd;        /* read end of the parent's "go" pipe; -1 once consumed */
-    int tools_fd;       /* writable tools dir (O_DIRECTORY), from step 3 */
-    int warm_fd;        /* pooled spawns: the child's end of the warm socket, else -1 */
-    uint32_t id;        /* the sandbox's host uid and gid */
-    const char *tools_dir;
-    const char *workspace_dir;
-    char what[256];     /* what failed, for the error frame */
-};
-
-static uint64_t mono_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 static int set_what(struct sbx_state *st, const char *what)
 {
@@ -228,7 +200,7 @@ static int step_ids(const struct sbx_plan *p, struct sbx_state *st)
  * mapped uid. */
 static int step_mounts(const struct sbx_plan *p, struct sbx_state *st)
 {
-    int r = mounts_setup(p->cfg, p->mounts, &st->tools_fd, st->what, sizeof st->what);
+    int r = mounts_enter(p->cfg, p->mounts, &st->tools_fd, st->what, sizeof st->what);
     st->tools_dir = p->cfg->tools_dir;
     st->workspace_dir = SBX_WORKSPACE;
     return r;
@@ -309,13 +281,13 @@ static int step_namespaces(const struct sbx_plan *p, struct sbx_state *st)
  * sandbox was one uid), so the order no longer matters for that, and costs
  * nothing. Lowering limits needs no privilege, and the policy allows
  * prlimit64 on the caller itself. Before init, so both processes carry the
- * limits (limits.c has the values and why). */
+ * limits (rlimits.c has the values and why). */
 static int step_rlimits(const struct sbx_plan *p, struct sbx_state *st)
 {
-    int r = limits_apply_rlimits(p->cfg);
+    int r = rlimits_apply(p->cfg);
     if (r < 0) {
         errno = -r;
-        return set_what(st, "limits_apply_rlimits");
+        return set_what(st, "rlimits_apply");
     }
     return 0;
 }
@@ -485,35 +457,12 @@ static void restore_robust_list(const struct sbx_plan *p)
         syscall(SYS_set_robust_list, p->robust_head, p->robust_len);
 }
 
-static long raw_syscall3(long n, long a, long b, long c)
-{
-    long ret;
-    __asm__ volatile("syscall"
-                     : "=a"(ret)
-                     : "0"(n), "D"(a), "S"(b), "d"(c)
-                     : "rcx", "r11", "memory");
-    return ret;
-}
-
-static long raw_syscall4(long n, long a, long b, long c, long d)
-{
-    register long r10 __asm__("r10") = d;
-    long ret;
-    __asm__ volatile("syscall"
-                     : "=a"(ret)
-                     : "0"(n), "D"(a), "S"(b), "d"(c), "r"(r10)
-                     : "rcx", "r11", "memory");
-    return ret;
-}
-
 /* The calling thread's rseq area, registered by glibc (sys/rseq.h). */
 static void *rseq_area(void)
 {
     if (__rseq_size == 0)
         return NULL; /* glibc did not register one (tunable, old kernel) */
-    char *tp;
-    __asm__("mov %%fs:0, %0" : "=r"(tp));
-    return tp + __rseq_offset;
+    return arch_thread_pointer() + __rseq_offset;
 }
 
 #define RSEQ_LEN 32 /* the original struct rseq, which glibc 2.36 registers */
@@ -525,16 +474,16 @@ static void init_main(long worker)
      * over (the kernel would otherwise keep writing init's cpu into it). */
     void *rs = rseq_area();
     if (rs)
-        raw_syscall4(SYS_rseq, (long)rs, RSEQ_LEN, RSEQ_FLAG_UNREGISTER, RSEQ_SIG);
+        arch_syscall4(SYS_rseq, (long)rs, RSEQ_LEN, RSEQ_FLAG_UNREGISTER, RSEQ_SIG);
     /* Init needs no fd; the channel must close when the runtime's copy does. */
-    raw_syscall3(SYS_close_range, 0, ~0U, 0);
+    arch_syscall3(SYS_close_range, 0, ~0U, 0);
     for (;;) {
         int status = 0;
-        long pid = raw_syscall4(SYS_wait4, -1, (long)&status, __WALL, 0);
+        long pid = arch_syscall4(SYS_wait4, -1, (long)&status, __WALL, 0);
         if (pid == worker)
-            raw_syscall3(SYS_exit_group, SANDBOX_STATUS(status), 0, 0);
+            arch_syscall3(SYS_exit_group, SANDBOX_STATUS(status), 0, 0);
         if (pid < 0 && pid != -EINTR)
-            raw_syscall3(SYS_exit_group, 127, 0, 0);
+            arch_syscall3(SYS_exit_group, 127, 0, 0);
     }
 }
 
@@ -544,23 +493,8 @@ static void init_main(long worker)
  * and calls init_main(child). Returns -errno if there is no child. */
 static long clone_init(pid_t *tid_addr)
 {
-    register long r10 __asm__("r10") = (long)tid_addr;
-    register long r8 __asm__("r8") = 0;
-    long ret;
-    __asm__ volatile("syscall\n\t"
-                     "test %%rax, %%rax\n\t"
-                     "jle 1f\n\t"
-                     "mov %[stack], %%rsp\n\t"
-                     "mov %%rax, %%rdi\n\t"
-                     "call *%[fn]\n\t"
-                     "ud2\n"
-                     "1:"
-                     : "=a"(ret)
-                     : "0"((long)SYS_clone), "D"((long)(CLONE_VM | CLONE_CHILD_SETTID | SIGCHLD)),
-                       "S"(0L), "d"(0L), "r"(r10), "r"(r8),
-                       [stack] "r"(init_stack + sizeof init_stack), [fn] "r"(init_main)
-                     : "rcx", "r11", "memory");
-    return ret;
+    return arch_clone_init(CLONE_VM | CLONE_CHILD_SETTID | SIGCHLD, tid_addr,
+                           init_stack + sizeof init_stack, init_main);
 }
 
 /* Without the tid address (sbx_tid_probe failed) only glibc's fork is safe;
@@ -682,7 +616,7 @@ static const struct sbx_step_def plain_steps[] = {
     {SBX_STEP_PRIVS, "session", step_session_plain},
 };
 
-_Noreturn static void child_main(const struct sbx_plan *p, struct sbx_state *st)
+_Noreturn void sbx_child_main(const struct sbx_plan *p, struct sbx_state *st)
 {
     /* The raw clone left glibc's cached tid as the fork server's unless
      * CLONE_CHILD_SETTID pointed at it; raise(), abort() and recursive
@@ -711,142 +645,14 @@ _Noreturn static void child_main(const struct sbx_plan *p, struct sbx_state *st)
     _exit(SBX_EXIT_STEP_BASE); /* not reached: serve never returns */
 }
 
-/* --- parent side --- */
-
-int sbx_tid_probe(pid_t **out)
-{
-    *out = NULL;
-    pid_t tid = (pid_t)syscall(SYS_gettid);
-    uintptr_t self = (uintptr_t)pthread_self(), end = self + 2048;
-    /* Never read past the mapping that holds our struct pthread. */
-    FILE *f = fopen("/proc/self/maps", "re");
-    if (!f)
-        return -errno;
-    char line[512];
-    bool found = false;
-    while (fgets(line, sizeof line, f)) {
-        unsigned long lo, hi;
-        if (sscanf(line, "%lx-%lx", &lo, &hi) == 2 && self >= lo && self < hi) {
-            if (end > hi)
-                end = hi;
-            found = true;
-            break;
-        }
-    }
-    fclose(f);
-    if (!found)
-        return -ENOENT;
-    pid_t *hit = NULL;
-    int matches = 0;
-    for (uintptr_t a = self; a + sizeof(pid_t) <= end; a += sizeof(pid_t)) {
-        if (*(pid_t *)a == tid) {
-            hit = (pid_t *)a;
-            matches++;
-        }
-    }
-    if (matches == 0)
-        return -ENOENT;
-    if (matches > 1)
-        return -EEXIST;
-    *out = hit;
-    return 0;
-}
-
-static int write_proc(int dirfd, const char *name, const char *text)
-{
-    int fd = openat(dirfd, name, O_WRONLY | O_CLOEXEC);
-    if (fd < 0)
-        return -errno;
-    size_t n = strlen(text);
-    ssize_t w = write(fd, text, n);
-    int e = errno;
-    close(fd);
-    if (w != (ssize_t)n)
-        return w < 0 ? -e : -EIO;
-    return 0;
-}
-
-/* Map exactly one id each way: 0 in the namespace is the sandbox's own
- * unprivileged host id. Written by us, the parent, as root again (mapping an
- * id needs CAP_SETUID/CAP_SETGID over the parent namespace in the writer;
- * the child could only map the id it runs as, but must not choose). */
-static int write_maps(pid_t pid, uint32_t id, char *err, size_t errlen)
-{
-    if (id == 0) {
-        snprintf(err, errlen, "refusing to map host root into a sandbox");
-        return -EPERM;
-    }
-    char path[32], map[64];
-    snprintf(path, sizeof path, "/proc/%d", (int)pid);
-    _cleanup_close_ int dfd = open(path, O_PATH | O_DIRECTORY | O_CLOEXEC);
-    if (dfd < 0) {
-        snprintf(err, errlen, "open %s: %s", path, strerror(errno));
-        return -errno;
-    }
-    int r = write_proc(dfd, "setgroups", "deny");
-    if (r == 0) {
-        snprintf(map, sizeof map, "0 %u 1\n", id);
-        r = write_proc(dfd, "uid_map", map);
-    }
-    if (r == 0) {
-        r = write_proc(dfd, "gid_map", map);
-    }
-    if (r < 0)
-        snprintf(err, errlen, "writing the id maps of %d: %s", (int)pid, strerror(-r));
-    return r;
-}
-
-static int send_go(int fd)
-{
-    char c = SBX_GO;
-    ssize_t w;
-    do
-        w = write(fd, &c, 1);
-    while (w < 0 && errno == EINTR);
-    return w == 1 ? 0 : -EPIPE;
-}
-
-int sbx_child_go(int go_fd, int err)
-{
-    unsigned char c[2] = {SBX_NO_GO, (unsigned char)(err > 0 && err < 256 ? err : EIO)};
-    ssize_t w;
-    do
-        w = err ? write(go_fd, c, 2) : write(go_fd, &(char){SBX_GO}, 1);
-    while (w < 0 && errno == EINTR);
-    int e = errno;
-    close(go_fd);
-    errno = e;
-    return w == (err ? 2 : 1) ? 0 : -EPIPE;
-}
-
-/* Parent-side work between clone and "go": maps (isolated) and cgroups
- * (unless deferred to whoever calls sbx_child_go). */
-static int place_child(const struct sbx_plan *p, pid_t pid, uint32_t id, bool maps, bool cgroups,
-                       char *err, size_t errlen)
-{
-    int r = maps ? write_maps(pid, id, err, errlen) : 0;
-    if (r == 0 && cgroups && p->cgroups) {
-        r = limits_cgroups_attach(p->cgroups, pid, p->cfg);
-        if (r < 0)
-            snprintf(err, errlen, "cgroup placement of %d: %s", (int)pid, strerror(-r));
-    }
-    return r;
-}
-
-static void kill_child(struct sbx_child *c)
-{
-    if (c->pidfd >= 0)
-        pidfd_send_signal(c->pidfd, SIGKILL, NULL, 0);
-    else if (c->pid > 0)
-        kill(c->pid, SIGKILL);
-}
-
-/* The fallback when glibc's tid field could not be located: fork (glibc
+/* --- the fork path's middle process ---
+ *
+ * The fallback when glibc's tid field could not be located: fork (glibc
  * keeps its own state right), unshare everything but the pid namespace
  * there, and fork once more so the sandbox is pid 1 of a new pid namespace.
  * The middle process only waits and mirrors the sandbox's exit status. About
  * 2.5 ms slower with a large parent (ARCHITECTURE.md). */
-_Noreturn static void middle_main(const struct sbx_plan *p, struct sbx_state *st, int ack_fd)
+_Noreturn void sbx_middle_main(const struct sbx_plan *p, struct sbx_state *st, int ack_fd)
 {
     /* Host root goes for good before the user namespace exists: the
      * namespace is then owned by the sandbox's id (see clone_as) and no
@@ -884,7 +690,7 @@ _Noreturn static void middle_main(const struct sbx_plan *p, struct sbx_state *st
         if (read(life[0], &b, 1) == 0)
             _exit(SBX_EXIT_STEP_BASE);
         close(life[0]);
-        child_main(p, st);
+        sbx_child_main(p, st);
     }
     close(life[0]);
     /* Keep only the life pipe: the channel and the fork server's fds
@@ -895,311 +701,4 @@ _Noreturn static void middle_main(const struct sbx_plan *p, struct sbx_state *st
     while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
         ;
     _exit(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
-}
-
-static int spawn_forked(const struct sbx_plan *p, uint32_t id, unsigned spawn_flags,
-                        struct sbx_child *out, int chan[2], int sync[2], int warm_child,
-                        char *err, size_t errlen)
-{
-    int ack[2];
-    if (pipe2(ack, O_CLOEXEC) < 0) {
-        snprintf(err, errlen, "pipe: %s", strerror(errno));
-        return -errno;
-    }
-    uint64_t t0 = mono_ns();
-    pid_t pid = fork();
-    if (pid < 0) {
-        int e = errno;
-        close(ack[0]);
-        close(ack[1]);
-        snprintf(err, errlen, "fork: %s", strerror(e));
-        return -e;
-    }
-    if (pid == 0) {
-        close(ack[0]);
-        close(sync[1]);
-        close(chan[0]);
-        if (out->warm_fd >= 0)
-            close(out->warm_fd);
-        struct sbx_state st = {.chan_fd = chan[1], .sync_fd = sync[0], .tools_fd = -1,
-                               .warm_fd = warm_child, .id = id};
-        middle_main(p, &st, ack[1]);
-    }
-    close(ack[1]);
-    out->pid = pid;
-    out->pidfd = pidfd_open(pid, 0);
-    char c = 0;
-    ssize_t r;
-    do
-        r = read(ack[0], &c, 1);
-    while (r < 0 && errno == EINTR);
-    close(ack[0]);
-    if (out->pidfd < 0 || r != 1 || c != SBX_UNSHARED) {
-        snprintf(err, errlen, "fork path: the child did not unshare");
-        return -ECHILD;
-    }
-    bool defer = spawn_flags & SBX_SPAWN_DEFER_GO;
-    int ret = place_child(p, pid, id, true, !defer, err, errlen);
-    if (ret == 0 && defer) {
-        out->go_fd = sync[1];
-        sync[1] = -1;
-    } else if (ret == 0 && (ret = send_go(sync[1])) < 0) {
-        snprintf(err, errlen, "releasing the child: %s", strerror(-ret));
-    }
-    out->spawn_ns = mono_ns() - t0;
-    return ret;
-}
-
-/* Non-isolated mode: a per-turn directory under /tmp with tools/ and
- * workspace/, removed when the child is reaped. */
-static int make_turn_dir(uint32_t id, char **out, char *err, size_t errlen)
-{
-    char tmpl[] = "/tmp/forkbox-turn-XXXXXX";
-    if (!mkdtemp(tmpl)) {
-        snprintf(err, errlen, "mkdtemp: %s", strerror(errno));
-        return -errno;
-    }
-    char sub[sizeof tmpl + 16] = "";
-    int r = 0;
-    if (chmod(tmpl, 0755) < 0)
-        r = -errno;
-    for (int i = 0; r == 0 && i < 2; i++) {
-        snprintf(sub, sizeof sub, "%s/%s", tmpl, i ? "workspace" : "tools");
-        if (mkdir(sub, 0755) < 0 ||
-            (geteuid() == 0 && chown(sub, id, id) < 0))
-            r = -errno;
-    }
-    if (r == 0 && !(*out = strdup(tmpl)))
-        r = -ENOMEM;
-    if (r < 0) {
-        snprintf(err, errlen, "turn dir %s: %s", tmpl, strerror(-r));
-        if (sub[0])
-            rmdir(sub);
-        rmdir(tmpl);
-    }
-    return r;
-}
-
-/* rm -r below dirfd/name without following symlinks; the tree was written
- * by untrusted code. Depth-bounded (each level holds an fd). */
-static int rm_tree_at(int at, const char *name, int depth)
-{
-    if (unlinkat(at, name, 0) == 0 || errno == ENOENT)
-        return 0;
-    if (errno != EISDIR || depth > 128)
-        return -errno;
-    int fd = openat(at, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    if (fd < 0)
-        return -errno;
-    DIR *d = fdopendir(fd);
-    if (!d) {
-        close(fd);
-        return -ENOMEM;
-    }
-    int r = 0;
-    struct dirent *de;
-    while ((de = readdir(d))) {
-        if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
-            continue;
-        int rr = rm_tree_at(dirfd(d), de->d_name, depth + 1);
-        if (rr < 0 && r == 0)
-            r = rr;
-    }
-    closedir(d);
-    if (unlinkat(at, name, AT_REMOVEDIR) < 0 && r == 0)
-        r = -errno;
-    return r;
-}
-
-static void drop_turn_dir(struct sbx_child *c)
-{
-    if (c->turn_dir) {
-        rm_tree_at(AT_FDCWD, c->turn_dir, 0);
-        free(c->turn_dir);
-        c->turn_dir = NULL;
-    }
-}
-
-/* The clone of an isolated sandbox is made with the sandbox's host id as
- * our real and effective uid and gid; the saved ids stay host root, so we can
- * come back (clone_done). The kernel makes the creator's effective uid the
- * owner of a new user namespace, and charges what it counts per user to the
- * chain (namespace, uid) -> (parent namespace, owner): created by root, every
- * sandbox's processes, pending signals, inotify instances and watches were
- * also host root's, and one turn could exhaust root's share (and with it the
- * other turns'). Created by the sandbox's id, they are that id's alone.
- * The child starts with these credentials: its host id as real and effective
- * ids (unmapped until we write the maps) and host root only as saved ids,
- * which step 2 replaces. Until then no set*id call in it can name host root
- * (unmapped in its namespace), and no permission check grants anything on
- * the strength of a saved id.
- * Side effects on us: an euid change clears the parent-death signal
- * (clone_done re-arms it) and makes us non-dumpable (it stays so; a sandbox
- * undoes it for itself in step 2). We are single-threaded (CLONE_NEWUSER
- * requires it): no other thread ever runs with these ids. */
-static int clone_as(uint32_t id, int *pdeath)
-{
-    if (prctl(PR_GET_PDEATHSIG, pdeath, 0, 0, 0) < 0 || setresgid(id, id, 0) < 0)
-        return -errno;
-    if (setresuid(id, id, 0) < 0) {
-        int e = errno;
-        if (setresgid(0, 0, 0) < 0)
-            abort(); /* saved gid 0: cannot happen; never go on as the sandbox's gid */
-        return -e;
-    }
-    return 0;
-}
-
-static void clone_done(int pdeath)
-{
-    /* Cannot fail (the saved ids are root); never go on as the sandbox's id. */
-    if (setresuid(0, 0, 0) < 0 || setresgid(0, 0, 0) < 0)
-        abort();
-    if (pdeath)
-        prctl(PR_SET_PDEATHSIG, pdeath, 0, 0, 0);
-}
-
-int sbx_spawn(const struct sbx_plan *p, uint32_t id, unsigned spawn_flags,
-              struct sbx_child *out, char *err, size_t errlen)
-{
-    *out = (struct sbx_child){.pid = 0, .id = id, .pidfd = -1, .chan_fd = -1, .warm_fd = -1,
-                              .go_fd = -1};
-    const struct config *cfg = p->cfg;
-    if (cfg->isolate && !p->mounts) {
-        snprintf(err, errlen, "no sandbox root (mounts_build)");
-        return -EINVAL;
-    }
-    if (cfg->isolate && (id == 0 || geteuid() != 0)) {
-        snprintf(err, errlen, id ? "isolation needs root" : "refusing host id 0 for a sandbox");
-        return -EPERM;
-    }
-
-    char tools_dir[64] = "", workspace_dir[64] = "";
-    if (!cfg->isolate) {
-        int r = make_turn_dir(id, &out->turn_dir, err, errlen);
-        if (r < 0)
-            return r;
-        snprintf(tools_dir, sizeof tools_dir, "%s/tools", out->turn_dir);
-        snprintf(workspace_dir, sizeof workspace_dir, "%s/workspace", out->turn_dir);
-    }
-
-    int chan[2], sync[2], warm[2] = {-1, -1};
-    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, chan) < 0) {
-        int e = errno;
-        snprintf(err, errlen, "socketpair: %s", strerror(e));
-        drop_turn_dir(out);
-        return -e;
-    }
-    if (pipe2(sync, O_CLOEXEC) < 0) {
-        int e = errno;
-        close(chan[0]);
-        close(chan[1]);
-        snprintf(err, errlen, "pipe: %s", strerror(e));
-        drop_turn_dir(out);
-        return -e;
-    }
-    /* Pooled: a socket (not a pipe: the child sends with MSG_NOSIGNAL, and
-     * the fork server may close its end first, when it hands the child out
-     * before the warm-up is over). */
-    if ((spawn_flags & SBX_SPAWN_POOLED) &&
-        socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, warm) < 0) {
-        int e = errno;
-        close(chan[0]);
-        close(chan[1]);
-        close(sync[0]);
-        close(sync[1]);
-        snprintf(err, errlen, "socketpair: %s", strerror(e));
-        drop_turn_dir(out);
-        return -e;
-    }
-    out->warm_fd = warm[0];
-
-    int ret;
-    if (cfg->isolate && (!p->tid_addr || (p->flags & SBX_PLAN_FORCE_FORK))) {
-        ret = spawn_forked(p, id, spawn_flags, out, chan, sync, warm[1], err, errlen);
-    } else {
-        /* ONE clone: every namespace at once is far cheaper than fork +
-         * unshare + fork (ARCHITECTURE.md). CLONE_CHILD_SETTID repairs
-         * glibc's cached tid in the child's copy of our TCB. */
-        unsigned long flags = SIGCHLD | CLONE_PIDFD;
-        if (cfg->isolate)
-            flags |= CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC |
-                     CLONE_NEWUTS;
-        if (p->tid_addr)
-            flags |= CLONE_CHILD_SETTID;
-        int pidfd = -1, pdeath = 0, r;
-        uint64_t t0 = mono_ns();
-        long pid;
-        if (!cfg->isolate && !p->tid_addr) {
-            /* Without the tid address only glibc's own fork is safe. */
-            pid = _Fork();
-            if (pid > 0 && (pidfd = pidfd_open((pid_t)pid, 0)) < 0)
-                kill((pid_t)pid, SIGKILL); /* reaped and released by the caller */
-        } else if (cfg->isolate && (r = clone_as(id, &pdeath)) < 0) {
-            errno = -r;
-            pid = -1;
-        } else {
-            pid = syscall(SYS_clone, flags, NULL, &pidfd, p->tid_addr, 0);
-            if (pid != 0 && cfg->isolate) {
-                int e = errno;
-                clone_done(pdeath);
-                errno = e;
-            }
-        }
-        if (pid == 0) {
-            close(sync[1]);
-            close(chan[0]);
-            if (warm[0] >= 0)
-                close(warm[0]);
-            struct sbx_state st = {.chan_fd = chan[1], .sync_fd = sync[0], .tools_fd = -1,
-                                   .warm_fd = warm[1], .id = id, .tools_dir = tools_dir,
-                                   .workspace_dir = workspace_dir};
-            child_main(p, &st);
-        }
-        if (pid < 0) {
-            ret = -errno;
-            snprintf(err, errlen, "clone as id %u: %s", id, strerror(errno));
-        } else {
-            out->pid = (pid_t)pid;
-            out->pidfd = pidfd;
-            /* sync 1: maps and cgroup in place -> go (or deferred: the
-             * caller places and releases it). */
-            bool defer = spawn_flags & SBX_SPAWN_DEFER_GO;
-            ret = place_child(p, out->pid, id, cfg->isolate, !defer, err, errlen);
-            if (ret == 0 && defer) {
-                out->go_fd = sync[1];
-                sync[1] = -1;
-            } else if (ret == 0 && (ret = send_go(sync[1])) < 0) {
-                snprintf(err, errlen, "releasing the child: %s", strerror(-ret));
-            }
-            out->spawn_ns = mono_ns() - t0;
-        }
-    }
-    close(sync[0]);
-    if (sync[1] >= 0)
-        close(sync[1]);
-    close(chan[1]);
-    if (warm[1] >= 0)
-        close(warm[1]);
-    if (ret < 0) {
-        kill_child(out);
-        close(chan[0]);
-        close_and_reset(&out->warm_fd);
-        if (out->pid <= 0)
-            drop_turn_dir(out);
-        return ret;
-    }
-    out->chan_fd = chan[0];
-    return 0;
-}
-
-void sbx_child_release(const struct sbx_plan *p, struct sbx_child *c)
-{
-    if (p->cgroups && c->pid > 0)
-        limits_cgroups_release(p->cgroups, c->pid);
-    close_and_reset(&c->pidfd);
-    close_and_reset(&c->chan_fd);
-    close_and_reset(&c->warm_fd);
-    close_and_reset(&c->go_fd);
-    drop_turn_dir(c);
 }

@@ -23,7 +23,7 @@
 #include "core/limits.h"
 #include "core/log.h"
 #include "core/util.h"
-#include "sandbox/seccomp.h"
+#include "sandbox/seccomp_notify.h"
 #include "session/notify.h"
 #include "session/session.h"
 

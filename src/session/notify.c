@@ -13,6 +13,7 @@
 #include "core/log.h"
 #include "sandbox/policy.h"
 #include "sandbox/seccomp.h"
+#include "sandbox/seccomp_notify.h"
 #include "session/flock.h"
 #include "session/session.h"
 

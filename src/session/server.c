@@ -19,7 +19,7 @@
 #include "core/log.h"
 #include "core/ratelimit.h"
 #include "core/util.h"
-#include "sandbox/seccomp.h"
+#include "sandbox/seccomp_notify.h"
 #include "session/session.h"
 
 #define SERVER_TICK_MS 250 /* deadlines, pings, log flushes, a paused listener */

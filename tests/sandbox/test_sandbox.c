@@ -37,7 +37,7 @@
 #include "proto/chan.h"
 #include "sandbox/caps.h"
 #include "sandbox/mounts.h"
-#include "sandbox/steps.h"
+#include "sandbox/spawn.h"
 
 /* --- test-only globals: the serve hooks get no context argument --- */
 static char g_expected_root[512]; /* space-separated sorted names of / */

@@ -1,4 +1,6 @@
-/* Per-turn resource limits.
+/* Runs in the fork server's cgroup helper (placer.c), which makes every
+ * cgroup write; the fork server only probes at start, before it forks the
+ * helper (cgroups_init). Per-turn cgroups, see cgroups.h.
  *
  * Kernel-enforced, per turn:
  *   memory  cgroup v2 memory.max (+ memory.swap.max 0), or v1 memory.limit_in_bytes
@@ -16,8 +18,8 @@
  * least 1, at most 10000), rewritten as turns start and end, so that a busy
  * sandbox gets what a plain busy process would; pooled sandboxes, idle until
  * a turn takes them, do not count. --cpu-weight fixes it instead.
- *   rlimits in the child: RLIMIT_CORE 0, RLIMIT_FSIZE = tmpfs size, RLIMIT_NOFILE,
- *           RLIMIT_NPROC = pids + 1, RLIMIT_SIGPENDING, RLIMIT_MSGQUEUE.
+ *
+ * (The rlimits a sandbox sets on itself are rlimits.c.)
  *
  * Cgroups are created under the fork server's own cgroup in each hierarchy
  * (read from /proc/self/cgroup), so the daemon's own limits still bound all
@@ -32,25 +34,14 @@
  * three cgroups cost ~7% of the CPU of a one-block turn (mkdir, rmdir and the
  * v1 cpu quota write); the counters a cgroup keeps are not data of a turn, and
  * nothing in a sandbox can read them. A cgroup that is still busy when
- * released is retried later (limits_cgroups_retry) instead of blocking the
+ * released is retried later (cgroups_retry) instead of blocking the
  * caller. Spares are kept up to the most turn cgroups that can be live at
  * once (capacity + pool, within [SPARE_MIN, SPARE_MAX]); beyond that they are
  * removed. A lower cap churned under a steady load whose number of live turns
  * swings by more than the cap (64 concurrent turns: a third of all turns made
  * and removed a cgroup, measured); an empty cgroup holds ~100 KiB of kernel
- * memory.
- *
- * The per-user rlimits count per sandbox: each has a host uid of its own
- * (ids.h), in a user namespace that uid owns. RLIMIT_NPROC (processes of the
- * uid: per (user namespace, uid) from Linux 5.14, per host uid before) is a
- * backstop to pids.max, the limit relied on. RLIMIT_SIGPENDING and
- * RLIMIT_MSGQUEUE bound the queued signals and message queue bytes one turn
- * may pin (core/limits.h). RLIMIT_NOFILE also bounds the fds one turn can
- * hold in flight in unix socket messages: the kernel refuses to queue more
- * once the sender's host user has more in flight than the sender's nofile
- * limit; that count is per host user, i.e. per sandbox, as are pipe buffers
- * (fs.pipe-user-pages-*) and epoll watches. */
-#include "sandbox/limits.h"
+ * memory. */
+#include "sandbox/cgroups.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -59,7 +50,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -68,7 +58,6 @@
 #include "core/limits.h"
 #include "core/log.h"
 
-#define LIMITS_NOFILE 1024
 #define SPARE_MIN 32  /* empty turn cgroups kept for reuse: at least */
 #define SPARE_MAX 256 /* and at most */
 #define CPU_PERIOD_US 100000ULL
@@ -343,7 +332,7 @@ static void set_parent_weight(struct sbx_cgroups *cg)
     cg->weight_set = w;
 }
 
-int limits_cgroups_init(const struct config *cfg, struct sbx_cgroups **out)
+int cgroups_init(const struct config *cfg, struct sbx_cgroups **out)
 {
     struct sbx_cgroups *cg = calloc(1, sizeof *cg);
     if (!cg)
@@ -627,7 +616,7 @@ static int attach_spare(struct sbx_cgroups *cg, pid_t pid, const char *pidstr)
     return -ENOENT;
 }
 
-int limits_cgroups_attach(struct sbx_cgroups *cg, pid_t pid, const struct config *cfg)
+int cgroups_attach(struct sbx_cgroups *cg, pid_t pid, const struct config *cfg)
 {
     char pidstr[32];
     snprintf(pidstr, sizeof pidstr, "%d", (int)pid);
@@ -671,7 +660,7 @@ int limits_cgroups_attach(struct sbx_cgroups *cg, pid_t pid, const struct config
     return rc;
 }
 
-void limits_cgroups_events(struct sbx_cgroups *cg, pid_t pid, struct cg_events *ev)
+void cgroups_events(struct sbx_cgroups *cg, pid_t pid, struct cg_events *ev)
 {
     *ev = (struct cg_events){0};
     for (size_t i = 0; cg && i < cg->n_live; i++) {
@@ -687,7 +676,7 @@ void limits_cgroups_events(struct sbx_cgroups *cg, pid_t pid, struct cg_events *
     }
 }
 
-void limits_cgroups_release(struct sbx_cgroups *cg, pid_t pid)
+void cgroups_release(struct sbx_cgroups *cg, pid_t pid)
 {
     if (!cg)
         return;
@@ -695,12 +684,12 @@ void limits_cgroups_release(struct sbx_cgroups *cg, pid_t pid)
     set_parent_weight(cg);
 }
 
-unsigned limits_cgroups_cpu_weight(const struct sbx_cgroups *cg)
+unsigned cgroups_cpu_weight(const struct sbx_cgroups *cg)
 {
     return cg ? cg->weight_set : 0;
 }
 
-void limits_cgroups_serving(struct sbx_cgroups *cg, pid_t pid)
+void cgroups_serving(struct sbx_cgroups *cg, pid_t pid)
 {
     for (size_t i = 0; cg && i < cg->n_live; i++)
         if (cg->live[i].pid == pid && !cg->live[i].serving) {
@@ -710,7 +699,7 @@ void limits_cgroups_serving(struct sbx_cgroups *cg, pid_t pid)
         }
 }
 
-size_t limits_cgroups_retry(struct sbx_cgroups *cg)
+size_t cgroups_retry(struct sbx_cgroups *cg)
 {
     if (!cg)
         return 0;
@@ -722,7 +711,7 @@ size_t limits_cgroups_retry(struct sbx_cgroups *cg)
     return kept;
 }
 
-void limits_cgroups_free(struct sbx_cgroups *cg)
+void cgroups_free(struct sbx_cgroups *cg)
 {
     if (!cg)
         return;
@@ -739,7 +728,7 @@ void limits_cgroups_free(struct sbx_cgroups *cg)
     cg->n_spare = cg->n_live = 0;
     for (size_t i = 0; i < cg->n_busy; i++)
         cg->busy[i].complete = false; /* removed, not recycled */
-    for (int tries = 0; limits_cgroups_retry(cg) && tries < 100; tries++)
+    for (int tries = 0; cgroups_retry(cg) && tries < 100; tries++)
         nanosleep(&(struct timespec){.tv_nsec = 10 * 1000 * 1000}, NULL);
     if (cg->n_busy)
         LOG_W("cgroup: %zu turn cgroups still busy at exit", cg->n_busy);
@@ -751,40 +740,4 @@ void limits_cgroups_free(struct sbx_cgroups *cg)
      * (just started, or --pool 0 between turns) would lose its next
      * sandbox's placement if we removed them. */
     free(cg);
-}
-
-static int set_rlimit(int res, rlim_t v)
-{
-    struct rlimit cur;
-    if (getrlimit(res, &cur) == 0 && cur.rlim_max != RLIM_INFINITY && cur.rlim_max < v)
-        v = cur.rlim_max; /* never try to raise: only lower */
-    struct rlimit rl = { .rlim_cur = v, .rlim_max = v };
-    if (setrlimit(res, &rl) < 0)
-        return -errno;
-    return 0;
-}
-
-int limits_apply_rlimits(const struct config *cfg)
-{
-    int rc;
-    if ((rc = set_rlimit(RLIMIT_CORE, 0)) < 0)
-        return rc;
-    /* No single file may outgrow the tmpfs; writes past it fail with EFBIG
-     * (CPython ignores SIGXFSZ) instead of filling the disk. */
-    if (cfg->tmpfs_size && (rc = set_rlimit(RLIMIT_FSIZE, cfg->tmpfs_size)) < 0)
-        return rc;
-    if ((rc = set_rlimit(RLIMIT_NOFILE, LIMITS_NOFILE)) < 0)
-        return rc;
-    if ((rc = set_rlimit(RLIMIT_SIGPENDING, SBX_RLIMIT_SIGPENDING)) < 0 ||
-        (rc = set_rlimit(RLIMIT_MSGQUEUE, SBX_RLIMIT_MSGQUEUE)) < 0)
-        return rc;
-    /* Isolated only: without isolation (benchmarks) as a non-root user,
-     * every sandbox runs as that user, whose other processes count too. */
-    /* One above pids.max: the kernel checks the rlimit first, and at the
-     * same value it refused every fork before pids.max could count it
-     * (pids.events), which is how the close reason knows a turn hit its
-     * process limit. */
-    if (cfg->isolate && cfg->pids_max && (rc = set_rlimit(RLIMIT_NPROC, cfg->pids_max + 1)) < 0)
-        return rc;
-    return 0;
 }

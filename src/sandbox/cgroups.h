@@ -1,6 +1,8 @@
-/* Per-turn resource limits: cgroups (v2 where the host has controllers, else
- * the v1 memory and pids controllers) placed from the fork server, and
- * rlimits set in the child. */
+/* Runs in the fork server (probe) and its cgroup helper (every write, placer.c):
+ * per-turn cgroups (v2 where the host has controllers, else the v1 memory,
+ * pids and cpu controllers): probed by the fork server at start, then
+ * written only by its cgroup helper (placer.c). The child's own rlimits are
+ * rlimits.h. */
 #pragma once
 #include <stdint.h>
 #include <sys/types.h>
@@ -12,11 +14,11 @@ struct sbx_cgroups; /* opaque: what this host offers, probed once at start */
 /* Probe and prepare a parent cgroup for forkbox under each usable hierarchy.
  * Never fatal: on a host without usable cgroups *out describes "none" and a
  * warning is logged. 0 or -errno. */
-int limits_cgroups_init(const struct config *cfg, struct sbx_cgroups **out);
+int cgroups_init(const struct config *cfg, struct sbx_cgroups **out);
 /* Create the turn's cgroup(s) with the configured limits and move pid into
  * them (called by the fork server right after clone, before the child is
  * released). 0 or -errno. */
-int limits_cgroups_attach(struct sbx_cgroups *cg, pid_t pid, const struct config *cfg);
+int cgroups_attach(struct sbx_cgroups *cg, pid_t pid, const struct config *cfg);
 /* What a turn cgroup counted during one sandbox's life (0 where the
  * controller is not enforced). */
 struct cg_events {
@@ -24,25 +26,21 @@ struct cg_events {
     uint32_t pids_max;  /* pids.events max: forks refused at pids.max */
 };
 /* What pid's turn cgroup counted since pid was placed in it; call once pid
- * has been reaped, before limits_cgroups_release (which may hand the cgroup
+ * has been reaped, before cgroups_release (which may hand the cgroup
  * to the next sandbox). */
-void limits_cgroups_events(struct sbx_cgroups *cg, pid_t pid, struct cg_events *ev);
+void cgroups_events(struct sbx_cgroups *cg, pid_t pid, struct cg_events *ev);
 /* Remove the turn's cgroup(s) once pid has been reaped, or keep them as a
  * spare. Never blocks: a cgroup whose tasks are still exiting is kept for
- * limits_cgroups_retry(). */
-void limits_cgroups_release(struct sbx_cgroups *cg, pid_t pid);
+ * cgroups_retry(). */
+void cgroups_release(struct sbx_cgroups *cg, pid_t pid);
 /* pid's sandbox now serves a turn: it counts in the sandboxes' CPU weight
- * (limits.c) until it is released. Unknown pids (gone before placement)
+ * (cgroups.c) until it is released. Unknown pids (gone before placement)
  * are ignored. */
-void limits_cgroups_serving(struct sbx_cgroups *cg, pid_t pid);
+void cgroups_serving(struct sbx_cgroups *cg, pid_t pid);
 /* The CPU weight last written to the sandboxes' parent (cgroup v2 units; 0
  * if none was: no cpu controller, or the write failed). */
-unsigned limits_cgroups_cpu_weight(const struct sbx_cgroups *cg);
+unsigned cgroups_cpu_weight(const struct sbx_cgroups *cg);
 /* Try again to remove released cgroups that were busy; returns how many are
  * still waiting (call again a little later while non-zero). */
-size_t limits_cgroups_retry(struct sbx_cgroups *cg);
-void limits_cgroups_free(struct sbx_cgroups *cg);
-
-/* In the child: RLIMIT_CORE 0, RLIMIT_FSIZE, RLIMIT_NOFILE, RLIMIT_NPROC
- * backstop, RLIMIT_SIGPENDING, RLIMIT_MSGQUEUE. 0 or -errno. */
-int limits_apply_rlimits(const struct config *cfg);
+size_t cgroups_retry(struct sbx_cgroups *cg);
+void cgroups_free(struct sbx_cgroups *cg);

@@ -1,0 +1,118 @@
+/* Runs in the fork server's cgroup helper (see placer.h): every cgroup write
+ * of a spawn and a reap, off the fork server's path. */
+#include "sandbox/placer.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "core/log.h"
+#include "core/util.h"
+#include "sandbox/cgroups.h"
+#include "sandbox/forkserver.h"
+#include "sandbox/spawn.h"
+
+/* A sandbox handed to a turn has been reaped: the helper reads what its
+ * turn cgroup counted (before the cgroup can be reused) and sends the
+ * supervisor the death report itself, on its copy of the control socket
+ * (fd 4), so that we never wait for it and no reply flows back to us. The
+ * supervisor reads the control socket all the time, so the helper's
+ * blocking send cannot stall for long. */
+static void placer_report(int ctl_fd, const struct placer_req *req, const struct cg_events *ev)
+{
+    struct fs_reply rep = {.pid = req->pid, .turn_id = req->turn_id, .kind = FS_REPLY_DEATH,
+                           .wait_status = req->wait_status, .oom_kills = ev->oom_kills,
+                           .pids_max = ev->pids_max};
+    ssize_t n;
+    do
+        n = send(ctl_fd, &rep, sizeof rep, MSG_NOSIGNAL);
+    while (n < 0 && errno == EINTR);
+    if (n < 0 && errno != EPIPE && errno != ECONNRESET)
+        PLOG_W("death report for turn %llu", (unsigned long long)req->turn_id);
+}
+
+_Noreturn void placer_main(const struct config *cfg, struct sbx_cgroups *cg, int fd, int ctl_fd)
+{
+    signal(SIGPIPE, SIG_IGN); /* a child killed before its go */
+    /* We leave when the fork server does, however it ends (EOF on our
+     * socket), and take every turn cgroup with us: so no death signal, and a
+     * stop signal to the whole process group (systemd, a terminal) is left
+     * to the supervisor. */
+    prctl(PR_SET_PDEATHSIG, 0, 0, 0, 0);
+    signal(SIGTERM, SIG_IGN);
+    signal(SIGINT, SIG_IGN);
+    signal(SIGHUP, SIG_IGN);
+    size_t busy = 0; /* released turn cgroups whose tasks are still exiting */
+    for (;;) {
+        if (busy) {
+            /* Retry them every 20 ms while otherwise idle. */
+            struct pollfd pfd = {.fd = fd, .events = POLLIN};
+            if (poll(&pfd, 1, 20) == 0) {
+                busy = cgroups_retry(cg);
+                continue;
+            }
+        }
+        struct placer_req req;
+        union {
+            char buf[CMSG_SPACE(sizeof(int))];
+            struct cmsghdr align;
+        } cbuf;
+        struct iovec iov = {.iov_base = &req, .iov_len = sizeof req};
+        struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf.buf,
+                             .msg_controllen = sizeof cbuf.buf};
+        ssize_t n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            /* The fork server is gone or done: its sandboxes are dead
+             * (PDEATHSIG), so every turn cgroup can go. */
+            cgroups_free(cg);
+            _exit(0);
+        }
+        int go_fd = -1;
+        struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+        if (c && c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS &&
+            c->cmsg_len == CMSG_LEN(sizeof(int)))
+            memcpy(&go_fd, CMSG_DATA(c), sizeof go_fd);
+        if ((size_t)n != sizeof req || req.pid <= 0) {
+            if (go_fd >= 0)
+                close(go_fd);
+            continue;
+        }
+        if (req.op == PLACER_ATTACH && go_fd >= 0) {
+            uint64_t t0 = now_ns();
+            int r = cgroups_attach(cg, req.pid, cfg);
+            /* Gone already (killed as its client left, or failed before
+             * its go): nothing to place, its cgroup stays a spare. Common
+             * and harmless, so not a warning. */
+            if (r == -ESRCH)
+                LOG_D("sandbox %d was gone before its placement", (int)req.pid);
+            else if (r < 0)
+                LOG_W("cgroup placement of %d: %s", (int)req.pid, strerror(-r));
+            else
+                LOG_D("sandbox %d placed in %llu us", (int)req.pid,
+                      (unsigned long long)((now_ns() - t0) / 1000));
+            sbx_child_go(go_fd, r < 0 ? -r : 0); /* closes go_fd */
+        } else {
+            if (go_fd >= 0)
+                close(go_fd);
+            if (req.op == PLACER_RELEASE || req.op == PLACER_RELEASE_REPORT) {
+                /* Counted either way (the next sandbox in this cgroup
+                 * starts from here); the report goes first: the turn's
+                 * close waits for it, the cgroup's recycling does not. */
+                struct cg_events ev;
+                cgroups_events(cg, req.pid, &ev);
+                if (req.op == PLACER_RELEASE_REPORT)
+                    placer_report(ctl_fd, &req, &ev);
+                cgroups_release(cg, req.pid);
+                busy = cgroups_retry(cg);
+            } else if (req.op == PLACER_SERVING) {
+                cgroups_serving(cg, req.pid);
+            }
+        }
+    }
+}
