@@ -61,42 +61,11 @@ static int set_what(struct sbx_state *st, const char *what)
 
 /* --- habit 4: report a setup failure as a `log` frame, then _exit --- */
 
-static size_t json_escape(char *out, size_t room, const char *s)
-{
-    size_t n = 0;
-    for (; *s && n + 7 < room; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\') {
-            out[n++] = '\\';
-            out[n++] = (char)c;
-        } else if (c < 0x20) {
-            n += (size_t)snprintf(out + n, room - n, "\\u%04x", c);
-        } else {
-            out[n++] = c < 0x80 ? (char)c : '?'; /* keep the frame valid UTF-8 */
-        }
-    }
-    out[n] = '\0';
-    return n;
-}
-
 /* A `log` frame on the channel: setup failures, and the one setup warning
  * (step 8). Blocking writes; nothing else is on the channel yet. */
 static void send_log_frame(int chan_fd, const char *level, const char *msg)
 {
-    char esc[600], buf[CHAN_HDR_LEN + 700];
-    json_escape(esc, sizeof esc, msg);
-    int n = snprintf(buf + CHAN_HDR_LEN, sizeof buf - CHAN_HDR_LEN,
-                     "{\"level\":\"%s\",\"msg\":\"%s\",\"kind\":\"log\"}\n", level, esc);
-    chan_hdr_encode((uint8_t *)buf, CHAN_FRAME, (uint32_t)n);
-    size_t len = CHAN_HDR_LEN + (size_t)n, off = 0;
-    while (chan_fd >= 0 && off < len) {
-        ssize_t w = write(chan_fd, buf + off, len - off);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0)
-            break;
-        off += (size_t)w;
-    }
+    (void)chan_write_log(chan_fd, level, msg); /* proto/chan.h: allocation-free */
 }
 
 _Noreturn static void setup_failed(int chan_fd, enum sbx_step step, const char *name,
