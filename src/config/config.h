@@ -50,7 +50,7 @@ struct config {
     uint64_t pids_max;
     uint64_t cpu_millis;        /* CPU per second of wall time, in ms (1000 = 1 CPU) */
     unsigned cpu_weight;        /* the sandboxes' parent cgroup's CPU weight (cgroup v2 units,
-                                   1..10000); 0 = 100 per turn running (limits.c) */
+                                   1..10000); 0 = 100 per turn running (cgroups.c) */
     uint64_t tmpfs_size;        /* bytes for /workspace and /tmp together */
     uint64_t block_timeout_ms;  /* default 900 s; 0 = none */
     uint64_t turn_timeout_ms;   /* default 7200 s; 0 = none */

@@ -215,7 +215,7 @@ int parse_u64(const char *s, uint64_t max, uint64_t *out)
 /* Thousands of idle turns need fds: the supervisor holds three per turn
  * (client socket, channel, pidfd), the fork server three per pooled sandbox.
  * Raise the soft RLIMIT_NOFILE to the hard one, and as root the hard one to
- * 1M (capped by fs.nr_open). Sandboxes lower theirs again (limits.c). Runs
+ * 1M (capped by fs.nr_open). Sandboxes lower theirs again (rlimits.c). Runs
  * in forkboxd and in the fork server (forkbox-sandbox). */
 void raise_nofile(void)
 {

@@ -66,5 +66,7 @@ void pyrt_after_fork(void);
  * Exit statuses: 0 channel EOF or write error (the supervisor is gone),
  * 3 archive or setup error (a `log` error frame was sent first), 4 internal
  * runtime error (a `log` frame with the traceback was sent first). */
-_Noreturn void pyrt_serve(int chan_fd, int tools_fd, int warm_fd, const char *tools_dir,
-                          const char *workspace_dir);
+/* (noreturn as an attribute, not _Noreturn: clang makes it part of the
+ * function's type only then, and sbx_hooks.serve's type has it.) */
+void pyrt_serve(int chan_fd, int tools_fd, int warm_fd, const char *tools_dir,
+                const char *workspace_dir) __attribute__((noreturn));

@@ -38,6 +38,7 @@
 #include <unistd.h>
 
 #include "core/cleanup.h"
+#include "core/util.h"
 #include "core/log.h"
 #include "proto/chan.h"
 #include "sandbox/ids.h"
@@ -94,12 +95,6 @@ struct forkserver {
  * refills at once (between requests): the next request would be fresh. */
 #define POOL_QUIET_US 5000
 
-static uint64_t mono_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 static int send_ready(int ctl_fd, int status, uint64_t start_ns, const char *msg)
 {
@@ -309,7 +304,7 @@ static void pool_failed(struct forkserver *fsv)
     if (ms > POOL_BACKOFF_MAX_MS)
         ms = POOL_BACKOFF_MAX_MS;
     fsv->pool_failures++;
-    fsv->refill_after_ns = mono_ns() + ms * 1000000ull;
+    fsv->refill_after_ns = now_ns() + ms * 1000000ull;
 }
 
 /* A pooled sandbox that failed a setup step wrote a `log` frame saying why
@@ -353,7 +348,7 @@ static void pool_refill_one(struct forkserver *fsv)
     }
     fsv->pool[fsv->npool++] = (struct pool_slot){
         .pid = c.pid, .chan_fd = c.chan_fd, .pidfd = c.pidfd, .warm_fd = c.warm_fd,
-        .born_ns = mono_ns() - c.spawn_ns, .spawn_ns = c.spawn_ns};
+        .born_ns = now_ns() - c.spawn_ns, .spawn_ns = c.spawn_ns};
     c.chan_fd = c.pidfd = c.warm_fd = -1; /* the slot owns them until hand-off */
     fsv->kids[fsv->nkids++] = c;
     LOG_D("pool: sandbox %d spawned in %llu us (%zu/%u)", (int)c.pid,
@@ -372,7 +367,7 @@ static void pool_note_warm(struct forkserver *fsv, struct pool_slot *sl)
     if (n == 1) {
         fsv->pool_failures = 0;
         LOG_D("pool: sandbox %d warm %llu us after its clone", (int)sl->pid,
-              (unsigned long long)((mono_ns() - sl->born_ns) / 1000));
+              (unsigned long long)((now_ns() - sl->born_ns) / 1000));
     }
 }
 
@@ -416,7 +411,7 @@ static void serving(struct forkserver *fsv, pid_t pid)
 static void handle_spawn(struct forkserver *fsv, const struct fs_request *req)
 {
     struct fs_reply rep = {.turn_id = req->turn_id};
-    uint64_t t0 = mono_ns();
+    uint64_t t0 = now_ns();
     struct pool_slot sl;
     if (pool_take(fsv, &sl)) {
         for (size_t i = 0; i < fsv->nkids; i++)
@@ -426,7 +421,7 @@ static void handle_spawn(struct forkserver *fsv, const struct fs_request *req)
         bool warm = sl.warm_fd < 0;
         close_and_reset(&sl.warm_fd);
         rep.pid = sl.pid;
-        rep.spawn_ns = mono_ns() - t0;
+        rep.spawn_ns = now_ns() - t0;
         int sr = send_reply(fsv->ctl_fd, &rep, sl.chan_fd, sl.pidfd);
         if (sr < 0) {
             errno = -sr;
@@ -576,7 +571,7 @@ static bool handle_requests(struct forkserver *fsv)
             continue;
         }
         handle_spawn(fsv, &req);
-        fsv->quiet_until_ns = mono_ns() + POOL_QUIET_US * 1000ull;
+        fsv->quiet_until_ns = now_ns() + POOL_QUIET_US * 1000ull;
     }
 }
 
@@ -750,7 +745,7 @@ _Noreturn void forkserver_main(int ctl_fd)
         bool refill = fsv.npool < cfg->pool_size;
         int timeout = -1;
         if (refill) {
-            uint64_t now = mono_ns();
+            uint64_t now = now_ns();
             uint64_t when = refill_time(&fsv);
             timeout = now >= when ? 0 : (int)((when - now + 999999) / 1000000);
         }
@@ -789,7 +784,7 @@ _Noreturn void forkserver_main(int ctl_fd)
                     pool_note_warm(&fsv, &fsv.pool[i]);
         }
         /* One refill, and only if no request came in meanwhile. */
-        if (fsv.npool < cfg->pool_size && mono_ns() >= refill_time(&fsv) &&
+        if (fsv.npool < cfg->pool_size && now_ns() >= refill_time(&fsv) &&
             !request_pending(ctl_fd))
             pool_refill_one(&fsv);
     }

@@ -19,17 +19,12 @@
 #include <unistd.h>
 
 #include "core/cleanup.h"
+#include "core/util.h"
 #include "core/log.h"
 
 #define FS_READY_TIMEOUT_MS 30000
 #define FS_STOP_GRACE_MS 2000
 
-static uint64_t mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
 
 static void reap_blocking(pid_t pid, int *status)
 {
@@ -211,10 +206,10 @@ int fs_client_start(const struct config *cfg, struct fs_client *fs, char *err, s
         struct fs_reply rep;
         char msg[FS_READY_MAX_MSG];
     } rec;
-    uint64_t deadline = mono_ms() + FS_READY_TIMEOUT_MS;
+    uint64_t deadline = now_ms() + FS_READY_TIMEOUT_MS;
     ssize_t n = -1;
     for (;;) {
-        uint64_t now = mono_ms();
+        uint64_t now = now_ms();
         if (now >= deadline) {
             snprintf(err, errlen, "fork server not ready after %d ms", FS_READY_TIMEOUT_MS);
             fs_client_stop(fs);
@@ -331,13 +326,13 @@ void fs_client_stop(struct fs_client *fs)
     close_and_reset(&fs->ctl_fd);
     if (fs->pid <= 0)
         return;
-    uint64_t deadline = mono_ms() + FS_STOP_GRACE_MS;
+    uint64_t deadline = now_ms() + FS_STOP_GRACE_MS;
     int status;
     for (;;) {
         pid_t r = waitpid(fs->pid, &status, WNOHANG);
         if (r == fs->pid || (r < 0 && errno != EINTR))
             break;
-        if (r == 0 && mono_ms() >= deadline) {
+        if (r == 0 && now_ms() >= deadline) {
             kill(fs->pid, SIGKILL);
             reap_blocking(fs->pid, &status);
             break;

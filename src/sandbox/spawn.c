@@ -28,16 +28,11 @@
 #include <unistd.h>
 
 #include "core/cleanup.h"
+#include "core/util.h"
 #include "sandbox/arch.h"
 #include "sandbox/cgroups.h"
 #include "sandbox/steps.h"
 
-static uint64_t mono_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 int sbx_tid_probe(pid_t **out)
 {
@@ -193,7 +188,7 @@ static int spawn_forked(const struct sbx_plan *p, uint32_t id, unsigned spawn_fl
         snprintf(err, errlen, "pipe: %s", strerror(errno));
         return -errno;
     }
-    uint64_t t0 = mono_ns();
+    uint64_t t0 = now_ns();
     pid_t pid = fork();
     if (pid < 0) {
         int e = errno;
@@ -226,7 +221,7 @@ static int spawn_forked(const struct sbx_plan *p, uint32_t id, unsigned spawn_fl
         return -ECHILD;
     }
     int ret = place_and_go(p, out, true, spawn_flags, &sync[1], err, errlen);
-    out->spawn_ns = mono_ns() - t0;
+    out->spawn_ns = now_ns() - t0;
     return ret;
 }
 
@@ -408,7 +403,7 @@ int sbx_spawn(const struct sbx_plan *p, uint32_t id, unsigned spawn_flags,
         if (p->tid_addr)
             flags |= CLONE_CHILD_SETTID;
         int pidfd = -1, pdeath = 0, r;
-        uint64_t t0 = mono_ns();
+        uint64_t t0 = now_ns();
         long pid;
         if (!cfg->isolate && !p->tid_addr) {
             /* Without the tid address only glibc's own fork is safe. */
@@ -443,7 +438,7 @@ int sbx_spawn(const struct sbx_plan *p, uint32_t id, unsigned spawn_flags,
             out->pid = (pid_t)pid;
             out->pidfd = pidfd;
             ret = place_and_go(p, out, cfg->isolate, spawn_flags, &sync[1], err, errlen);
-            out->spawn_ns = mono_ns() - t0;
+            out->spawn_ns = now_ns() - t0;
         }
     }
     close(sync[0]);
