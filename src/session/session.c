@@ -41,6 +41,7 @@
 #include "net/ws.h"
 #include "proto/frame.h"
 #include "proto/tarcheck.h"
+#include "session/chan_conn.h"
 #include "session/notify.h"
 #include "session/session.h"
 
@@ -50,8 +51,6 @@
  * server's death report (it comes once the sandbox is reaped and its cgroup
  * helper has read the counters, behind the placements queued before it). */
 #define DEATH_REPORT_WAIT_MS 5000
-#define CHAN_READ_BUDGET (256 * KiB) /* bytes read from a sandbox per wakeup */
-#define CHAN_MAX_FDS 8             /* fds taken (and closed) per read; the kernel drops the rest */
 
 static void update_interest(struct session *s);
 static void kill_sandbox(struct session *s);
@@ -104,20 +103,10 @@ static int flush_out(struct session *s)
 
 /* ---------------------------------------------------------------- to the sandbox */
 
-/* Queue one envelope whose body is *body, taken over (no copy). */
-static int chan_queue(struct session *s, enum chan_type type, struct buf *body)
+/* Queue one envelope for the sandbox whose body is *body, taken over. */
+static int sandbox_send(struct session *s, enum chan_type type, struct buf *body)
 {
-    uint8_t hdr[CHAN_HDR_LEN];
-    if (body->len > CHAN_MAX_MESSAGE_BYTES) {
-        buf_free(body);
-        return -EMSGSIZE;
-    }
-    chan_hdr_encode(hdr, type, (uint32_t)body->len);
-    int r = outq_append(&s->chan_out, hdr, sizeof hdr);
-    if (r == 0)
-        r = outq_take(&s->chan_out, body);
-    else
-        buf_free(body);
+    int r = chan_conn_send(s->chan, type, body);
     update_interest(s);
     return r;
 }
@@ -144,10 +133,10 @@ static int big_borrowed_field(const struct frame *f, const struct buf *msg)
  * form, pyrt/shape.c), else re-encoded; a large value (a tool result) is
  * not copied: the encoding is queued around it and the value is sent from
  * msg. msg is consumed either way. */
-static int chan_queue_frame(struct session *s, const struct frame *f, struct buf *msg)
+static int sandbox_send_frame(struct session *s, const struct frame *f, struct buf *msg)
 {
     if (f->canonical)
-        return chan_queue(s, CHAN_FRAME, msg);
+        return sandbox_send(s, CHAN_FRAME, msg);
     struct buf head, tail;
     buf_init_budget(&head, CHAN_MAX_MESSAGE_BYTES, &s->budget);
     buf_init_budget(&tail, CHAN_MAX_MESSAGE_BYTES, &s->budget);
@@ -155,38 +144,20 @@ static int chan_queue_frame(struct session *s, const struct frame *f, struct buf
     if (big < 0) {
         int r = frame_encode(f, &head); /* f may point into msg: encode first */
         buf_free(msg);
-        return r < 0 ? (buf_free(&head), r) : chan_queue(s, CHAN_FRAME, &head);
+        return r < 0 ? (buf_free(&head), r) : sandbox_send(s, CHAN_FRAME, &head);
     }
     /* Everything but the value is copied out of msg before msg is queued. */
     const struct frame_field *v = &f->field[big];
     size_t off = (size_t)((const uint8_t *)v->json - msg->data), len = v->len;
     int r = frame_encode_around(f, (size_t)big, &head, &tail);
-    uint64_t total = (uint64_t)head.len + len + tail.len;
-    if (r == 0 && total > CHAN_MAX_MESSAGE_BYTES)
-        r = -EMSGSIZE;
-    uint8_t hdr[CHAN_HDR_LEN];
-    if (r == 0) {
-        chan_hdr_encode(hdr, CHAN_FRAME, (uint32_t)total);
-        r = outq_append(&s->chan_out, hdr, sizeof hdr);
-    }
     if (r == 0)
-        r = outq_append(&s->chan_out, head.data, head.len);
-    if (r == 0)
-        r = outq_take_slice(&s->chan_out, msg, off, len);
-    if (r == 0)
-        r = outq_append(&s->chan_out, tail.data, tail.len);
-    buf_free(msg);
+        r = chan_conn_send_around(s->chan, CHAN_FRAME, &head, msg, off, len, &tail);
+    else
+        buf_free(msg);
     buf_free(&head);
     buf_free(&tail);
     update_interest(s);
     return r;
-}
-
-/* Write what is queued for the sandbox: 0 when all of it went or the socket
- * is full, -1 when the sandbox is gone. */
-static int chan_flush(struct session *s)
-{
-    return outq_send(&s->chan_out, s->chan_fd) < 0 ? -1 : 0;
 }
 
 /* ---------------------------------------------------------------- to the client */
@@ -462,7 +433,7 @@ static void note_child_error(struct session *s, const struct frame *f, bool runn
 
 /* A sandbox's log line in the operator log, as its JSON text (escaped: it
  * cannot forge lines), cut to 300 bytes. Its token was taken when its
- * envelope arrived (chan_begin): lines over the turn's rate were dropped
+ * envelope arrived (on_sandbox_begin): lines over the turn's rate were dropped
  * unread, and the next line says how many. */
 static void log_sandbox_line(struct session *s, const struct frame_field *msg)
 {
@@ -614,55 +585,15 @@ static void snapshot_checked(struct session *s, int r)
     buf_free(&s->in);
 }
 
-/* recvmsg() on the channel: the only fd a sandbox may send is its seccomp
- * listener, attached to the first byte of its first message (CHAN_NOTIFY).
- * Such an fd is kept in chan_fd_pending until that message is complete
- * (chan_complete adopts or closes it); every other fd is closed at once.
- * MSG_CMSG_CLOEXEC: none may leak into a process we start. */
-static ssize_t chan_recv(struct session *s, void *p, size_t len)
+/* A sandbox's header arrived (chan_conn.h): decide at once whether its
+ * message may come at all, and reserve its room. 0, or -1 after failing the
+ * session. */
+static int on_sandbox_begin(void *ud, const struct chan_msg *m, struct buf **into)
 {
-    union {
-        struct cmsghdr h;
-        char b[CMSG_SPACE(CHAN_MAX_FDS * sizeof(int))];
-    } ctl;
-    struct iovec iov = {.iov_base = p, .iov_len = len};
-    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.b,
-                       .msg_controllen = sizeof ctl.b};
-    bool at_start = !s->chan_first_done && !s->in_active && s->in_hdr_got == 0;
-    ssize_t n = recvmsg(s->chan_fd, &m, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
-    if (n < 0)
-        return n;
-    for (struct cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
-        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
-            continue;
-        size_t nfd = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-        for (size_t i = 0; i < nfd; i++) {
-            int fd;
-            memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
-            if (at_start && nfd == 1 && s->chan_fd_pending < 0)
-                s->chan_fd_pending = fd;
-            else
-                close(fd);
-        }
-    }
-    return n;
-}
-
-/* A header arrived: decide at once whether its message may come at all, and
- * reserve its room. 0, or -1 after failing the session. */
-static int chan_begin(struct session *s)
-{
-    enum chan_type type;
-    uint32_t len;
-    int r = chan_hdr_decode(s->in_hdr, CHAN_HDR_LEN, CHAN_MAX_MESSAGE_BYTES, &type, &len);
-    s->in_hdr_got = 0;
-    if (r <= 0) {
-        sandbox_protocol_error(s, r == -EMSGSIZE ? "message too large" : "bad envelope");
-        return -1;
-    }
+    struct session *s = ud;
     char what[120];
     uint64_t limit = 0;
-    switch (type) {
+    switch (m->type) {
     case CHAN_FRAME:
         limit = sandbox_frame_limit(s);
         break;
@@ -670,38 +601,34 @@ static int chan_begin(struct session *s)
         limit = s->turn == TURN_WANT_SNAPSHOT ? CHAN_MAX_MESSAGE_BYTES : 0;
         break;
     case CHAN_NOTIFY:
-        limit = !s->chan_first_done ? 1 : 0; /* with no body: checked when complete */
+        limit = m->first ? 1 : 0; /* with no body: checked when complete */
         break;
     default:
         break;
     }
     if (limit == 0) {
-        snprintf(what, sizeof what, "unexpected '%c' message in state %s", (int)type,
+        snprintf(what, sizeof what, "unexpected '%c' message in state %s", (int)m->type,
                  turn_state_name(s->turn));
         sandbox_protocol_error(s, what);
         return -1;
     }
-    if (len > limit) {
+    if (m->len > limit) {
         snprintf(what, sizeof what, "'%c' message of %" PRIu32 " bytes over the limit of %" PRIu64
-                 " in state %s", (int)type, len, limit, turn_state_name(s->turn));
+                 " in state %s", (int)m->type, m->len, limit, turn_state_name(s->turn));
         sandbox_protocol_error(s, what);
         return -1;
     }
-    s->in_type = type;
-    s->in_len = len;
-    s->in_got = 0;
-    s->in_active = true;
     /* Between blocks only a log is legal, and logs there are only written to
      * the operator log: once this turn's share of log lines is used up, such
      * a message is read and dropped without being scanned or kept. */
-    s->in_token = s->in_discard = false;
-    if (type == CHAN_FRAME && s->turn != TURN_RUNNING && s->turn != TURN_WANT_OUTPUT) {
+    s->in_token = false;
+    *into = NULL;
+    if (m->type == CHAN_FRAME && s->turn != TURN_RUNNING && s->turn != TURN_WANT_OUTPUT) {
         s->in_token = ratelimit_take(&s->log_rl, now_ns());
-        s->in_discard = !s->in_token && s->ready_seen;
+        if (!s->in_token && s->ready_seen)
+            return 0; /* dropped */
     }
-    if (s->in_discard)
-        return 0;
-    r = len ? buf_reserve_exact(&s->in, len) : 0;
+    int r = m->len ? buf_reserve_exact(&s->in, m->len) : 0;
     if (r < 0) {
         session_fail(s, r == -ENOSPC ? 1013 : 1011,
                      r == -ENOSPC ? "server memory budget exhausted, try again later"
@@ -709,9 +636,10 @@ static int chan_begin(struct session *s)
                                     : "sandbox message over the turn's memory budget");
         return -1;
     }
-    if (type == CHAN_FRAME) {
+    *into = &s->in;
+    if (m->type == CHAN_FRAME) {
         frame_scan_init(s->sscan, FRAME_FROM_CHILD, sandbox_item_limit(s));
-    } else if (type == CHAN_SNAPSHOT) {
+    } else if (m->type == CHAN_SNAPSHOT) {
         const struct config *cfg = s->srv->cfg;
         const struct tarcheck_limits lim = {.max_data = cfg->snapshot_max,
                                             .max_members = cfg->max_members};
@@ -731,16 +659,15 @@ static int chan_begin(struct session *s)
 }
 
 /* Check what arrived of the body so far. 0, or -1 after failing the session. */
-static int chan_progress(struct session *s)
+static int on_sandbox_data(void *ud, const struct chan_msg *m)
 {
+    struct session *s = ud;
     const char *why = NULL;
-    if (s->in_discard)
-        return 0;
-    if (s->in_type == CHAN_FRAME && frame_scan_feed(s->sscan, s->in.data, s->in.len, &why) < 0) {
+    if (m->type == CHAN_FRAME && frame_scan_feed(s->sscan, s->in.data, s->in.len, &why) < 0) {
         sandbox_protocol_error(s, why);
         return -1;
     }
-    if (s->in_type == CHAN_SNAPSHOT) {
+    if (m->type == CHAN_SNAPSHOT) {
         int r = tarcheck_feed(s->tc, s->in.data, s->in.len);
         if (r < 0) {
             snapshot_checked(s, r);
@@ -751,17 +678,13 @@ static int chan_progress(struct session *s)
 }
 
 /* The whole body is in. 0, or -1 after failing the session. */
-static int chan_complete(struct session *s)
+static int sandbox_message(struct session *s, struct chan_msg *m)
 {
-    bool first = !s->chan_first_done;
-    int fd = s->chan_fd_pending;
-    s->chan_first_done = true;
-    s->chan_fd_pending = -1;
-    s->in_active = false;
-    if (s->in_type == CHAN_NOTIFY) {
+    int fd = m->fd;
+    if (m->type == CHAN_NOTIFY) {
         /* Only as the sandbox's first message (sent in setup, before any
          * untrusted code), with its fd and nothing else. */
-        if (!first || fd < 0 || s->in_len != 0) {
+        if (!m->first || fd < 0 || m->len != 0) {
             if (fd >= 0)
                 close(fd);
             sandbox_protocol_error(s, "unexpected listener message");
@@ -772,11 +695,9 @@ static int chan_complete(struct session *s)
     }
     if (fd >= 0)
         close(fd); /* an fd with a first message that is not the listener */
-    if (s->in_discard) {
-        s->in_discard = false;
+    if (m->dropped)
         return 0;
-    }
-    if (s->in_type == CHAN_SNAPSHOT) {
+    if (m->type == CHAN_SNAPSHOT) {
         int r = tarcheck_finish(s->tc, s->in.data, s->in.len);
         if (r == TARCHECK_AGAIN) {
             /* More inflating than one step: the rest in later loop rounds
@@ -804,56 +725,37 @@ static int chan_complete(struct session *s)
     return r;
 }
 
-/* Read what the sandbox sent, within a budget. Returns 0 to continue, -1 if
- * the session was failed, 1 on EOF (the sandbox's end is closed). */
-static int chan_read(struct session *s)
+/* 0 to read on, 1 to stop for now, -1 after failing the session. */
+static int on_sandbox_end(void *ud, struct chan_msg *m)
 {
-    static uint8_t scratch[64 * KiB]; /* discarded bodies (one thread) */
-    size_t budget = CHAN_READ_BUDGET;
-    while (budget > 0 && s->chan_fd >= 0 && !s->in_complete) {
-        ssize_t n;
-        if (!s->in_active) {
-            n = chan_recv(s, s->in_hdr + s->in_hdr_got, CHAN_HDR_LEN - s->in_hdr_got);
-            if (n > 0) {
-                budget -= (size_t)n;
-                s->in_hdr_got += (size_t)n;
-                if (s->in_hdr_got < CHAN_HDR_LEN)
-                    continue;
-                if (chan_begin(s) < 0)
-                    return -1;
-                if (s->in_len > 0)
-                    continue;
-            }
-        } else {
-            size_t want = s->in_len - s->in_got;
-            if (want > budget)
-                want = budget;
-            uint8_t *to = s->in_discard ? scratch : s->in.data + s->in.len;
-            if (s->in_discard && want > sizeof scratch)
-                want = sizeof scratch;
-            n = chan_recv(s, to, want);
-            if (n > 0) {
-                budget -= (size_t)n;
-                s->in_got += (uint32_t)n;
-                if (!s->in_discard)
-                    s->in.len += (size_t)n; /* into the room reserved at the header */
-                if (chan_progress(s) < 0)
-                    return -1;
-            }
-        }
-        if (n < 0)
-            return (errno == EAGAIN || errno == EINTR) ? 0 : 1;
-        if (n == 0)
-            return 1;
-        if (s->in_active && s->in_got < s->in_len)
-            continue;
-        if (chan_complete(s) < 0)
-            return -1;
-        /* Backpressure: stop when the client is not keeping up. */
-        if (s->ws && ws_conn_queued(s->ws) > RELAY_HIGH_WATER)
-            return 0;
-    }
+    struct session *s = ud;
+    if (sandbox_message(s, m) < 0)
+        return -1;
+    /* A check still running, or backpressure: the client is not keeping up. */
+    if (s->in_complete || (s->ws && ws_conn_queued(s->ws) > RELAY_HIGH_WATER))
+        return 1;
     return 0;
+}
+
+static const struct chan_conn_handlers sandbox_handlers = {
+    .on_begin = on_sandbox_begin,
+    .on_data = on_sandbox_data,
+    .on_end = on_sandbox_end,
+};
+
+/* Read what the sandbox sent, within the channel's budget. Returns 0 to
+ * continue, -1 if the session was failed, 1 when the sandbox's end is
+ * closed. */
+static int sandbox_read(struct session *s)
+{
+    if (s->in_complete) /* its check first (session_work) */
+        return 0;
+    int r = chan_conn_read(s->chan);
+    if (r == -EMSGSIZE || r == -EBADMSG) {
+        sandbox_protocol_error(s, r == -EMSGSIZE ? "message too large" : "bad envelope");
+        return -1;
+    }
+    return r == -ECANCELED ? -1 : r == -EPIPE ? 1 : 0;
 }
 
 bool session_work(struct session *s)
@@ -972,20 +874,20 @@ void session_sandbox_died(struct session *s, const struct fs_reply *rep)
     /* The report came before the pidfd or the channel's EOF was handled:
      * take what the sandbox managed to send, then end. */
     loop_unwatch(s->srv->loop, &s->pid_watch);
-    if (s->chan_fd >= 0 && chan_read(s) < 0)
+    if (s->chan_fd >= 0 && sandbox_read(s) < 0)
         return;
     sandbox_gone(s);
 }
 
-static void on_chan_io(struct loop_watch *w, uint32_t events)
+static void on_sandbox_io(struct loop_watch *w, uint32_t events)
 {
     struct session *s = w->ud;
-    if ((events & EPOLLOUT) && chan_flush(s) < 0) {
+    if ((events & EPOLLOUT) && chan_conn_flush(s->chan) < 0) {
         sandbox_gone(s);
         return;
     }
     if (events & (EPOLLIN | EPOLLHUP | EPOLLERR)) {
-        int r = chan_read(s);
+        int r = sandbox_read(s);
         if (r < 0)
             return;
         if (r == 1) {
@@ -1008,7 +910,7 @@ static void on_pidfd(struct loop_watch *w, uint32_t events)
     struct session *s = w->ud;
     loop_unwatch(s->srv->loop, &s->pid_watch);
     /* Take what the sandbox managed to send before it died, then end. */
-    if (s->chan_fd >= 0 && chan_read(s) < 0)
+    if (s->chan_fd >= 0 && sandbox_read(s) < 0)
         return;
     sandbox_gone(s);
 }
@@ -1027,7 +929,8 @@ void session_sandbox_ready(struct session *s, const struct fs_reply *rep, int ch
     s->pidfd = pidfd;
     s->spawn_ns = rep->spawn_ns;
     fd_set_nonblock(chan_fd, true);
-    s->chan_watch = (struct loop_watch){.fd = chan_fd, .cb = on_chan_io, .ud = s};
+    chan_conn_set_fd(s->chan, chan_fd);
+    s->chan_watch = (struct loop_watch){.fd = chan_fd, .cb = on_sandbox_io, .ud = s};
     s->pid_watch = (struct loop_watch){.fd = pidfd, .cb = on_pidfd, .ud = s};
     loop_watch(s->srv->loop, &s->pid_watch, EPOLLIN);
     LOG_D("turn %" PRIu64 ": sandbox pid %d", s->id, (int)rep->pid);
@@ -1046,17 +949,16 @@ static void kill_sandbox(struct session *s)
         loop_unwatch(l, &s->chan_watch);
         close_and_reset(&s->chan_fd);
     }
-    close_and_reset(&s->chan_fd_pending);
     notify_close(s);
     if (s->in_complete)
         s->srv->n_working--;
-    s->in_complete = s->in_active = s->in_discard = false;
+    s->in_complete = false;
+    chan_conn_close(s->chan); /* its queue, a pending fd, a partial message */
     tarcheck_free(s->tc);
     s->tc = NULL;
     tarcheck_cache_free(s->tc_cache);
     s->tc_cache = NULL;
     buf_free(&s->in);
-    outq_free(&s->chan_out);
 }
 
 /* ---------------------------------------------------------------- client messages */
@@ -1130,7 +1032,7 @@ static void on_text(struct session *s, struct buf *msg)
             end_turn(s);
             break;
         }
-        if (chan_queue_frame(s, &f, msg) < 0) {
+        if (sandbox_send_frame(s, &f, msg) < 0) {
             session_fail(s, 1011, "cannot queue the block for the sandbox");
             break;
         }
@@ -1140,7 +1042,7 @@ static void on_text(struct session *s, struct buf *msg)
     case TURN_RUNNING:
         /* Results go to the sandbox; an undecodable message is dropped alone
          * (spec 9.2 "channel poisoning"); other frames are ignored. */
-        if (ok && f.kind == FRAME_TOOL_RESULT && chan_queue_frame(s, &f, msg) < 0)
+        if (ok && f.kind == FRAME_TOOL_RESULT && sandbox_send_frame(s, &f, msg) < 0)
             session_fail(s, 1011, "cannot queue a tool result for the sandbox");
         break;
     default:
@@ -1162,7 +1064,7 @@ static void on_msg_end(void *ud, bool text, struct buf *msg)
     bool tools = s->turn == TURN_TOOLS;
     if (!tools && s->turn != TURN_BETWEEN)
         return;
-    if (chan_queue(s, tools ? CHAN_TOOLS : CHAN_WORKSPACE, msg) < 0) {
+    if (sandbox_send(s, tools ? CHAN_TOOLS : CHAN_WORKSPACE, msg) < 0) {
         session_fail(s, 1011, "cannot queue the archive for the sandbox");
         return;
     }
@@ -1199,7 +1101,8 @@ static void admit(struct session *s, const uint8_t *rest, size_t rest_len)
     s->cscan = malloc(sizeof *s->cscan);
     s->sscan = malloc(sizeof *s->sscan);
     s->ws = ws_conn_new(s->fd, &s->budget, rest, rest_len, &ws_handlers, s);
-    if (!s->ws || !s->cscan || !s->sscan) {
+    s->chan = chan_conn_new(-1, &s->budget, &sandbox_handlers, s);
+    if (!s->ws || !s->cscan || !s->sscan || !s->chan) {
         mark_dead(s);
         return;
     }
@@ -1340,9 +1243,9 @@ static void on_client_io(struct loop_watch *w, uint32_t events)
             }
         }
         /* Likewise, pass what the client sent straight on to the sandbox. An
-         * error stays for on_chan_io, which reports it where it belongs. */
-        if (s->chan_fd >= 0 && s->chan_out.bytes)
-            (void)chan_flush(s);
+         * error stays for on_sandbox_io, which reports it where it belongs. */
+        if (s->chan_fd >= 0 && chan_conn_queued(s->chan))
+            (void)chan_conn_flush(s->chan);
         if (s->phase == PHASE_CLOSING) {
             send_close_when_flushed(s);
             if (!s->close_pending && ws_conn_finished(s->ws))
@@ -1372,7 +1275,7 @@ static void update_interest(struct session *s)
     default:
         if (s->out.len || ws_conn_want_write(s->ws))
             ev |= EPOLLOUT;
-        if (ws_conn_want_read(s->ws) && s->chan_out.bytes < RELAY_HIGH_WATER)
+        if (ws_conn_want_read(s->ws) && chan_conn_queued(s->chan) < RELAY_HIGH_WATER)
             ev |= EPOLLIN;
         break;
     }
@@ -1380,7 +1283,7 @@ static void update_interest(struct session *s)
 
     if (s->chan_fd >= 0 && !s->death_wait) {
         uint32_t cev = 0;
-        if (s->chan_out.bytes)
+        if (chan_conn_queued(s->chan))
             cev |= EPOLLOUT;
         /* Backpressure: a client that does not read stops its sandbox (the
          * supervisor does not grow); a message still being checked is
@@ -1401,13 +1304,12 @@ struct session *session_new(struct server *srv, int fd)
     s->srv = srv;
     s->id = srv->next_id++;
     s->fd = fd;
-    s->chan_fd = s->pidfd = s->chan_fd_pending = s->notify_fd = -1;
+    s->chan_fd = s->pidfd = s->notify_fd = -1;
     s->phase = PHASE_HTTP;
     s->budget = (struct budget){.max = srv->cfg->turn_buffer, .up = &srv->budget};
     s->log_rl = (struct ratelimit)RATELIMIT_INIT(SANDBOX_LOG_BURST, SANDBOX_LOG_PER_MINUTE, 60000);
     buf_init(&s->out, 64 * KiB);
     buf_init_budget(&s->in, CHAN_MAX_MESSAGE_BYTES, &s->budget);
-    outq_init(&s->chan_out, &s->budget);
     s->deadline_ms = now_ms() + HTTP_REQUEST_TIMEOUT_MS;
     s->watch = (struct loop_watch){.fd = fd, .cb = on_client_io, .ud = s};
     if (loop_watch(srv->loop, &s->watch, EPOLLIN) < 0) {
@@ -1535,6 +1437,7 @@ void session_free(struct session *s)
               dropped);
     loop_unwatch(s->srv->loop, &s->watch);
     ws_conn_free(s->ws);
+    chan_conn_free(s->chan);
     http_req_free(s->req);
     if (s->fd >= 0) {
         /* Drain unread input first: closing with unread bytes makes the

@@ -23,6 +23,7 @@
 #include "session/preauth.h"
 #include "session/flock.h"
 
+struct chan_conn;
 struct http_req;
 struct ws_conn;
 struct session;
@@ -117,24 +118,16 @@ struct session {
     struct loop_watch chan_watch;
     int pidfd;                    /* owned */
     struct loop_watch pid_watch;
-    struct outq chan_out;         /* envelopes queued for the sandbox */
-    int chan_fd_pending;          /* owned: an fd that came with the first message, -1 */
-    bool chan_first_done;         /* the sandbox's first message is complete */
+    struct chan_conn *chan;       /* owned (admitted turns): envelopes both ways */
     const char *child_error;      /* static: what the sandbox last reported failing */
     bool death_wait;              /* it ended on its own: the close waits for its death report */
     uint64_t death_deadline_ms;   /* ... until then at most (DEATH_REPORT_WAIT_MS) */
     bool death_known;             /* the fork server's death report arrived */
     struct fs_reply death;        /* that report (kind FS_REPLY_DEATH) */
 
-    /* the sandbox's message being read (chan.h envelope) */
-    uint8_t in_hdr[CHAN_HDR_LEN];
-    size_t in_hdr_got;
-    bool in_active;               /* a header was read: its body is coming */
-    bool in_discard;              /* the body is read and dropped unscanned */
+    /* the sandbox's message being read (chan_conn.h) */
     bool in_token;                /* a log line may be written for it (log_rl) */
     bool in_complete;             /* all of it is in, its check still has work to do */
-    enum chan_type in_type;
-    uint32_t in_len, in_got;
     struct buf in;                /* the body, room reserved at the header */
     struct frame_scan *sscan;     /* owned (admitted turns): an F body's scan */
     struct tarcheck *tc;          /* owned while an S body is checked */
