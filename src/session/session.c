@@ -690,7 +690,7 @@ static int sandbox_message(struct session *s, struct chan_msg *m)
             sandbox_protocol_error(s, "unexpected listener message");
             return -1;
         }
-        notify_adopt(s, fd);
+        notify_adopt(&s->notify, fd);
         return 0;
     }
     if (fd >= 0)
@@ -949,7 +949,7 @@ static void kill_sandbox(struct session *s)
         loop_unwatch(l, &s->chan_watch);
         close_and_reset(&s->chan_fd);
     }
-    notify_close(s);
+    notify_close(&s->notify);
     if (s->in_complete)
         s->srv->n_working--;
     s->in_complete = false;
@@ -1304,7 +1304,8 @@ struct session *session_new(struct server *srv, int fd)
     s->srv = srv;
     s->id = srv->next_id++;
     s->fd = fd;
-    s->chan_fd = s->pidfd = s->notify_fd = -1;
+    s->chan_fd = s->pidfd = -1;
+    notify_turn_init(&s->notify, s->id, srv->loop, srv->notify);
     s->phase = PHASE_HTTP;
     s->budget = (struct budget){.max = srv->cfg->turn_buffer, .up = &srv->budget};
     s->log_rl = (struct ratelimit)RATELIMIT_INIT(SANDBOX_LOG_BURST, SANDBOX_LOG_PER_MINUTE, 60000);

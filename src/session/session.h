@@ -21,7 +21,7 @@
 #include "proto/chan.h"
 #include "sandbox/forkserver.h"
 #include "session/preauth.h"
-#include "session/flock.h"
+#include "session/notify.h"
 
 struct chan_conn;
 struct http_req;
@@ -134,12 +134,7 @@ struct session {
     struct tarcheck_cache *tc_cache; /* owned: snapshot members verified this turn */
     struct ratelimit log_rl;      /* the sandbox's log lines in the operator log */
 
-    /* counted refusals (notify.c) */
-    int notify_fd;                /* owned: the sandbox's seccomp listener, -1 */
-    struct loop_watch notify_watch;
-    uint64_t refused;             /* counted refusals answered this turn */
-    uint32_t *refused_by_nr;      /* owned: per native syscall, from the first refusal */
-    struct flock_state flock;     /* flock calls carried out for the sandbox (flock.c) */
+    struct notify_turn notify;    /* counted refusals and supervised calls (notify.c) */
     uint64_t spawn_ns;            /* from the fork server */
     uint64_t accept_ns;           /* when the upgrade was accepted */
 };
