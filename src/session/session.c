@@ -33,15 +33,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "core/buf.h"
 #include "core/cleanup.h"
 #include "core/limits.h"
 #include "core/log.h"
-#include "core/buf.h"
 #include "core/ratelimit.h"
 #include "core/util.h"
 #include "net/http.h"
 #include "net/ws.h"
-#include "proto/frame.h"
 #include "proto/chan.h"
 #include "proto/frame.h"
 #include "proto/tarcheck.h"
@@ -70,7 +69,7 @@ struct session {
     struct sessions *set;         /* borrowed: the set it is in */
     const struct session_env *env; /* borrowed: &set->env */
     struct session *prev, *next;  /* in set->head */
-    uint64_t id;
+    uint64_t id;                  /* the connection's, and its turn's (fork server requests) */
     enum session_phase phase;
 
     int fd;                       /* owned: the client socket */
@@ -103,10 +102,10 @@ struct session {
 
     /* the sandbox */
     bool spawn_pending;           /* request sent, reply not yet received */
-    pid_t child_pid;
-    int chan_fd;                  /* owned */
+    pid_t child_pid;              /* the sandbox's (a death report must name it) */
+    int chan_fd;                  /* owned: the sandbox's channel (chan borrows it) */
     struct loop_watch chan_watch;
-    int pidfd;                    /* owned */
+    int pidfd;                    /* owned: the sandbox's pidfd */
     struct loop_watch pid_watch;
     struct chan_conn *chan;       /* owned (admitted turns): envelopes both ways */
     const char *child_error;      /* static: what the sandbox last reported failing */
