@@ -67,30 +67,42 @@
 
 /* ---------------------------------------------------------------- the rest of the supervisor */
 
-static struct session *spawn_wanted;
+static uint64_t spawn_wanted; /* the turn whose sandbox was asked for, 0 */
+static unsigned n_turns;
 
-int server_request_sandbox(struct server *srv, struct session *s)
+static int may_admit(void *host, const char *authorization)
 {
-    spawn_wanted = s;
-    s->spawn_pending = true;
     return 0;
 }
 
-void server_release_slot(struct server *srv, struct session *s)
+static unsigned admit(void *host)
 {
-    if (!s->holds_slot)
-        return;
-    s->holds_slot = false;
-    srv->n_turns--;
+    return ++n_turns;
+}
+
+static void release(void *host)
+{
+    n_turns--;
+}
+
+static int request_sandbox(void *host, uint64_t turn_id)
+{
+    spawn_wanted = turn_id;
+    return 0;
 }
 
 /* Counted refusals need a seccomp listener: none here. */
-void notify_adopt(struct session *s, int fd)
+void notify_turn_init(struct notify_turn *t, uint64_t turn_id, struct loop *loop,
+                      struct policy_notify *table)
+{
+}
+
+void notify_adopt(struct notify_turn *t, int fd)
 {
     close(fd);
 }
 
-void notify_close(struct session *s)
+void notify_close(struct notify_turn *t)
 {
 }
 
@@ -490,19 +502,25 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     g_cfg = &cfg;
 
     struct loop *loop = loop_new();
-    struct server srv = {.loop = loop, .cfg = &cfg, .next_id = 1};
-    srv.budget = (struct budget){.max = cfg.total_buffer};
-    FUZZ_ASSERT(preauth_init(&srv.preauth, 8, 0) == 0, "preauth_init");
+    struct budget total = {.max = cfg.total_buffer};
+    struct preauth_pool preauth;
+    FUZZ_ASSERT(preauth_init(&preauth, 8, 0) == 0, "preauth_init");
+    const struct session_env env = {.loop = loop, .cfg = &cfg, .budget = &total,
+                                    .preauth = &preauth, .may_admit = may_admit,
+                                    .admit = admit, .release = release,
+                                    .request_sandbox = request_sandbox};
+    struct sessions *set = sessions_new(&env);
+    FUZZ_ASSERT(set != NULL, "sessions_new");
     int cs[2], chan[2] = {-1, -1}, pid_pipe[2] = {-1, -1};
     FUZZ_ASSERT(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, cs) == 0,
                 "socketpair");
-    struct session *s = session_new(&srv, cs[1]);
-    FUZZ_ASSERT(s != NULL, "session_new");
     uint8_t key[PREAUTH_KEY_LEN] = {0};
-    preauth_add(&srv.preauth, &s->pa, key, now_ms());
-    srv.sessions = s;
-    srv.n_sessions = 1;
-    spawn_wanted = NULL;
+    struct session *s = session_new(set, cs[1], key);
+    FUZZ_ASSERT(s != NULL, "session_new");
+    const uint64_t id = 1; /* the first connection's */
+    FUZZ_ASSERT(sessions_find(set, id) == s, "the first session's id");
+    spawn_wanted = 0;
+    n_turns = 0;
     runs_relayed = 0;
 
     struct host h = {.slot = H_FRAMES};
@@ -524,26 +542,34 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         /* one round or a few, then what each side received */
         for (int r = 0; r < 4; r++) {
             loop_run_once(loop, 0);
-            if (spawn_wanted && s->phase != PHASE_DEAD) {
-                struct fs_reply rep = {.status = 0, .turn_id = s->id, .pid = 1};
+            if (spawn_wanted) {
+                struct fs_reply rep = {.status = 0, .turn_id = spawn_wanted, .pid = 1};
+                FUZZ_ASSERT(spawn_wanted == id, "a sandbox for turn %llu",
+                            (unsigned long long)spawn_wanted);
                 FUZZ_ASSERT(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, chan) == 0 &&
                                 pipe2(pid_pipe, O_CLOEXEC) == 0,
                             "socketpair/pipe");
                 fd_set_nonblock(chan[0], true);
-                spawn_wanted = NULL;
-                session_sandbox_ready(s, &rep, chan[1], pid_pipe[0]);
-                chan[1] = pid_pipe[0] = -1; /* the session owns them now */
-            } else if (spawn_wanted) {
-                spawn_wanted->spawn_pending = false;
-                spawn_wanted = NULL;
+                spawn_wanted = 0;
+                if (session_sandbox_ready(s, &rep, chan[1], pid_pipe[0])) {
+                    chan[1] = pid_pipe[0] = -1; /* the session owns them now */
+                } else { /* the turn ended first: the server kills that sandbox */
+                    for (int k = 0; k < 2; k++) {
+                        close(chan[k]);
+                        close(pid_pipe[k]);
+                        chan[k] = pid_pipe[k] = -1;
+                    }
+                }
             }
             drain(cs[0], host_cb, &h);
             drain(chan[0], sbx_cb, &v);
-            FUZZ_ASSERT(s->budget.used <= s->budget.max && srv.budget.used <= srv.budget.max,
+            const struct budget *tb = session_budget(s);
+            FUZZ_ASSERT(tb->used <= tb->max && total.used <= total.max,
                         "budget exceeded: turn %llu of %llu, daemon %llu of %llu",
-                        (unsigned long long)s->budget.used, (unsigned long long)s->budget.max,
-                        (unsigned long long)srv.budget.used, (unsigned long long)srv.budget.max);
-            if (s->phase == PHASE_DEAD && !s->spawn_pending) {
+                        (unsigned long long)tb->used, (unsigned long long)tb->max,
+                        (unsigned long long)total.used, (unsigned long long)total.max);
+            sessions_reap(set); /* as the server's before-sleep hook */
+            if (sessions_count(set) == 0) {
                 dead = true;
                 break;
             }
@@ -585,7 +611,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 sandbox_template(chan[0], param, p, n);
             break;
         case 6:
-            session_tick(s, now_ms() + (uint64_t)param * 4000);
+            sessions_tick(set, now_ms() + (uint64_t)param * 4000);
             break;
         case 7:
             if (chan[0] >= 0) {
@@ -599,7 +625,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             /* The fork server's death report: before or after the session
              * noticed, or never (then the session's own deadline). */
             if (param & 1) {
-                struct fs_reply rep = {.kind = FS_REPLY_DEATH, .turn_id = s->id, .pid = 1,
+                struct fs_reply rep = {.kind = FS_REPLY_DEATH, .turn_id = id, .pid = 1,
                                        .wait_status = param & 2 ? (param >> 2) : (param << 6),
                                        .oom_kills = param >> 7, .pids_max = (param >> 6) & 1};
                 session_sandbox_died(s, &rep);
@@ -615,10 +641,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         }
     }
     drain(cs[0], host_cb, &h);
-    session_free(s);
-    preauth_free(&srv.preauth);
-    FUZZ_ASSERT(srv.budget.used == 0, "%llu bytes still charged after the session was freed",
-                (unsigned long long)srv.budget.used);
+    FUZZ_ASSERT(!dead || n_turns == 0, "a dead session still holds its turn slot");
+    sessions_free(set);
+    preauth_free(&preauth);
+    FUZZ_ASSERT(total.used == 0, "%llu bytes still charged after the session was freed",
+                (unsigned long long)total.used);
+
     loop_free(loop);
     if (chan[0] >= 0)
         close(chan[0]);

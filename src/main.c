@@ -21,7 +21,7 @@
 #include "core/util.h"
 #include "loop/loop.h"
 #include "sandbox/forkserver.h"
-#include "session/session.h"
+#include "session/server.h"
 
 #define TOKEN_ENV "ADK_CODE_MODE_AUTH_TOKEN"
 #define TOKEN_MAX 4096

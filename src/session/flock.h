@@ -31,11 +31,11 @@
 
 #include "loop/loop.h"
 
-struct session;
+struct notify_turn;
 struct seccomp_notif;
 struct flock_wait; /* a parked call (flock.c) */
 
-/* Per turn, embedded in struct session (zeroed = idle): the timer's watch
+/* Per turn, embedded in struct notify_turn (zeroed = idle): the timer's watch
  * must live as long as the session, since the loop may still hold an event
  * for it in the batch that ends the turn. */
 struct flock_state {
@@ -51,7 +51,7 @@ struct flock_state {
 
 /* Answer (or park) the flock request req received on s's listener. 0, or
  * -errno when the listener failed (the caller then stops using it). */
-int flock_handle(struct session *s, const struct seccomp_notif *req);
+int flock_handle(struct notify_turn *t, const struct seccomp_notif *req);
 /* The turn is over: drop parked calls (their callers are being killed; the
  * listener's close makes their calls fail) and the timer. Idempotent. */
-void flock_close(struct session *s);
+void flock_close(struct notify_turn *t);

@@ -14,21 +14,42 @@
  * one wakeup answers at most NOTIFY_BATCH calls so a sandbox that does
  * nothing but refused calls cannot starve the other turns. */
 #pragma once
+#include <stdint.h>
 
-struct session;
+#include "loop/loop.h"
+#include "session/flock.h"
+
+struct policy_notify;
 
 #define NOTIFY_BATCH 64
 
-/* Take ownership of listener fd and start answering it (needs the server's
- * errno table; without one the fd is closed and refused calls get ENOSYS). */
-void notify_adopt(struct session *s, int fd);
+/* One turn's listener, embedded in its session (session.c): everything
+ * this module and flock.c use, so neither reaches into the session. */
+struct notify_turn {
+    uint64_t turn_id;             /* for log lines */
+    struct loop *loop;            /* borrowed */
+    struct policy_notify *table;  /* borrowed: errno per syscall (the policy file, parsed);
+                                     NULL without isolation */
+    int fd;                       /* owned: the sandbox's seccomp listener, -1 */
+    struct loop_watch watch;
+    uint64_t refused;             /* counted refusals answered this turn */
+    uint32_t *refused_by_nr;      /* owned: per native syscall, from the first refusal */
+    struct flock_state flock;     /* flock calls carried out for the sandbox (flock.c) */
+};
+
+/* Set t up for a turn, with no listener yet. */
+void notify_turn_init(struct notify_turn *t, uint64_t turn_id, struct loop *loop,
+                      struct policy_notify *table);
+/* Take ownership of listener fd and start answering it (needs the errno
+ * table; without one the fd is closed and refused calls get ENOSYS). */
+void notify_adopt(struct notify_turn *t, int fd);
 /* The turn is over: log its count (info, when anything was refused) and
  * close the listener (calls still waiting get ENOSYS; the sandbox is being
  * killed). Idempotent. */
-void notify_close(struct session *s);
+void notify_close(struct notify_turn *t);
 /* Count one refusal of native syscall nr (for the turn's summary); the
  * caller logs it. */
-void notify_count_refusal(struct session *s, int nr);
+void notify_count_refusal(struct notify_turn *t, int nr);
 /* The listener failed with err: warn, stop answering and close it (calls
  * still waiting and any later ones get ENOSYS). Idempotent. */
-void notify_listener_failed(struct session *s, int err);
+void notify_listener_failed(struct notify_turn *t, int err);

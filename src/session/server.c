@@ -1,4 +1,5 @@
-/* The listener, the fork server's replies, signals and the session list. */
+/* The daemon (see server.h): the listener, the fork server's replies,
+ * signals, admission and the set of connections. Runs in the supervisor. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <inttypes.h>
@@ -19,7 +20,9 @@
 #include "core/log.h"
 #include "core/ratelimit.h"
 #include "core/util.h"
+#include "net/http.h"
 #include "sandbox/seccomp_notify.h"
+#include "session/server.h"
 #include "session/session.h"
 
 #define SERVER_TICK_MS 250 /* deadlines, pings, log flushes, a paused listener */
@@ -58,11 +61,6 @@ static int listen_on(const char *host, uint16_t port, uint16_t *bound_port)
     return steal_fd(&fd);
 }
 
-static struct session *session_of_preauth(struct preauth_entry *e)
-{
-    return (struct session *)((char *)e - offsetof(struct session, pa));
-}
-
 static const char *preauth_class_name(enum preauth_class c)
 {
     static const char *const names[] = {"silent", "with part of a request", "answered"};
@@ -90,7 +88,7 @@ static void preauth_make_room(struct server *srv, const uint8_t key[PREAUTH_KEY_
         LOG_W_RL("%u connections not admitted (--preauth-max): closed one from %s (%s, %" PRIu64
                  " ms)", srv->preauth.n, peer, preauth_class_name(e->cls), now - e->active_ms);
     /* Leaves the pool now; the socket is closed by server_reap. */
-    session_fail(session_of_preauth(e), 1000, NULL);
+    session_end(session_of_preauth(e), 1000, NULL);
 }
 
 static void on_accept(struct loop_watch *w, uint32_t events)
@@ -127,21 +125,8 @@ static void on_accept(struct loop_watch *w, uint32_t events)
         preauth_make_room(srv, key);
         int one = 1;
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-        struct session *s = session_new(srv, fd);
-        if (!s) {
+        if (!session_new(srv->sessions, fd, key))
             close(fd);
-            continue;
-        }
-        if (preauth_add(&srv->preauth, &s->pa, key, now_ms()) < 0) {
-            /* Cannot happen after preauth_make_room; never hold an
-             * unaccounted connection. */
-            session_fail(s, 1000, NULL);
-        }
-        s->next = srv->sessions;
-        if (srv->sessions)
-            srv->sessions->prev = s;
-        srv->sessions = s;
-        srv->n_sessions++;
     }
 }
 
@@ -154,16 +139,7 @@ static void on_signal(struct loop_watch *w, uint32_t events)
     LOG_I("signal %u: stopping", si.ssi_signo);
     srv->stopping = true;
     srv->stop_deadline_ms = now_ms() + 2000;
-    for (struct session *s = srv->sessions; s; s = s->next)
-        session_fail(s, 1001, NULL);
-}
-
-static struct session *find_session(struct server *srv, uint64_t id)
-{
-    for (struct session *s = srv->sessions; s; s = s->next)
-        if (s->id == id)
-            return s;
-    return NULL;
+    sessions_end_all(srv->sessions, 1001, NULL);
 }
 
 static void on_forkserver(struct loop_watch *w, uint32_t events)
@@ -182,17 +158,16 @@ static void on_forkserver(struct loop_watch *w, uint32_t events)
             loop_unwatch(srv->loop, &srv->fs_watch);
             srv->stopping = true;
             srv->stop_deadline_ms = now_ms() + 1000;
-            for (struct session *s = srv->sessions; s; s = s->next)
-                session_fail(s, 1011, "sandbox service unavailable");
+            sessions_end_all(srv->sessions, 1011, "sandbox service unavailable");
             return;
         }
-        struct session *s = find_session(srv, rep.turn_id);
+        struct session *s = sessions_find(srv->sessions, rep.turn_id);
         if (rep.kind == FS_REPLY_DEATH) {
             if (s)
                 session_sandbox_died(s, &rep);
             continue;
         }
-        if (!s || !s->spawn_pending || s->phase == PHASE_DEAD) {
+        if (!s || !session_sandbox_ready(s, &rep, chan_fd, pidfd)) {
             /* The turn ended while its sandbox was being made: kill it. */
             if (pidfd >= 0)
                 syscall(SYS_pidfd_send_signal, pidfd, SIGKILL, NULL, 0);
@@ -200,29 +175,39 @@ static void on_forkserver(struct loop_watch *w, uint32_t events)
                 close(chan_fd);
             if (pidfd >= 0)
                 close(pidfd);
-            if (s)
-                s->spawn_pending = false;
-            continue;
         }
-        session_sandbox_ready(s, &rep, chan_fd, pidfd);
     }
 }
 
-int server_request_sandbox(struct server *srv, struct session *s)
+/* ---------------------------------------------------------------- admission
+ *
+ * The session_env callbacks: the spec 1.1 order (503, then 401) is the
+ * session's routing; what the answers are is the server's. */
+
+static int server_may_admit(void *host, const char *authorization)
 {
-    int r = fs_client_request(&srv->fs, s->id);
-    if (r == 0)
-        s->spawn_pending = true;
-    return r;
+    struct server *srv = host;
+    if (srv->n_turns >= srv->cfg->capacity || srv->single_use_admitted)
+        return -EBUSY;
+    if (srv->token && !http_auth_ok(authorization, srv->token, srv->token_len))
+        return -EACCES;
+    return 0;
 }
 
-void server_release_slot(struct server *srv, struct session *s)
+/* Take a turn slot: the turns now admitted. */
+static unsigned server_admit(void *host)
 {
-    if (!s->holds_slot)
-        return;
-    s->holds_slot = false;
+    struct server *srv = host;
+    srv->n_turns++;
+    srv->single_use_admitted = srv->single_use_admitted || srv->cfg->single_use;
+    return srv->n_turns;
+}
+
+/* Give a turn slot back. */
+static void server_release(void *host)
+{
+    struct server *srv = host;
     srv->n_turns--;
-    srv->turns_served++;
     if (srv->cfg->single_use && !srv->stopping) {
         /* Spec 1.3: after the one turn, stop listening and exit 0. */
         LOG_I("single-use turn ended; exiting");
@@ -232,12 +217,17 @@ void server_release_slot(struct server *srv, struct session *s)
     }
 }
 
+static int server_request_sandbox(void *host, uint64_t turn_id)
+{
+    struct server *srv = host;
+    return fs_client_request(&srv->fs, turn_id);
+}
+
 static void server_tick(void *ud)
 {
     struct server *srv = ud;
     uint64_t now = now_ms();
-    for (struct session *s = srv->sessions; s; s = s->next)
-        session_tick(s, now);
+    sessions_tick(srv->sessions, now);
     ratelimit_flush_sites(now_ns());
     if (srv->accept_paused && !srv->stopping) {
         srv->accept_paused = false;
@@ -247,41 +237,21 @@ static void server_tick(void *ud)
         loop_stop(srv->loop);
 }
 
-/* One step of every check still running on a complete message (session_work),
- * each turn in turn: a snapshot that takes many steps to inflate shares the
- * loop with every other turn instead of holding it. */
+/* One step of every check still running on a complete message
+ * (sessions_work), each turn in turn: a snapshot that takes many steps to
+ * inflate shares the loop with every other turn instead of holding it. */
 static bool server_work(void *ud)
 {
     struct server *srv = ud;
-    bool more = false;
-    if (srv->n_working == 0)
-        return false;
-    for (struct session *s = srv->sessions; s; s = s->next)
-        if (s->in_complete)
-            more |= session_work(s);
-    return more;
+    return sessions_work(srv->sessions);
 }
 
 /* Before sleeping: free sessions marked dead; stop when asked and idle. */
 static void server_reap(void *ud)
 {
     struct server *srv = ud;
-    struct session *s = srv->sessions;
-    while (s) {
-        struct session *next = s->next;
-        if (s->phase == PHASE_DEAD && !s->spawn_pending) {
-            if (s->prev)
-                s->prev->next = s->next;
-            else
-                srv->sessions = s->next;
-            if (s->next)
-                s->next->prev = s->prev;
-            srv->n_sessions--;
-            session_free(s);
-        }
-        s = next;
-    }
-    if (srv->stopping && !srv->sessions)
+    sessions_reap(srv->sessions);
+    if (srv->stopping && sessions_count(srv->sessions) == 0)
         loop_stop(srv->loop);
 }
 
@@ -294,7 +264,6 @@ int server_init(struct server *srv, struct loop *loop, const struct config *cfg,
     srv->token = token;
     srv->token_len = token_len;
     srv->fs = *fs;
-    srv->next_id = 1;
     srv->signal_fd = -1;
     srv->budget = (struct budget){.max = cfg->total_buffer};
     srv->listen_fd = -1;
@@ -311,6 +280,23 @@ int server_init(struct server *srv, struct loop *loop, const struct config *cfg,
         int rn = policy_notify_load(cfg->policy_file, &srv->notify, err, errlen);
         if (rn < 0)
             return rn;
+    }
+    const struct session_env env = {
+        .loop = loop,
+        .cfg = cfg,
+        .budget = &srv->budget,
+        .preauth = &srv->preauth,
+        .notify = srv->notify,
+        .host = srv,
+        .may_admit = server_may_admit,
+        .admit = server_admit,
+        .release = server_release,
+        .request_sandbox = server_request_sandbox,
+    };
+    srv->sessions = sessions_new(&env);
+    if (!srv->sessions) {
+        snprintf(err, errlen, "out of memory");
+        return -ENOMEM;
     }
 
     uint16_t port = 0;
@@ -360,11 +346,8 @@ int server_init(struct server *srv, struct loop *loop, const struct config *cfg,
 
 void server_free(struct server *srv)
 {
-    while (srv->sessions) {
-        struct session *s = srv->sessions;
-        srv->sessions = s->next;
-        session_free(s);
-    }
+    sessions_free(srv->sessions);
+    srv->sessions = NULL;
     if (srv->listen_fd >= 0)
         close(srv->listen_fd);
     if (srv->signal_fd >= 0)

@@ -33,16 +33,108 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "core/buf.h"
 #include "core/cleanup.h"
 #include "core/limits.h"
 #include "core/log.h"
+#include "core/ratelimit.h"
 #include "core/util.h"
 #include "net/http.h"
 #include "net/ws.h"
+#include "proto/chan.h"
 #include "proto/frame.h"
 #include "proto/tarcheck.h"
+#include "session/chan_conn.h"
 #include "session/notify.h"
 #include "session/session.h"
+
+enum turn_state {
+    TURN_TOOLS,        /* T: awaiting the tools archive */
+    TURN_BETWEEN,      /* B: between blocks */
+    TURN_ARCHIVED,     /* R: workspace archive received, awaiting run */
+    TURN_RUNNING,      /* X: block running, until the sandbox's done */
+    TURN_WANT_OUTPUT,  /* X: done relayed, awaiting output */
+    TURN_WANT_SNAPSHOT,/* X: output relayed, awaiting the archive */
+};
+
+enum session_phase {
+    PHASE_HTTP,    /* reading the request */
+    PHASE_REPLY,   /* writing a non-101 response, then closing */
+    PHASE_TURN,    /* WebSocket turn */
+    PHASE_CLOSING, /* close frame queued; flushing before closing the socket */
+    PHASE_DEAD,    /* waiting for sessions_reap() */
+};
+
+struct session {
+    struct sessions *set;         /* borrowed: the set it is in */
+    const struct session_env *env; /* borrowed: &set->env */
+    struct session *prev, *next;  /* in set->head */
+    uint64_t id;                  /* the connection's, and its turn's (fork server requests) */
+    enum session_phase phase;
+
+    int fd;                       /* owned: the client socket */
+    struct loop_watch watch;
+    struct preauth_entry pa;      /* in env->preauth until admitted or closed */
+    struct http_req *req;         /* owned while PHASE_HTTP, from the first byte */
+    struct buf out;               /* raw bytes to write before any WebSocket data */
+    uint64_t deadline_ms;         /* phase deadline (request, reply, close) */
+
+    struct ws_conn *ws;           /* owned in PHASE_TURN/CLOSING */
+    enum turn_state turn;
+    bool holds_slot;              /* taken by env->admit, not yet released */
+    uint64_t turn_started_ms, block_started_ms, idle_since_ms;
+    uint64_t last_ping_ms;
+    bool ping_outstanding;
+    int64_t done_exit_code;
+    bool ready_seen, tools_sent;
+    /* wslay sends control frames ahead of queued messages, so a close is
+     * held back until everything queued before it has been written. */
+    bool close_pending;
+    uint16_t close_code;
+    char close_reason[124];
+
+    /* What this turn makes the supervisor hold: every buffer of its messages
+     * in both directions (--turn-buffer), charged to env->budget too. */
+    struct budget budget;
+    /* the client's text message, scanned as it arrives */
+    struct frame_scan *cscan;     /* owned (admitted turns) */
+    bool cmsg_bad;                /* it can no longer decode */
+
+    /* the sandbox */
+    bool spawn_pending;           /* request sent, reply not yet received */
+    pid_t child_pid;              /* the sandbox's (a death report must name it) */
+    int chan_fd;                  /* owned: the sandbox's channel (chan borrows it) */
+    struct loop_watch chan_watch;
+    int pidfd;                    /* owned: the sandbox's pidfd */
+    struct loop_watch pid_watch;
+    struct chan_conn *chan;       /* owned (admitted turns): envelopes both ways */
+    const char *child_error;      /* static: what the sandbox last reported failing */
+    bool death_wait;              /* it ended on its own: the close waits for its death report */
+    uint64_t death_deadline_ms;   /* ... until then at most (DEATH_REPORT_WAIT_MS) */
+    bool death_known;             /* the fork server's death report arrived */
+    struct fs_reply death;        /* that report (kind FS_REPLY_DEATH) */
+
+    /* the sandbox's message being read (chan_conn.h) */
+    bool in_token;                /* a log line may be written for it (log_rl) */
+    bool in_complete;             /* all of it is in, its check still has work to do */
+    struct buf in;                /* the body, room reserved at the header */
+    struct frame_scan *sscan;     /* owned (admitted turns): an F body's scan */
+    struct tarcheck *tc;          /* owned while an S body is checked */
+    struct tarcheck_cache *tc_cache; /* owned: snapshot members verified this turn */
+    struct ratelimit log_rl;      /* the sandbox's log lines in the operator log */
+
+    struct notify_turn notify;    /* counted refusals and supervised calls (notify.c) */
+    uint64_t spawn_ns;            /* from the fork server */
+    uint64_t accept_ns;           /* when the upgrade was accepted */
+};
+
+struct sessions {
+    struct session_env env;       /* copied at sessions_new */
+    struct session *head;         /* owned, doubly linked */
+    unsigned n;                   /* all connections */
+    unsigned n_working;           /* sessions with a message still being checked */
+    uint64_t next_id;             /* the next connection's (and turn's) id */
+};
 
 #define REPLY_LINGER_MS 1000   /* after a non-101 reply: wait for the peer's EOF */
 #define CLOSE_LINGER_MS 5000   /* ending a turn: flush what is queued, then close */
@@ -50,8 +142,6 @@
  * server's death report (it comes once the sandbox is reaped and its cgroup
  * helper has read the counters, behind the placements queued before it). */
 #define DEATH_REPORT_WAIT_MS 5000
-#define CHAN_READ_BUDGET (256 * KiB) /* bytes read from a sandbox per wakeup */
-#define CHAN_MAX_FDS 8             /* fds taken (and closed) per read; the kernel drops the rest */
 
 static void update_interest(struct session *s);
 static void kill_sandbox(struct session *s);
@@ -60,9 +150,14 @@ static void send_close_when_flushed(struct session *s);
 
 static const char *turn_state_name(enum turn_state t)
 {
-    static const char *const names[] = {"T (awaiting tools)", "B (between blocks)",
-                                        "R (awaiting run)", "X (block running)",
-                                        "X (awaiting output)", "X (awaiting archive)"};
+    static const char *const names[] = {
+        [TURN_TOOLS] = "T (awaiting tools)",
+        [TURN_BETWEEN] = "B (between blocks)",
+        [TURN_ARCHIVED] = "R (awaiting run)",
+        [TURN_RUNNING] = "X (block running)",
+        [TURN_WANT_OUTPUT] = "X (awaiting output)",
+        [TURN_WANT_SNAPSHOT] = "X (awaiting archive)",
+    };
     return names[t];
 }
 
@@ -79,7 +174,7 @@ static void reply_and_close(struct session *s, int status, const char *reason, c
     s->req = NULL;
     s->phase = PHASE_REPLY;
     s->deadline_ms = now_ms() + REPLY_LINGER_MS;
-    preauth_touch(&s->srv->preauth, &s->pa, PREAUTH_ACTIVE, now_ms());
+    preauth_touch(s->env->preauth, &s->pa, PREAUTH_ACTIVE, now_ms());
     update_interest(s);
 }
 
@@ -104,20 +199,10 @@ static int flush_out(struct session *s)
 
 /* ---------------------------------------------------------------- to the sandbox */
 
-/* Queue one envelope whose body is *body, taken over (no copy). */
-static int chan_queue(struct session *s, enum chan_type type, struct buf *body)
+/* Queue one envelope for the sandbox whose body is *body, taken over. */
+static int sandbox_send(struct session *s, enum chan_type type, struct buf *body)
 {
-    uint8_t hdr[CHAN_HDR_LEN];
-    if (body->len > CHAN_MAX_MESSAGE_BYTES) {
-        buf_free(body);
-        return -EMSGSIZE;
-    }
-    chan_hdr_encode(hdr, type, (uint32_t)body->len);
-    int r = outq_append(&s->chan_out, hdr, sizeof hdr);
-    if (r == 0)
-        r = outq_take(&s->chan_out, body);
-    else
-        buf_free(body);
+    int r = chan_conn_send(s->chan, type, body);
     update_interest(s);
     return r;
 }
@@ -144,10 +229,10 @@ static int big_borrowed_field(const struct frame *f, const struct buf *msg)
  * form, pyrt/shape.c), else re-encoded; a large value (a tool result) is
  * not copied: the encoding is queued around it and the value is sent from
  * msg. msg is consumed either way. */
-static int chan_queue_frame(struct session *s, const struct frame *f, struct buf *msg)
+static int sandbox_send_frame(struct session *s, const struct frame *f, struct buf *msg)
 {
     if (f->canonical)
-        return chan_queue(s, CHAN_FRAME, msg);
+        return sandbox_send(s, CHAN_FRAME, msg);
     struct buf head, tail;
     buf_init_budget(&head, CHAN_MAX_MESSAGE_BYTES, &s->budget);
     buf_init_budget(&tail, CHAN_MAX_MESSAGE_BYTES, &s->budget);
@@ -155,38 +240,20 @@ static int chan_queue_frame(struct session *s, const struct frame *f, struct buf
     if (big < 0) {
         int r = frame_encode(f, &head); /* f may point into msg: encode first */
         buf_free(msg);
-        return r < 0 ? (buf_free(&head), r) : chan_queue(s, CHAN_FRAME, &head);
+        return r < 0 ? (buf_free(&head), r) : sandbox_send(s, CHAN_FRAME, &head);
     }
     /* Everything but the value is copied out of msg before msg is queued. */
     const struct frame_field *v = &f->field[big];
     size_t off = (size_t)((const uint8_t *)v->json - msg->data), len = v->len;
     int r = frame_encode_around(f, (size_t)big, &head, &tail);
-    uint64_t total = (uint64_t)head.len + len + tail.len;
-    if (r == 0 && total > CHAN_MAX_MESSAGE_BYTES)
-        r = -EMSGSIZE;
-    uint8_t hdr[CHAN_HDR_LEN];
-    if (r == 0) {
-        chan_hdr_encode(hdr, CHAN_FRAME, (uint32_t)total);
-        r = outq_append(&s->chan_out, hdr, sizeof hdr);
-    }
     if (r == 0)
-        r = outq_append(&s->chan_out, head.data, head.len);
-    if (r == 0)
-        r = outq_take_slice(&s->chan_out, msg, off, len);
-    if (r == 0)
-        r = outq_append(&s->chan_out, tail.data, tail.len);
-    buf_free(msg);
+        r = chan_conn_send_around(s->chan, CHAN_FRAME, &head, msg, off, len, &tail);
+    else
+        buf_free(msg);
     buf_free(&head);
     buf_free(&tail);
     update_interest(s);
     return r;
-}
-
-/* Write what is queued for the sandbox: 0 when all of it went or the socket
- * is full, -1 when the sandbox is gone. */
-static int chan_flush(struct session *s)
-{
-    return outq_send(&s->chan_out, s->chan_fd) < 0 ? -1 : 0;
 }
 
 /* ---------------------------------------------------------------- to the client */
@@ -266,7 +333,7 @@ static uint64_t sandbox_frame_limit(const struct session *s)
     case TURN_RUNNING:
         return CHAN_MAX_MESSAGE_BYTES; /* tool_call, log, done, a late ready */
     case TURN_WANT_OUTPUT:
-        return 2 * 6 * (s->srv->cfg->output_cap + OUTPUT_NOTE_ALLOWANCE) + 256;
+        return 2 * 6 * (s->env->cfg->output_cap + OUTPUT_NOTE_ALLOWANCE) + 256;
     case TURN_WANT_SNAPSHOT:
         return 0;
     }
@@ -462,7 +529,7 @@ static void note_child_error(struct session *s, const struct frame *f, bool runn
 
 /* A sandbox's log line in the operator log, as its JSON text (escaped: it
  * cannot forge lines), cut to 300 bytes. Its token was taken when its
- * envelope arrived (chan_begin): lines over the turn's rate were dropped
+ * envelope arrived (on_sandbox_begin): lines over the turn's rate were dropped
  * unread, and the next line says how many. */
 static void log_sandbox_line(struct session *s, const struct frame_field *msg)
 {
@@ -486,14 +553,14 @@ static void relay_failed(struct session *s, int r, const char *what)
         mark_dead(s);
         return;
     }
-    session_fail(s, 1011, r == -ENOSPC ? "server memory budget exhausted" : what);
+    session_end(s, 1011, r == -ENOSPC ? "server memory budget exhausted" : what);
 }
 
 static void sandbox_protocol_error(struct session *s, const char *what)
 {
     char reason[200];
     snprintf(reason, sizeof reason, "sandbox protocol error: %s", what);
-    session_fail(s, 1011, reason);
+    session_end(s, 1011, reason);
 }
 
 /* One complete frame from the sandbox; body holds its bytes (consumed).
@@ -555,11 +622,11 @@ static int handle_child_frame(struct session *s, struct frame *f, struct buf *bo
         return -1;
     }
     if (f->kind == FRAME_OUTPUT) {
-        int a = cap_stream(f, "stdout", s->srv->cfg->output_cap);
-        int b = a < 0 ? a : cap_stream(f, "stderr", s->srv->cfg->output_cap);
+        int a = cap_stream(f, "stdout", s->env->cfg->output_cap);
+        int b = a < 0 ? a : cap_stream(f, "stderr", s->env->cfg->output_cap);
         if (a < 0 || b < 0) {
             buf_free(body);
-            session_fail(s, 1011, "out of memory");
+            session_end(s, 1011, "out of memory");
             return -1;
         }
         if (a || b) {
@@ -607,62 +674,22 @@ static void snapshot_checked(struct session *s, int r)
          * length one leaves its files as they were (spec 4.4). */
         ws_conn_send_binary(s->ws, (const uint8_t *)"", 0);
         s->turn = TURN_BETWEEN;
-        session_fail(s, 1011, reason);
+        session_end(s, 1011, reason);
     }
     tarcheck_free(s->tc);
     s->tc = NULL;
     buf_free(&s->in);
 }
 
-/* recvmsg() on the channel: the only fd a sandbox may send is its seccomp
- * listener, attached to the first byte of its first message (CHAN_NOTIFY).
- * Such an fd is kept in chan_fd_pending until that message is complete
- * (chan_complete adopts or closes it); every other fd is closed at once.
- * MSG_CMSG_CLOEXEC: none may leak into a process we start. */
-static ssize_t chan_recv(struct session *s, void *p, size_t len)
+/* A sandbox's header arrived (chan_conn.h): decide at once whether its
+ * message may come at all, and reserve its room. 0, or -1 after failing the
+ * session. */
+static int on_sandbox_begin(void *ud, const struct chan_msg *m, struct buf **into)
 {
-    union {
-        struct cmsghdr h;
-        char b[CMSG_SPACE(CHAN_MAX_FDS * sizeof(int))];
-    } ctl;
-    struct iovec iov = {.iov_base = p, .iov_len = len};
-    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.b,
-                       .msg_controllen = sizeof ctl.b};
-    bool at_start = !s->chan_first_done && !s->in_active && s->in_hdr_got == 0;
-    ssize_t n = recvmsg(s->chan_fd, &m, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
-    if (n < 0)
-        return n;
-    for (struct cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
-        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
-            continue;
-        size_t nfd = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-        for (size_t i = 0; i < nfd; i++) {
-            int fd;
-            memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
-            if (at_start && nfd == 1 && s->chan_fd_pending < 0)
-                s->chan_fd_pending = fd;
-            else
-                close(fd);
-        }
-    }
-    return n;
-}
-
-/* A header arrived: decide at once whether its message may come at all, and
- * reserve its room. 0, or -1 after failing the session. */
-static int chan_begin(struct session *s)
-{
-    enum chan_type type;
-    uint32_t len;
-    int r = chan_hdr_decode(s->in_hdr, CHAN_HDR_LEN, CHAN_MAX_MESSAGE_BYTES, &type, &len);
-    s->in_hdr_got = 0;
-    if (r <= 0) {
-        sandbox_protocol_error(s, r == -EMSGSIZE ? "message too large" : "bad envelope");
-        return -1;
-    }
+    struct session *s = ud;
     char what[120];
     uint64_t limit = 0;
-    switch (type) {
+    switch (m->type) {
     case CHAN_FRAME:
         limit = sandbox_frame_limit(s);
         break;
@@ -670,54 +697,51 @@ static int chan_begin(struct session *s)
         limit = s->turn == TURN_WANT_SNAPSHOT ? CHAN_MAX_MESSAGE_BYTES : 0;
         break;
     case CHAN_NOTIFY:
-        limit = !s->chan_first_done ? 1 : 0; /* with no body: checked when complete */
+        limit = m->first ? 1 : 0; /* with no body: checked when complete */
         break;
     default:
         break;
     }
     if (limit == 0) {
-        snprintf(what, sizeof what, "unexpected '%c' message in state %s", (int)type,
+        snprintf(what, sizeof what, "unexpected '%c' message in state %s", (int)m->type,
                  turn_state_name(s->turn));
         sandbox_protocol_error(s, what);
         return -1;
     }
-    if (len > limit) {
+    if (m->len > limit) {
         snprintf(what, sizeof what, "'%c' message of %" PRIu32 " bytes over the limit of %" PRIu64
-                 " in state %s", (int)type, len, limit, turn_state_name(s->turn));
+                 " in state %s", (int)m->type, m->len, limit, turn_state_name(s->turn));
         sandbox_protocol_error(s, what);
         return -1;
     }
-    s->in_type = type;
-    s->in_len = len;
-    s->in_got = 0;
-    s->in_active = true;
     /* Between blocks only a log is legal, and logs there are only written to
      * the operator log: once this turn's share of log lines is used up, such
      * a message is read and dropped without being scanned or kept. */
-    s->in_token = s->in_discard = false;
-    if (type == CHAN_FRAME && s->turn != TURN_RUNNING && s->turn != TURN_WANT_OUTPUT) {
+    s->in_token = false;
+    *into = NULL;
+    if (m->type == CHAN_FRAME && s->turn != TURN_RUNNING && s->turn != TURN_WANT_OUTPUT) {
         s->in_token = ratelimit_take(&s->log_rl, now_ns());
-        s->in_discard = !s->in_token && s->ready_seen;
+        if (!s->in_token && s->ready_seen)
+            return 0; /* dropped */
     }
-    if (s->in_discard)
-        return 0;
-    r = len ? buf_reserve_exact(&s->in, len) : 0;
+    int r = m->len ? buf_reserve_exact(&s->in, m->len) : 0;
     if (r < 0) {
-        session_fail(s, r == -ENOSPC ? 1013 : 1011,
+        session_end(s, r == -ENOSPC ? 1013 : 1011,
                      r == -ENOSPC ? "server memory budget exhausted, try again later"
                      : r == -ENOMEM ? "out of memory"
                                     : "sandbox message over the turn's memory budget");
         return -1;
     }
-    if (type == CHAN_FRAME) {
+    *into = &s->in;
+    if (m->type == CHAN_FRAME) {
         frame_scan_init(s->sscan, FRAME_FROM_CHILD, sandbox_item_limit(s));
-    } else if (type == CHAN_SNAPSHOT) {
-        const struct config *cfg = s->srv->cfg;
+    } else if (m->type == CHAN_SNAPSHOT) {
+        const struct config *cfg = s->env->cfg;
         const struct tarcheck_limits lim = {.max_data = cfg->snapshot_max,
                                             .max_members = cfg->max_members};
         s->tc = tarcheck_new(&lim);
         if (!s->tc) {
-            session_fail(s, 1011, "out of memory");
+            session_end(s, 1011, "out of memory");
             return -1;
         }
         /* Members verified in this turn's earlier snapshots are recognised
@@ -731,16 +755,15 @@ static int chan_begin(struct session *s)
 }
 
 /* Check what arrived of the body so far. 0, or -1 after failing the session. */
-static int chan_progress(struct session *s)
+static int on_sandbox_data(void *ud, const struct chan_msg *m)
 {
+    struct session *s = ud;
     const char *why = NULL;
-    if (s->in_discard)
-        return 0;
-    if (s->in_type == CHAN_FRAME && frame_scan_feed(s->sscan, s->in.data, s->in.len, &why) < 0) {
+    if (m->type == CHAN_FRAME && frame_scan_feed(s->sscan, s->in.data, s->in.len, &why) < 0) {
         sandbox_protocol_error(s, why);
         return -1;
     }
-    if (s->in_type == CHAN_SNAPSHOT) {
+    if (m->type == CHAN_SNAPSHOT) {
         int r = tarcheck_feed(s->tc, s->in.data, s->in.len);
         if (r < 0) {
             snapshot_checked(s, r);
@@ -751,38 +774,32 @@ static int chan_progress(struct session *s)
 }
 
 /* The whole body is in. 0, or -1 after failing the session. */
-static int chan_complete(struct session *s)
+static int sandbox_message(struct session *s, struct chan_msg *m)
 {
-    bool first = !s->chan_first_done;
-    int fd = s->chan_fd_pending;
-    s->chan_first_done = true;
-    s->chan_fd_pending = -1;
-    s->in_active = false;
-    if (s->in_type == CHAN_NOTIFY) {
+    int fd = m->fd;
+    if (m->type == CHAN_NOTIFY) {
         /* Only as the sandbox's first message (sent in setup, before any
          * untrusted code), with its fd and nothing else. */
-        if (!first || fd < 0 || s->in_len != 0) {
+        if (!m->first || fd < 0 || m->len != 0) {
             if (fd >= 0)
                 close(fd);
             sandbox_protocol_error(s, "unexpected listener message");
             return -1;
         }
-        notify_adopt(s, fd);
+        notify_adopt(&s->notify, fd);
         return 0;
     }
     if (fd >= 0)
         close(fd); /* an fd with a first message that is not the listener */
-    if (s->in_discard) {
-        s->in_discard = false;
+    if (m->dropped)
         return 0;
-    }
-    if (s->in_type == CHAN_SNAPSHOT) {
+    if (m->type == CHAN_SNAPSHOT) {
         int r = tarcheck_finish(s->tc, s->in.data, s->in.len);
         if (r == TARCHECK_AGAIN) {
             /* More inflating than one step: the rest in later loop rounds
              * (session_work), the channel unread meanwhile. */
             s->in_complete = true;
-            s->srv->n_working++;
+            s->set->n_working++;
             return 0;
         }
         snapshot_checked(s, r);
@@ -804,59 +821,40 @@ static int chan_complete(struct session *s)
     return r;
 }
 
-/* Read what the sandbox sent, within a budget. Returns 0 to continue, -1 if
- * the session was failed, 1 on EOF (the sandbox's end is closed). */
-static int chan_read(struct session *s)
+/* 0 to read on, 1 to stop for now, -1 after failing the session. */
+static int on_sandbox_end(void *ud, struct chan_msg *m)
 {
-    static uint8_t scratch[64 * KiB]; /* discarded bodies (one thread) */
-    size_t budget = CHAN_READ_BUDGET;
-    while (budget > 0 && s->chan_fd >= 0 && !s->in_complete) {
-        ssize_t n;
-        if (!s->in_active) {
-            n = chan_recv(s, s->in_hdr + s->in_hdr_got, CHAN_HDR_LEN - s->in_hdr_got);
-            if (n > 0) {
-                budget -= (size_t)n;
-                s->in_hdr_got += (size_t)n;
-                if (s->in_hdr_got < CHAN_HDR_LEN)
-                    continue;
-                if (chan_begin(s) < 0)
-                    return -1;
-                if (s->in_len > 0)
-                    continue;
-            }
-        } else {
-            size_t want = s->in_len - s->in_got;
-            if (want > budget)
-                want = budget;
-            uint8_t *to = s->in_discard ? scratch : s->in.data + s->in.len;
-            if (s->in_discard && want > sizeof scratch)
-                want = sizeof scratch;
-            n = chan_recv(s, to, want);
-            if (n > 0) {
-                budget -= (size_t)n;
-                s->in_got += (uint32_t)n;
-                if (!s->in_discard)
-                    s->in.len += (size_t)n; /* into the room reserved at the header */
-                if (chan_progress(s) < 0)
-                    return -1;
-            }
-        }
-        if (n < 0)
-            return (errno == EAGAIN || errno == EINTR) ? 0 : 1;
-        if (n == 0)
-            return 1;
-        if (s->in_active && s->in_got < s->in_len)
-            continue;
-        if (chan_complete(s) < 0)
-            return -1;
-        /* Backpressure: stop when the client is not keeping up. */
-        if (s->ws && ws_conn_queued(s->ws) > RELAY_HIGH_WATER)
-            return 0;
-    }
+    struct session *s = ud;
+    if (sandbox_message(s, m) < 0)
+        return -1;
+    /* A check still running, or backpressure: the client is not keeping up. */
+    if (s->in_complete || (s->ws && ws_conn_queued(s->ws) > RELAY_HIGH_WATER))
+        return 1;
     return 0;
 }
 
-bool session_work(struct session *s)
+static const struct chan_conn_handlers sandbox_handlers = {
+    .on_begin = on_sandbox_begin,
+    .on_data = on_sandbox_data,
+    .on_end = on_sandbox_end,
+};
+
+/* Read what the sandbox sent, within the channel's budget. Returns 0 to
+ * continue, -1 if the session was failed, 1 when the sandbox's end is
+ * closed. */
+static int sandbox_read(struct session *s)
+{
+    if (s->in_complete) /* its check first (session_work) */
+        return 0;
+    int r = chan_conn_read(s->chan);
+    if (r == -EMSGSIZE || r == -EBADMSG) {
+        sandbox_protocol_error(s, r == -EMSGSIZE ? "message too large" : "bad envelope");
+        return -1;
+    }
+    return r == -ECANCELED ? -1 : r == -EPIPE ? 1 : 0;
+}
+
+static bool session_work(struct session *s)
 {
     if (!s->in_complete)
         return false;
@@ -864,7 +862,7 @@ bool session_work(struct session *s)
     if (r == TARCHECK_AGAIN)
         return true;
     s->in_complete = false;
-    s->srv->n_working--;
+    s->set->n_working--;
     snapshot_checked(s, r);
     if (s->phase == PHASE_TURN) {
         if (ws_conn_want_write(s->ws) && ws_conn_write(s->ws) < 0) {
@@ -897,7 +895,7 @@ static bool crash_signal(int sig)
 static void death_reason(const struct session *s, char *out, size_t len)
 {
     const struct fs_reply *d = &s->death;
-    const struct config *cfg = s->srv->cfg;
+    const struct config *cfg = s->env->cfg;
     int st = d->wait_status, sig = 0, code = 0;
     if (WIFSIGNALED(st))
         sig = WTERMSIG(st);
@@ -942,21 +940,21 @@ static void sandbox_gone(struct session *s)
         return;
     }
     if (s->child_error) {
-        session_fail(s, 1011, s->child_error);
+        session_end(s, 1011, s->child_error);
         return;
     }
     if (!s->death_known) {
         if (!s->death_wait) {
             s->death_wait = true;
             s->death_deadline_ms = now_ms() + DEATH_REPORT_WAIT_MS;
-            loop_unwatch(s->srv->loop, &s->chan_watch);
-            loop_unwatch(s->srv->loop, &s->pid_watch);
+            loop_unwatch(s->env->loop, &s->chan_watch);
+            loop_unwatch(s->env->loop, &s->pid_watch);
         }
         return;
     }
     char reason[124];
     death_reason(s, reason, sizeof reason);
-    session_fail(s, 1011, reason);
+    session_end(s, 1011, reason);
 }
 
 void session_sandbox_died(struct session *s, const struct fs_reply *rep)
@@ -971,21 +969,21 @@ void session_sandbox_died(struct session *s, const struct fs_reply *rep)
     }
     /* The report came before the pidfd or the channel's EOF was handled:
      * take what the sandbox managed to send, then end. */
-    loop_unwatch(s->srv->loop, &s->pid_watch);
-    if (s->chan_fd >= 0 && chan_read(s) < 0)
+    loop_unwatch(s->env->loop, &s->pid_watch);
+    if (s->chan_fd >= 0 && sandbox_read(s) < 0)
         return;
     sandbox_gone(s);
 }
 
-static void on_chan_io(struct loop_watch *w, uint32_t events)
+static void on_sandbox_io(struct loop_watch *w, uint32_t events)
 {
     struct session *s = w->ud;
-    if ((events & EPOLLOUT) && chan_flush(s) < 0) {
+    if ((events & EPOLLOUT) && chan_conn_flush(s->chan) < 0) {
         sandbox_gone(s);
         return;
     }
     if (events & (EPOLLIN | EPOLLHUP | EPOLLERR)) {
-        int r = chan_read(s);
+        int r = sandbox_read(s);
         if (r < 0)
             return;
         if (r == 1) {
@@ -1006,37 +1004,42 @@ static void on_chan_io(struct loop_watch *w, uint32_t events)
 static void on_pidfd(struct loop_watch *w, uint32_t events)
 {
     struct session *s = w->ud;
-    loop_unwatch(s->srv->loop, &s->pid_watch);
+    loop_unwatch(s->env->loop, &s->pid_watch);
     /* Take what the sandbox managed to send before it died, then end. */
-    if (s->chan_fd >= 0 && chan_read(s) < 0)
+    if (s->chan_fd >= 0 && sandbox_read(s) < 0)
         return;
     sandbox_gone(s);
 }
 
-void session_sandbox_ready(struct session *s, const struct fs_reply *rep, int chan_fd, int pidfd)
+bool session_sandbox_ready(struct session *s, const struct fs_reply *rep, int chan_fd, int pidfd)
 {
+    bool wanted = s->spawn_pending && s->phase != PHASE_DEAD;
     s->spawn_pending = false;
+    if (!wanted)
+        return false; /* the turn ended while its sandbox was being made */
     if (rep->status < 0) {
         char reason[120];
         snprintf(reason, sizeof reason, "cannot start a sandbox: %s", strerror(-rep->status));
-        session_fail(s, 1011, reason);
-        return;
+        session_end(s, 1011, reason);
+        return true;
     }
     s->child_pid = rep->pid;
     s->chan_fd = chan_fd;
     s->pidfd = pidfd;
     s->spawn_ns = rep->spawn_ns;
     fd_set_nonblock(chan_fd, true);
-    s->chan_watch = (struct loop_watch){.fd = chan_fd, .cb = on_chan_io, .ud = s};
+    chan_conn_set_fd(s->chan, chan_fd);
+    s->chan_watch = (struct loop_watch){.fd = chan_fd, .cb = on_sandbox_io, .ud = s};
     s->pid_watch = (struct loop_watch){.fd = pidfd, .cb = on_pidfd, .ud = s};
-    loop_watch(s->srv->loop, &s->pid_watch, EPOLLIN);
+    loop_watch(s->env->loop, &s->pid_watch, EPOLLIN);
     LOG_D("turn %" PRIu64 ": sandbox pid %d", s->id, (int)rep->pid);
     update_interest(s);
+    return true;
 }
 
 static void kill_sandbox(struct session *s)
 {
-    struct loop *l = s->srv->loop;
+    struct loop *l = s->env->loop;
     if (s->pidfd >= 0) {
         syscall(SYS_pidfd_send_signal, s->pidfd, SIGKILL, NULL, 0);
         loop_unwatch(l, &s->pid_watch);
@@ -1046,29 +1049,28 @@ static void kill_sandbox(struct session *s)
         loop_unwatch(l, &s->chan_watch);
         close_and_reset(&s->chan_fd);
     }
-    close_and_reset(&s->chan_fd_pending);
-    notify_close(s);
+    notify_close(&s->notify);
     if (s->in_complete)
-        s->srv->n_working--;
-    s->in_complete = s->in_active = s->in_discard = false;
+        s->set->n_working--;
+    s->in_complete = false;
+    chan_conn_close(s->chan); /* its queue, a pending fd, a partial message */
     tarcheck_free(s->tc);
     s->tc = NULL;
     tarcheck_cache_free(s->tc_cache);
     s->tc_cache = NULL;
     buf_free(&s->in);
-    outq_free(&s->chan_out);
 }
 
 /* ---------------------------------------------------------------- client messages */
 
-static void end_turn(struct session *s) { session_fail(s, 1000, NULL); }
+static void end_turn(struct session *s) { session_end(s, 1000, NULL); }
 
 /* What a message from the client may be in the turn's state: its largest
  * size, or 0 to drop it unread (ws.h). */
 static uint64_t on_msg_begin(void *ud, bool text)
 {
     struct session *s = ud;
-    const struct config *cfg = s->srv->cfg;
+    const struct config *cfg = s->env->cfg;
     if (s->phase != PHASE_TURN)
         return WS_MSG_DROP;
     if (text) {
@@ -1130,8 +1132,8 @@ static void on_text(struct session *s, struct buf *msg)
             end_turn(s);
             break;
         }
-        if (chan_queue_frame(s, &f, msg) < 0) {
-            session_fail(s, 1011, "cannot queue the block for the sandbox");
+        if (sandbox_send_frame(s, &f, msg) < 0) {
+            session_end(s, 1011, "cannot queue the block for the sandbox");
             break;
         }
         s->turn = TURN_RUNNING;
@@ -1140,8 +1142,8 @@ static void on_text(struct session *s, struct buf *msg)
     case TURN_RUNNING:
         /* Results go to the sandbox; an undecodable message is dropped alone
          * (spec 9.2 "channel poisoning"); other frames are ignored. */
-        if (ok && f.kind == FRAME_TOOL_RESULT && chan_queue_frame(s, &f, msg) < 0)
-            session_fail(s, 1011, "cannot queue a tool result for the sandbox");
+        if (ok && f.kind == FRAME_TOOL_RESULT && sandbox_send_frame(s, &f, msg) < 0)
+            session_end(s, 1011, "cannot queue a tool result for the sandbox");
         break;
     default:
         break;
@@ -1162,8 +1164,8 @@ static void on_msg_end(void *ud, bool text, struct buf *msg)
     bool tools = s->turn == TURN_TOOLS;
     if (!tools && s->turn != TURN_BETWEEN)
         return;
-    if (chan_queue(s, tools ? CHAN_TOOLS : CHAN_WORKSPACE, msg) < 0) {
-        session_fail(s, 1011, "cannot queue the archive for the sandbox");
+    if (sandbox_send(s, tools ? CHAN_TOOLS : CHAN_WORKSPACE, msg) < 0) {
+        session_end(s, 1011, "cannot queue the archive for the sandbox");
         return;
     }
     s->tools_sent = s->tools_sent || tools;
@@ -1189,7 +1191,7 @@ static const struct ws_handlers ws_handlers = {
 
 static void admit(struct session *s, const uint8_t *rest, size_t rest_len)
 {
-    struct server *srv = s->srv;
+    const struct session_env *env = s->env;
     const char *key = http_req_header(s->req, "Sec-WebSocket-Key");
     buf_reset(&s->out);
     if (http_write_upgrade(&s->out, key) < 0) {
@@ -1199,23 +1201,25 @@ static void admit(struct session *s, const uint8_t *rest, size_t rest_len)
     s->cscan = malloc(sizeof *s->cscan);
     s->sscan = malloc(sizeof *s->sscan);
     s->ws = ws_conn_new(s->fd, &s->budget, rest, rest_len, &ws_handlers, s);
-    if (!s->ws || !s->cscan || !s->sscan) {
+    s->chan = chan_conn_new(-1, &s->budget, &sandbox_handlers, s);
+    if (!s->ws || !s->cscan || !s->sscan || !s->chan) {
         mark_dead(s);
         return;
     }
     http_req_free(s->req);
     s->req = NULL;
-    preauth_remove(&srv->preauth, &s->pa); /* a turn now: counted by capacity */
+    preauth_remove(env->preauth, &s->pa); /* a turn now: counted by capacity */
     s->holds_slot = true;
-    srv->n_turns++;
-    srv->single_use_admitted = srv->single_use_admitted || srv->cfg->single_use;
+    unsigned n_turns = env->admit(env->host);
     s->phase = PHASE_TURN;
     s->turn = TURN_TOOLS;
     s->accept_ns = now_ns();
     s->turn_started_ms = s->last_ping_ms = s->idle_since_ms = now_ms();
-    int r = server_request_sandbox(srv, s);
+    int r = env->request_sandbox(env->host, s->id);
+    if (r == 0)
+        s->spawn_pending = true;
     if (r < 0) {
-        session_fail(s, 1011, "sandbox service unavailable");
+        session_end(s, 1011, "sandbox service unavailable");
         return;
     }
     /* Frames that arrived with the request are not signalled again. */
@@ -1223,7 +1227,7 @@ static void admit(struct session *s, const uint8_t *rest, size_t rest_len)
         mark_dead(s);
         return;
     }
-    LOG_D("turn %" PRIu64 ": admitted (%u/%u)", s->id, srv->n_turns, srv->cfg->capacity);
+    LOG_D("turn %" PRIu64 ": admitted (%u/%u)", s->id, n_turns, env->cfg->capacity);
     update_interest(s);
 }
 
@@ -1235,18 +1239,17 @@ static void admit(struct session *s, const uint8_t *rest, size_t rest_len)
  * gives Sec-WebSocket-Version: 13. */
 static void route(struct session *s, const uint8_t *rest, size_t rest_len)
 {
-    struct server *srv = s->srv;
     const char *target = http_req_target(s->req);
     if (strcmp(target, "/health") == 0) {
         reply_and_close(s, 200, "OK", "OK\n");
         return;
     }
-    if (srv->n_turns >= srv->cfg->capacity || srv->single_use_admitted) {
+    int ok = s->env->may_admit(s->env->host, http_req_header(s->req, "Authorization"));
+    if (ok == -EBUSY) {
         reply_and_close(s, 503, "Service Unavailable", "Busy\n");
         return;
     }
-    if (srv->token && !http_auth_ok(http_req_header(s->req, "Authorization"), srv->token,
-                                    srv->token_len)) {
+    if (ok < 0) {
         reply_and_close(s, 401, "Unauthorized", "Unauthorized\n");
         return;
     }
@@ -1276,7 +1279,7 @@ static void http_read(struct session *s)
     size_t used = 0;
     int r = http_req_feed(s->req, tmp, (size_t)n, &used);
     if (r == 0) {
-        preauth_touch(&s->srv->preauth, &s->pa, PREAUTH_ACTIVE, now_ms());
+        preauth_touch(s->env->preauth, &s->pa, PREAUTH_ACTIVE, now_ms());
         return;
     }
     if (r == -E2BIG)
@@ -1305,7 +1308,7 @@ static void on_client_io(struct loop_watch *w, uint32_t events)
             /* Answered: from now on the first to go when the pre-auth pool
              * is full (preauth.h). */
             if (s->pa.cls != PREAUTH_ANSWERED)
-                preauth_touch(&s->srv->preauth, &s->pa, PREAUTH_ANSWERED, now_ms());
+                preauth_touch(s->env->preauth, &s->pa, PREAUTH_ANSWERED, now_ms());
             /* Half-close, then drain until the peer closes, so the reply is
              * not lost to a reset caused by unread request bytes. */
             uint8_t tmp[1024];
@@ -1340,9 +1343,9 @@ static void on_client_io(struct loop_watch *w, uint32_t events)
             }
         }
         /* Likewise, pass what the client sent straight on to the sandbox. An
-         * error stays for on_chan_io, which reports it where it belongs. */
-        if (s->chan_fd >= 0 && s->chan_out.bytes)
-            (void)chan_flush(s);
+         * error stays for on_sandbox_io, which reports it where it belongs. */
+        if (s->chan_fd >= 0 && chan_conn_queued(s->chan))
+            (void)chan_conn_flush(s->chan);
         if (s->phase == PHASE_CLOSING) {
             send_close_when_flushed(s);
             if (!s->close_pending && ws_conn_finished(s->ws))
@@ -1358,7 +1361,7 @@ static void on_client_io(struct loop_watch *w, uint32_t events)
 
 static void update_interest(struct session *s)
 {
-    struct loop *l = s->srv->loop;
+    struct loop *l = s->env->loop;
     if (s->phase == PHASE_DEAD)
         return;
     uint32_t ev = 0;
@@ -1372,7 +1375,7 @@ static void update_interest(struct session *s)
     default:
         if (s->out.len || ws_conn_want_write(s->ws))
             ev |= EPOLLOUT;
-        if (ws_conn_want_read(s->ws) && s->chan_out.bytes < RELAY_HIGH_WATER)
+        if (ws_conn_want_read(s->ws) && chan_conn_queued(s->chan) < RELAY_HIGH_WATER)
             ev |= EPOLLIN;
         break;
     }
@@ -1380,7 +1383,7 @@ static void update_interest(struct session *s)
 
     if (s->chan_fd >= 0 && !s->death_wait) {
         uint32_t cev = 0;
-        if (s->chan_out.bytes)
+        if (chan_conn_queued(s->chan))
             cev |= EPOLLOUT;
         /* Backpressure: a client that does not read stops its sandbox (the
          * supervisor does not grow); a message still being checked is
@@ -1393,28 +1396,59 @@ static void update_interest(struct session *s)
 
 /* ---------------------------------------------------------------- lifecycle */
 
-struct session *session_new(struct server *srv, int fd)
+struct session *session_new(struct sessions *set, int fd, const uint8_t key[PREAUTH_KEY_LEN])
 {
+    const struct session_env *env = &set->env;
     struct session *s = calloc(1, sizeof *s);
     if (!s)
         return NULL;
-    s->srv = srv;
-    s->id = srv->next_id++;
+    s->set = set;
+    s->env = env;
+    s->id = set->next_id++;
     s->fd = fd;
-    s->chan_fd = s->pidfd = s->chan_fd_pending = s->notify_fd = -1;
+    s->chan_fd = s->pidfd = -1;
+    notify_turn_init(&s->notify, s->id, env->loop, env->notify);
     s->phase = PHASE_HTTP;
-    s->budget = (struct budget){.max = srv->cfg->turn_buffer, .up = &srv->budget};
+    s->budget = (struct budget){.max = env->cfg->turn_buffer, .up = env->budget};
     s->log_rl = (struct ratelimit)RATELIMIT_INIT(SANDBOX_LOG_BURST, SANDBOX_LOG_PER_MINUTE, 60000);
     buf_init(&s->out, 64 * KiB);
     buf_init_budget(&s->in, CHAN_MAX_MESSAGE_BYTES, &s->budget);
-    outq_init(&s->chan_out, &s->budget);
     s->deadline_ms = now_ms() + HTTP_REQUEST_TIMEOUT_MS;
     s->watch = (struct loop_watch){.fd = fd, .cb = on_client_io, .ud = s};
-    if (loop_watch(srv->loop, &s->watch, EPOLLIN) < 0) {
+    if (loop_watch(env->loop, &s->watch, EPOLLIN) < 0) {
         free(s);
         return NULL;
     }
+    s->next = set->head;
+    if (set->head)
+        set->head->prev = s;
+    set->head = s;
+    set->n++;
+    if (preauth_add(env->preauth, &s->pa, key, now_ms()) < 0) {
+        /* Cannot happen after preauth_make_room; never hold an
+         * unaccounted connection. */
+        session_end(s, 1000, NULL);
+    }
     return s;
+}
+
+struct session *session_of_preauth(struct preauth_entry *e)
+{
+    return (struct session *)((char *)e - offsetof(struct session, pa));
+}
+
+const struct budget *session_budget(const struct session *s)
+{
+    return &s->budget;
+}
+
+/* Give the turn's slot back, once. */
+static void release_slot(struct session *s)
+{
+    if (!s->holds_slot)
+        return;
+    s->holds_slot = false;
+    s->env->release(s->env->host);
 }
 
 /* Queue the pending close once every message queued before it is out. */
@@ -1431,13 +1465,13 @@ static void mark_dead(struct session *s)
     if (s->phase == PHASE_DEAD)
         return;
     kill_sandbox(s);
-    server_release_slot(s->srv, s);
-    preauth_remove(&s->srv->preauth, &s->pa);
-    loop_unwatch(s->srv->loop, &s->watch);
+    release_slot(s);
+    preauth_remove(s->env->preauth, &s->pa);
+    loop_unwatch(s->env->loop, &s->watch);
     s->phase = PHASE_DEAD;
 }
 
-void session_fail(struct session *s, uint16_t code, const char *reason)
+void session_end(struct session *s, uint16_t code, const char *reason)
 {
     if (s->phase == PHASE_DEAD || s->phase == PHASE_CLOSING)
         return;
@@ -1455,7 +1489,7 @@ void session_fail(struct session *s, uint16_t code, const char *reason)
     if (reason && code == 1011)
         send_error_log(s, reason);
     kill_sandbox(s);
-    server_release_slot(s->srv, s);
+    release_slot(s);
     /* RFC 6455 limits a close reason to 123 bytes (ws_conn_close trims). */
     s->close_pending = true;
     s->close_code = code;
@@ -1466,9 +1500,9 @@ void session_fail(struct session *s, uint16_t code, const char *reason)
     update_interest(s);
 }
 
-void session_tick(struct session *s, uint64_t now)
+static void session_tick(struct session *s, uint64_t now)
 {
-    const struct config *cfg = s->srv->cfg;
+    const struct config *cfg = s->env->cfg;
     switch (s->phase) {
     case PHASE_HTTP: /* slow or silent client: closed, never answered */
     case PHASE_REPLY:
@@ -1498,7 +1532,7 @@ void session_tick(struct session *s, uint64_t now)
     /* The sandbox is dead: only its death report (or its absence) decides. */
     if (s->death_wait) {
         if (now >= s->death_deadline_ms)
-            session_fail(s, 1011, "sandbox stopped: cause unknown (no death report)");
+            session_end(s, 1011, "sandbox stopped: cause unknown (no death report)");
         return;
     }
 
@@ -1508,33 +1542,34 @@ void session_tick(struct session *s, uint64_t now)
         finish_block_for_timeout(s, "the block", cfg->block_timeout_ms);
         snprintf(reason, sizeof reason, "block timeout: the block ran longer than %" PRIu64
                  " s (--block-timeout)", cfg->block_timeout_ms / 1000);
-        session_fail(s, 1000, reason);
+        session_end(s, 1000, reason);
     } else if (cfg->turn_timeout_ms && now - s->turn_started_ms >= cfg->turn_timeout_ms) {
         if (s->turn == TURN_RUNNING)
             finish_block_for_timeout(s, "the turn", cfg->turn_timeout_ms);
         snprintf(reason, sizeof reason, "turn timeout: the turn lasted longer than %" PRIu64
                  " s (--turn-timeout)", cfg->turn_timeout_ms / 1000);
-        session_fail(s, 1000, reason);
+        session_end(s, 1000, reason);
     } else if ((s->turn == TURN_BETWEEN || s->turn == TURN_TOOLS) && cfg->idle_timeout_ms &&
                now - s->idle_since_ms >= cfg->idle_timeout_ms) {
         snprintf(reason, sizeof reason, "idle timeout: no block for %" PRIu64
                  " s (--idle-timeout)", cfg->idle_timeout_ms / 1000);
-        session_fail(s, 1000, reason);
+        session_end(s, 1000, reason);
     }
 }
 
-void session_free(struct session *s)
+static void session_free(struct session *s)
 {
     if (!s)
         return;
     kill_sandbox(s);
-    preauth_remove(&s->srv->preauth, &s->pa);
+    preauth_remove(s->env->preauth, &s->pa);
     uint64_t span_ns, dropped = ratelimit_take_report(&s->log_rl, now_ns(), &span_ns);
     if (dropped)
         LOG_I("turn %" PRIu64 ": %" PRIu64 " sandbox log lines were dropped (over the rate)", s->id,
               dropped);
-    loop_unwatch(s->srv->loop, &s->watch);
+    loop_unwatch(s->env->loop, &s->watch);
     ws_conn_free(s->ws);
+    chan_conn_free(s->chan);
     http_req_free(s->req);
     if (s->fd >= 0) {
         /* Drain unread input first: closing with unread bytes makes the
@@ -1549,4 +1584,83 @@ void session_free(struct session *s)
     free(s->cscan);
     free(s->sscan);
     free(s);
+}
+
+/* ---------------------------------------------------------------- the set */
+
+struct sessions *sessions_new(const struct session_env *env)
+{
+    struct sessions *set = calloc(1, sizeof *set);
+    if (!set)
+        return NULL;
+    set->env = *env;
+    set->next_id = 1;
+    return set;
+}
+
+void sessions_free(struct sessions *set)
+{
+    if (!set)
+        return;
+    while (set->head) {
+        struct session *s = set->head;
+        set->head = s->next;
+        session_free(s);
+    }
+    free(set);
+}
+
+unsigned sessions_count(const struct sessions *set)
+{
+    return set->n;
+}
+
+struct session *sessions_find(struct sessions *set, uint64_t turn_id)
+{
+    for (struct session *s = set->head; s; s = s->next)
+        if (s->id == turn_id)
+            return s;
+    return NULL;
+}
+
+void sessions_end_all(struct sessions *set, uint16_t code, const char *reason)
+{
+    for (struct session *s = set->head; s; s = s->next)
+        session_end(s, code, reason);
+}
+
+void sessions_tick(struct sessions *set, uint64_t now)
+{
+    for (struct session *s = set->head; s; s = s->next)
+        session_tick(s, now);
+}
+
+bool sessions_work(struct sessions *set)
+{
+    bool more = false;
+    if (set->n_working == 0)
+        return false;
+    for (struct session *s = set->head; s; s = s->next)
+        if (s->in_complete)
+            more |= session_work(s);
+    return more;
+}
+
+void sessions_reap(struct sessions *set)
+{
+    struct session *s = set->head;
+    while (s) {
+        struct session *next = s->next;
+        if (s->phase == PHASE_DEAD && !s->spawn_pending) {
+            if (s->prev)
+                s->prev->next = s->next;
+            else
+                set->head = s->next;
+            if (s->next)
+                s->next->prev = s->prev;
+            set->n--;
+            session_free(s);
+        }
+        s = next;
+    }
 }

@@ -1,0 +1,240 @@
+/* The supervisor's end of a sandbox's channel (see chan_conn.h). Runs in the
+ * supervisor. Everything read here comes from a sandbox, which is hostile:
+ * nothing is kept that its handler did not reserve room for at the header,
+ * and at most one fd (the first message's) outlives the read that brought it. */
+#include "session/chan_conn.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "core/cleanup.h"
+#include "core/limits.h"
+#include "core/outq.h"
+
+struct chan_conn {
+    int fd;                           /* borrowed: the sandbox's channel, -1 */
+    const struct chan_conn_handlers *h; /* borrowed */
+    void *ud;                         /* borrowed: the handlers' argument */
+    struct outq out;                  /* owned: envelopes queued for the sandbox */
+
+    /* the sandbox's message being read */
+    uint8_t hdr[CHAN_HDR_LEN];        /* its envelope header, as far as it came */
+    size_t hdr_got;
+    bool active;                      /* a header was read: its body is coming */
+    struct chan_msg msg;              /* that header, decoded */
+    uint32_t got;                     /* body bytes read */
+    struct buf *into;                 /* borrowed: where the body goes; NULL = dropped */
+    int fd_pending;                   /* owned: an fd that came with the first message, -1 */
+    bool first_done;                  /* the sandbox's first message is complete */
+};
+
+struct chan_conn *chan_conn_new(int fd, struct budget *budget, const struct chan_conn_handlers *h,
+                                void *ud)
+{
+    struct chan_conn *c = calloc(1, sizeof *c);
+    if (!c)
+        return NULL;
+    c->fd = fd;
+    c->h = h;
+    c->ud = ud;
+    c->fd_pending = -1;
+    outq_init(&c->out, budget);
+    return c;
+}
+
+void chan_conn_set_fd(struct chan_conn *c, int fd)
+{
+    c->fd = fd;
+}
+
+void chan_conn_close(struct chan_conn *c)
+{
+    if (!c)
+        return;
+    c->fd = -1;
+    close_and_reset(&c->fd_pending);
+    c->active = false;
+    c->into = NULL;
+    outq_free(&c->out);
+}
+
+void chan_conn_free(struct chan_conn *c)
+{
+    if (!c)
+        return;
+    chan_conn_close(c);
+    free(c);
+}
+
+/* ---------------------------------------------------------------- to the sandbox */
+
+int chan_conn_send(struct chan_conn *c, enum chan_type type, struct buf *body)
+{
+    uint8_t hdr[CHAN_HDR_LEN];
+    if (body->len > CHAN_MAX_MESSAGE_BYTES) {
+        buf_free(body);
+        return -EMSGSIZE;
+    }
+    chan_hdr_encode(hdr, type, (uint32_t)body->len);
+    int r = outq_append(&c->out, hdr, sizeof hdr);
+    if (r == 0)
+        r = outq_take(&c->out, body);
+    else
+        buf_free(body);
+    return r;
+}
+
+int chan_conn_send_around(struct chan_conn *c, enum chan_type type, const struct buf *head,
+                          struct buf *msg, size_t off, size_t len, const struct buf *tail)
+{
+    uint64_t total = (uint64_t)head->len + len + tail->len;
+    int r = total > CHAN_MAX_MESSAGE_BYTES ? -EMSGSIZE : 0;
+    uint8_t hdr[CHAN_HDR_LEN];
+    if (r == 0) {
+        chan_hdr_encode(hdr, type, (uint32_t)total);
+        r = outq_append(&c->out, hdr, sizeof hdr);
+    }
+    if (r == 0)
+        r = outq_append(&c->out, head->data, head->len);
+    if (r == 0)
+        r = outq_take_slice(&c->out, msg, off, len);
+    if (r == 0)
+        r = outq_append(&c->out, tail->data, tail->len);
+    buf_free(msg);
+    return r;
+}
+
+int chan_conn_flush(struct chan_conn *c)
+{
+    return outq_send(&c->out, c->fd) < 0 ? -EPIPE : 0;
+}
+
+size_t chan_conn_queued(const struct chan_conn *c)
+{
+    return c ? c->out.bytes : 0;
+}
+
+/* ---------------------------------------------------------------- from the sandbox */
+
+/* recvmsg() on the channel: the only fd a sandbox may send is its seccomp
+ * listener, attached to the first byte of its first message (CHAN_NOTIFY).
+ * Such an fd is kept in fd_pending until that message is complete (then its
+ * handler adopts or closes it); every other fd is closed at once.
+ * MSG_CMSG_CLOEXEC: none may leak into a process we start. */
+static ssize_t recv_with_fds(struct chan_conn *c, void *p, size_t len)
+{
+    union {
+        struct cmsghdr h;
+        char b[CMSG_SPACE(CHAN_CONN_MAX_FDS * sizeof(int))];
+    } ctl;
+    struct iovec iov = {.iov_base = p, .iov_len = len};
+    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.b,
+                       .msg_controllen = sizeof ctl.b};
+    bool at_start = !c->first_done && !c->active && c->hdr_got == 0;
+    ssize_t n = recvmsg(c->fd, &m, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+    if (n < 0)
+        return n;
+    for (struct cmsghdr *h = CMSG_FIRSTHDR(&m); h; h = CMSG_NXTHDR(&m, h)) {
+        if (h->cmsg_level != SOL_SOCKET || h->cmsg_type != SCM_RIGHTS)
+            continue;
+        size_t nfd = (h->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < nfd; i++) {
+            int fd;
+            memcpy(&fd, CMSG_DATA(h) + i * sizeof(int), sizeof fd);
+            if (at_start && nfd == 1 && c->fd_pending < 0)
+                c->fd_pending = fd;
+            else
+                close(fd);
+        }
+    }
+    return n;
+}
+
+/* A header arrived: decode it and let the handler decide, before any of its
+ * body is read, whether the message may come and where it goes. 0, or a
+ * chan_conn_read error. */
+static int begin_message(struct chan_conn *c)
+{
+    enum chan_type type;
+    uint32_t len;
+    int r = chan_hdr_decode(c->hdr, CHAN_HDR_LEN, CHAN_MAX_MESSAGE_BYTES, &type, &len);
+    c->hdr_got = 0;
+    if (r <= 0)
+        return r == -EMSGSIZE ? -EMSGSIZE : -EBADMSG;
+    c->msg = (struct chan_msg){.type = type, .len = len, .first = !c->first_done, .fd = -1};
+    struct buf *into = NULL;
+    if (c->h->on_begin(c->ud, &c->msg, &into) < 0)
+        return -ECANCELED;
+    c->into = into;
+    c->msg.dropped = into == NULL;
+    c->got = 0;
+    c->active = true;
+    return 0;
+}
+
+/* The whole body is in: hand it over, with the first message's fd. The
+ * on_end result. */
+static int end_message(struct chan_conn *c)
+{
+    c->msg.fd = c->fd_pending;
+    c->fd_pending = -1;
+    c->first_done = true;
+    c->active = false;
+    c->into = NULL;
+    return c->h->on_end(c->ud, &c->msg);
+}
+
+int chan_conn_read(struct chan_conn *c)
+{
+    static uint8_t scratch[64 * KiB]; /* dropped bodies (one thread) */
+    size_t budget = CHAN_CONN_READ_BUDGET;
+    while (budget > 0 && c->fd >= 0) {
+        ssize_t n;
+        if (!c->active) {
+            n = recv_with_fds(c, c->hdr + c->hdr_got, CHAN_HDR_LEN - c->hdr_got);
+            if (n > 0) {
+                budget -= (size_t)n;
+                c->hdr_got += (size_t)n;
+                if (c->hdr_got < CHAN_HDR_LEN)
+                    continue;
+                int r = begin_message(c);
+                if (r < 0)
+                    return r;
+                if (c->msg.len > 0)
+                    continue;
+            }
+        } else {
+            size_t want = c->msg.len - c->got;
+            if (want > budget)
+                want = budget;
+            uint8_t *to = c->msg.dropped ? scratch : c->into->data + c->into->len;
+            if (c->msg.dropped && want > sizeof scratch)
+                want = sizeof scratch;
+            n = recv_with_fds(c, to, want);
+            if (n > 0) {
+                budget -= (size_t)n;
+                c->got += (uint32_t)n;
+                if (!c->msg.dropped) {
+                    c->into->len += (size_t)n; /* into the room reserved at the header */
+                    if (c->h->on_data(c->ud, &c->msg) < 0)
+                        return -ECANCELED;
+                }
+            }
+        }
+        if (n < 0)
+            return (errno == EAGAIN || errno == EINTR) ? 0 : -EPIPE;
+        if (n == 0)
+            return -EPIPE;
+        if (c->active && c->got < c->msg.len)
+            continue;
+        int r = end_message(c);
+        if (r < 0)
+            return -ECANCELED;
+        if (r > 0)
+            return 0;
+    }
+    return 0;
+}

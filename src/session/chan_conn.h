@@ -1,0 +1,85 @@
+/* The supervisor's end of one sandbox's channel (proto/chan.h envelopes over
+ * a SOCK_STREAM socketpair): the counterpart of net/ws.h's ws_conn. Runs in
+ * the supervisor.
+ *
+ * It owns bytes, envelopes and fds: the outgoing queue (envelopes written
+ * without blocking), the reassembly of incoming envelope headers, the read
+ * budget per wakeup, reading a body into the room its handler reserved (or
+ * dropping it unread), and the one fd a sandbox may pass (its seccomp
+ * listener, attached to the first byte of its first message; every other fd
+ * is closed on arrival). What a message means, whether it may come in the
+ * turn's state, and how large it may be are its handler's (session.c): the
+ * handler decides at the header, before any body byte is read. */
+#pragma once
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/budget.h"
+#include "core/buf.h"
+#include "proto/chan.h"
+
+#define CHAN_CONN_READ_BUDGET (256 * KiB) /* bytes read from a sandbox per wakeup */
+#define CHAN_CONN_MAX_FDS 8 /* fds taken (and closed) per read; the kernel drops the rest */
+
+struct chan_conn;
+
+/* The message being read. */
+struct chan_msg {
+    enum chan_type type;
+    uint32_t len;  /* its body's length, as announced */
+    bool first;    /* the sandbox's first message */
+    bool dropped;  /* its body is read and dropped (on_begin gave no buffer) */
+    int fd;        /* on_end only: the fd sent with the first message, or -1;
+                      owned by on_end */
+};
+
+struct chan_conn_handlers {
+    /* A header arrived (its length within CHAN_MAX_MESSAGE_BYTES). Return 0
+     * with *into a buffer holding room for m->len more bytes (the body is
+     * appended to it), or with *into NULL to read the body and drop it; or
+     * -1 after ending the turn (reading stops). */
+    int (*on_begin)(void *ud, const struct chan_msg *m, struct buf **into);
+    /* More of a kept body is in *into: 0, or -1 after ending the turn. */
+    int (*on_data)(void *ud, const struct chan_msg *m);
+    /* The whole body is in (or was dropped). Return 0 to read on, 1 to stop
+     * reading for this wakeup (backpressure, a check that needs more loop
+     * rounds), -1 after ending the turn. */
+    int (*on_end)(void *ud, struct chan_msg *m);
+};
+
+/* fd (borrowed) may be -1 until the sandbox exists: what is queued waits.
+ * Queued bytes are charged to budget (borrowed). NULL on ENOMEM. */
+struct chan_conn *chan_conn_new(int fd, struct budget *budget, const struct chan_conn_handlers *h,
+                                void *ud);
+/* The sandbox is there: its end of the channel (borrowed). */
+void chan_conn_set_fd(struct chan_conn *c, int fd);
+/* The sandbox is gone: drop what is queued, a pending fd (closed) and a
+ * partly read message, and forget the fd (reading stops). Safe from inside
+ * a handler; idempotent; NULL is fine. */
+void chan_conn_close(struct chan_conn *c);
+/* chan_conn_close, then free. NULL is fine. */
+void chan_conn_free(struct chan_conn *c);
+
+/* Queue one envelope whose body is *body, taken over (no copy; consumed on
+ * error too). 0, -EMSGSIZE (over CHAN_MAX_MESSAGE_BYTES), -ENOMEM or the
+ * budget's error. */
+int chan_conn_send(struct chan_conn *c, enum chan_type type, struct buf *body);
+/* Queue one envelope whose body is head, msg[off..off+len), tail: head and
+ * tail are copied, the slice is sent from msg, which is consumed (error or
+ * not). Errors as chan_conn_send. */
+int chan_conn_send_around(struct chan_conn *c, enum chan_type type, const struct buf *head,
+                          struct buf *msg, size_t off, size_t len, const struct buf *tail);
+/* Write what is queued: 0 when all of it went or the socket is full,
+ * -EPIPE when the sandbox is gone. */
+int chan_conn_flush(struct chan_conn *c);
+/* Bytes queued and not yet written (0 for NULL). */
+size_t chan_conn_queued(const struct chan_conn *c);
+
+/* Read what the sandbox sent, at most CHAN_CONN_READ_BUDGET bytes, calling
+ * the handlers. 0 to continue (the socket is drained, the budget is spent
+ * or on_end asked to stop); -EPIPE: end of file or a socket error (the
+ * sandbox's end is closed); -EMSGSIZE: a header announced more than
+ * CHAN_MAX_MESSAGE_BYTES; -EBADMSG: an unknown envelope type; -ECANCELED: a
+ * handler ended the turn (it may have closed c, not freed it). */
+int chan_conn_read(struct chan_conn *c);
