@@ -135,28 +135,9 @@ static int count_threads(void)
 
 static int send_reply(int ctl_fd, const struct fs_reply *rep, int chan_fd, int pidfd)
 {
-    union {
-        char buf[CMSG_SPACE(2 * sizeof(int))];
-        struct cmsghdr align;
-    } cbuf;
-    struct iovec iov = {.iov_base = (void *)rep, .iov_len = sizeof *rep};
-    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
-    if (rep->status == 0) {
-        memset(&cbuf, 0, sizeof cbuf);
-        msg.msg_control = cbuf.buf;
-        msg.msg_controllen = sizeof cbuf.buf;
-        struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
-        c->cmsg_level = SOL_SOCKET;
-        c->cmsg_type = SCM_RIGHTS;
-        c->cmsg_len = CMSG_LEN(2 * sizeof(int));
-        int fds[2] = {chan_fd, pidfd};
-        memcpy(CMSG_DATA(c), fds, sizeof fds);
-    }
-    ssize_t n;
-    do
-        n = sendmsg(ctl_fd, &msg, MSG_NOSIGNAL);
-    while (n < 0 && errno == EINTR);
-    return n < 0 ? -errno : 0;
+    const int fds[2] = {chan_fd, pidfd};
+    ssize_t n = fd_send(ctl_fd, rep, sizeof *rep, fds, rep->status == 0 ? 2 : 0, 0);
+    return n < 0 ? (int)n : 0;
 }
 
 static int kids_reserve(struct forkserver *fsv)
@@ -211,26 +192,7 @@ _Noreturn static void shutdown_all(struct forkserver *fsv, int code);
 static void placer_send(struct forkserver *fsv, const struct placer_req *reqp, int go_fd)
 {
     struct placer_req req = *reqp;
-    union {
-        char buf[CMSG_SPACE(sizeof(int))];
-        struct cmsghdr align;
-    } cbuf;
-    struct iovec iov = {.iov_base = &req, .iov_len = sizeof req};
-    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
-    if (go_fd >= 0) {
-        memset(&cbuf, 0, sizeof cbuf);
-        msg.msg_control = cbuf.buf;
-        msg.msg_controllen = sizeof cbuf.buf;
-        struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
-        c->cmsg_level = SOL_SOCKET;
-        c->cmsg_type = SCM_RIGHTS;
-        c->cmsg_len = CMSG_LEN(sizeof(int));
-        memcpy(CMSG_DATA(c), &go_fd, sizeof go_fd);
-    }
-    ssize_t n;
-    do
-        n = sendmsg(fsv->placer_fd, &msg, MSG_NOSIGNAL);
-    while (n < 0 && errno == EINTR);
+    ssize_t n = fd_send(fsv->placer_fd, &req, sizeof req, &go_fd, go_fd >= 0 ? 1 : 0, 0);
     if (n != (ssize_t)sizeof req) {
         PLOG_E("the cgroup helper is gone");
         if (go_fd >= 0)

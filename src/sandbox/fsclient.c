@@ -277,40 +277,18 @@ int fs_client_request(struct fs_client *fs, uint64_t turn_id)
 int fs_client_reply(struct fs_client *fs, struct fs_reply *rep, int *chan_fd, int *pidfd)
 {
     *chan_fd = *pidfd = -1;
-    union {
-        char buf[CMSG_SPACE(2 * sizeof(int))];
-        struct cmsghdr align;
-    } cbuf;
-    struct iovec iov = {.iov_base = rep, .iov_len = sizeof *rep};
-    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf.buf,
-                         .msg_controllen = sizeof cbuf.buf};
-    ssize_t n;
-    do
-        n = recvmsg(fs->ctl_fd, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-    while (n < 0 && errno == EINTR);
+    int fds[2] = {-1, -1}, flags;
+    size_t nfds;
+    ssize_t n = fd_recv(fs->ctl_fd, rep, sizeof *rep, fds, 2, &nfds, MSG_DONTWAIT, &flags);
     if (n < 0)
-        return errno == EWOULDBLOCK ? 0 : -errno;
+        return n == -EAGAIN ? 0 : (int)n;
     if (n == 0)
         return -EPIPE; /* the fork server is gone */
 
-    int fds[2] = {-1, -1}, nfds = 0;
-    for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
-        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
-            continue;
-        size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-        for (size_t i = 0; i < k; i++) {
-            int fd;
-            memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
-            if (nfds < 2)
-                fds[nfds++] = fd;
-            else
-                close(fd);
-        }
-    }
-    bool ok = (size_t)n == sizeof *rep && !(msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) &&
+    bool ok = (size_t)n == sizeof *rep && !(flags & (MSG_TRUNC | MSG_CTRUNC)) &&
               (rep->kind == FS_REPLY_DEATH ? nfds == 0 : rep->status != 0 || nfds == 2);
     if (!ok || rep->status != 0 || rep->kind == FS_REPLY_DEATH) {
-        for (int i = 0; i < nfds; i++)
+        for (size_t i = 0; i < nfds; i++)
             close(fds[i]);
         return ok ? 1 : -EPROTO;
     }

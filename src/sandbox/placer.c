@@ -57,15 +57,10 @@ _Noreturn void placer_main(const struct config *cfg, struct sbx_cgroups *cg, int
             }
         }
         struct placer_req req;
-        union {
-            char buf[CMSG_SPACE(sizeof(int))];
-            struct cmsghdr align;
-        } cbuf;
-        struct iovec iov = {.iov_base = &req, .iov_len = sizeof req};
-        struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf.buf,
-                             .msg_controllen = sizeof cbuf.buf};
-        ssize_t n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
-        if (n < 0 && errno == EINTR)
+        int fds[1] = {-1};
+        size_t nfds;
+        ssize_t n = fd_recv(fd, &req, sizeof req, fds, 1, &nfds, 0, NULL);
+        if (n == -EINTR)
             continue;
         if (n <= 0) {
             /* The fork server is gone or done: its sandboxes are dead
@@ -73,11 +68,7 @@ _Noreturn void placer_main(const struct config *cfg, struct sbx_cgroups *cg, int
             cgroups_free(cg);
             _exit(0);
         }
-        int go_fd = -1;
-        struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
-        if (c && c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS &&
-            c->cmsg_len == CMSG_LEN(sizeof(int)))
-            memcpy(&go_fd, CMSG_DATA(c), sizeof go_fd);
+        int go_fd = nfds == 1 ? fds[0] : -1;
         if ((size_t)n != sizeof req || req.pid <= 0) {
             if (go_fd >= 0)
                 close(go_fd);

@@ -28,6 +28,7 @@
 
 #include "core/cleanup.h"
 #include "core/limits.h"
+#include "core/util.h"
 #include "proto/chan.h"
 #include "sandbox/arch.h"
 #include "sandbox/caps.h"
@@ -329,25 +330,9 @@ static int send_listener(int chan_fd, int listener)
 {
     uint8_t hdr[CHAN_HDR_LEN];
     chan_hdr_encode(hdr, CHAN_NOTIFY, 0);
-    union {
-        struct cmsghdr h;
-        char b[CMSG_SPACE(sizeof(int))];
-    } ctl;
-    memset(&ctl, 0, sizeof ctl);
-    struct iovec iov = {.iov_base = hdr, .iov_len = sizeof hdr};
-    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.b,
-                       .msg_controllen = sizeof ctl.b};
-    struct cmsghdr *c = CMSG_FIRSTHDR(&m);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    memcpy(CMSG_DATA(c), &listener, sizeof(int));
-    ssize_t n;
-    do
-        n = sendmsg(chan_fd, &m, MSG_NOSIGNAL);
-    while (n < 0 && errno == EINTR);
+    ssize_t n = fd_send(chan_fd, hdr, sizeof hdr, &listener, 1, 0);
     if (n < 0)
-        return -errno;
+        return (int)n;
     return n == (ssize_t)sizeof hdr ? 0 : -EIO; /* 8 bytes on an empty stream socket */
 }
 

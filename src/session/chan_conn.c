@@ -13,6 +13,7 @@
 #include "core/cleanup.h"
 #include "core/limits.h"
 #include "core/outq.h"
+#include "core/util.h"
 
 struct chan_conn {
     int fd;                           /* borrowed: the sandbox's channel, -1 */
@@ -126,29 +127,19 @@ size_t chan_conn_queued(const struct chan_conn *c)
  * MSG_CMSG_CLOEXEC: none may leak into a process we start. */
 static ssize_t recv_with_fds(struct chan_conn *c, void *p, size_t len)
 {
-    union {
-        struct cmsghdr h;
-        char b[CMSG_SPACE(CHAN_CONN_MAX_FDS * sizeof(int))];
-    } ctl;
-    struct iovec iov = {.iov_base = p, .iov_len = len};
-    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.b,
-                       .msg_controllen = sizeof ctl.b};
+    int fds[CHAN_CONN_MAX_FDS];
+    size_t nfds;
     bool at_start = !c->first_done && !c->active && c->hdr_got == 0;
-    ssize_t n = recvmsg(c->fd, &m, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
-    if (n < 0)
-        return n;
-    for (struct cmsghdr *h = CMSG_FIRSTHDR(&m); h; h = CMSG_NXTHDR(&m, h)) {
-        if (h->cmsg_level != SOL_SOCKET || h->cmsg_type != SCM_RIGHTS)
-            continue;
-        size_t nfd = (h->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-        for (size_t i = 0; i < nfd; i++) {
-            int fd;
-            memcpy(&fd, CMSG_DATA(h) + i * sizeof(int), sizeof fd);
-            if (at_start && nfd == 1 && c->fd_pending < 0)
-                c->fd_pending = fd;
-            else
-                close(fd);
-        }
+    ssize_t n = fd_recv(c->fd, p, len, fds, CHAN_CONN_MAX_FDS, &nfds, MSG_DONTWAIT, NULL);
+    if (n < 0) {
+        errno = (int)-n;
+        return -1;
+    }
+    for (size_t i = 0; i < nfds; i++) {
+        if (at_start && nfds == 1 && c->fd_pending < 0)
+            c->fd_pending = fds[i];
+        else
+            close(fds[i]);
     }
     return n;
 }
