@@ -17,6 +17,7 @@
 
 #include "core/cleanup.h"
 #include "core/limits.h"
+#include "core/util.h"
 #include "proto/chan.h"
 #include "pyrt/pyrt_embedded.h"
 #include "pyrt/pyrt_int.h"
@@ -34,18 +35,6 @@ struct pyrt_state g_pyrt = {
     .send_lock = PTHREAD_MUTEX_INITIALIZER,
 };
 
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (!err || !errlen)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
-
 /* Describe the pending Python exception in err, print its traceback to
  * stderr (the fork server's log) and clear it. */
 static void set_py_err(char *err, size_t errlen, const char *what)
@@ -61,7 +50,7 @@ static void set_py_err(char *err, size_t errlen, const char *what)
         PyErr_Clear();
         text = "unprintable error";
     }
-    set_err(err, errlen, "%s: %s: %s", what,
+    (void)err_fmt(err, errlen, 0, "%s: %s: %s", what,
             type ? ((PyTypeObject *)type)->tp_name : "?", text);
     Py_XDECREF(s);
     PyErr_Restore(type, value, tb);
@@ -147,7 +136,7 @@ static int thread_count(void)
 int pyrt_init(const struct config *cfg, char *err, size_t errlen)
 {
     if (Py_IsInitialized()) {
-        set_err(err, errlen, "pyrt_init: the interpreter is already initialised");
+        (void)err_fmt(err, errlen, 0, "pyrt_init: the interpreter is already initialised");
         return -1;
     }
     g_pyrt.output_cap = cfg->output_cap ? cfg->output_cap : OUTPUT_DEFAULT_CAP;
@@ -165,7 +154,7 @@ int pyrt_init(const struct config *cfg, char *err, size_t errlen)
         g_pyrt.output_cap = CHAN_MAX_MESSAGE_BYTES / 16;
 
     if (PyImport_AppendInittab("_forkbox", pyrt_module_init) < 0) {
-        set_err(err, errlen, "pyrt_init: cannot register the _forkbox module");
+        (void)err_fmt(err, errlen, 0, "pyrt_init: cannot register the _forkbox module");
         return -1;
     }
 
@@ -176,7 +165,7 @@ int pyrt_init(const struct config *cfg, char *err, size_t errlen)
     pre.utf8_mode = 1;
     PyStatus st = Py_PreInitialize(&pre);
     if (PyStatus_Exception(st)) {
-        set_err(err, errlen, "pyrt_init: pre-initialisation: %s",
+        (void)err_fmt(err, errlen, 0, "pyrt_init: pre-initialisation: %s",
                 st.err_msg ? st.err_msg : "failed");
         return -1;
     }
@@ -202,7 +191,7 @@ int pyrt_init(const struct config *cfg, char *err, size_t errlen)
         st = Py_InitializeFromConfig(&pc);
     PyConfig_Clear(&pc);
     if (PyStatus_Exception(st)) {
-        set_err(err, errlen, "pyrt_init: %s%s%s", st.func ? st.func : "",
+        (void)err_fmt(err, errlen, 0, "pyrt_init: %s%s%s", st.func ? st.func : "",
                 st.func ? ": " : "", st.err_msg ? st.err_msg : "initialisation failed");
         return -1;
     }
@@ -246,7 +235,7 @@ int pyrt_init(const struct config *cfg, char *err, size_t errlen)
      * started a thread (a BLAS pool, say) would break every turn. */
     int n = thread_count();
     if (n > 1) {
-        set_err(err, errlen, "pyrt_init: %d threads running after the preloads; "
+        (void)err_fmt(err, errlen, 0, "pyrt_init: %d threads running after the preloads; "
                 "the fork server must stay single-threaded", n);
         return -1;
     }

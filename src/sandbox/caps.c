@@ -15,12 +15,7 @@
 #include <sys/capability.h>
 #include <sys/prctl.h>
 
-static int fail(char *what, size_t whatlen, const char *step)
-{
-    int e = errno ? errno : EINVAL;
-    snprintf(what, whatlen, "%s", step);
-    return -e;
-}
+#include "core/util.h"
 
 /* cap_last_cap from the running kernel, not the headers we were built with:
  * a newer kernel may know capabilities our libcap does not. */
@@ -33,7 +28,7 @@ static int last_cap(void)
     return last;
 }
 
-int caps_drop_all(char *what, size_t whatlen)
+int caps_drop_all(char *err, size_t errlen)
 {
     int last = last_cap();
 
@@ -41,10 +36,10 @@ int caps_drop_all(char *what, size_t whatlen)
      * which the last step below removes. */
     for (int c = 0; c <= last; c++) {
         if (prctl(PR_CAPBSET_DROP, (unsigned long)c, 0, 0, 0) < 0 && errno != EINVAL)
-            return fail(what, whatlen, "PR_CAPBSET_DROP");
+            return err_errno(err, errlen, "PR_CAPBSET_DROP");
     }
     if (prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) < 0)
-        return fail(what, whatlen, "PR_CAP_AMBIENT_CLEAR_ALL");
+        return err_errno(err, errlen, "PR_CAP_AMBIENT_CLEAR_ALL");
 
     /* Also needs CAP_SETPCAP. KEEP_CAPS stays off (its bit clear) and locked. */
     unsigned long bits = SECBIT_NOROOT | SECBIT_NOROOT_LOCKED |
@@ -52,23 +47,23 @@ int caps_drop_all(char *what, size_t whatlen)
                          SECBIT_KEEP_CAPS_LOCKED |
                          SECBIT_NO_CAP_AMBIENT_RAISE | SECBIT_NO_CAP_AMBIENT_RAISE_LOCKED;
     if (prctl(PR_SET_SECUREBITS, bits, 0, 0, 0) < 0)
-        return fail(what, whatlen, "PR_SET_SECUREBITS");
+        return err_errno(err, errlen, "PR_SET_SECUREBITS");
 
     cap_t empty = cap_init(); /* all three sets clear */
     if (!empty)
-        return fail(what, whatlen, "cap_init");
+        return err_errno(err, errlen, "cap_init");
     int r = cap_set_proc(empty);
     int e = errno;
     cap_free(empty);
     if (r < 0) {
         errno = e;
-        return fail(what, whatlen, "cap_set_proc");
+        return err_errno(err, errlen, "cap_set_proc");
     }
 
     /* Last: execve() can no longer add privilege (setuid bits, file caps),
      * and seccomp can be installed without CAP_SYS_ADMIN. */
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
-        return fail(what, whatlen, "PR_SET_NO_NEW_PRIVS");
+        return err_errno(err, errlen, "PR_SET_NO_NEW_PRIVS");
     return 0;
 }
 

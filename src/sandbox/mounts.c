@@ -59,6 +59,7 @@
 #include <unistd.h>
 
 #include "core/cleanup.h"
+#include "core/util.h"
 #include "core/limits.h"
 
 #define OP_PATH_MAX 320
@@ -208,17 +209,6 @@ struct mount_plan {
     struct proc_cover covers[PROC_ENTRIES_MAX]; /* in order; the child binds them */
     size_t n_covers;
 };
-
-static int perr(char *err, size_t errlen, int e, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static int perr(char *err, size_t errlen, int e, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-    return -e;
-}
 
 static struct mount_op *add(struct mount_plan *mp, enum mop_kind kind, const char *src,
                             const char *dst)
@@ -430,13 +420,13 @@ static int check_tools_dir(const char *p, char *err, size_t errlen)
 {
     const char *base = strrchr(p, '/');
     if (!path_clean(p) || !base || strcmp(base + 1, "tools") != 0)
-        return perr(err, errlen, EINVAL,
+        return err_fmt(err, errlen, -EINVAL,
                     "tools dir %s: must be a clean absolute path ending in /tools", p);
     for (size_t i = 0; i < sizeof reserved_dirs / sizeof *reserved_dirs; i++)
         if (path_under(p, reserved_dirs[i]))
-            return perr(err, errlen, EINVAL, "tools dir %s: inside %s", p, reserved_dirs[i]);
+            return err_fmt(err, errlen, -EINVAL, "tools dir %s: inside %s", p, reserved_dirs[i]);
     if (path_under(p, "/usr"))
-        return perr(err, errlen, EINVAL, "tools dir %s: inside /usr", p);
+        return err_fmt(err, errlen, -EINVAL, "tools dir %s: inside /usr", p);
     return 0;
 }
 
@@ -558,7 +548,7 @@ static int plan_proc(const struct config *cfg, struct mount_plan *mp, char *err,
         char host[sizeof "/proc/" + sizeof c->target];
         struct stat st;
         if (snprintf(c->target, sizeof c->target, "%s", e->path) >= (int)sizeof c->target) {
-            r = perr(err, errlen, ENAMETOOLONG, "plan /proc/%s", e->path);
+            r = err_fmt(err, errlen, -ENAMETOOLONG, "plan /proc/%s", e->path);
             break;
         }
         snprintf(host, sizeof host, "/proc/%s", c->target);
@@ -572,7 +562,7 @@ static int plan_proc(const struct config *cfg, struct mount_plan *mp, char *err,
             char *text = proc_text(e->path, &f);
             if (!text || add_file(mp, c->source, text) < 0) {
                 free(text);
-                r = perr(err, errlen, ENOMEM, "plan %s", c->source);
+                r = err_fmt(err, errlen, -ENOMEM, "plan %s", c->source);
                 break;
             }
             mp->ops[mp->n - 1].owned = text;
@@ -586,11 +576,11 @@ static int plan_proc(const struct config *cfg, struct mount_plan *mp, char *err,
         }
     }
     if (r == 0 && need_file && add_file(mp, PROC_SRC "/" PROC_EMPTY_FILE_NAME, "") < 0)
-        r = perr(err, errlen, ENOMEM, "plan the empty file");
+        r = err_fmt(err, errlen, -ENOMEM, "plan the empty file");
     if (r == 0 && need_file)
         mp->ops[mp->n - 1].mode = 0444;
     if (r == 0 && need_dir && add_dir(mp, PROC_SRC "/" PROC_EMPTY_DIR_NAME, 0555) < 0)
-        r = perr(err, errlen, ENOMEM, "plan the empty directory");
+        r = err_fmt(err, errlen, -ENOMEM, "plan the empty directory");
     free(f.cpuinfo);
     return r;
 }
@@ -603,13 +593,13 @@ int mounts_prepare(const struct config *cfg, struct mount_plan **out, char *err,
 
     struct mount_plan *mp = calloc(1, sizeof *mp);
     if (!mp)
-        return perr(err, errlen, ENOMEM, "out of memory");
+        return err_fmt(err, errlen, -ENOMEM, "out of memory");
 
 #define TRY(expr, ...)                                   \
     do {                                                 \
         r = (expr);                                      \
         if (r < 0) {                                     \
-            perr(err, errlen, -r, __VA_ARGS__);          \
+            err_fmt(err, errlen, r, __VA_ARGS__);          \
             goto fail;                                   \
         }                                                \
     } while (0)
@@ -664,7 +654,7 @@ int mounts_prepare(const struct config *cfg, struct mount_plan **out, char *err,
             r = add_host_entry(mp, path);
             if (r < 0) {
                 closedir(d);
-                perr(err, errlen, -r, "%s: %s", path, strerror(-r));
+                err_fmt(err, errlen, r, "%s: %s", path, strerror(-r));
                 goto fail;
             }
         }
@@ -883,13 +873,13 @@ int mounts_build(const struct config *cfg, const struct mount_plan *mp, char *er
                  size_t errlen)
 {
     if (unshare(CLONE_NEWNS) < 0)
-        return perr(err, errlen, errno, "unshare(CLONE_NEWNS): %s", strerror(errno));
+        return err_fmt(err, errlen, -errno, "unshare(CLONE_NEWNS): %s", strerror(errno));
     if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
-        return perr(err, errlen, errno, "make-rprivate /: %s", strerror(errno));
+        return err_fmt(err, errlen, -errno, "make-rprivate /: %s", strerror(errno));
 
     int *tree = malloc((mp->n ? mp->n : 1) * sizeof *tree);
     if (!tree)
-        return perr(err, errlen, ENOMEM, "out of memory");
+        return err_fmt(err, errlen, -ENOMEM, "out of memory");
     for (size_t i = 0; i < mp->n; i++)
         tree[i] = -1;
     int r = 0, root = -1;
@@ -903,26 +893,26 @@ int mounts_build(const struct config *cfg, const struct mount_plan *mp, char *er
             continue;
         tree[i] = open_tree(AT_FDCWD, op->src, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
         if (tree[i] < 0) {
-            r = perr(err, errlen, errno, "open_tree %s: %s", op->src, strerror(errno));
+            r = err_fmt(err, errlen, -errno, "open_tree %s: %s", op->src, strerror(errno));
             break;
         }
         struct mount_attr ro = {.attr_set = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID |
                                             MOUNT_ATTR_NODEV};
         if (op->kind == MOP_BIND_RO &&
             mount_setattr(tree[i], "", AT_EMPTY_PATH, &ro, sizeof ro) < 0)
-            r = perr(err, errlen, errno, "read-only %s: %s", op->src, strerror(errno));
+            r = err_fmt(err, errlen, -errno, "read-only %s: %s", op->src, strerror(errno));
     }
     if (r < 0)
         goto out;
 
     if (mount("tmpfs", ROOT_AT, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
               "mode=0755,size=4m,nr_inodes=4096") < 0) {
-        r = perr(err, errlen, errno, "mount the root tmpfs on " ROOT_AT ": %s", strerror(errno));
+        r = err_fmt(err, errlen, -errno, "mount the root tmpfs on " ROOT_AT ": %s", strerror(errno));
         goto out;
     }
     root = open(ROOT_AT, O_PATH | O_DIRECTORY | O_CLOEXEC);
     if (root < 0) {
-        r = perr(err, errlen, errno, "open " ROOT_AT ": %s", strerror(errno));
+        r = err_fmt(err, errlen, -errno, "open " ROOT_AT ": %s", strerror(errno));
         goto out;
     }
     /* The mountpoints of what every sandbox mounts for itself. */
@@ -933,22 +923,22 @@ int mounts_build(const struct config *cfg, const struct mount_plan *mp, char *er
                   {"proc", 0555}};
     for (size_t i = 0; i < sizeof points / sizeof *points; i++)
         if (make_dir(root, points[i].path, points[i].mode) < 0) {
-            r = perr(err, errlen, errno, "mkdir %s: %s", points[i].path, strerror(errno));
+            r = err_fmt(err, errlen, -errno, "mkdir %s: %s", points[i].path, strerror(errno));
             goto out;
         }
     if (mkdir_p(root, cfg->tools_dir + 1, 0755) < 0) {
-        r = perr(err, errlen, errno, "mkdir %s: %s", cfg->tools_dir, strerror(errno));
+        r = err_fmt(err, errlen, -errno, "mkdir %s: %s", cfg->tools_dir, strerror(errno));
         goto out;
     }
     for (size_t i = 0; i < mp->n; i++)
         if (build_op(root, &mp->ops[i], tree[i]) < 0) {
-            r = perr(err, errlen, errno, "%s: %s", mp->ops[i].dst, strerror(errno));
+            r = err_fmt(err, errlen, -errno, "%s: %s", mp->ops[i].dst, strerror(errno));
             goto out;
         }
     /* Read-only for good: the superblock and our mount of it. */
     if (mount(NULL, ROOT_AT, NULL, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
               NULL) < 0) {
-        r = perr(err, errlen, errno, "remount the root read-only: %s", strerror(errno));
+        r = err_fmt(err, errlen, -errno, "remount the root read-only: %s", strerror(errno));
         goto out;
     }
     prune_host_mounts(ROOT_AT);
@@ -962,14 +952,7 @@ out:
     return r;
 }
 
-/* --- child side: no allocation, no stdio beyond snprintf into what --- */
-
-static int cfail(char *what, size_t whatlen, const char *op, const char *path)
-{
-    int e = errno ? errno : EIO;
-    snprintf(what, whatlen, "%s %s", op, path);
-    return -e;
-}
+/* --- child side: no allocation, no stdio beyond formatting into err --- */
 
 /* A tmpfs on path; options are "mode=...,size=...". */
 static int tmpfs_on(const char *path, uint64_t size, uint64_t inodes)
@@ -986,7 +969,7 @@ static int tmpfs_on(const char *path, uint64_t size, uint64_t inodes)
 
 /* The scratch tmpfs, mounted on /proc for now: its three directories bound
  * at /workspace, /tmp and /dev/shm. */
-static int scratch_binds(const struct config *cfg, char *what, size_t whatlen)
+static int scratch_binds(const struct config *cfg, char *err, size_t errlen)
 {
     static const struct {
         const char *src, *dst;
@@ -999,7 +982,7 @@ static int scratch_binds(const struct config *cfg, char *what, size_t whatlen)
     for (size_t i = 0; i < sizeof scratch / sizeof *scratch; i++)
         /* chmod after mkdir: the umask must not eat the sticky bit. */
         if (mkdir(scratch[i].src, 0700) < 0 || chmod(scratch[i].src, scratch[i].mode) < 0)
-            return cfail(what, whatlen, "mkdir", scratch[i].src);
+            return err_errno(err, errlen, "mkdir %s", scratch[i].src);
     /* A site dir under /tmp is in the root at /tmp/..., which the scratch is
      * about to cover: bind it again inside the scratch's tmp (hence the
      * recursive binds below). */
@@ -1011,11 +994,11 @@ static int scratch_binds(const struct config *cfg, char *what, size_t whatlen)
         snprintf(in_scratch, sizeof in_scratch, "/proc%s", p);
         if (mkdir_p(AT_FDCWD, in_scratch, 0755) < 0 ||
             mount(p, in_scratch, NULL, MS_BIND, NULL) < 0)
-            return cfail(what, whatlen, "bind site dir", p);
+            return err_errno(err, errlen, "bind site dir %s", p);
     }
     for (size_t i = 0; i < sizeof scratch / sizeof *scratch; i++)
         if (mount(scratch[i].src, scratch[i].dst, NULL, MS_BIND | MS_REC, NULL) < 0)
-            return cfail(what, whatlen, "bind", scratch[i].dst);
+            return err_errno(err, errlen, "bind %s", scratch[i].dst);
     return 0;
 }
 
@@ -1026,51 +1009,51 @@ static int scratch_binds(const struct config *cfg, char *what, size_t whatlen)
 /* 6b. Cover the host-wide files of our fresh proc, mounted at PROC_TMP, with
  * the replacements the fork server made (proc_entries): a bind each, of a
  * file of the read-only root, so read-only too. */
-static int proc_covers(const struct mount_plan *mp, char *what, size_t whatlen)
+static int proc_covers(const struct mount_plan *mp, char *err, size_t errlen)
 {
     for (size_t i = 0; i < mp->n_covers; i++) {
         const struct proc_cover *c = &mp->covers[i];
         char to[sizeof PROC_TMP + sizeof c->target];
         snprintf(to, sizeof to, PROC_TMP "/%s", c->target);
         if (mount(c->source, to, NULL, MS_BIND, NULL) < 0)
-            return cfail(what, whatlen, "cover in /proc:", c->target);
+            return err_errno(err, errlen, "cover in /proc: %s", c->target);
     }
     return 0;
 }
 
 int mounts_enter(const struct config *cfg, const struct mount_plan *mp, int *tools_fd,
-                 char *what, size_t whatlen)
+                 char *err, size_t errlen)
 {
     *tools_fd = -1;
 
     /* 1. Our copy of the fork server's mounts is private already (it made
      * its namespace so); cheap insurance before mounting anything. */
     if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
-        return cfail(what, whatlen, "make-rprivate", "/");
+        return err_errno(err, errlen, "make-rprivate %s", "/");
 
     /* 2. A mount of the prepared root that is ours: the copy that came
      * with our namespace is locked to the old root (pivot_root refuses
      * it); a recursive bind brings its read-only binds along, still locked. */
     if (mount(ROOT_AT, ROOT_AT, NULL, MS_BIND | MS_REC, NULL) < 0)
-        return cfail(what, whatlen, "bind the root", ROOT_AT);
+        return err_errno(err, errlen, "bind the root %s", ROOT_AT);
 
     /* 3. pivot_root(".", "."): the old root ends up stacked on the new one,
      * until step 7; "/" and "." already resolve in the new root. */
     if (chdir(ROOT_AT) < 0)
-        return cfail(what, whatlen, "chdir", ROOT_AT);
+        return err_errno(err, errlen, "chdir %s", ROOT_AT);
     if (syscall(SYS_pivot_root, ".", ".") < 0)
-        return cfail(what, whatlen, "pivot_root", ROOT_AT);
+        return err_errno(err, errlen, "pivot_root %s", ROOT_AT);
 
     /* 4. One tmpfs for everything user code may write, so tmpfs_size bounds
      * the sum. /proc is the scratch's mountpoint until step 6 (the root is
      * read-only: it has no spare directory), then it is detached from there. */
     if (tmpfs_on("/proc", cfg->tmpfs_size, 0) < 0)
-        return cfail(what, whatlen, "mount tmpfs", "scratch");
-    int r = scratch_binds(cfg, what, whatlen);
+        return err_errno(err, errlen, "mount tmpfs %s", "scratch");
+    int r = scratch_binds(cfg, err, errlen);
     if (r < 0)
         return r;
     if (umount2("/proc", MNT_DETACH) < 0)
-        return cfail(what, whatlen, "detach", "scratch");
+        return err_errno(err, errlen, "detach %s", "scratch");
 
     /* 5. /tools: read-only for user code; the runtime extracts the tools
      * archive through the fd, then closes it, and the writable mount is
@@ -1078,10 +1061,10 @@ int mounts_enter(const struct config *cfg, const struct mount_plan *mp, int *too
     uint64_t tsize = cfg->max_unpacked ? cfg->max_unpacked + 4 * 1024 * 1024 : 0;
     uint64_t tinodes = cfg->max_members ? cfg->max_members + 64 : 0;
     if (tmpfs_on("/proc", tsize, tinodes) < 0)
-        return cfail(what, whatlen, "mount tmpfs", cfg->tools_dir);
+        return err_errno(err, errlen, "mount tmpfs %s", cfg->tools_dir);
     int fd = open("/proc", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0)
-        return cfail(what, whatlen, "open", cfg->tools_dir);
+        return err_errno(err, errlen, "open %s", cfg->tools_dir);
     if (mount("/proc", cfg->tools_dir, NULL, MS_BIND, NULL) < 0 ||
         mount(NULL, cfg->tools_dir, NULL,
               MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, NULL) < 0 ||
@@ -1089,7 +1072,7 @@ int mounts_enter(const struct config *cfg, const struct mount_plan *mp, int *too
         int e = errno;
         close(fd);
         errno = e;
-        return cfail(what, whatlen, "bind read-only", cfg->tools_dir);
+        return err_errno(err, errlen, "bind read-only %s", cfg->tools_dir);
     }
 
     /* 6. Our pid namespace's proc (the old root's proc, still in our
@@ -1103,11 +1086,11 @@ int mounts_enter(const struct config *cfg, const struct mount_plan *mp, int *too
         int e = errno;
         close(fd);
         errno = e;
-        return cfail(what, whatlen, "mount", "/proc");
+        return err_errno(err, errlen, "mount %s", "/proc");
     }
-    r = proc_covers(mp, what, whatlen);
+    r = proc_covers(mp, err, errlen);
     if (r == 0 && mount(PROC_TMP, "/proc", NULL, MS_MOVE, NULL) < 0)
-        r = cfail(what, whatlen, "move", "/proc");
+        r = err_errno(err, errlen, "move %s", "/proc");
     if (r < 0) {
         close(fd);
         return r;
@@ -1119,7 +1102,7 @@ int mounts_enter(const struct config *cfg, const struct mount_plan *mp, int *too
         int e = errno;
         close(fd);
         errno = e;
-        return cfail(what, whatlen, "detach", "the old root");
+        return err_errno(err, errlen, "detach %s", "the old root");
     }
     *tools_fd = fd;
     return 0;

@@ -53,11 +53,10 @@ enum sbx_step {
     SBX_STEP_INIT = 9,
 };
 
+/* What failed, for the step's log frame: -errno (-EIO if errno is 0). */
 static int set_what(struct sbx_state *st, const char *what)
 {
-    int e = errno ? errno : EIO;
-    snprintf(st->what, sizeof st->what, "%s", what);
-    return -e;
+    return err_errno(st->what, sizeof st->what, "%s", what);
 }
 
 /* --- habit 4: report a setup failure as a `log` frame, then _exit --- */

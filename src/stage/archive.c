@@ -47,6 +47,7 @@
 
 #include "core/cleanup.h"
 #include "core/limits.h"
+#include "core/util.h"
 #include "proto/tarcheck.h"
 
 /* Compressed bytes handed to libarchive per read callback. The callback is
@@ -68,20 +69,6 @@
 /* The largest size the ustar field holds the same way (8 GiB - 1): beyond
  * it libarchive adds a pax "size" record. --snapshot-max is far below. */
 #define SNAPSHOT_MAX_FILE 077777777777ULL
-
-static void set_msg(char *msg, size_t msg_len, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void set_msg(char *msg, size_t msg_len, const char *fmt, ...)
-{
-    va_list ap;
-
-    if (!msg || msg_len == 0)
-        return;
-    va_start(ap, fmt);
-    vsnprintf(msg, msg_len, fmt, ap);
-    va_end(ap);
-}
 
 static uint64_t sat_add(uint64_t a, uint64_t b)
 {
@@ -292,7 +279,7 @@ static int pwrite_all(int fd, const void *p, size_t n, off_t off)
  * that `*charged` bytes of this file were charged already. Holes count:
  * a sparse member cannot make a large file for free. */
 static int charge(struct extract_ctx *x, uint64_t *charged, uint64_t end,
-                  char *msg, size_t msg_len)
+                  char *err, size_t errlen)
 {
     uint64_t more;
 
@@ -300,7 +287,7 @@ static int charge(struct extract_ctx *x, uint64_t *charged, uint64_t end,
         return 0;
     more = end - *charged;
     if (more > x->lim->max_unpacked - x->st->bytes) {
-        set_msg(msg, msg_len, "archive unpacks to more than %llu bytes",
+        (void)err_fmt(err, errlen, 0, "archive unpacks to more than %llu bytes",
                 (unsigned long long)x->lim->max_unpacked);
         return -EFBIG;
     }
@@ -309,17 +296,17 @@ static int charge(struct extract_ctx *x, uint64_t *charged, uint64_t end,
     return 0;
 }
 
-static int archive_failure(struct archive *a, const char *what, char *msg, size_t msg_len)
+static int archive_failure(struct archive *a, const char *what, char *err, size_t errlen)
 {
     const char *why = archive_error_string(a);
 
-    set_msg(msg, msg_len, "corrupt gzip tar (%s): %s", what, why ? why : "unknown error");
+    (void)err_fmt(err, errlen, 0, "corrupt gzip tar (%s): %s", what, why ? why : "unknown error");
     return -EBADMSG;
 }
 
 /* A regular-file member: write its data at its path beneath dest. */
 static int extract_file(struct extract_ctx *x, struct archive_entry *e, char *path,
-                        char *msg, size_t msg_len)
+                        char *err, size_t errlen)
 {
     _cleanup_close_ int dirfd = -1, fd = -1;
     mode_t mode = (archive_entry_perm(e) & 0777 & ~022) | 0600;
@@ -336,7 +323,7 @@ static int extract_file(struct extract_ctx *x, struct archive_entry *e, char *pa
     /* Refuse a too-large member before writing any of it: a gzip bomb costs
      * one header, not a gigabyte of inflate and disk. */
     if ((uint64_t)size > x->lim->max_unpacked - x->st->bytes)
-        return charge(x, &charged, (uint64_t)size, msg, msg_len);
+        return charge(x, &charged, (uint64_t)size, err, errlen);
 
     if (slash) {
         *slash = '\0';
@@ -371,12 +358,12 @@ static int extract_file(struct extract_ctx *x, struct archive_entry *e, char *pa
         if (r == ARCHIVE_EOF)
             break;
         if (r < ARCHIVE_WARN)
-            return archive_failure(x->a, archive_entry_pathname(e), msg, msg_len);
+            return archive_failure(x->a, archive_entry_pathname(e), err, errlen);
         if (off < 0)
-            return archive_failure(x->a, "negative data offset", msg, msg_len);
+            return archive_failure(x->a, "negative data offset", err, errlen);
         if (n == 0)
             continue;
-        rc = charge(x, &charged, sat_add((uint64_t)off, n), msg, msg_len);
+        rc = charge(x, &charged, sat_add((uint64_t)off, n), err, errlen);
         if (rc < 0)
             return rc;
         rc = pwrite_all(fd, block, n, (off_t)off);
@@ -387,7 +374,7 @@ static int extract_file(struct extract_ctx *x, struct archive_entry *e, char *pa
     }
     /* A sparse file may end in a hole. */
     if ((uint64_t)size > extent) {
-        rc = charge(x, &charged, (uint64_t)size, msg, msg_len);
+        rc = charge(x, &charged, (uint64_t)size, err, errlen);
         if (rc < 0)
             return rc;
         if (ftruncate(fd, (off_t)size) < 0)
@@ -461,7 +448,7 @@ static la_ssize_t src_read(struct archive *a, void *client, const void **buff)
     return (la_ssize_t)n;
 }
 
-static int extract_loop(struct extract_ctx *x, struct src *s, char *msg, size_t msg_len)
+static int extract_loop(struct extract_ctx *x, struct src *s, char *err, size_t errlen)
 {
     uint64_t members = 0;
     bool checked_filter = false;
@@ -473,18 +460,18 @@ static int extract_loop(struct extract_ctx *x, struct src *s, char *msg, size_t 
         int r = archive_read_next_header(x->a, &e), rc;
 
         if (s->over) {
-            set_msg(msg, msg_len, "archive unpacks to more than %llu bytes of tar stream",
+            (void)err_fmt(err, errlen, 0, "archive unpacks to more than %llu bytes of tar stream",
                     (unsigned long long)s->budget);
             return -EFBIG;
         }
         if (r == ARCHIVE_RETRY || r < ARCHIVE_WARN)
-            return archive_failure(x->a, members ? "header" : "start", msg, msg_len);
+            return archive_failure(x->a, members ? "header" : "start", err, errlen);
         /* Gzip exactly once: libarchive would also take a plain tar (no
          * filter) or gzip inside gzip (two gzip filters). */
         if (!checked_filter) {
             if (archive_filter_count(x->a) != 2 ||
                 archive_filter_code(x->a, 0) != ARCHIVE_FILTER_GZIP) {
-                set_msg(msg, msg_len, "not a gzip-compressed tar");
+                (void)err_fmt(err, errlen, 0, "not a gzip-compressed tar");
                 return -EBADMSG;
             }
             checked_filter = true;
@@ -495,7 +482,7 @@ static int extract_loop(struct extract_ctx *x, struct src *s, char *msg, size_t 
          * C locale; it keeps the raw bytes) still yields an entry, and the
          * filter below decides. */
         if (++members > x->lim->max_members) {
-            set_msg(msg, msg_len, "archive has more than %llu members",
+            (void)err_fmt(err, errlen, 0, "archive has more than %llu members",
                     (unsigned long long)x->lim->max_members);
             return -E2BIG;
         }
@@ -510,27 +497,27 @@ static int extract_loop(struct extract_ctx *x, struct src *s, char *msg, size_t 
         }
         path = strdup(name);
         if (!path) {
-            set_msg(msg, msg_len, "out of memory");
+            (void)err_fmt(err, errlen, 0, "out of memory");
             return -ENOMEM;
         }
         if (!normalise_path(path)) {
             x->st->skipped++;
             continue;
         }
-        rc = kind == MEMBER_DIR ? extract_dir(x, path) : extract_file(x, e, path, msg, msg_len);
+        rc = kind == MEMBER_DIR ? extract_dir(x, path) : extract_file(x, e, path, err, errlen);
         if (rc == SKIP) {
             x->st->skipped++;
             continue;
         }
         if (rc < 0) {
             if (s->over) {
-                set_msg(msg, msg_len,
+                (void)err_fmt(err, errlen, 0,
                         "archive unpacks to more than %llu bytes of tar stream",
                         (unsigned long long)s->budget);
                 return -EFBIG;
             }
             if (rc != -EFBIG && rc != -EBADMSG)
-                set_msg(msg, msg_len, "writing %s: %s", path, strerror(-rc));
+                (void)err_fmt(err, errlen, 0, "writing %s: %s", path, strerror(-rc));
             return rc;
         }
     }
@@ -550,7 +537,7 @@ static bool is_empty_tree(const uint8_t *data, size_t len)
 
 int archive_extract(const uint8_t *data, size_t len, int dest_fd,
                     const struct archive_limits *lim, struct extract_stats *st,
-                    char *msg, size_t msg_len)
+                    char *err, size_t errlen)
 {
     static const struct archive_limits defaults = {
         .max_unpacked = ARCHIVE_DEFAULT_MAX_UNPACKED,
@@ -563,13 +550,13 @@ int archive_extract(const uint8_t *data, size_t len, int dest_fd,
     int rc;
 
     memset(x.st, 0, sizeof *x.st);
-    set_msg(msg, msg_len, "ok");
+    (void)err_fmt(err, errlen, 0, "ok");
     if (len == 0 || is_empty_tree(data, len))
         return 0;
     /* Cheap and clear up front; the filter check after the first header
      * stays the authority. */
     if (len < 2 || data[0] != 0x1f || data[1] != 0x8b) {
-        set_msg(msg, msg_len, "not gzip (archives must be gzip-compressed tar)");
+        (void)err_fmt(err, errlen, 0, "not gzip (archives must be gzip-compressed tar)");
         return -EBADMSG;
     }
 
@@ -582,16 +569,16 @@ int archive_extract(const uint8_t *data, size_t len, int dest_fd,
     s.a = x.a;
     if (archive_read_support_filter_gzip(x.a) != ARCHIVE_OK ||
         archive_read_support_format_tar(x.a) != ARCHIVE_OK) {
-        set_msg(msg, msg_len, "libarchive: %s", archive_error_string(x.a));
+        (void)err_fmt(err, errlen, 0, "libarchive: %s", archive_error_string(x.a));
         archive_read_free(x.a);
         return -ENOMEM;
     }
     if (archive_read_open(x.a, &s, NULL, src_read, NULL) != ARCHIVE_OK) {
-        rc = s.over ? -EFBIG : archive_failure(x.a, "open", msg, msg_len);
+        rc = s.over ? -EFBIG : archive_failure(x.a, "open", err, errlen);
         archive_read_free(x.a);
         return rc;
     }
-    rc = extract_loop(&x, &s, msg, msg_len);
+    rc = extract_loop(&x, &s, err, errlen);
     archive_read_free(x.a);
     return rc;
 }

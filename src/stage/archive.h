@@ -35,14 +35,14 @@ struct extract_stats {
  *     directories 0755; no setuid/setgid/sticky, no ownership, mtime applied.
  * len == 0 means "nothing to extract" and succeeds.
  * Returns 0, or:
- *   -EBADMSG  not gzip, or a corrupt gzip/tar stream (msg says where)
+ *   -EBADMSG  not gzip, or a corrupt gzip/tar stream (err says where)
  *   -EFBIG    more than max_unpacked bytes of file data
  *   -E2BIG    more than max_members members
  *   -errno    an I/O error writing a member that was not skipped
- * msg (may be NULL) gets a human-readable reason of at most msg_len bytes. */
+ * err (may be NULL) gets a human-readable reason of at most errlen bytes. */
 int archive_extract(const uint8_t *data, size_t len, int dest_fd,
                     const struct archive_limits *lim, struct extract_stats *st,
-                    char *msg, size_t msg_len);
+                    char *err, size_t errlen);
 
 struct snapshot_stats {
     uint64_t files;       /* members written */
