@@ -21,22 +21,17 @@ import signal
 import socket
 import struct
 import subprocess
-import sys
 import threading
 import time
 
 SRCDIR = os.environ.get("FORKBOX_SRCDIR") or os.path.abspath(
     os.path.join(os.path.dirname(__file__), "..", ".."))
 FORKBOXD = os.environ.get("FORKBOXD") or os.path.join(SRCDIR, "build", "src", "forkboxd")
-TOOLS_DIR = os.path.join(SRCDIR, "tools")
-for _p in (TOOLS_DIR, os.path.join(TOOLS_DIR, "demo")):
-    if _p not in sys.path:
-        sys.path.insert(0, _p)
 
-import forkbox_client as fc  # noqa: E402
-import websockets  # noqa: E402
-import websockets.exceptions  # noqa: E402
-from demo_tools import demo_tools  # noqa: E402
+import forkbox_client as fc  # tools/, on pythonpath by tests/pytest.ini
+import websockets
+import websockets.exceptions
+from demo_tools import demo_tools  # tools/demo/
 
 ConnectionClosed = websockets.exceptions.ConnectionClosed
 LISTEN_RE = re.compile(r"listening on 127\.0\.0\.1:(\d+)")
