@@ -20,11 +20,10 @@ import tempfile
 
 import pytest
 
-from fbtest import FORKBOXD, arun, connect
+from fbtest import SANDBOX_EXE, arun, connect
 
 T = 60
 STATIC = os.environ.get("FORKBOX_PYTHON_STATIC", "true") == "true"
-SANDBOX_EXE = os.path.join(os.path.dirname(FORKBOXD), "forkbox-sandbox")
 
 
 def run_blocks(daemon, *codes):
@@ -124,29 +123,13 @@ def elf_type(path):
     return int.from_bytes(head[16:18], "little")  # 2 = ET_EXEC (non-PIE), 3 = ET_DYN (PIE)
 
 
-def fork_server_pid(daemon):
-    for p in os.listdir("/proc"):
-        if not p.isdigit():
-            continue
-        try:
-            with open(f"/proc/{p}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            with open(f"/proc/{p}/cmdline", "rb") as f:
-                cmd = f.read()
-        except OSError:
-            continue
-        if ppid == daemon.pid and cmd == b"forkboxd\0--internal-forkserver\0":
-            return int(p)
-    raise AssertionError("no fork server under the daemon")
-
-
 def test_supervisor_links_no_python_and_stays_pie(daemon):
     """forkboxd (network and sandbox bytes, the token) keeps ASLR for its code
     and has no interpreter in it; the fork server is forkbox-sandbox."""
     with open(f"/proc/{daemon.pid}/maps") as f:
         assert "libpython" not in f.read()
     assert elf_type(f"/proc/{daemon.pid}/exe") == 3
-    fs = fork_server_pid(daemon)
+    fs = daemon.forkserver_pid()
     assert os.path.samefile(f"/proc/{fs}/exe", SANDBOX_EXE)
     with open(f"/proc/{fs}/comm") as f:
         assert f.read() == "forkbox-sandbox\n"
@@ -163,7 +146,7 @@ def test_sandbox_exe_flag_runs_a_copy(make_daemon):
         d = make_daemon(["--sandbox-exe", exe])
         (r,) = run_blocks(d, "print(6 * 7)")
         assert ok(r) == "42\n"
-        assert os.path.samefile(f"/proc/{fork_server_pid(d)}/exe", exe)
+        assert os.path.samefile(f"/proc/{d.forkserver_pid()}/exe", exe)
 
 
 @pytest.mark.parametrize("case", ["group-writable", "world-writable", "other-owner", "missing",
