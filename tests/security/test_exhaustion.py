@@ -5,11 +5,11 @@ Daemon limits here: --memory 256M --pids 64 --tmpfs-size 64M --block-timeout 5
 --output-cap 64K. Outcomes asserted:
 
 * fork loop -> BlockingIOError (EAGAIN) before 64 processes;
-* classic fork bomb -> block timeout (done 124) or the sandbox killed (log error
-  + close 1011), and no process of the turn survives on the host;
+* classic fork bomb -> block timeout (done 124, close 1000 naming it), and no
+  process of the turn survives on the host;
 * thread loop -> RuntimeError("can't start new thread") before 64 threads;
-* memory bomb -> MemoryError below ~256M, or the sandbox OOM-killed (log error
-  + close 1011);
+* memory bomb -> the sandbox OOM-killed at the cgroup's memory.max (log error
+  + close 1011 naming it; no RLIMIT_AS, so Python never sees MemoryError);
 * filling /workspace, /tmp, /dev/shm -> OSError ENOSPC within ~64M;
 * fd loop -> OSError EMFILE;
 * CPU spin and sleep -> done exit 124 with a time-limit stderr, then close;
@@ -48,9 +48,9 @@ def _after(d: sbx.Daemon):
     assert ok, why
 
 
-def _killed(r: sbx.TurnResult) -> bool:
+def _killed(r: sbx.TurnResult, reason: str) -> bool:
     """The sandbox was killed by a limit: a log error frame and close 1011."""
-    return (r.closed_by_server and r.close_code == 1011
+    return (r.closed_by_server and (r.close_code, r.close_reason) == (1011, reason)
             and any(f.get("level") == "error" for f in r.logs))
 
 
@@ -104,8 +104,10 @@ def test_fork_bomb_contained(small_daemon):
     before = small_daemon.descendants()
     r = small_daemon.run(FORK_BOMB, timeout=BLOCK_TIMEOUT + 40)
     b = r.last
-    assert _timed_out(b) or _killed(r), repr(r)
-    assert r.closed_by_server, repr(r)
+    # 64 pids hold little memory: the bomb spins until the block timeout
+    assert _timed_out(b), repr(r)
+    assert r.closed_by_server and (r.close_code, r.close_reason) == (
+        1000, f"block timeout: the block ran longer than {BLOCK_TIMEOUT} s (--block-timeout)"), r
     assert b.elapsed < BLOCK_TIMEOUT + 15, f"took {b.elapsed:.1f}s"
     # Every process of the bomb is gone from the host.
     assert sbx.wait_until(lambda: len(small_daemon.descendants() - before) == 0, 15), \
@@ -162,13 +164,8 @@ except MemoryError:
 
 def test_memory_bomb(small_daemon):
     r = small_daemon.run(MEMORY_BOMB, timeout=60)
-    b = r.last
-    if b.completed:
-        assert b.exit_code == 1 and "MemoryError" in b.stderr, repr(b)
-        m = re.search(r"MemoryError after (\d+)", b.stdout)
-        assert m and int(m.group(1)) <= MEM, repr(b)
-    else:
-        assert _killed(r), repr(r)
+    assert not r.last.completed, repr(r)
+    assert _killed(r, f"out of memory: the sandbox was killed at its memory limit ({MEM >> 20} MiB)"), repr(r)
     _after(small_daemon)
 
 
