@@ -33,6 +33,8 @@ OUTPUT_CAP = 64 << 10
 ARGS = ["--capacity", "8", "--memory", "256M", "--pids", str(PIDS), "--tmpfs-size", "64M",
         "--block-timeout", str(BLOCK_TIMEOUT), "--turn-timeout", "60", "--output-cap", "64K", "--pool", "0"]
 TIME_LIMIT_RE = re.compile(r"time limit", re.I)
+# How the supervisor ends a turn whose block ran into --block-timeout.
+BLOCK_TIMEOUT_CLOSE = (1000, f"block timeout: the block ran longer than {BLOCK_TIMEOUT} s (--block-timeout)")
 DROPPED_RE = re.compile(r"\[forkbox: (\d+) bytes of (stdout|stderr) dropped\]")
 
 
@@ -106,8 +108,7 @@ def test_fork_bomb_contained(small_daemon):
     b = r.last
     # 64 pids hold little memory: the bomb spins until the block timeout
     assert _timed_out(b), repr(r)
-    assert r.closed_by_server and (r.close_code, r.close_reason) == (
-        1000, f"block timeout: the block ran longer than {BLOCK_TIMEOUT} s (--block-timeout)"), r
+    assert r.closed_by_server and (r.close_code, r.close_reason) == BLOCK_TIMEOUT_CLOSE, repr(r)
     assert b.elapsed < BLOCK_TIMEOUT + 15, f"took {b.elapsed:.1f}s"
     # Every process of the bomb is gone from the host.
     assert sbx.wait_until(lambda: len(small_daemon.descendants() - before) == 0, 15), \
@@ -272,6 +273,7 @@ def test_block_timeout(small_daemon, code):
     assert _timed_out(b), repr(r)
     assert BLOCK_TIMEOUT - 0.5 <= b.elapsed < BLOCK_TIMEOUT + 5, f"timed out after {b.elapsed:.1f}s"
     assert r.closed_by_server, f"connection not closed after the timeout: {r!r}"
+    assert (r.close_code, r.close_reason) == BLOCK_TIMEOUT_CLOSE, repr(r)
     _after(small_daemon)
 
 
