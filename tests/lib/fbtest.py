@@ -306,6 +306,23 @@ async def connect(daemon: Daemon, tools=None, *, token=None, path="/", **kw) -> 
     return await fc.Turn.connect(url, demo_tools() if tools is None else tools, token=token, **kw)
 
 
+def run_blocks(daemon: Daemon, *codes: str, timeout: float = 60.0, tools=None, handler=None,
+               **kw) -> tuple[fc.Turn, list[fc.BlockResult]]:
+    """One turn that runs codes in order, then shutdown: (the turn, the results).
+    tools: as for connect() (default: the demo tools); handler(turn), if given,
+    makes each block's on_tool_call; kw go to connect()."""
+    async def go():
+        turn = await connect(daemon, tools, **kw)
+        try:
+            out = []
+            for c in codes:
+                out.append(await turn.run(c, on_tool_call=handler(turn) if handler else None))
+            return turn, out
+        finally:
+            await turn.shutdown()
+    return arun(go(), timeout)
+
+
 async def expect_closed(ws, timeout: float = 10.0) -> tuple[int | None, str, list]:
     """Read until the server ends the connection. Returns (close code, reason,
     messages received meanwhile). Raises asyncio.TimeoutError if it stays open."""
