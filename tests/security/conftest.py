@@ -18,9 +18,8 @@ DEFAULT_ARGS = ["--capacity", "16", "--block-timeout", "60", "--turn-timeout", "
 
 @pytest.fixture(scope="module")
 def daemon():
-    d = sbx.Daemon(DEFAULT_ARGS, token=sbx.new_token()).start()
-    yield d
-    d.stop()
+    with sbx.Daemon(DEFAULT_ARGS) as d:
+        yield d
 
 
 @pytest.fixture(autouse=True)

@@ -54,11 +54,11 @@ REPORT_MARK = "@@FORKBOX-SEC@@"
 # --------------------------------------------------------------------------
 
 class Daemon(fbtest.Daemon):
-    """fbtest.Daemon with a token (ADK_CODE_MODE_AUTH_TOKEN) and turns run by
-    this module's client."""
+    """fbtest.Daemon with a token (ADK_CODE_MODE_AUTH_TOKEN; a new one unless
+    given) and turns run by this module's client."""
 
     def __init__(self, args=(), token: str | None = None):
-        super().__init__(args, token=token)
+        super().__init__(args, token=new_token() if token is None else token)
 
     def run(self, *codes, tools=None, handler=None, timeout: float = 60.0, **kw) -> "TurnResult":
         """One turn running the given blocks; see run_turn."""

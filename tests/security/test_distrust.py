@@ -38,9 +38,8 @@ ARGS = ["--capacity", "8", "--pool", "0", "--block-timeout", "60", "--output-cap
 
 @pytest.fixture(scope="module")
 def daemon():
-    d = sbx.Daemon(ARGS, token=sbx.new_token()).start()
-    yield d
-    d.stop()
+    with sbx.Daemon(ARGS) as d:
+        yield d
 
 
 def _run_to_close(d, code, timeout=90):
@@ -270,7 +269,7 @@ print("ok")
 def test_turn_buffer_refuses_a_frame_it_cannot_hold():
     """--turn-buffer 24M: a 40 MiB tool_call is refused at its header with a
     clear reason, and the supervisor never holds it."""
-    d = sbx.Daemon(ARGS + ["--turn-buffer", "24M"], token=sbx.new_token()).start()
+    d = sbx.Daemon(ARGS + ["--turn-buffer", "24M"]).start()
     try:
         code = sbx.prelude(FIND_CHAN + r'''
 body = b'{"id":"big","name":"echo","args":{"m":"' + b"A" * (40 << 20) + b'"},"timeout":null,"kind":"tool_call"}\n'
@@ -295,8 +294,7 @@ def test_total_buffer_is_shared_and_exhaustion_ends_only_the_asking_turn():
     to a client that does not read it: 30 MiB stay charged. Turn B's 30 MiB
     frame does not fit in what is left: B closes with 1013 (try again later),
     A is untouched and completes once its client reads, and a fresh turn runs."""
-    d = sbx.Daemon(ARGS + ["--turn-buffer", "40M", "--total-buffer", "48M"],
-                   token=sbx.new_token()).start()
+    d = sbx.Daemon(ARGS + ["--turn-buffer", "40M", "--total-buffer", "48M"]).start()
     big = sbx.prelude(FIND_CHAN + r'''
 body = b'{"id":"big","name":"echo","args":{"m":"' + b"A" * (30 << 20) + b'"},"timeout":null,"kind":"tool_call"}\n'
 send("F", body)

@@ -40,9 +40,8 @@ DROPPED_RE = re.compile(r"\[forkbox: (\d+) bytes of (stdout|stderr) dropped\]")
 
 @pytest.fixture(scope="module")
 def small_daemon():
-    d = sbx.Daemon(ARGS, token=sbx.new_token()).start()
-    yield d
-    d.stop()
+    with sbx.Daemon(ARGS) as d:
+        yield d
 
 
 def _after(d: sbx.Daemon):
