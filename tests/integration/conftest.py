@@ -2,13 +2,10 @@
 
 import os
 import signal
-import sys
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import fbtest  # noqa: E402
+import fbtest  # tests/lib, on pythonpath by tests/pytest.ini
 
 # No test may hang: a hard per-test wall-clock limit on top of the per-call
 # asyncio/socket timeouts inside the tests.

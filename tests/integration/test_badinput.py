@@ -12,7 +12,6 @@ from fbtest import (FORGE_PRELUDE, RawWS, arun, chan_envelope, connect, expect_c
                     text_frames)
 
 T = 30
-SERVER_CLOSE_CODES = (1000, 1002, 1003, 1007, 1008, 1011)   # a close frame, not 1006
 
 
 async def still_serving(daemon):
@@ -73,13 +72,14 @@ def test_shutdown_ends_turn_with_normal_close(daemon):
 @pytest.mark.parametrize("first", ['{"kind":"run","code":"print(1)"}', '{"kind":"shutdown"}',
                                    "garbage"], ids=["run", "shutdown", "garbage"])
 def test_text_as_first_message_ends_turn(daemon, first):
-    """§2.3 state T: text instead of the tools archive ends the turn (no ready)."""
+    """§2.3 state T: text instead of the tools archive ends the turn (no ready),
+    as a normal end: close 1000 without a reason."""
     async def go():
         turn = await connect(daemon, send_tools=False)
         await turn.ws.send(first)
         return await expect_closed(turn.ws, 5)
     code, reason, msgs = arun(go(), T)
-    assert code in SERVER_CLOSE_CODES, (code, reason)
+    assert (code, reason) == (1000, "")
     assert not any('"ready"' in m for m in msgs if isinstance(m, str))
     assert arun(still_serving(daemon), T)
 
@@ -88,7 +88,8 @@ def test_text_as_first_message_ends_turn(daemon, first):
                                     '{"kind":"tool_result","id":"x"}', '{"kind":"log"}'],
                          ids=["undecodable", "binary", "shutdown", "tool_result", "log"])
 def test_state_r_anything_but_run_ends_turn(daemon, second):
-    """§2.3 state R (archive received, awaiting run): anything else ends the turn."""
+    """§2.3 state R (archive received, awaiting run): anything else ends the
+    turn (close 1000, no reason)."""
     async def go():
         turn = await connect(daemon)
         await turn.run("pass")
@@ -97,7 +98,7 @@ def test_state_r_anything_but_run_ends_turn(daemon, second):
         await turn.ws.send(fc.encode_frame({"kind": "run", "code": "print('ran')"}))
         return await expect_closed(turn.ws, 5)
     code, reason, msgs = arun(go(), T)
-    assert code in SERVER_CLOSE_CODES, (code, reason)
+    assert (code, reason) == (1000, "")
     assert not any('"done"' in m for m in msgs if isinstance(m, str))
     assert arun(still_serving(daemon), T)
 
@@ -195,7 +196,7 @@ def test_invalid_utf8_text_closes_1007(daemon):
         raw_block(ws, "pass")
         ws.send_text(b'{"kind":"log","msg":"\xff\xfe"}\n')
         ws.recv_until_close(5)
-        assert ws.close_code == 1007, ws.close_code
+        assert (ws.close_code, ws.close_reason) == (1007, "text message not UTF-8")
     assert arun(still_serving(daemon), T)
 
 
@@ -248,7 +249,8 @@ def test_message_of_256_mib_accepted_and_larger_closes_1009(daemon):
         except (BrokenPipeError, ConnectionResetError):
             pass
         ws.recv_until_close(30)
-        assert ws.close_code == 1009, ws.close_code
+        assert (ws.close_code, ws.close_reason) == (
+            1009, f"message too large: {limit + 1} bytes announced, the limit here is {limit}")
     del big
     assert arun(still_serving(daemon), T)
 
@@ -260,7 +262,7 @@ def test_unmasked_client_frame_closes(daemon):
         payload = fc.encode_frame({"kind": "shutdown"}).encode()
         ws.sock.sendall(struct.pack("!BB", 0x81, len(payload)) + payload)
         ws.recv_until_close(5)
-        assert ws.close_code in (1002, 1006, 1000, 1011), ws.close_code
+        assert (ws.close_code, ws.close_reason) == (1002, "client frame not masked")
     assert arun(still_serving(daemon), T)
 
 
@@ -281,6 +283,17 @@ PROTOCOL_ERRORS = {
     "reserved-bit": struct.pack("!BB", 0xC2, 0x80 | 100) + b"\x01\x02\x03\x04",
     "unknown-opcode": struct.pack("!BB", 0x83, 0x80 | 100) + b"\x01\x02\x03\x04",
 }
+# The reason net/ws.c gives for each.
+PROTOCOL_ERROR_REASONS = {
+    "control-frame-over-125": "control frame too long or fragmented",
+    "fragmented-ping": "control frame too long or fragmented",
+    "one-byte-close-payload": "close frame with a 1-byte payload",
+    "64-bit-length-top-bit": "frame length over 2^63",
+    "continuation-outside-a-message": "continuation frame outside a message",
+    "new-message-inside-a-fragmented-one": "new message before the last one ended",
+    "reserved-bit": "reserved bits set",
+    "unknown-opcode": "unknown opcode",
+}
 
 
 @pytest.mark.parametrize("case", list(PROTOCOL_ERRORS))
@@ -289,7 +302,7 @@ def test_protocol_errors_close_1002(daemon, case):
         raw_block(ws, "pass")
         ws.sock.sendall(PROTOCOL_ERRORS[case])
         ws.recv_until_close(5)
-        assert ws.close_code == 1002, (case, ws.close_code)
+        assert (ws.close_code, ws.close_reason) == (1002, PROTOCOL_ERROR_REASONS[case]), case
     assert arun(still_serving(daemon), T)
 
 
@@ -303,7 +316,8 @@ def test_upload_over_its_limit_refused_at_the_header(daemon):
         ws.sock.sendall(struct.pack("!BB", 0x82, 0x80 | 127) + struct.pack("!Q", 200 << 20)
                         + b"\x01\x02\x03\x04" + b"z")
         ws.recv_until_close(5)
-        assert ws.close_code == 1009, ws.close_code
+        assert (ws.close_code, ws.close_reason) == (
+            1009, f"message too large: {200 << 20} bytes announced, the limit here is {100 << 20}")
         assert time.monotonic() - t0 < 3
     assert arun(still_serving(daemon), T)
 
@@ -316,7 +330,8 @@ def test_tools_upload_over_its_limit_refused_at_the_header(daemon):
     ws.sock.sendall(struct.pack("!BB", 0x82, 0x80 | 127) + struct.pack("!Q", 101 << 20)
                     + b"\x01\x02\x03\x04")
     ws.recv_until_close(5)
-    assert ws.close_code == 1009, ws.close_code
+    assert (ws.close_code, ws.close_reason) == (
+        1009, f"message too large: {101 << 20} bytes announced, the limit here is {100 << 20}")
     assert time.monotonic() - t0 < 3
     assert arun(still_serving(daemon), T)
 
@@ -335,7 +350,9 @@ def test_upload_fragments_over_the_limit_refused_at_the_fragment_header(make_dae
         ws.sock.sendall(struct.pack("!BB", 0x80 | RawWS.OP_CONT, 0x80 | 127)
                         + struct.pack("!Q", 700 << 10) + b"\0\0\0\0")
         ws.recv_until_close(5)
-        assert ws.close_code == 1009, (ws.close_code, ws.close_reason)
+        # announced: both fragments together
+        assert (ws.close_code, ws.close_reason) == (
+            1009, f"message too large: {2 * (700 << 10)} bytes announced, the limit here is {1 << 20}")
         assert time.monotonic() - t0 < 3
     assert arun(still_serving(d), T)
 
@@ -393,6 +410,20 @@ FORGERIES = {
     "bad-json": repr(chan_envelope(b"F", b'{"kind":"done",')),
     "tools-archive": repr(chan_envelope(b"T", b"")),
 }
+# The supervisor's close reason for each. A forged done (or done, output and
+# snapshot) is taken as the block's: the fault is the real done that follows.
+FORGED_REASONS = {
+    "garbage": "bad envelope",
+    "bad-type": "bad envelope",
+    "huge-length": "message too large",
+    "done": "unexpected done frame in state X (awaiting output)",
+    "output": "unexpected output frame in state X (block running)",
+    "done-output-snapshot": "unexpected done frame in state B (between blocks)",
+    "snapshot": "unexpected 'S' message in state X (block running)",
+    "ready": "unexpected ready frame in state X (block running)",
+    "bad-json": "invalid JSON",
+    "tools-archive": "unexpected 'T' message in state X (block running)",
+}
 
 
 def test_sandbox_sees_a_single_channel_socket(daemon):
@@ -420,7 +451,7 @@ def test_forged_channel_messages_end_turn(daemon, what):
         code, reason, msgs = await expect_closed(turn.ws, 10)
         return code, reason, msgs, time.monotonic() - t0
     code, reason, msgs, took = arun(go(), T)
-    assert code == 1011, (code, reason, msgs)
+    assert (code, reason) == (1011, "sandbox protocol error: " + FORGED_REASONS[what]), msgs
     frames = text_frames(msgs)
     for f in frames:
         assert f["kind"] in ("log", "done", "output", "tool_call"), f
@@ -431,15 +462,16 @@ def test_forged_channel_messages_end_turn(daemon, what):
     assert arun(still_serving(daemon), T)
 
 
-@pytest.mark.parametrize("crash", ["import os\nos._exit(3)",
-                                   "import ctypes\nctypes.string_at(0)",
-                                   "import os, threading, time\n"
-                                   "threading.Thread(target=lambda: os._exit(0)).start()\ntime.sleep(2)",
-                                   "import os\nos.abort()"],
-                         ids=["os._exit", "segfault", "exit-0-from-thread", "abort"])
-def test_sandbox_crash_mid_block_ends_turn(daemon, crash):
+@pytest.mark.parametrize("crash,why", [
+    ("import os\nos._exit(3)", "sandbox exited: status 3"),
+    ("import ctypes\nctypes.string_at(0)", "sandbox crashed: SIGSEGV in the runtime or native code"),
+    ("import os, threading, time\n"
+     "threading.Thread(target=lambda: os._exit(0)).start()\ntime.sleep(2)", "sandbox exited: status 0"),
+    ("import os\nos.abort()", "sandbox crashed: SIGABRT in the runtime or native code")],
+    ids=["os._exit", "segfault", "exit-0-from-thread", "abort"])
+def test_sandbox_crash_mid_block_ends_turn(daemon, crash, why):
     """A sandbox that dies mid-block ends its turn with an error (log error
-    frame optional, then 1011); the daemon keeps serving."""
+    frame optional, then 1011 and the cause); the daemon keeps serving."""
     async def go():
         turn = await connect(daemon)
         r0 = await turn.run("x = 1")
@@ -450,7 +482,7 @@ def test_sandbox_crash_mid_block_ends_turn(daemon, crash):
         return r0, code, reason, msgs, time.monotonic() - t0
     r0, code, reason, msgs, took = arun(go(), T)
     assert r0.exit_code == 0
-    assert code == 1011, (code, reason, msgs)
+    assert (code, reason) == (1011, why), msgs
     assert took < 5
     for f in text_frames(msgs):
         assert f["kind"] == "log" and f["level"] == "error", f
@@ -458,23 +490,19 @@ def test_sandbox_crash_mid_block_ends_turn(daemon, crash):
 
 
 def test_sigkill_self_is_harmless(daemon):
-    """SIGKILL to itself: the sandbox is pid 1 of its pid namespace, so the
-    kernel ignores it and the block completes; either way the turn stays sane
-    and the daemon keeps serving."""
+    """SIGKILL to itself: the runtime is pid 2 of its pid namespace (under the
+    sandbox's init), so the signal kills it and ends only its own turn, with
+    1011 and the cause; the daemon keeps serving."""
     async def go():
         turn = await connect(daemon)
         try:
             r = await turn.run("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\nprint('alive')")
         except fc.TurnClosed as e:
-            return e.code, None
+            return e.code, e.reason
         finally:
             await turn.shutdown()
-        return None, r
-    code, r = arun(go(), T)
-    if r is not None:
-        assert (r.stdout, r.exit_code) == ("alive\n", 0)
-    else:
-        assert code == 1011
+        raise AssertionError(f"the block completed: {r!r}")
+    assert arun(go(), T) == (1011, "sandbox killed: SIGKILL")
     assert arun(still_serving(daemon), T)
 
 

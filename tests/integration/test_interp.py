@@ -20,21 +20,10 @@ import tempfile
 
 import pytest
 
-from fbtest import FORKBOXD, arun, connect
+from fbtest import SANDBOX_EXE, run_blocks
 
 T = 60
 STATIC = os.environ.get("FORKBOX_PYTHON_STATIC", "true") == "true"
-SANDBOX_EXE = os.path.join(os.path.dirname(FORKBOXD), "forkbox-sandbox")
-
-
-def run_blocks(daemon, *codes):
-    async def go():
-        turn = await connect(daemon)
-        try:
-            return [await turn.run(c) for c in codes]
-        finally:
-            await turn.shutdown()
-    return arun(go(), T)
 
 
 def ok(r):
@@ -69,14 +58,14 @@ EXPECTED = {"matmul": 8 * 8 + 9 * 9 + 10 * 10 + 11 * 11, "groupby": {"a": 4, "b"
 
 
 def test_extension_modules_work_in_a_turn(daemon):
-    (r,) = run_blocks(daemon, EXTENSIONS)
+    _, (r,) = run_blocks(daemon, EXTENSIONS)
     assert json.loads(ok(r)) == EXPECTED
 
 
 def test_extension_modules_work_preloaded(make_daemon):
     """Loaded into the fork server before any clone (--preload), then used."""
     d = make_daemon(["--preload", "numpy,pandas,lxml.etree,sqlite3,ssl,ctypes", "--pool", "1"])
-    (r,) = run_blocks(d, EXTENSIONS)
+    _, (r,) = run_blocks(d, EXTENSIONS)
     assert json.loads(ok(r)) == EXPECTED
 
 
@@ -93,7 +82,7 @@ def test_interpreter_identity_matches_host_python(daemon):
     """sys.executable, the prefixes and the sysconfig paths (what pip, site and
     subprocess rely on) do not depend on how the interpreter is linked: they
     are /usr/bin/python3.11's, in isolated mode as the runtime runs."""
-    (r,) = run_blocks(daemon, HOST_VIEW)
+    _, (r,) = run_blocks(daemon, HOST_VIEW)
     inside = json.loads(ok(r))
     host = json.loads(subprocess.run(["/usr/bin/python3.11", "-I", "-c", HOST_VIEW],
                                      capture_output=True, text=True, check=True).stdout)
@@ -113,7 +102,7 @@ def test_sandbox_maps_no_shared_libpython(daemon):
     """The interpreter is the one in forkbox-sandbox (static libpython), not
     Debian's position-independent libpython3.11.so, which ran pure Python
     ~1.3x slower; extension modules imported above resolved against it."""
-    (r,) = run_blocks(daemon, "import numpy, lxml.etree\n" + MAPS)
+    _, (r,) = run_blocks(daemon, "import numpy, lxml.etree\n" + MAPS)
     assert ok(r).strip() == "[]"
 
 
@@ -124,29 +113,13 @@ def elf_type(path):
     return int.from_bytes(head[16:18], "little")  # 2 = ET_EXEC (non-PIE), 3 = ET_DYN (PIE)
 
 
-def fork_server_pid(daemon):
-    for p in os.listdir("/proc"):
-        if not p.isdigit():
-            continue
-        try:
-            with open(f"/proc/{p}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            with open(f"/proc/{p}/cmdline", "rb") as f:
-                cmd = f.read()
-        except OSError:
-            continue
-        if ppid == daemon.pid and cmd == b"forkboxd\0--internal-forkserver\0":
-            return int(p)
-    raise AssertionError("no fork server under the daemon")
-
-
 def test_supervisor_links_no_python_and_stays_pie(daemon):
     """forkboxd (network and sandbox bytes, the token) keeps ASLR for its code
     and has no interpreter in it; the fork server is forkbox-sandbox."""
     with open(f"/proc/{daemon.pid}/maps") as f:
         assert "libpython" not in f.read()
     assert elf_type(f"/proc/{daemon.pid}/exe") == 3
-    fs = fork_server_pid(daemon)
+    fs = daemon.forkserver_pid()
     assert os.path.samefile(f"/proc/{fs}/exe", SANDBOX_EXE)
     with open(f"/proc/{fs}/comm") as f:
         assert f.read() == "forkbox-sandbox\n"
@@ -161,9 +134,9 @@ def test_sandbox_exe_flag_runs_a_copy(make_daemon):
         shutil.copy2(SANDBOX_EXE, exe)
         os.chmod(exe, 0o755)
         d = make_daemon(["--sandbox-exe", exe])
-        (r,) = run_blocks(d, "print(6 * 7)")
+        _, (r,) = run_blocks(d, "print(6 * 7)")
         assert ok(r) == "42\n"
-        assert os.path.samefile(f"/proc/{fork_server_pid(d)}/exe", exe)
+        assert os.path.samefile(f"/proc/{d.forkserver_pid()}/exe", exe)
 
 
 @pytest.mark.parametrize("case", ["group-writable", "world-writable", "other-owner", "missing",

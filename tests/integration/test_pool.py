@@ -17,36 +17,15 @@ import tempfile
 
 import pytest
 
-from fbtest import arun, connect, pid_alive, wait_until
+from fbtest import arun, children, connect, pid_alive, wait_until
 
 T = 60
-
-
-def forkserver_pid(d):
-    """The fork server: the daemon's child that runs --internal-forkserver
-    (its sandboxes and helper are clones of it, one level further down)."""
-    for pid in children(d.pid):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                if b"--internal-forkserver" in fh.read():
-                    return pid
-        except OSError:
-            pass
-    raise AssertionError("no fork server under the daemon")
-
-
-def children(pid):
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as fh:
-            return [int(x) for x in fh.read().split()]
-    except OSError:
-        return []
 
 
 def idle_sandboxes(d):
     """Sandboxes under the fork server (each an init with the runtime below
     it; the fork server's cgroup helper has no child), with no turn running."""
-    return {p for p in children(forkserver_pid(d)) if pid_alive(p) and children(p)}
+    return {p for p in children(d.forkserver_pid()) if pid_alive(p) and children(p)}
 
 
 def sandbox_pids_in_log(d):
@@ -293,7 +272,7 @@ def test_turn_cgroups_recycled_and_removed_at_stop(make_daemon):
     group) removes every one of them, the pooled sandboxes' included."""
     d = make_daemon(["--pool", "2", "--log-level", "debug"])
     assert wait_until(lambda: len(idle_sandboxes(d)) == 2, T)
-    fs = forkserver_pid(d)
+    fs = d.forkserver_pid()
     placer = [p for p in children(fs) if not children(p) and p not in idle_sandboxes(d)]
     assert len(placer) == 1, children(fs)
     placer = placer[0]

@@ -13,21 +13,16 @@ import re
 
 import pytest
 
-from fbtest import arun, connect, demo_tools
+from fbtest import arun, connect, demo_tools, run_blocks
 
 T = 80
 
 TAG = re.compile(r"<(\w+):(\d+):(\d+)>")
 
 
-def run_blocks(daemon, codes, timeout=T):
-    async def go():
-        turn = await connect(daemon)
-        try:
-            return [await turn.run(c) for c in codes]
-        finally:
-            await turn.shutdown()
-    return arun(go(), timeout)
+def blocks(daemon, codes, timeout=T):
+    """The results of one turn running codes (fbtest.run_blocks)."""
+    return run_blocks(daemon, *codes, timeout=timeout)[1]
 
 
 # ---- item 1: stdio that threads cannot break ------------------------------
@@ -82,7 +77,7 @@ KINDS = ("print", "flush", "write", "err", "log", "oswrite", "cwrite", "printf")
 
 def test_printing_threads_across_500_blocks(daemon):
     n_blocks = 500
-    results = run_blocks(daemon, [PRINTERS] + [BLOCK.format(n=n) for n in range(1, n_blocks + 1)])
+    results = blocks(daemon, [PRINTERS] + [BLOCK.format(n=n) for n in range(1, n_blocks + 1)])
     assert results[0].exit_code == 0, results[0].stderr
     last_seen = {}
     max_seq = {}  # per writer: the highest sequence number seen in earlier blocks
@@ -127,7 +122,7 @@ def test_flooding_threads_never_see_a_broken_pipe(make_daemon):
     """Writes still waiting for room in a block's pipe when the block ends
     complete (their bytes past the end are dropped); they never fail."""
     d = make_daemon(["--output-cap", "256K"])
-    results = run_blocks(d, [FLOOD] + ["import time; time.sleep(0.003)"] * 200
+    results = blocks(d, [FLOOD] + ["import time; time.sleep(0.003)"] * 200
                          + ["import time\nSTOP = True\ntime.sleep(1)\nprint('<errors:', len(ERRORS), ERRORS[:3])"])
     assert all(r.exit_code == 0 for r in results), [r.stderr[-500:] for r in results if r.exit_code]
     assert results[-1].stdout.endswith("<errors: 0 []\n"), results[-1].stdout[-500:]
@@ -154,12 +149,12 @@ def test_blocks_replacing_or_closing_stdio_under_printing_threads(daemon):
             codes.append("sys.stdout.close(); sys.__stderr__.close()")
         else:
             codes.append(f"import os; os.write(1, b'<ok:{n}>')")
-    results = run_blocks(daemon, codes)
+    results = blocks(daemon, codes)
     for n, r in enumerate(results[1:]):
         assert r.exit_code == 0, (n, r.stderr[-2000:])
         if n % 3 == 2:
             assert f"<ok:{n}>" in r.stdout
-    (r,) = run_blocks(daemon, ["print('fresh turn')"])
+    (r,) = blocks(daemon, ["print('fresh turn')"])
     assert r.stdout == "fresh turn\n"
 
 
@@ -207,7 +202,7 @@ def test_fork_child_falls_through_the_block(daemon):
     """The child runs the rest of the block and exits, as a script's child
     would: its output is in the block's stdout, its done never reaches the
     host."""
-    results = run_blocks(daemon, [FORK_FALLS_THROUGH.format(n=n) for n in range(20)]
+    results = blocks(daemon, [FORK_FALLS_THROUGH.format(n=n) for n in range(20)]
                          + ["print('after')"])
     for n, r in enumerate(results[:20]):
         assert r.exit_code == 0, (n, r.stdout, r.stderr)
@@ -221,7 +216,7 @@ def test_fork_child_exits_or_raises(daemon):
     codes = []
     for n in range(10):
         codes += [FORK_EXITS.format(n=n), FORK_RAISES.format(n=n)]
-    results = run_blocks(daemon, codes + ["print('after')"])
+    results = blocks(daemon, codes + ["print('after')"])
     for i in range(10):
         ex, ra = results[2 * i], results[2 * i + 1]
         assert ex.exit_code == 0 and sorted(ex.stdout.splitlines()) == [f"child {i}", f"parent {i} 7"], \
@@ -233,7 +228,7 @@ def test_fork_child_exits_or_raises(daemon):
 
 
 def test_fork_then_exec(daemon):
-    results = run_blocks(daemon, [FORK_EXEC.format(n=n) for n in range(5)] + ["print('after')"])
+    results = blocks(daemon, [FORK_EXEC.format(n=n) for n in range(5)] + ["print('after')"])
     for n, r in enumerate(results[:5]):
         assert r.exit_code == 0, (r.stdout, r.stderr)
         assert r.stdout == f"exec child {n}\nparent {n} 0\n", (r.stdout, r.stderr)
@@ -255,7 +250,7 @@ with ctx.Pool(2) as pool:
 
 
 def test_multiprocessing_fork(daemon):
-    results = run_blocks(daemon, [MP_FORK.format(n=n) for n in range(5)] + ["print('after')"])
+    results = blocks(daemon, [MP_FORK.format(n=n) for n in range(5)] + ["print('after')"])
     for n, r in enumerate(results[:5]):
         assert r.exit_code == 0, (r.stdout, r.stderr)
         lines = r.stdout.splitlines()
@@ -280,7 +275,7 @@ with ctx.Pool(1) as pool:
 def test_multiprocessing_spawn_and_forkserver(daemon, method):
     """A fresh interpreter (sys.executable) started from the sandbox: works,
     and its output is the block's, like any subprocess's."""
-    r1, r2 = run_blocks(daemon, [MP_START.format(method=method), "print('after')"])
+    r1, r2 = blocks(daemon, [MP_START.format(method=method), "print('after')"])
     assert r1.exit_code == 0, (r1.stdout, r1.stderr)
     assert f"hello from {method}\n" in r1.stdout and "exitcode 0\n" in r1.stdout, (r1.stdout, r1.stderr)
     assert "abs [1, 2]\n" in r1.stdout
@@ -308,7 +303,7 @@ def test_child_outliving_its_block(daemon):
     """A child still running after its block ended neither holds the block
     open nor lands in a later block's output."""
     codes = [OUTLIVES] + ["import time; time.sleep(0.05); print('next')"] * 30
-    results = run_blocks(daemon, codes)
+    results = blocks(daemon, codes)
     assert results[0].exit_code == 0 and "parent\n" in results[0].stdout
     for r in results[1:]:
         assert r.exit_code == 0 and r.stdout == "next\n" and r.stderr == "", (r.stdout, r.stderr)
@@ -329,7 +324,7 @@ print("joined")
 
 
 def test_fork_from_a_thread(daemon):
-    results = run_blocks(daemon, [FORK_IN_THREAD] * 5 + ["print('after')"])
+    results = blocks(daemon, [FORK_IN_THREAD] * 5 + ["print('after')"])
     for r in results[:5]:
         assert r.exit_code == 0 and sorted(r.stdout.splitlines()) == ["joined", "thread child"], \
             (r.stdout, r.stderr)

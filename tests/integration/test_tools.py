@@ -6,6 +6,7 @@ import json
 import math
 import re
 
+import fbtest
 from fbtest import arun, connect, demo_tools, fc
 
 T = 30
@@ -30,17 +31,9 @@ def registry(**extra):
 
 
 def run_blocks(daemon, *codes, tools=None, handler=None):
-    async def go():
-        turn = await connect(daemon, tools if tools is not None else registry())
-        try:
-            out = []
-            for c in codes:
-                h = handler(turn) if handler else None
-                out.append(await turn.run(c, on_tool_call=h))
-            return turn, out
-        finally:
-            await turn.shutdown()
-    return arun(go(), T)
+    """fbtest.run_blocks with this module's tools by default."""
+    return fbtest.run_blocks(daemon, *codes, tools=registry() if tools is None else tools,
+                             handler=handler)
 
 
 # ---- item 6 ----------------------------------------------------------------

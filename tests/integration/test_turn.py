@@ -4,19 +4,9 @@
 import json
 import re
 
-from fbtest import ALLOWED_ENV, ALLOWED_ENV_PREFIX, arun, connect, fc, text_frames
+from fbtest import ALLOWED_ENV, ALLOWED_ENV_PREFIX, arun, connect, fc, run_blocks, text_frames
 
 T = 30
-
-
-def run_blocks(daemon, *codes, tools=None, token=None):
-    async def go():
-        turn = await connect(daemon, tools, token=token)
-        try:
-            return turn, [await turn.run(c) for c in codes]
-        finally:
-            await turn.shutdown()
-    return arun(go(), T)
 
 
 # ---- item 5: ready ---------------------------------------------------------

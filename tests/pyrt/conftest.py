@@ -1,14 +1,14 @@
 """Drive the pyrt harness over the channel envelope (docs/internals.md)."""
-import io
 import json
 import os
 import select
 import socket
 import struct
 import subprocess
-import tarfile
 
 import pytest
+
+import fbtest  # tests/lib, on pythonpath by tests/pytest.ini
 
 HARNESS = os.environ.get("PYRT_HARNESS", "")
 TIMEOUT = 30
@@ -39,30 +39,6 @@ TOOLS = {
 }
 
 
-def targz(files):
-    """{name: str|bytes} -> gzip tar bytes (pax, like the host)."""
-    b = io.BytesIO()
-    with tarfile.open(fileobj=b, mode="w:gz", format=tarfile.PAX_FORMAT) as t:
-        for name, data in files.items():
-            if isinstance(data, str):
-                data = data.encode()
-            ti = tarfile.TarInfo(name)
-            ti.size = len(data)
-            ti.mode = 0o644
-            t.addfile(ti, io.BytesIO(data))
-    return b.getvalue()
-
-
-def untargz(data):
-    """gzip tar bytes -> {name: bytes} of regular files, plus the member types."""
-    out = {}
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as t:
-        for m in t.getmembers():
-            assert m.isfile(), f"non-regular member {m.name} ({m.type!r})"
-            out[m.name] = t.extractfile(m).read()
-    return out
-
-
 class Block:
     def __init__(self):
         self.calls = []      # tool_call frames (dicts)
@@ -87,7 +63,7 @@ class Block:
         return self.output["exit_code"]
 
     def files(self):
-        return untargz(self.snapshot)
+        return fbtest.read_targz(self.snapshot, only_regular=True)
 
 
 class Sandbox:
@@ -123,7 +99,7 @@ class Sandbox:
         self.ready = None
         self.ready_raw = None
         if tools is not False:
-            self.send(b"T", targz(TOOLS if tools is None else tools))
+            self.send(b"T", fbtest.make_targz(TOOLS if tools is None else tools))
             t, payload = self.recv()
             assert t == b"F", (t, payload)
             self.ready_raw = payload

@@ -7,7 +7,8 @@ import subprocess
 import time
 
 import pytest
-from conftest import UNDER_ASAN, echo_handler, result, targz
+from conftest import UNDER_ASAN, echo_handler, result
+from fbtest import make_targz as targz
 
 
 def _frame_fields():

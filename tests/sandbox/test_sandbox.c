@@ -3,6 +3,10 @@
  * the child, and report each check over the channel as a line:
  *   "P <name>\n" or "F <name>: <detail>\n", then "T <ns>\n" (the monotonic
  * time at which serve was entered).
+ * The parent counts the checks each child reports against the number its
+ * hook makes (CHECKS_*), and wants the "T" line last: a check that stops
+ * reporting, or a child that dies half-way, fails instead of shortening the
+ * list of passes.
  * Needs root and user namespaces; exits 77 (skip) otherwise. Seccomp is
  * skipped (SBX_PLAN_NO_SECCOMP): the policy has its own tests, and the checks
  * here use syscalls a policy may refuse. */
@@ -253,15 +257,13 @@ static void check_isolated(int chan_fd, int tools_fd, const char *tools_dir, con
         strerror(errno));
     close(tools_fd);
 
-    if (g_site_dir[0]) {
-        snprintf(buf, sizeof buf, "%s/mod.py", g_site_dir);
-        say(access(buf, R_OK) == 0, "site dir bound at the same path", "%s: %s", buf,
-            strerror(errno));
-        snprintf(buf, sizeof buf, "%s/new.py", g_site_dir);
-        errno = 0;
-        fd = open(buf, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-        say(fd < 0 && errno == EROFS, "site dir read-only", "%s", strerror(errno));
-    }
+    snprintf(buf, sizeof buf, "%s/mod.py", g_site_dir);
+    say(access(buf, R_OK) == 0, "site dir bound at the same path", "%s: %s", buf,
+        strerror(errno));
+    snprintf(buf, sizeof buf, "%s/new.py", g_site_dir);
+    errno = 0;
+    fd = open(buf, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    say(fd < 0 && errno == EROFS, "site dir read-only", "%s", strerror(errno));
 
     /* Devices. */
     fd = open("/dev/null", O_WRONLY | O_CLOEXEC);
@@ -362,6 +364,11 @@ static void check_isolated(int chan_fd, int tools_fd, const char *tools_dir, con
 }
 
 static uint64_t g_serve_ns;
+
+/* How many say() lines each hook sends; update with the checks. */
+#define CHECKS_ISOLATED 48 /* check_isolated() */
+#define CHECKS_PLAIN 5     /* serve_plain() */
+#define CHECKS_WARM 2      /* serve_warm() */
 
 __attribute__((noreturn)) static void serve_checks(int chan_fd, int tools_fd, int warm_fd,
                                                     const char *tools_dir, const char *ws)
@@ -511,11 +518,17 @@ static bool no_zombies(void)
     return waitpid(-1, NULL, WNOHANG) < 0 && errno == ECHILD;
 }
 
-/* Turn the child's P/F lines into TAP; returns the T timestamp (or 0). */
-static uint64_t relay_results(const char *prefix, char *text, char **dir)
+/* Turn the child's P/F lines into TAP, then one test that it sent exactly
+ * `want` of them and its "T" line last; returns the T timestamp (or 0). */
+static uint64_t relay_results(const char *prefix, char *text, char **dir, int want)
 {
     uint64_t t = 0;
+    int checks = 0;
+    bool ended = false; /* the T line came, and nothing after it */
     for (char *l = strtok(text, "\n"); l; l = strtok(NULL, "\n")) {
+        ended = l[0] == 'T';
+        if (l[0] == 'P' || l[0] == 'F')
+            checks++;
         if (l[0] == 'P')
             tap(true, "%s%s", prefix, l + 2);
         else if (l[0] == 'F')
@@ -527,6 +540,8 @@ static uint64_t relay_results(const char *prefix, char *text, char **dir)
         else
             tap(false, "%sunexpected line from the child: %s", prefix, l);
     }
+    tap(checks == want && ended, "%sthe child reported all %d checks, then its end (%d%s)",
+        prefix, want, checks, ended ? "" : ", no end line");
     return t;
 }
 
@@ -681,16 +696,19 @@ int main(void)
     sigprocmask(SIG_BLOCK, &chld, NULL);
     setgroups(0, NULL);
 
+    /* The site dir is part of every isolated check run (CHECKS_ISOLATED). */
     char site_tmpl[] = "/tmp/fbtest-site-XXXXXX";
-    if (mkdtemp(site_tmpl)) {
-        chmod(site_tmpl, 0755);
-        snprintf(g_site_dir, sizeof g_site_dir, "%s", site_tmpl);
-        char p[160];
-        snprintf(p, sizeof p, "%s/mod.py", site_tmpl);
-        int fd = open(p, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
-        if (fd >= 0)
-            close(fd);
+    if (!mkdtemp(site_tmpl)) {
+        printf("Bail out! mkdtemp %s: %s\n", site_tmpl, strerror(errno));
+        return 1;
     }
+    chmod(site_tmpl, 0755);
+    snprintf(g_site_dir, sizeof g_site_dir, "%s", site_tmpl);
+    char site_mod[160]; /* the site dir's mod.py, removed at the end */
+    snprintf(site_mod, sizeof site_mod, "%s/mod.py", site_tmpl);
+    int site_fd = open(site_mod, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+    if (site_fd >= 0)
+        close(site_fd);
 
     struct config cfg = {0};
     cfg.isolate = true;
@@ -701,10 +719,8 @@ int main(void)
     cfg.max_unpacked = 64ull << 20;
     cfg.max_members = 10000;
     cfg.pids_max = 64;
-    if (g_site_dir[0]) {
-        snprintf(cfg.site_dirs[0], sizeof cfg.site_dirs[0], "%s", g_site_dir);
-        cfg.n_site_dirs = 1;
-    }
+    snprintf(cfg.site_dirs[0], sizeof cfg.site_dirs[0], "%s", g_site_dir);
+    cfg.n_site_dirs = 1;
     expected_root(g_expected_root, sizeof g_expected_root);
 
     char err[512];
@@ -758,7 +774,7 @@ int main(void)
     check_parent_restored("one clone");
     if (r == 0) {
         slurp(c.chan_fd, text, sizeof text);
-        uint64_t ts = relay_results("isolated: ", text, NULL);
+        uint64_t ts = relay_results("isolated: ", text, NULL, CHECKS_ISOLATED);
         bool pidfd_ok;
         int st = await_exit(&c, &pidfd_ok);
         tap(pidfd_ok, "pidfd reports the exit");
@@ -777,7 +793,7 @@ int main(void)
     check_parent_restored("fork path");
     if (r == 0) {
         slurp(c.chan_fd, text, sizeof text);
-        relay_results("fork path: ", text, NULL);
+        relay_results("fork path: ", text, NULL, CHECKS_ISOLATED);
         bool pidfd_ok;
         int st = await_exit(&c, &pidfd_ok);
         tap(pidfd_ok && WIFEXITED(st) && WEXITSTATUS(st) == 0,
@@ -864,7 +880,7 @@ int main(void)
     if (r == 0) {
         slurp(c.chan_fd, text, sizeof text);
         char *ws = NULL;
-        relay_results("", text, &ws);
+        relay_results("non-isolated: ", text, &ws, CHECKS_PLAIN);
         bool pidfd_ok;
         int st = await_exit(&c, &pidfd_ok);
         tap(pidfd_ok && WIFEXITED(st) && WEXITSTATUS(st) == 0,
@@ -889,7 +905,7 @@ int main(void)
         tap(poll(&p, 1, 10000) == 1 && recv(c.warm_fd, &w, 1, 0) == 1 && w == 'W',
             "pooled: warm byte arrives on the warm socket");
         slurp(c.chan_fd, text, sizeof text);
-        relay_results("", text, NULL);
+        relay_results("", text, NULL, CHECKS_WARM);
         bool pidfd_ok;
         int st = await_exit(&c, &pidfd_ok);
         tap(pidfd_ok && WIFEXITED(st) && WEXITSTATUS(st) == 0, "pooled: exit 0 (status 0x%x)",
@@ -945,14 +961,10 @@ int main(void)
 
     mounts_free(mp);
     struct stat sst;
-    tap(!g_site_dir[0] || (stat(g_site_dir, &sst) == 0 && sst.st_uid == 0),
+    tap(stat(g_site_dir, &sst) == 0 && sst.st_uid == 0,
         "building the root left the host's site dir owned by root");
-    if (g_site_dir[0]) {
-        char p[160];
-        snprintf(p, sizeof p, "%s/mod.py", g_site_dir);
-        unlink(p);
-        rmdir(g_site_dir);
-    }
+    unlink(site_mod);
+    rmdir(g_site_dir);
     printf("1..%d\n", tap_n);
     return tap_failed ? 1 : 0;
 }

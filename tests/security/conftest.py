@@ -4,14 +4,11 @@ Missing or broken daemons make tests fail (error), never skip: a protection that
 cannot be shown to work is reported as not working.
 """
 
-import os
 import sys
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import sbx  # noqa: E402
+import sbx
 
 # Limits for the modules that only probe (they must not trip resource limits).
 # --pool 0: process-accounting tests compare descendants before and after a turn,
@@ -21,9 +18,8 @@ DEFAULT_ARGS = ["--capacity", "16", "--block-timeout", "60", "--turn-timeout", "
 
 @pytest.fixture(scope="module")
 def daemon():
-    d = sbx.Daemon(DEFAULT_ARGS, token=sbx.new_token()).start()
-    yield d
-    d.stop()
+    with sbx.Daemon(DEFAULT_ARGS) as d:
+        yield d
 
 
 @pytest.fixture(autouse=True)

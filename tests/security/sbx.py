@@ -1,8 +1,8 @@
-"""Self-contained helpers for the forkbox security suite.
+"""Helpers of the forkbox security suite, on top of tests/lib/fbtest.py.
 
-* Daemon: the real forkboxd (env FORKBOXD, policy from FORKBOX_SRCDIR) on an
-  ephemeral loopback port; stderr is drained and kept for failure messages; the
-  whole process group is killed at teardown.
+* Daemon: fbtest.Daemon (the real forkboxd on an ephemeral loopback port,
+  its whole process group killed at teardown) with a token and turns run by
+  the client below.
 * A minimal host-like client (websockets 10.x asyncio API): tools archive, per
   block an empty gzip tar then ``run``, tool calls answered, ``done``/``output``/
   archive collected; a turn that the server ends mid-block is reported, not
@@ -22,27 +22,16 @@ magic numbers, nonexistent paths, bad file descriptors, signal 0).
 from __future__ import annotations
 
 import asyncio
-import gzip
-import io
 import json
-import os
-import re
-import signal
-import socket
 import subprocess
-import tarfile
-import threading
 import time
 import uuid
 
 import websockets
-import websockets.exceptions
 
-SRCDIR = os.environ.get("FORKBOX_SRCDIR") or os.path.abspath(
-    os.path.join(os.path.dirname(__file__), "..", ".."))
-FORKBOXD = os.environ.get("FORKBOXD") or os.path.join(SRCDIR, "build", "src", "forkboxd")
-POLICY = os.path.join(SRCDIR, "policy", "default.policy")
-MAX_MESSAGE = 256 * 1024 * 1024
+from fbtest import (EMPTY_TGZ, FORKBOXD, MAX_MESSAGE, POLICY, SRCDIR, ConnectionClosed,  # noqa: F401
+                    arun, descendants, http_get, make_targz, read_targz, wait_until)
+import fbtest
 
 
 def _under_asan(path: str) -> bool:
@@ -57,105 +46,19 @@ def _under_asan(path: str) -> bool:
 # Checks of memory size and whole-address-space scans mean little under ASan:
 # its quarantine keeps freed memory resident and its shadow maps terabytes.
 UNDER_ASAN = _under_asan(FORKBOXD)
-LISTEN_RE = re.compile(r"listening on 127\.0\.0\.1:(\d+)")
 REPORT_MARK = "@@FORKBOX-SEC@@"
-
-ConnectionClosed = websockets.exceptions.ConnectionClosed
 
 
 # --------------------------------------------------------------------------
 # the daemon
 # --------------------------------------------------------------------------
 
-class Daemon:
+class Daemon(fbtest.Daemon):
+    """fbtest.Daemon with a token (ADK_CODE_MODE_AUTH_TOKEN; a new one unless
+    given) and turns run by this module's client."""
+
     def __init__(self, args=(), token: str | None = None):
-        self.args = list(args)
-        self.token = token
-        self.proc: subprocess.Popen | None = None
-        self.port: int | None = None
-        self._lines: list[str] = []
-        self._n_lines = 0  # every line ever read (_lines keeps only the last ones)
-        self._lock = threading.Lock()
-        self._listening = threading.Event()
-
-    def start(self, timeout: float = 20.0) -> "Daemon":
-        if not os.access(FORKBOXD, os.X_OK):
-            raise RuntimeError(f"forkboxd not found or not executable: {FORKBOXD}")
-        argv = [FORKBOXD, "--listen", "127.0.0.1:0", "--policy", POLICY] + self.args
-        env = {k: v for k, v in os.environ.items()
-               if not k.startswith("ADK_CODE_MODE_") and k not in ("PORT", "PYTHONHOME", "PYTHONPATH")}
-        if self.token is not None:
-            env["ADK_CODE_MODE_AUTH_TOKEN"] = self.token
-        self.argv = argv
-        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.PIPE, env=env, start_new_session=True)
-        threading.Thread(target=self._drain, daemon=True).start()
-        if not self._listening.wait(timeout):
-            err = self.stderr()
-            self.stop()
-            raise RuntimeError(f"forkboxd did not report listening within {timeout}s; argv={argv}\n"
-                               f"stderr:\n{err[-4000:]}")
-        return self
-
-    def _drain(self) -> None:
-        assert self.proc and self.proc.stderr
-        for raw in self.proc.stderr:
-            line = raw.decode("utf-8", "replace")
-            with self._lock:
-                self._lines.append(line)
-                self._n_lines += 1
-                if len(self._lines) > 20000:
-                    del self._lines[:10000]
-            m = LISTEN_RE.search(line)
-            if m and self.port is None:
-                self.port = int(m.group(1))
-                self._listening.set()
-
-    def stderr(self, tail: int = 3000) -> str:
-        with self._lock:
-            return "".join(self._lines)[-tail:]
-
-    def lines(self) -> int:
-        """How many stderr lines the daemon has written so far."""
-        with self._lock:
-            return self._n_lines
-
-    @property
-    def pid(self) -> int:
-        assert self.proc
-        return self.proc.pid
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def descendants(self) -> set[int]:
-        return descendants(self.pid)
-
-    def stop(self) -> None:
-        if self.proc is None:
-            return
-        pgid = self.proc.pid
-        if self.proc.poll() is None:
-            try:
-                os.killpg(pgid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            try:
-                self.proc.wait(3)
-            except subprocess.TimeoutExpired:
-                pass
-        try:
-            os.killpg(pgid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
-            self.proc.wait(5)
-        except subprocess.TimeoutExpired:
-            pass
-
-    # -- convenience
-    def health(self, timeout: float = 5.0) -> tuple[int, bytes]:
-        return http_get(self.port, "/health", timeout)
+        super().__init__(args, token=new_token() if token is None else token)
 
     def run(self, *codes, tools=None, handler=None, timeout: float = 60.0, **kw) -> "TurnResult":
         """One turn running the given blocks; see run_turn."""
@@ -166,85 +69,22 @@ class Daemon:
         try:
             st, body = self.health()
         except OSError as e:
-            return False, f"/health failed: {e!r}; daemon alive={self.alive()}\n{self.stderr()}"
+            return False, f"/health failed: {e!r}; daemon alive={self.alive()}\n{self.stderr(3000)}"
         if st != 200 or body != b"OK\n":
             return False, f"/health gave {st} {body!r}"
         try:
             r = self.run("print(1)", timeout=30)
         except Exception as e:  # noqa: BLE001
-            return False, f"new turn failed: {e!r}\n{self.stderr()}"
+            return False, f"new turn failed: {e!r}\n{self.stderr(3000)}"
         b = r.blocks[0] if r.blocks else None
         if not b or b.exit_code != 0 or b.stdout != "1\n":
             return False, f"new turn did not print 1: {r!r}"
         return True, ""
 
 
-def descendants(pid: int) -> set[int]:
-    out: set[int] = set()
-    todo = [pid]
-    while todo:
-        p = todo.pop()
-        try:
-            tasks = os.listdir(f"/proc/{p}/task")
-        except OSError:
-            continue
-        for t in tasks:
-            try:
-                with open(f"/proc/{p}/task/{t}/children") as fh:
-                    kids = [int(x) for x in fh.read().split()]
-            except OSError:
-                continue
-            for k in kids:
-                if k not in out:
-                    out.add(k)
-                    todo.append(k)
-    return out
-
-
-def wait_until(pred, timeout: float, interval: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(interval)
-    return bool(pred())
-
-
-def http_get(port: int, path: str, timeout: float = 5.0) -> tuple[int, bytes]:
-    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
-        s.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
-        data = b""
-        while True:
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    status = int(head.split(b" ", 2)[1]) if head.startswith(b"HTTP/1.1 ") else -1
-    m = re.search(rb"(?im)^content-length:\s*(\d+)", head)
-    if m:
-        body = body[:int(m.group(1))]
-    return status, body
-
-
 # --------------------------------------------------------------------------
 # archives
 # --------------------------------------------------------------------------
-
-def make_targz(files: dict[str, bytes | str]) -> bytes:
-    bio = io.BytesIO()
-    with tarfile.open(fileobj=bio, mode="w:gz", format=tarfile.PAX_FORMAT) as tf:
-        for name, data in files.items():
-            if isinstance(data, str):
-                data = data.encode()
-            ti = tarfile.TarInfo(name)
-            ti.size = len(data)
-            ti.mode = 0o644
-            tf.addfile(ti, io.BytesIO(data))
-    return bio.getvalue()
-
-
-EMPTY_TGZ = make_targz({})
 
 STUB = '''# Generated by adk-code-mode. Do not edit.
 from __future__ import annotations
@@ -266,18 +106,6 @@ def tools_archive(names=("echo",)) -> bytes:
         init.append(f"from .{n} import {n}\n")
     files["__init__.py"] += "".join(init) + f"__all__ = {list(names)!r}\n"
     return make_targz(files)
-
-
-def read_targz(data: bytes) -> dict[str, bytes]:
-    out = {}
-    if not data:
-        return out
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tf:
-        for m in tf.getmembers():
-            if m.isfile():
-                f = tf.extractfile(m)
-                out[m.name] = f.read() if f else b""
-    return out
 
 
 # --------------------------------------------------------------------------
@@ -452,12 +280,6 @@ async def run_turn(daemon: Daemon, codes: list[str], tools=None, handler=None,
         if not t.result.closed_by_server:
             await t.close()
     return t.result
-
-
-def arun(coro, timeout: float = 60.0):
-    async def bounded():
-        return await asyncio.wait_for(coro, timeout)
-    return asyncio.run(bounded())
 
 
 # --------------------------------------------------------------------------

@@ -5,11 +5,12 @@ Daemon limits here: --memory 256M --pids 64 --tmpfs-size 64M --block-timeout 5
 --output-cap 64K. Outcomes asserted:
 
 * fork loop -> BlockingIOError (EAGAIN) before 64 processes;
-* classic fork bomb -> block timeout (done 124) or the sandbox killed (log error
-  + close 1011), and no process of the turn survives on the host;
+* classic fork bomb -> block timeout (done 124, close 1000 naming it); under
+  ASan its quarantine may reach memory.max first (OOM kill, log error + close
+  1011); no process of the turn survives on the host;
 * thread loop -> RuntimeError("can't start new thread") before 64 threads;
-* memory bomb -> MemoryError below ~256M, or the sandbox OOM-killed (log error
-  + close 1011);
+* memory bomb -> the sandbox OOM-killed at the cgroup's memory.max (log error
+  + close 1011 naming it; no RLIMIT_AS, so Python never sees MemoryError);
 * filling /workspace, /tmp, /dev/shm -> OSError ENOSPC within ~64M;
 * fd loop -> OSError EMFILE;
 * CPU spin and sleep -> done exit 124 with a time-limit stderr, then close;
@@ -33,14 +34,17 @@ OUTPUT_CAP = 64 << 10
 ARGS = ["--capacity", "8", "--memory", "256M", "--pids", str(PIDS), "--tmpfs-size", "64M",
         "--block-timeout", str(BLOCK_TIMEOUT), "--turn-timeout", "60", "--output-cap", "64K", "--pool", "0"]
 TIME_LIMIT_RE = re.compile(r"time limit", re.I)
+# How the supervisor ends a turn whose block ran into --block-timeout.
+BLOCK_TIMEOUT_CLOSE = (1000, f"block timeout: the block ran longer than {BLOCK_TIMEOUT} s (--block-timeout)")
+# ... and one whose sandbox the kernel OOM-killed at memory.max (close 1011).
+OOM_CLOSE_REASON = f"out of memory: the sandbox was killed at its memory limit ({MEM >> 20} MiB)"
 DROPPED_RE = re.compile(r"\[forkbox: (\d+) bytes of (stdout|stderr) dropped\]")
 
 
 @pytest.fixture(scope="module")
 def small_daemon():
-    d = sbx.Daemon(ARGS, token=sbx.new_token()).start()
-    yield d
-    d.stop()
+    with sbx.Daemon(ARGS) as d:
+        yield d
 
 
 def _after(d: sbx.Daemon):
@@ -48,9 +52,9 @@ def _after(d: sbx.Daemon):
     assert ok, why
 
 
-def _killed(r: sbx.TurnResult) -> bool:
+def _killed(r: sbx.TurnResult, reason: str) -> bool:
     """The sandbox was killed by a limit: a log error frame and close 1011."""
-    return (r.closed_by_server and r.close_code == 1011
+    return (r.closed_by_server and (r.close_code, r.close_reason) == (1011, reason)
             and any(f.get("level") == "error" for f in r.logs))
 
 
@@ -104,7 +108,15 @@ def test_fork_bomb_contained(small_daemon):
     before = small_daemon.descendants()
     r = small_daemon.run(FORK_BOMB, timeout=BLOCK_TIMEOUT + 40)
     b = r.last
-    assert _timed_out(b) or _killed(r), repr(r)
+    # 64 pids hold little memory: the bomb spins until the block timeout.
+    timed_out = _timed_out(b) and (r.close_code, r.close_reason) == BLOCK_TIMEOUT_CLOSE
+    if sbx.UNDER_ASAN:
+        # Under ASan each process's quarantine keeps what it frees (every
+        # failed fork's OSError) resident, and the 64 of them race the 5 s
+        # timer to memory.max: either end, each exact, and nothing else.
+        assert timed_out or _killed(r, OOM_CLOSE_REASON), repr(r)
+    else:
+        assert timed_out, repr(r)
     assert r.closed_by_server, repr(r)
     assert b.elapsed < BLOCK_TIMEOUT + 15, f"took {b.elapsed:.1f}s"
     # Every process of the bomb is gone from the host.
@@ -162,13 +174,8 @@ except MemoryError:
 
 def test_memory_bomb(small_daemon):
     r = small_daemon.run(MEMORY_BOMB, timeout=60)
-    b = r.last
-    if b.completed:
-        assert b.exit_code == 1 and "MemoryError" in b.stderr, repr(b)
-        m = re.search(r"MemoryError after (\d+)", b.stdout)
-        assert m and int(m.group(1)) <= MEM, repr(b)
-    else:
-        assert _killed(r), repr(r)
+    assert not r.last.completed, repr(r)
+    assert _killed(r, OOM_CLOSE_REASON), repr(r)
     _after(small_daemon)
 
 
@@ -275,6 +282,7 @@ def test_block_timeout(small_daemon, code):
     assert _timed_out(b), repr(r)
     assert BLOCK_TIMEOUT - 0.5 <= b.elapsed < BLOCK_TIMEOUT + 5, f"timed out after {b.elapsed:.1f}s"
     assert r.closed_by_server, f"connection not closed after the timeout: {r!r}"
+    assert (r.close_code, r.close_reason) == BLOCK_TIMEOUT_CLOSE, repr(r)
     _after(small_daemon)
 
 

@@ -296,17 +296,14 @@ def test_snapshot_over_cap_file_left_out(daemon):
 
 
 def _tgz_with_modes(members):
-    import io
     import tarfile
-    bio = io.BytesIO()
-    with tarfile.open(fileobj=bio, mode="w:gz", format=tarfile.PAX_FORMAT) as tf:
-        for name, mode, data in members:
-            ti = tarfile.TarInfo(name)
-            ti.size = len(data)
-            ti.mode = mode
-            ti.uid = ti.gid = 0
-            tf.addfile(ti, io.BytesIO(data))
-    return bio.getvalue()
+    infos = []
+    for name, mode, data in members:
+        ti = tarfile.TarInfo(name)
+        ti.size = len(data)
+        ti.mode = mode
+        infos.append((ti, data))
+    return sbx.make_targz(infos)
 
 
 def test_workspace_archive_setuid_bits_masked(daemon):

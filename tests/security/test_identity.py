@@ -47,9 +47,8 @@ ARGS = ["--capacity", "8", "--pool", str(POOL), "--block-timeout", "60", "--turn
 
 @pytest.fixture(scope="module")
 def daemon():
-    d = sbx.Daemon(ARGS, token=sbx.new_token()).start()
-    yield d
-    d.stop()
+    with sbx.Daemon(ARGS) as d:
+        yield d
 
 
 # --------------------------------------------------------------------------- host view

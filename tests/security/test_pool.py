@@ -13,9 +13,8 @@ from test_processes import cross_turn, host_pids  # noqa: F401  (their fixtures)
 
 @pytest.fixture(scope="module")
 def daemon():
-    d = sbx.Daemon(DEFAULT_ARGS + ["--pool", "2"], token=sbx.new_token()).start()
-    yield d
-    d.stop()
+    with sbx.Daemon(DEFAULT_ARGS + ["--pool", "2"]) as d:
+        yield d
 
 
 def test_this_module_runs_against_the_pooled_daemon(daemon):

@@ -67,8 +67,7 @@ FLOODS = {
 @pytest.mark.parametrize("kind", list(FLOODS))
 def test_idle_flood_does_not_lock_out(kind, tmp_path):
     partial, spec = FLOODS[kind]
-    d = sbx.Daemon(["--capacity", "4", "--pool", "1", "--turn-timeout", "60"],
-                   token=sbx.new_token()).start()
+    d = sbx.Daemon(["--capacity", "4", "--pool", "1", "--turn-timeout", "60"]).start()
     flood = None
     try:
         ok, why = d.fresh_turn_ok()

@@ -46,11 +46,9 @@ COVERED_DIRS = [p for p in EMPTY_DIRS if _on_host(p)]
 
 @pytest.fixture(scope="module")
 def pdaemon():
-    d = sbx.Daemon(["--capacity", "8", "--pool", "0", "--block-timeout", "60",
-                    "--memory", str(MEMORY), "--cpu", str(CPU_MILLIS)],
-                   token=sbx.new_token()).start()
-    yield d
-    d.stop()
+    with sbx.Daemon(["--capacity", "8", "--pool", "0", "--block-timeout", "60",
+                    "--memory", str(MEMORY), "--cpu", str(CPU_MILLIS)]) as d:
+        yield d
 
 
 SNAPSHOT = r'''

@@ -101,9 +101,8 @@ def site():
 
 @pytest.fixture(scope="module")
 def daemon(site):
-    d = sbx.Daemon(DEFAULT_ARGS + ["--site-packages", site], token=sbx.new_token()).start()
-    yield d
-    d.stop()
+    with sbx.Daemon(DEFAULT_ARGS + ["--site-packages", site]) as d:
+        yield d
 
 
 def site_file(site):

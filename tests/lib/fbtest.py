@@ -1,12 +1,19 @@
-"""Shared helpers for the forkboxd integration tests.
+"""The Python test helpers of every suite (integration, security, pyrt).
 
-* Daemon: starts the real forkboxd (env FORKBOXD) on an ephemeral port, parses the
-  "listening on 127.0.0.1:PORT" line, drains its stderr, kills its whole process
-  group at teardown.
+On sys.path by tests/pytest.ini, together with tools/ (forkbox_client.py, the
+host-like client this builds on) and tools/demo/.
+
+* Daemon: starts the real forkboxd (env FORKBOXD; it finds forkbox-sandbox in
+  the build tree itself) on an ephemeral port, parses the "listening on
+  127.0.0.1:PORT" line, drains its stderr, kills its whole process group at
+  teardown. descendants(), pid_alive(), wait_until() to watch its processes.
+* Archives: make_targz(), EMPTY_TGZ, read_targz() (gzip pax tars as the host
+  makes them, from tools/forkbox_client.py).
 * arun(): runs a coroutine with a hard timeout (no test may hang).
 * Raw HTTP and a raw WebSocket client on plain sockets, for byte-exact and
   malformed-input cases the websockets library will not produce.
-* Turn helpers built on tools/forkbox_client.py (the host-like client).
+* Turn helpers built on tools/forkbox_client.py.
+* ALLOWED_ENV: the sandbox's environment allowlist, as the tests expect it.
 """
 
 from __future__ import annotations
@@ -21,26 +28,30 @@ import signal
 import socket
 import struct
 import subprocess
-import sys
 import threading
 import time
 
 SRCDIR = os.environ.get("FORKBOX_SRCDIR") or os.path.abspath(
     os.path.join(os.path.dirname(__file__), "..", ".."))
 FORKBOXD = os.environ.get("FORKBOXD") or os.path.join(SRCDIR, "build", "src", "forkboxd")
-TOOLS_DIR = os.path.join(SRCDIR, "tools")
-for _p in (TOOLS_DIR, os.path.join(TOOLS_DIR, "demo")):
-    if _p not in sys.path:
-        sys.path.insert(0, _p)
+POLICY = os.path.join(SRCDIR, "policy", "default.policy")
+# The fork server's executable, which the build tree's forkboxd finds beside itself.
+SANDBOX_EXE = os.path.join(os.path.dirname(FORKBOXD), "forkbox-sandbox")
+FORKSERVER_CMDLINE = b"forkboxd\0--internal-forkserver\0"  # its fixed argv
 
-import forkbox_client as fc  # noqa: E402
+import forkbox_client as fc  # noqa: E402  (tools/, on pythonpath by tests/pytest.ini)
 import websockets  # noqa: E402
 import websockets.exceptions  # noqa: E402
-from demo_tools import demo_tools  # noqa: E402
+from demo_tools import demo_tools  # noqa: E402,F401  (tools/demo/)
 
 ConnectionClosed = websockets.exceptions.ConnectionClosed
 LISTEN_RE = re.compile(r"listening on 127\.0\.0\.1:(\d+)")
+MAX_MESSAGE = fc.MAX_MESSAGE
 
+
+# --------------------------------------------------------------------------
+# the sandbox's environment allowlist (what a sandbox's os.environ may hold)
+# --------------------------------------------------------------------------
 
 def _env_keep():
     """The spec 6.4 allowlist from its one copy, the C header the sandbox is
@@ -62,16 +73,25 @@ ALLOWED_ENV, ALLOWED_ENV_PREFIX = _env_keep()
 # --------------------------------------------------------------------------
 
 class Daemon:
-    """One forkboxd process. ``args`` are extra flags; ``env`` extra variables."""
+    """One forkboxd process (it finds forkbox-sandbox in the build tree itself).
 
-    def __init__(self, args=(), env=None, listen=True, policy=True):
+    ``args`` are extra flags; ``env`` extra variables; ``token`` sets
+    ADK_CODE_MODE_AUTH_TOKEN (and is kept as ``self.token`` for clients);
+    ``listen=False`` starts it without --listen (start() then does not wait);
+    ``policy=False`` leaves out --policy policy/default.policy."""
+
+    KEEP_LINES = 20000  # stderr lines kept (a flood test writes far more)
+
+    def __init__(self, args=(), env=None, listen=True, policy=True, token: str | None = None):
         self.args = list(args)
         self.extra_env = dict(env or {})
         self.listen = listen
         self.policy = policy
+        self.token = token
         self.proc: subprocess.Popen | None = None
         self.port: int | None = None
         self._lines: list[str] = []
+        self._n_lines = 0  # every line ever read (_lines keeps only the last ones)
         self._lock = threading.Lock()
         self._listening = threading.Event()
         self._reader: threading.Thread | None = None
@@ -83,12 +103,13 @@ class Daemon:
         argv = [FORKBOXD]
         if self.listen:
             argv += ["--listen", "127.0.0.1:0"]
-        pol = os.path.join(SRCDIR, "policy", "default.policy")
-        if self.policy and os.path.exists(pol):
-            argv += ["--policy", pol]
+        if self.policy and os.path.exists(POLICY):
+            argv += ["--policy", POLICY]
         argv += self.args
         env = {k: v for k, v in os.environ.items()
                if not k.startswith("ADK_CODE_MODE_") and k not in ("PORT", "PYTHONHOME", "PYTHONPATH")}
+        if self.token is not None:
+            env["ADK_CODE_MODE_AUTH_TOKEN"] = self.token
         env.update(self.extra_env)
         self.argv = argv
         self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -105,14 +126,14 @@ class Daemon:
                 if self._listening.is_set():
                     break
                 raise RuntimeError(f"forkboxd exited with status {self.proc.returncode}; "
-                                   f"argv={argv}\nstderr:\n{self.stderr()[-4000:]}")
+                                   f"argv={argv}\nstderr:\n{self.stderr(4000)}")
             if time.monotonic() > deadline:
                 break
         if not self._listening.is_set():
-            err = self.stderr()
+            err = self.stderr(4000)
             self.stop()
             raise RuntimeError(f"forkboxd did not report listening within {timeout}s; "
-                               f"argv={argv}\nstderr:\n{err[-4000:]}")
+                               f"argv={argv}\nstderr:\n{err}")
         return self
 
     def _drain(self) -> None:
@@ -121,14 +142,25 @@ class Daemon:
             line = raw.decode("utf-8", "replace")
             with self._lock:
                 self._lines.append(line)
+                self._n_lines += 1
+                if len(self._lines) > self.KEEP_LINES:
+                    del self._lines[:self.KEEP_LINES // 2]
             m = LISTEN_RE.search(line)
             if m and self.port is None:
                 self.port = int(m.group(1))
                 self._listening.set()
 
-    def stderr(self) -> str:
+    def stderr(self, tail: int | None = None) -> str:
+        """What the daemon wrote to stderr (its last KEEP_LINES lines); with
+        ``tail``, only the last ``tail`` characters."""
         with self._lock:
-            return "".join(self._lines)
+            text = "".join(self._lines)
+        return text if tail is None else text[-tail:]
+
+    def lines(self) -> int:
+        """How many stderr lines the daemon has written so far."""
+        with self._lock:
+            return self._n_lines
 
     @property
     def pid(self) -> int:
@@ -178,6 +210,22 @@ class Daemon:
     def descendants(self) -> set[int]:
         return descendants(self.pid)
 
+    def forkserver_pid(self) -> int:
+        """The fork server: the daemon's child with the fork server's fixed argv
+        (its sandboxes and cgroup helper are clones of it, one level further down)."""
+        for pid in children(self.pid):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                    if fh.read() == FORKSERVER_CMDLINE:
+                        return pid
+            except OSError:
+                pass
+        raise AssertionError("no fork server under the daemon")
+
+    def health(self, timeout: float = 5.0) -> tuple[int, bytes]:
+        """GET /health: (status, body)."""
+        return http_get(self.port, "/health", timeout)
+
     def __enter__(self):
         return self.start()
 
@@ -185,26 +233,31 @@ class Daemon:
         self.stop()
 
 
+def children(pid: int) -> list[int]:
+    """The live children of pid (those of all its threads), via /proc/<pid>/task/*/children."""
+    out = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for t in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{t}/children") as fh:
+                out += [int(x) for x in fh.read().split()]
+        except OSError:
+            continue
+    return out
+
+
 def descendants(pid: int) -> set[int]:
-    """All live descendants of pid, via /proc/<pid>/task/*/children."""
+    """All live descendants of pid."""
     out: set[int] = set()
     todo = [pid]
     while todo:
-        p = todo.pop()
-        try:
-            tasks = os.listdir(f"/proc/{p}/task")
-        except OSError:
-            continue
-        for t in tasks:
-            try:
-                with open(f"/proc/{p}/task/{t}/children") as fh:
-                    kids = [int(x) for x in fh.read().split()]
-            except OSError:
-                continue
-            for k in kids:
-                if k not in out:
-                    out.add(k)
-                    todo.append(k)
+        for k in children(todo.pop()):
+            if k not in out:
+                out.add(k)
+                todo.append(k)
     return out
 
 
@@ -228,6 +281,27 @@ def wait_until(pred, timeout: float, interval: float = 0.05) -> bool:
 
 
 # --------------------------------------------------------------------------
+# archives: gzip pax tars as the host makes them (tools/forkbox_client.py)
+# --------------------------------------------------------------------------
+
+make_targz = fc.make_tar  # {name: str | bytes} -> gzip tar bytes; members 0644, mtime 0
+EMPTY_TGZ = fc.empty_tar()  # the empty archive the host sends before every block
+
+
+def read_targz(data: bytes, only_regular: bool = False) -> dict[str, bytes]:
+    """gzip tar bytes -> {member name: content} of its regular files ({} for b"").
+    only_regular: assert that there is no other kind of member."""
+    out = {}
+    if not data:
+        return out
+    for m, content in fc.read_tar(data):
+        assert m.isreg() or not only_regular, f"non-regular member {m.name} ({m.type!r})"
+        if m.isreg():
+            out[m.name] = content
+    return out
+
+
+# --------------------------------------------------------------------------
 # asyncio glue
 # --------------------------------------------------------------------------
 
@@ -241,6 +315,23 @@ def arun(coro, timeout: float = 30.0):
 async def connect(daemon: Daemon, tools=None, *, token=None, path="/", **kw) -> fc.Turn:
     url = f"ws://127.0.0.1:{daemon.port}{path}"
     return await fc.Turn.connect(url, demo_tools() if tools is None else tools, token=token, **kw)
+
+
+def run_blocks(daemon: Daemon, *codes: str, timeout: float = 60.0, tools=None, handler=None,
+               **kw) -> tuple[fc.Turn, list[fc.BlockResult]]:
+    """One turn that runs codes in order, then shutdown: (the turn, the results).
+    tools: as for connect() (default: the demo tools); handler(turn), if given,
+    makes each block's on_tool_call; kw go to connect()."""
+    async def go():
+        turn = await connect(daemon, tools, **kw)
+        try:
+            out = []
+            for c in codes:
+                out.append(await turn.run(c, on_tool_call=handler(turn) if handler else None))
+            return turn, out
+        finally:
+            await turn.shutdown()
+    return arun(go(), timeout)
 
 
 async def expect_closed(ws, timeout: float = 10.0) -> tuple[int | None, str, list]:
@@ -334,6 +425,25 @@ def upgrade_request(path: str = "/", token: str | None = None, headers=(), auth:
 
 def get_health(port: int, path: str = "/health") -> Response:
     return http_raw(port, f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+
+
+def http_get(port: int, path: str, timeout: float = 5.0) -> tuple[int, bytes]:
+    """GET path: (status, body cut to Content-Length). Unlike http_raw, a server
+    that does not answer within timeout raises (socket.timeout, an OSError)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+        data = b""
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    status = int(head.split(b" ", 2)[1]) if head.startswith(b"HTTP/1.1 ") else -1
+    m = re.search(rb"(?im)^content-length:\s*(\d+)", head)
+    if m:
+        body = body[:int(m.group(1))]
+    return status, body
 
 
 # --------------------------------------------------------------------------
