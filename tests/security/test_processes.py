@@ -20,6 +20,7 @@ import uuid
 
 import pytest
 
+import fbtest
 import sbx
 
 PROBE_PIDS = r'''
@@ -345,9 +346,8 @@ def test_token_never_reaches_the_sandbox(daemon):
     assert r.last.completed and r.last.exit_code == 0, repr(r)
     rep = r.last.report()
     assert not [k for k in rep["environ_keys"] if k.startswith("ADK_CODE_MODE")], rep["environ_keys"]
-    allowed = {"PATH", "HOME", "USER", "LANG", "LANGUAGE", "TERM", "TMPDIR", "TEMP", "TMP",
-               "PYTHONHASHSEED", "PYTHONDONTWRITEBYTECODE"}
-    extra = [k for k in rep["environ_keys"] if k not in allowed and not k.startswith("LC_")]
+    extra = [k for k in rep["environ_keys"]
+             if k not in fbtest.ALLOWED_ENV and not k.startswith(fbtest.ALLOWED_ENV_PREFIX)]
     assert not extra, f"environment beyond the allowlist (spec 6.4): {extra}"
     assert rep["adk_in_proc_environ"] == [], rep["adk_in_proc_environ"]
     mem = rep["memory"]
