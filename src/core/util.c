@@ -7,6 +7,8 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <signal.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
@@ -243,4 +245,31 @@ void raise_nofile(void)
         rl.rlim_cur = rl.rlim_max;
         setrlimit(RLIMIT_NOFILE, &rl);
     }
+}
+
+pid_t fork_helper(const char *what, int *fd, char *err, size_t errlen)
+{
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0) {
+        return err_errno(err, errlen, "%s: socketpair", what);
+    }
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid < 0) {
+        int e = errno;
+        close(sv[0]);
+        close(sv[1]);
+        return err_fmt(err, errlen, -e, "%s: fork: %s", what, strerror(e));
+    }
+    if (pid == 0) {
+        if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0 || getppid() != parent)
+            _exit(127);
+        /* dup2 clears FD_CLOEXEC; an end that already is fd 3 needs it cleared. */
+        if (sv[1] == 3 ? fcntl(3, F_SETFD, 0) < 0 : dup2(sv[1], 3) < 0)
+            _exit(127);
+        return 0;
+    }
+    close(sv[1]);
+    *fd = sv[0];
+    return pid;
 }

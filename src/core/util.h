@@ -50,3 +50,10 @@ bool ct_equal(const void *a, size_t alen, const void *b, size_t blen);
 int parse_u64(const char *s, uint64_t max, uint64_t *out);
 /* Raise RLIMIT_NOFILE as far as allowed (util.c says how far and why). */
 void raise_nofile(void);
+/* A helper process joined to us by a SEQPACKET socketpair. In the child
+ * (returns 0) its end is fd 3 with close-on-exec off, and it dies with us;
+ * only async-signal-safe calls are made, so the child may exec. The parent
+ * gets the child's pid and its own end in *fd; -errno with a reason in err.
+ * The supervisor starts the fork server with it, and the fork server its
+ * cgroup placer. */
+pid_t fork_helper(const char *what, int *fd, char *err, size_t errlen);

@@ -1,6 +1,6 @@
-/* Runs in the fork server (sbx_runtime_init) and the sandbox child (the
- * hooks): the interpreter glue, the only file of the sandbox module that
- * calls pyrt.
+/* Runs in the fork server: the interpreter glue (sbx_runtime_init, and the
+ * table of pyrt's functions a sandbox child calls after its steps), the only
+ * file of the sandbox module that names pyrt.
  * Keeping it here lets tests spawn real sandboxes with their own hooks
  * without linking the embedded interpreter. */
 #include "pyrt/pyrt.h"

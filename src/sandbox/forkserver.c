@@ -159,14 +159,14 @@ static int placer_start(struct forkserver *fsv, char *err, size_t errlen)
 {
     int fd = -1;
     /* The helper sends death reports on the control socket (fd 4 there):
-     * a copy above the fds fs_fork_helper uses. */
+     * a copy above the fds fork_helper uses. */
     int ctl_copy = fcntl(fsv->ctl_fd, F_DUPFD_CLOEXEC, 10);
     if (ctl_copy < 0) {
         int e = errno;
         snprintf(err, errlen, "cgroup helper: dup: %s", strerror(e));
         return -e;
     }
-    pid_t pid = fs_fork_helper("cgroup helper", &fd, err, errlen);
+    pid_t pid = fork_helper("cgroup helper", &fd, err, errlen);
     if (pid < 0) {
         close(ctl_copy);
         return pid;

@@ -92,12 +92,6 @@ int fs_client_request(struct fs_client *fs, uint64_t turn_id);
 int fs_client_reply(struct fs_client *fs, struct fs_reply *rep, int *chan_fd, int *pidfd);
 void fs_client_stop(struct fs_client *fs);
 
-/* A helper process joined to us by a SEQPACKET socketpair. In the child
- * (returns 0) its end is fd 3 with close-on-exec off, and it dies with us;
- * only async-signal-safe calls are made, so the child may exec. The parent
- * gets the child's pid and its own end in *fd; -errno with a reason in err.
- * Starts the fork server, and in it the cgroup placer. */
-pid_t fs_fork_helper(const char *what, int *fd, char *err, size_t errlen);
 
 /* --- fork server side (forkbox-sandbox only) --- */
 

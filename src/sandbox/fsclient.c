@@ -1,7 +1,6 @@
 /* Runs in the supervisor (forkboxd, which links no Python): its side of the
  * fork server (see forkserver.h): finding, checking and starting
- * forkbox-sandbox, the control socket's records. fs_fork_helper() is shared
- * with the fork server (which starts its cgroup helper with it). */
+ * forkbox-sandbox (with core's fork_helper), the control socket's records. */
 #include "sandbox/forkserver.h"
 
 #include <errno.h>
@@ -32,35 +31,6 @@ static void reap_blocking(pid_t pid, int *status)
         ;
 }
 
-pid_t fs_fork_helper(const char *what, int *fd, char *err, size_t errlen)
-{
-    int sv[2];
-    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0) {
-        snprintf(err, errlen, "%s: socketpair: %s", what, strerror(errno));
-        return -errno;
-    }
-    pid_t parent = getpid();
-    pid_t pid = fork();
-    if (pid < 0) {
-        int e = errno;
-        close(sv[0]);
-        close(sv[1]);
-        snprintf(err, errlen, "%s: fork: %s", what, strerror(e));
-        return -e;
-    }
-    if (pid == 0) {
-        if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0 || getppid() != parent)
-            _exit(127);
-        /* dup2 clears FD_CLOEXEC; an end that already is fd 3 needs it cleared. */
-        if (sv[1] == 3 ? fcntl(3, F_SETFD, 0) < 0 : dup2(sv[1], 3) < 0)
-            _exit(127);
-        return 0;
-    }
-    close(sv[1]);
-    *fd = sv[0];
-    return pid;
-}
-
 /* Which forkbox-sandbox: --sandbox-exe; else the build tree's when this
  * forkboxd is the build tree's (the same file, by device and inode: a
  * copy or an installed forkboxd is not); else the installed one. All three
@@ -82,7 +52,7 @@ static const char *sandbox_exe_path(const struct config *cfg)
  * (execveat on the fd), so a rename or a symlink swapped in after the check
  * changes nothing. The directories above it are not checked (residual risk,
  * README "How it works"): the compiled-in paths are root's. The fd is above
- * 3, which fs_fork_helper gives the control socket in the child. */
+ * 3, which fork_helper gives the control socket in the child. */
 static int sandbox_exe_open(const struct config *cfg, char *err, size_t errlen)
 {
     const char *path = sandbox_exe_path(cfg);
@@ -169,7 +139,7 @@ int fs_client_start(const struct config *cfg, struct fs_client *fs, char *err, s
     }
 
     int ctl_fd = -1;
-    pid_t pid = fs_fork_helper("fork server", &ctl_fd, err, errlen);
+    pid_t pid = fork_helper("fork server", &ctl_fd, err, errlen);
     if (pid < 0)
         return pid;
     if (pid == 0) {

@@ -1,6 +1,6 @@
-/* Runs in the fork server (mounts_prepare, mounts_build: once, at start) and
- * the sandbox child (mounts_enter, its step 3): the sandbox's filesystem
- * (see mounts.h).
+/* Runs in the fork server (mounts_prepare, mounts_build: once, at start):
+ * the sandbox's filesystem (see mounts.h); a sandbox child enters it with
+ * mounts_enter (mounts_enter.c, its step 3).
  *
  * The root is built once, in the fork server (mounts_build), in a mount
  * namespace of its own that every sandbox's namespace is then a copy of:
@@ -39,6 +39,7 @@
  * the root itself (some 40 mount calls, 25 directories, 5 files and 9
  * symlinks) was most of a sandbox's filesystem set-up. */
 #include "sandbox/mounts.h"
+#include "sandbox/mounts_int.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -62,7 +63,6 @@
 #include "core/util.h"
 #include "core/limits.h"
 
-#define OP_PATH_MAX 320
 
 /* Synthetic /etc files: nothing about the host leaks through them, and the
  * NSS config loads no module that could reach outside (dbus, systemd). */
@@ -171,44 +171,12 @@ static const struct proc_entry {
 };
 
 #define PROC_ENTRIES_MAX (sizeof proc_entries / sizeof *proc_entries)
+_Static_assert(PROC_ENTRIES_MAX <= MOUNTS_COVERS_MAX, "mount_plan.covers holds every proc entry");
 /* Where the replacements live: the root's own /proc directory, under every
  * sandbox's proc mount once that is in place (see mounts_enter, step 6). */
 #define PROC_SRC "/proc"
 #define PROC_EMPTY_FILE_NAME ".empty"
 #define PROC_EMPTY_DIR_NAME ".empty-dir"
-
-enum mop_kind {
-    MOP_DIR,      /* mkdir dst (mode); an existing dir is fine */
-    MOP_FILE,     /* create dst with data (mode) */
-    MOP_SYMLINK,  /* symlink src -> dst */
-    MOP_BIND_RO,  /* bind host src at dst, read-only, nosuid, nodev */
-    MOP_BIND_DEV, /* bind a host device node at dst as is */
-};
-
-struct mount_op {
-    enum mop_kind kind;
-    bool is_dir;           /* binds: the mountpoint is a directory (else a file) */
-    mode_t mode;           /* DIR, FILE */
-    const char *data;      /* FILE: contents (static, or owned below) */
-    size_t len;            /* FILE: bytes of data */
-    char *owned;           /* FILE: contents made by mounts_prepare, owned; else NULL */
-    char src[OP_PATH_MAX]; /* BIND: host path; SYMLINK: link target */
-    char dst[OP_PATH_MAX]; /* path in the new root */
-};
-
-/* One file or directory of a sandbox's fresh /proc covered by a bind of a
- * file or directory of the root's PROC_SRC (see proc_entries). */
-struct proc_cover {
-    char target[32]; /* relative to the proc mount: "meminfo", "sys/fs/file-nr" */
-    char source[32]; /* its replacement: "/proc/meminfo", "/proc/.empty" */
-};
-
-struct mount_plan {
-    struct mount_op *ops; /* owned */
-    size_t n, cap;
-    struct proc_cover covers[PROC_ENTRIES_MAX]; /* in order; the child binds them */
-    size_t n_covers;
-};
 
 static struct mount_op *add(struct mount_plan *mp, enum mop_kind kind, const char *src,
                             const char *dst)
@@ -392,7 +360,7 @@ static int add_host_entry(struct mount_plan *mp, const char *path)
     return add_bind_ro(mp, path, path, false);
 }
 
-static bool path_under(const char *path, const char *dir)
+bool mounts_path_under(const char *path, const char *dir)
 {
     size_t n = strlen(dir);
     return strncmp(path, dir, n) == 0 && (path[n] == '\0' || path[n] == '/');
@@ -423,9 +391,9 @@ static int check_tools_dir(const char *p, char *err, size_t errlen)
         return err_fmt(err, errlen, -EINVAL,
                     "tools dir %s: must be a clean absolute path ending in /tools", p);
     for (size_t i = 0; i < sizeof reserved_dirs / sizeof *reserved_dirs; i++)
-        if (path_under(p, reserved_dirs[i]))
+        if (mounts_path_under(p, reserved_dirs[i]))
             return err_fmt(err, errlen, -EINVAL, "tools dir %s: inside %s", p, reserved_dirs[i]);
-    if (path_under(p, "/usr"))
+    if (mounts_path_under(p, "/usr"))
         return err_fmt(err, errlen, -EINVAL, "tools dir %s: inside /usr", p);
     return 0;
 }
@@ -670,12 +638,12 @@ int mounts_prepare(const struct config *cfg, struct mount_plan **out, char *err,
         if (stat(p, &st) < 0 || !S_ISDIR(st.st_mode))
             TRY(-(errno ? errno : ENOTDIR), "site dir %s: %s", p,
                 strerror(errno ? errno : ENOTDIR));
-        if (path_under(p, "/usr"))
+        if (mounts_path_under(p, "/usr"))
             continue;
         for (size_t j = 0; j < sizeof reserved_dirs / sizeof *reserved_dirs; j++)
-            if (path_under(p, reserved_dirs[j]) && strcmp(reserved_dirs[j], "/tmp") != 0)
+            if (mounts_path_under(p, reserved_dirs[j]) && strcmp(reserved_dirs[j], "/tmp") != 0)
                 TRY(-EINVAL, "site dir %s: inside %s", p, reserved_dirs[j]);
-        if (path_under(cfg->tools_dir, p) || path_under(p, cfg->tools_dir))
+        if (mounts_path_under(cfg->tools_dir, p) || mounts_path_under(p, cfg->tools_dir))
             TRY(-EINVAL, "site dir %s: overlaps the tools dir", p);
         TRY(add_parents(mp, p), "plan %s", p);
         TRY(add_dir(mp, p, 0755), "plan %s", p);
@@ -747,7 +715,7 @@ static int make_dir(int dfd, const char *path, mode_t mode)
 }
 
 /* mkdir -p path (absolute, or relative to dfd), parents 0755. */
-static int mkdir_p(int dfd, const char *path, mode_t mode)
+int mounts_mkdir_p(int dfd, const char *path, mode_t mode)
 {
     char buf[OP_PATH_MAX + 8];
     if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf) {
@@ -856,8 +824,8 @@ static void prune_host_mounts(const char *keep)
             continue;
         *end = '\0';
         unescape_octal(mp);
-        if (strcmp(mp, "/") == 0 || path_under(mp, "/proc") || path_under(mp, keep) ||
-            path_under(keep, mp) || (gone[0] && path_under(mp, gone)))
+        if (strcmp(mp, "/") == 0 || mounts_path_under(mp, "/proc") || mounts_path_under(mp, keep) ||
+            mounts_path_under(keep, mp) || (gone[0] && mounts_path_under(mp, gone)))
             continue;
         /* Lazily, with everything below it (listed later: skipped). */
         if (umount2(mp, MNT_DETACH) == 0)
@@ -865,9 +833,6 @@ static void prune_host_mounts(const char *keep)
     }
 }
 
-/* Where the root goes: over /tmp, in the fork server's own namespace only.
- * The fork server needs no /tmp once the interpreter has started. */
-#define ROOT_AT "/tmp"
 
 int mounts_build(const struct config *cfg, const struct mount_plan *mp, char *err,
                  size_t errlen)
@@ -926,7 +891,7 @@ int mounts_build(const struct config *cfg, const struct mount_plan *mp, char *er
             r = err_fmt(err, errlen, -errno, "mkdir %s: %s", points[i].path, strerror(errno));
             goto out;
         }
-    if (mkdir_p(root, cfg->tools_dir + 1, 0755) < 0) {
+    if (mounts_mkdir_p(root, cfg->tools_dir + 1, 0755) < 0) {
         r = err_fmt(err, errlen, -errno, "mkdir %s: %s", cfg->tools_dir, strerror(errno));
         goto out;
     }
@@ -950,160 +915,4 @@ out:
             close(tree[i]);
     free(tree);
     return r;
-}
-
-/* --- child side: no allocation, no stdio beyond formatting into err --- */
-
-/* A tmpfs on path; options are "mode=...,size=...". */
-static int tmpfs_on(const char *path, uint64_t size, uint64_t inodes)
-{
-    char opts[96];
-    int n = snprintf(opts, sizeof opts, "mode=0755");
-    if (size)
-        n += snprintf(opts + n, sizeof opts - (size_t)n, ",size=%llu", (unsigned long long)size);
-    if (inodes)
-        snprintf(opts + n, sizeof opts - (size_t)n, ",nr_inodes=%llu",
-                 (unsigned long long)inodes);
-    return mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, opts);
-}
-
-/* The scratch tmpfs, mounted on /proc for now: its three directories bound
- * at /workspace, /tmp and /dev/shm. */
-static int scratch_binds(const struct config *cfg, char *err, size_t errlen)
-{
-    static const struct {
-        const char *src, *dst;
-        mode_t mode;
-    } scratch[] = {
-        {"/proc/workspace", "/workspace", 0755},
-        {"/proc/tmp", "/tmp", 01777},
-        {"/proc/shm", "/dev/shm", 01777},
-    };
-    for (size_t i = 0; i < sizeof scratch / sizeof *scratch; i++)
-        /* chmod after mkdir: the umask must not eat the sticky bit. */
-        if (mkdir(scratch[i].src, 0700) < 0 || chmod(scratch[i].src, scratch[i].mode) < 0)
-            return err_errno(err, errlen, "mkdir %s", scratch[i].src);
-    /* A site dir under /tmp is in the root at /tmp/..., which the scratch is
-     * about to cover: bind it again inside the scratch's tmp (hence the
-     * recursive binds below). */
-    for (unsigned i = 0; i < cfg->n_site_dirs; i++) {
-        const char *p = cfg->site_dirs[i];
-        char in_scratch[OP_PATH_MAX + 8];
-        if (!path_under(p, "/tmp"))
-            continue;
-        snprintf(in_scratch, sizeof in_scratch, "/proc%s", p);
-        if (mkdir_p(AT_FDCWD, in_scratch, 0755) < 0 ||
-            mount(p, in_scratch, NULL, MS_BIND, NULL) < 0)
-            return err_errno(err, errlen, "bind site dir %s", p);
-    }
-    for (size_t i = 0; i < sizeof scratch / sizeof *scratch; i++)
-        if (mount(scratch[i].src, scratch[i].dst, NULL, MS_BIND | MS_REC, NULL) < 0)
-            return err_errno(err, errlen, "bind %s", scratch[i].dst);
-    return 0;
-}
-
-/* Where a sandbox's proc is mounted first: over the scratch's bind at
- * /workspace, for a moment (see mounts_enter, step 6). */
-#define PROC_TMP "/workspace"
-
-/* 6b. Cover the host-wide files of our fresh proc, mounted at PROC_TMP, with
- * the replacements the fork server made (proc_entries): a bind each, of a
- * file of the read-only root, so read-only too. */
-static int proc_covers(const struct mount_plan *mp, char *err, size_t errlen)
-{
-    for (size_t i = 0; i < mp->n_covers; i++) {
-        const struct proc_cover *c = &mp->covers[i];
-        char to[sizeof PROC_TMP + sizeof c->target];
-        snprintf(to, sizeof to, PROC_TMP "/%s", c->target);
-        if (mount(c->source, to, NULL, MS_BIND, NULL) < 0)
-            return err_errno(err, errlen, "cover in /proc: %s", c->target);
-    }
-    return 0;
-}
-
-int mounts_enter(const struct config *cfg, const struct mount_plan *mp, int *tools_fd,
-                 char *err, size_t errlen)
-{
-    *tools_fd = -1;
-
-    /* 1. Our copy of the fork server's mounts is private already (it made
-     * its namespace so); cheap insurance before mounting anything. */
-    if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
-        return err_errno(err, errlen, "make-rprivate %s", "/");
-
-    /* 2. A mount of the prepared root that is ours: the copy that came
-     * with our namespace is locked to the old root (pivot_root refuses
-     * it); a recursive bind brings its read-only binds along, still locked. */
-    if (mount(ROOT_AT, ROOT_AT, NULL, MS_BIND | MS_REC, NULL) < 0)
-        return err_errno(err, errlen, "bind the root %s", ROOT_AT);
-
-    /* 3. pivot_root(".", "."): the old root ends up stacked on the new one,
-     * until step 7; "/" and "." already resolve in the new root. */
-    if (chdir(ROOT_AT) < 0)
-        return err_errno(err, errlen, "chdir %s", ROOT_AT);
-    if (syscall(SYS_pivot_root, ".", ".") < 0)
-        return err_errno(err, errlen, "pivot_root %s", ROOT_AT);
-
-    /* 4. One tmpfs for everything user code may write, so tmpfs_size bounds
-     * the sum. /proc is the scratch's mountpoint until step 6 (the root is
-     * read-only: it has no spare directory), then it is detached from there. */
-    if (tmpfs_on("/proc", cfg->tmpfs_size, 0) < 0)
-        return err_errno(err, errlen, "mount tmpfs %s", "scratch");
-    int r = scratch_binds(cfg, err, errlen);
-    if (r < 0)
-        return r;
-    if (umount2("/proc", MNT_DETACH) < 0)
-        return err_errno(err, errlen, "detach %s", "scratch");
-
-    /* 5. /tools: read-only for user code; the runtime extracts the tools
-     * archive through the fd, then closes it, and the writable mount is
-     * gone with it. Also on /proc for a moment. */
-    uint64_t tsize = cfg->max_unpacked ? cfg->max_unpacked + 4 * 1024 * 1024 : 0;
-    uint64_t tinodes = cfg->max_members ? cfg->max_members + 64 : 0;
-    if (tmpfs_on("/proc", tsize, tinodes) < 0)
-        return err_errno(err, errlen, "mount tmpfs %s", cfg->tools_dir);
-    int fd = open("/proc", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0)
-        return err_errno(err, errlen, "open %s", cfg->tools_dir);
-    if (mount("/proc", cfg->tools_dir, NULL, MS_BIND, NULL) < 0 ||
-        mount(NULL, cfg->tools_dir, NULL,
-              MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, NULL) < 0 ||
-        umount2("/proc", MNT_DETACH) < 0) {
-        int e = errno;
-        close(fd);
-        errno = e;
-        return err_errno(err, errlen, "bind read-only %s", cfg->tools_dir);
-    }
-
-    /* 6. Our pid namespace's proc (the old root's proc, still in our
-     * namespace, makes this permitted: see the comment at the top). No
-     * hidepid needed: only our own processes are in this pid namespace.
-     * Mounted at PROC_TMP first: the replacements of its host-wide files
-     * are the root's own /proc directory, which the proc mount will cover.
-     * 6b binds them by path, then the proc mount moves to /proc with its
-     * covers (cheaper than a path through an fd for every cover). */
-    if (mount("proc", PROC_TMP, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0) {
-        int e = errno;
-        close(fd);
-        errno = e;
-        return err_errno(err, errlen, "mount %s", "/proc");
-    }
-    r = proc_covers(mp, err, errlen);
-    if (r == 0 && mount(PROC_TMP, "/proc", NULL, MS_MOVE, NULL) < 0)
-        r = err_errno(err, errlen, "move %s", "/proc");
-    if (r < 0) {
-        close(fd);
-        return r;
-    }
-
-    /* 7. Lazily detach the whole host tree: the mount on top of "." is the
-     * old root. The new root was read-only from the start. */
-    if (umount2(".", MNT_DETACH) < 0 || chdir("/") < 0) {
-        int e = errno;
-        close(fd);
-        errno = e;
-        return err_errno(err, errlen, "detach %s", "the old root");
-    }
-    *tools_fd = fd;
-    return 0;
 }

@@ -35,7 +35,7 @@ struct placer_req {
     int32_t reserved;
 };
 
-/* The helper's loop, in the child of fs_fork_helper: requests on fd, death
+/* The helper's loop, in the child of fork_helper (core/util.h): requests on fd, death
  * reports to the supervisor on ctl_fd (its copy of the control socket).
  * Uses cg (the fork server's probe, inherited) for every cgroup write. Exits
  * 0 on EOF, when the fork server is gone or done, after removing every turn

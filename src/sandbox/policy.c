@@ -119,7 +119,7 @@ static int perr(struct parser *p, const char *fmt, ...)
     return -EINVAL;
 }
 
-static const char *sys_name(int nr, char *buf, size_t len)
+const char *policy_syscall_name(int nr, char *buf, size_t len)
 {
     char *s = seccomp_syscall_resolve_num_arch(SCMP_ARCH_NATIVE, nr);
     snprintf(buf, len, "%s", s ? s : "?");
@@ -371,11 +371,11 @@ static int apply_uncond(struct parser *p, int nr, enum policy_action act, uint16
         if (s->act == act && s->err == err) {
             if (direct || s->direct)
                 return perr(p, "duplicate rule for '%s' (first at line %u)",
-                            sys_name(nr, name, sizeof name), s->line);
+                            policy_syscall_name(nr, name, sizeof name), s->line);
             return 0; /* overlapping groups with the same action: fine */
         }
         return perr(p, "conflicting rules for '%s': %s (line %u) and %s",
-                    sys_name(nr, name, sizeof name), policy_action_str(s->act, s->err, a, sizeof a),
+                    policy_syscall_name(nr, name, sizeof name), policy_action_str(s->act, s->err, a, sizeof a),
                     s->line, policy_action_str(act, err, b, sizeof b));
     }
     for (size_t i = 0; i < r->n_when; i++) {
@@ -384,10 +384,10 @@ static int apply_uncond(struct parser *p, int nr, enum policy_action act, uint16
             continue;
         if (w->act == POLICY_ALLOW)
             return perr(p, "conflicting rules for '%s': an unconditional rule would override "
-                        "'allow ... when' at line %u", sys_name(nr, name, sizeof name), w->line);
+                        "'allow ... when' at line %u", policy_syscall_name(nr, name, sizeof name), w->line);
         if (refusing(act))
             return perr(p, "conflicting rules for '%s': refused unconditionally and "
-                        "conditionally (line %u)", sys_name(nr, name, sizeof name), w->line);
+                        "conditionally (line %u)", policy_syscall_name(nr, name, sizeof name), w->line);
     }
     s->act = act;
     s->err = err;
@@ -405,11 +405,11 @@ static int apply_when(struct parser *p, const struct policy_when *w)
     if (s->act != POLICY_NONE) {
         if (w->act == POLICY_ALLOW)
             return perr(p, "conflicting rules for '%s': 'allow ... when' cannot narrow the "
-                        "unconditional rule at line %u", sys_name(w->nr, name, sizeof name),
+                        "unconditional rule at line %u", policy_syscall_name(w->nr, name, sizeof name),
                         s->line);
         if (refusing(s->act))
             return perr(p, "conflicting rules for '%s': refused unconditionally (line %u) and "
-                        "conditionally", sys_name(w->nr, name, sizeof name), s->line);
+                        "conditionally", policy_syscall_name(w->nr, name, sizeof name), s->line);
     }
     for (size_t i = 0; i < r->n_when; i++) {
         const struct policy_when *o = &r->when[i];
@@ -418,11 +418,11 @@ static int apply_when(struct parser *p, const struct policy_when *w)
         if (o->act == w->act && o->err == w->err && o->ncond == w->ncond &&
             memcmp(o->cond, w->cond, sizeof o->cond) == 0)
             return perr(p, "duplicate rule for '%s' (first at line %u)",
-                        sys_name(w->nr, name, sizeof name), o->line);
+                        policy_syscall_name(w->nr, name, sizeof name), o->line);
         if (refusing(w->act) && refusing(o->act) && (o->act != w->act || o->err != w->err))
             return perr(p, "conflicting rules for '%s': %s (line %u) and %s; conditional "
                         "refusals of one syscall must share one action",
-                        sys_name(w->nr, name, sizeof name),
+                        policy_syscall_name(w->nr, name, sizeof name),
                         policy_action_str(o->act, o->err, a, sizeof a), o->line,
                         policy_action_str(w->act, w->err, b, sizeof b));
     }
@@ -513,7 +513,7 @@ static int check_supervisable(struct parser *p, enum policy_action act, int nr)
     if (act != POLICY_SUPERVISE || policy_supervisable(nr))
         return 0;
     return perr(p, "the supervisor has no handler for '%s' (supervise: flock only)",
-                sys_name(nr, name, sizeof name));
+                policy_syscall_name(nr, name, sizeof name));
 }
 
 /* allow|deny E|errno E|kill|noop|supervise TARGETS [when ...]; tok[0] is the
@@ -909,7 +909,7 @@ int policy_build(const struct policy_rules *r, scmp_filter_ctx *mainp, scmp_filt
             continue;
         if ((rc = seccomp_rule_add(m, a, nr, 0)) < 0) {
             snprintf(err, errlen, "%s:%u: libseccomp refused the rule for '%s': %s", r->path,
-                     s->line, sys_name(nr, name, sizeof name), strerror(-rc));
+                     s->line, policy_syscall_name(nr, name, sizeof name), strerror(-rc));
             goto fail;
         }
     }
@@ -936,7 +936,7 @@ int policy_build(const struct policy_rules *r, scmp_filter_ctx *mainp, scmp_filt
         }
         if (rc < 0) {
             snprintf(err, errlen, "%s:%u: libseccomp refused the rule for '%s': %s", r->path,
-                     w->line, sys_name(w->nr, name, sizeof name), strerror(-rc));
+                     w->line, policy_syscall_name(w->nr, name, sizeof name), strerror(-rc));
             goto fail;
         }
     }

@@ -147,3 +147,7 @@ bool policy_supervisable(int nr);
 
 /* "allow", "deny EPERM", "errno ENOSYS", "kill", "noop", "supervise" into buf. */
 const char *policy_action_str(enum policy_action act, uint16_t err, char *buf, size_t len);
+
+/* Name of a native syscall number into buf ("?" if unknown). Uses libseccomp's
+ * table (allocates). */
+const char *policy_syscall_name(int nr, char *buf, size_t len);

@@ -1,5 +1,5 @@
-/* Runs in the fork server (policy_load, at start) and the sandbox child
- * (policy_install, its step 8).
+/* Runs in the fork server: policy_load, at start (the child installs what
+ * it compiled: seccomp_install.c, its step 8).
  *
  * Compile once, install in each child (habit 2: nsjail preparePolicy /
  * applyPolicy, crun libcrun_generate_seccomp / libcrun_apply_seccomp).
@@ -35,13 +35,8 @@
 
 #include "core/cleanup.h"
 #include "sandbox/policy.h"
+#include "sandbox/seccomp_int.h"
 
-struct sbx_policy {
-    struct sock_fprog main;   /* .filter owned: the allowlist */
-    struct sock_fprog except; /* .filter owned, .len 0 if none: refusing `when` rules */
-    bool counts;              /* some call is a counted refusal: load with a listener */
-    char summary[512];
-};
 
 /* Whether any call compiles to SECCOMP_RET_USER_NOTIF (policy_build): a
  * counted refusal or a supervised call. */
@@ -232,35 +227,3 @@ void policy_free(struct sbx_policy *p)
 size_t policy_bpf_len(const struct sbx_policy *p) { return (size_t)p->main.len + p->except.len; }
 
 const char *policy_summary(const struct sbx_policy *p) { return p->summary; }
-
-/* --- child side --- */
-
-int policy_install(const struct sbx_policy *p, int *listener)
-{
-    *listener = -1;
-    /* The kernel refuses an unprivileged filter without no_new_privs; check
-     * so that a missing step is named rather than showing up as EACCES. */
-    if (prctl(PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0) != 1)
-        return -EPERM;
-    /* Exceptions first: the main filter refuses seccomp(2) itself, so it
-     * must be the last one loaded; it is also the one with the listener
-     * (one per filter stack). No TSYNC: the child has one thread. */
-    if (p->except.len &&
-        syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &p->except) < 0)
-        return -errno;
-    long fd = syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER,
-                      p->counts ? SECCOMP_FILTER_FLAG_NEW_LISTENER : 0, &p->main);
-    if (fd < 0)
-        return -errno;
-    if (p->counts)
-        *listener = (int)fd;
-    return 0;
-}
-
-const char *policy_syscall_name(int nr, char *buf, size_t len)
-{
-    char *s = seccomp_syscall_resolve_num_arch(SCMP_ARCH_NATIVE, nr);
-    snprintf(buf, len, "%s", s ? s : "?");
-    free(s);
-    return buf;
-}

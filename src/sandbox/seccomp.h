@@ -40,6 +40,3 @@ size_t policy_bpf_len(const struct sbx_policy *p);
  * default, and the BPF sizes. Borrowed; lives as long as p. */
 const char *policy_summary(const struct sbx_policy *p);
 
-/* Name of a native syscall number into buf ("?" if unknown). Uses libseccomp's
- * table (allocates). */
-const char *policy_syscall_name(int nr, char *buf, size_t len);

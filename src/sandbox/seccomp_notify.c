@@ -190,5 +190,3 @@ int policy_notify_getfd(int listener, const struct seccomp_notif *req, int targe
     close(pidfd);
     return fd < 0 ? -e : fd;
 }
-
-

@@ -12,7 +12,6 @@
 #include "core/cleanup.h"
 #include "core/log.h"
 #include "sandbox/policy.h"
-#include "sandbox/seccomp.h"
 #include "sandbox/seccomp_notify.h"
 #include "session/flock.h"
 

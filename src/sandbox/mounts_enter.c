@@ -1,0 +1,170 @@
+/* Runs in the sandbox child (its step 3): mounts_enter, into the root the
+ * fork server built once (mounts.c says what the plan holds and why).
+ * No allocation, no stdio beyond formatting into err. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "config/config.h"
+#include "core/util.h"
+#include "sandbox/mounts.h"
+#include "sandbox/mounts_int.h"
+
+/* A tmpfs on path; options are "mode=...,size=...". */
+static int tmpfs_on(const char *path, uint64_t size, uint64_t inodes)
+{
+    char opts[96];
+    int n = snprintf(opts, sizeof opts, "mode=0755");
+    if (size)
+        n += snprintf(opts + n, sizeof opts - (size_t)n, ",size=%llu", (unsigned long long)size);
+    if (inodes)
+        snprintf(opts + n, sizeof opts - (size_t)n, ",nr_inodes=%llu",
+                 (unsigned long long)inodes);
+    return mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, opts);
+}
+
+/* The scratch tmpfs, mounted on /proc for now: its three directories bound
+ * at /workspace, /tmp and /dev/shm. */
+static int scratch_binds(const struct config *cfg, char *err, size_t errlen)
+{
+    static const struct {
+        const char *src, *dst;
+        mode_t mode;
+    } scratch[] = {
+        {"/proc/workspace", "/workspace", 0755},
+        {"/proc/tmp", "/tmp", 01777},
+        {"/proc/shm", "/dev/shm", 01777},
+    };
+    for (size_t i = 0; i < sizeof scratch / sizeof *scratch; i++)
+        /* chmod after mkdir: the umask must not eat the sticky bit. */
+        if (mkdir(scratch[i].src, 0700) < 0 || chmod(scratch[i].src, scratch[i].mode) < 0)
+            return err_errno(err, errlen, "mkdir %s", scratch[i].src);
+    /* A site dir under /tmp is in the root at /tmp/..., which the scratch is
+     * about to cover: bind it again inside the scratch's tmp (hence the
+     * recursive binds below). */
+    for (unsigned i = 0; i < cfg->n_site_dirs; i++) {
+        const char *p = cfg->site_dirs[i];
+        char in_scratch[OP_PATH_MAX + 8];
+        if (!mounts_path_under(p, "/tmp"))
+            continue;
+        snprintf(in_scratch, sizeof in_scratch, "/proc%s", p);
+        if (mounts_mkdir_p(AT_FDCWD, in_scratch, 0755) < 0 ||
+            mount(p, in_scratch, NULL, MS_BIND, NULL) < 0)
+            return err_errno(err, errlen, "bind site dir %s", p);
+    }
+    for (size_t i = 0; i < sizeof scratch / sizeof *scratch; i++)
+        if (mount(scratch[i].src, scratch[i].dst, NULL, MS_BIND | MS_REC, NULL) < 0)
+            return err_errno(err, errlen, "bind %s", scratch[i].dst);
+    return 0;
+}
+
+/* Where a sandbox's proc is mounted first: over the scratch's bind at
+ * /workspace, for a moment (see mounts_enter, step 6). */
+#define PROC_TMP "/workspace"
+
+/* 6b. Cover the host-wide files of our fresh proc, mounted at PROC_TMP, with
+ * the replacements the fork server made (proc_entries): a bind each, of a
+ * file of the read-only root, so read-only too. */
+static int proc_covers(const struct mount_plan *mp, char *err, size_t errlen)
+{
+    for (size_t i = 0; i < mp->n_covers; i++) {
+        const struct proc_cover *c = &mp->covers[i];
+        char to[sizeof PROC_TMP + sizeof c->target];
+        snprintf(to, sizeof to, PROC_TMP "/%s", c->target);
+        if (mount(c->source, to, NULL, MS_BIND, NULL) < 0)
+            return err_errno(err, errlen, "cover in /proc: %s", c->target);
+    }
+    return 0;
+}
+
+int mounts_enter(const struct config *cfg, const struct mount_plan *mp, int *tools_fd,
+                 char *err, size_t errlen)
+{
+    *tools_fd = -1;
+
+    /* 1. Our copy of the fork server's mounts is private already (it made
+     * its namespace so); cheap insurance before mounting anything. */
+    if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
+        return err_errno(err, errlen, "make-rprivate %s", "/");
+
+    /* 2. A mount of the prepared root that is ours: the copy that came
+     * with our namespace is locked to the old root (pivot_root refuses
+     * it); a recursive bind brings its read-only binds along, still locked. */
+    if (mount(ROOT_AT, ROOT_AT, NULL, MS_BIND | MS_REC, NULL) < 0)
+        return err_errno(err, errlen, "bind the root %s", ROOT_AT);
+
+    /* 3. pivot_root(".", "."): the old root ends up stacked on the new one,
+     * until step 7; "/" and "." already resolve in the new root. */
+    if (chdir(ROOT_AT) < 0)
+        return err_errno(err, errlen, "chdir %s", ROOT_AT);
+    if (syscall(SYS_pivot_root, ".", ".") < 0)
+        return err_errno(err, errlen, "pivot_root %s", ROOT_AT);
+
+    /* 4. One tmpfs for everything user code may write, so tmpfs_size bounds
+     * the sum. /proc is the scratch's mountpoint until step 6 (the root is
+     * read-only: it has no spare directory), then it is detached from there. */
+    if (tmpfs_on("/proc", cfg->tmpfs_size, 0) < 0)
+        return err_errno(err, errlen, "mount tmpfs %s", "scratch");
+    int r = scratch_binds(cfg, err, errlen);
+    if (r < 0)
+        return r;
+    if (umount2("/proc", MNT_DETACH) < 0)
+        return err_errno(err, errlen, "detach %s", "scratch");
+
+    /* 5. /tools: read-only for user code; the runtime extracts the tools
+     * archive through the fd, then closes it, and the writable mount is
+     * gone with it. Also on /proc for a moment. */
+    uint64_t tsize = cfg->max_unpacked ? cfg->max_unpacked + 4 * 1024 * 1024 : 0;
+    uint64_t tinodes = cfg->max_members ? cfg->max_members + 64 : 0;
+    if (tmpfs_on("/proc", tsize, tinodes) < 0)
+        return err_errno(err, errlen, "mount tmpfs %s", cfg->tools_dir);
+    int fd = open("/proc", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return err_errno(err, errlen, "open %s", cfg->tools_dir);
+    if (mount("/proc", cfg->tools_dir, NULL, MS_BIND, NULL) < 0 ||
+        mount(NULL, cfg->tools_dir, NULL,
+              MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, NULL) < 0 ||
+        umount2("/proc", MNT_DETACH) < 0) {
+        int e = errno;
+        close(fd);
+        errno = e;
+        return err_errno(err, errlen, "bind read-only %s", cfg->tools_dir);
+    }
+
+    /* 6. Our pid namespace's proc (the old root's proc, still in our
+     * namespace, makes this permitted: see the comment at the top). No
+     * hidepid needed: only our own processes are in this pid namespace.
+     * Mounted at PROC_TMP first: the replacements of its host-wide files
+     * are the root's own /proc directory, which the proc mount will cover.
+     * 6b binds them by path, then the proc mount moves to /proc with its
+     * covers (cheaper than a path through an fd for every cover). */
+    if (mount("proc", PROC_TMP, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0) {
+        int e = errno;
+        close(fd);
+        errno = e;
+        return err_errno(err, errlen, "mount %s", "/proc");
+    }
+    r = proc_covers(mp, err, errlen);
+    if (r == 0 && mount(PROC_TMP, "/proc", NULL, MS_MOVE, NULL) < 0)
+        r = err_errno(err, errlen, "move %s", "/proc");
+    if (r < 0) {
+        close(fd);
+        return r;
+    }
+
+    /* 7. Lazily detach the whole host tree: the mount on top of "." is the
+     * old root. The new root was read-only from the start. */
+    if (umount2(".", MNT_DETACH) < 0 || chdir("/") < 0) {
+        int e = errno;
+        close(fd);
+        errno = e;
+        return err_errno(err, errlen, "detach %s", "the old root");
+    }
+    *tools_fd = fd;
+    return 0;
+}
