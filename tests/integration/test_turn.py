@@ -4,6 +4,7 @@
 import json
 import re
 
+import fbtest
 from fbtest import ALLOWED_ENV, ALLOWED_ENV_PREFIX, arun, connect, fc, run_blocks, text_frames
 
 T = 30
@@ -11,36 +12,10 @@ T = 30
 
 # ---- item 5: ready ---------------------------------------------------------
 
-PACKAGES_34 = r'''
-import importlib.metadata as md, json
-skip = {"adk-code-mode-sandbox", "websockets", "pip", "setuptools", "wheel"}
-idx = {}
-for d in md.distributions():
-    name = d.metadata["Name"]
-    if name is None or name.casefold() in skip:
-        continue
-    key = name.casefold()
-    cand = (key, name, d.version)
-    if key not in idx or cand > idx[key]:
-        idx[key] = cand
-pkgs = {}
-pd = md.packages_distributions()
-for imp in sorted(pd, key=lambda s: (s.casefold(), s)):
-    prov = {}
-    for dn in sorted(pd[imp], key=lambda s: (s.casefold(), s)):
-        e = idx.get(dn.casefold())
-        if e:
-            prov[e[1]] = e[2]
-    if prov:
-        pkgs[imp] = prov
-print(json.dumps(pkgs))
-'''
-
-
 def test_ready_once_with_version_python_and_packages(daemon):
     """§9.1.5: one ready per turn, integer protocol_version 2, python 3.x,
     packages computed as in §3.4 (compared with the same algorithm run inside)."""
-    turn, (r1, r2, r3, r4) = run_blocks(daemon, "x = 1", "print(x)", PACKAGES_34,
+    turn, (r1, r2, r3, r4) = run_blocks(daemon, "x = 1", "print(x)", fbtest.EXPECTED_PACKAGES,
                                         "import platform; print(platform.python_version())")
     assert turn.ready_count == 1
     raw = turn.ready_raw
@@ -59,7 +34,7 @@ def test_ready_once_with_version_python_and_packages(daemon):
     assert "ready" in kinds and kinds.index("ready") < kinds.index("done")
     assert r3.exit_code == 0, r3.stderr
     inside = json.loads(r3.stdout)
-    assert ready["packages"] == inside
+    assert list(ready["packages"].items()) == list(inside["packages"].items())
 
 
 def test_ready_not_waited_for(daemon):

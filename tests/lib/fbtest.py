@@ -68,6 +68,36 @@ def _env_keep():
 ALLOWED_ENV, ALLOWED_ENV_PREFIX = _env_keep()
 
 
+
+# The spec 3.4 ready.packages algorithm, written independently of the
+# runtime's, with the python version: a script that prints
+# {"python_version": ..., "packages": {...}} as JSON (run inside a turn, or
+# under /usr/bin/python3 -I, which must agree).
+EXPECTED_PACKAGES = r'''
+import importlib.metadata as md, json, platform
+EX = {"adk-code-mode-sandbox", "websockets", "pip", "setuptools", "wheel"}
+idx = {}
+for d in md.distributions():
+    n = d.metadata["Name"]
+    if n is None or n.casefold() in EX:
+        continue
+    k = (n.casefold(), n, d.version)
+    if n.casefold() not in idx or k > idx[n.casefold()]:
+        idx[n.casefold()] = k
+out = {}
+pd = md.packages_distributions()
+key = lambda s: (s.casefold(), s)
+for imp in sorted(pd, key=key):
+    prov = {}
+    for dn in sorted(pd[imp], key=key):
+        e = idx.get(dn.casefold())
+        if e:
+            prov[e[1]] = e[2]
+    if prov:
+        out[imp] = prov
+print(json.dumps({"python_version": platform.python_version(), "packages": out}))
+'''
+
 # --------------------------------------------------------------------------
 # the daemon
 # --------------------------------------------------------------------------

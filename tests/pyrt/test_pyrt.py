@@ -6,6 +6,7 @@ import re
 import subprocess
 import time
 
+import fbtest
 import pytest
 from conftest import UNDER_ASAN, echo_handler, result
 from fbtest import make_targz as targz
@@ -37,30 +38,6 @@ def compact_ok(raw):
     return obj
 
 
-EXPECTED_PACKAGES = r'''
-import importlib.metadata as md, json, platform
-EX = {"adk-code-mode-sandbox", "websockets", "pip", "setuptools", "wheel"}
-idx = {}
-for d in md.distributions():
-    n = d.metadata["Name"]
-    if n is None or n.casefold() in EX:
-        continue
-    k = (n.casefold(), n, d.version)
-    if n.casefold() not in idx or k > idx[n.casefold()]:
-        idx[n.casefold()] = k
-out = {}
-pd = md.packages_distributions()
-key = lambda s: (s.casefold(), s)
-for imp in sorted(pd, key=key):
-    prov = {}
-    for dn in sorted(pd[imp], key=key):
-        e = idx.get(dn.casefold())
-        if e:
-            prov[e[1]] = e[2]
-    if prov:
-        out[imp] = prov
-print(json.dumps({"python_version": platform.python_version(), "packages": out}))
-'''
 
 
 # ---- ready ------------------------------------------------------------------
@@ -76,7 +53,7 @@ def test_ready_frame(sb):
         assert provs and all(isinstance(v, (str, type(None))) for v in provs.values())
     # Same interpreter, same dist-packages: the spec 3.4 algorithm, computed
     # independently, must give the same object, in the same order.
-    exp = json.loads(subprocess.check_output(["/usr/bin/python3", "-I", "-c", EXPECTED_PACKAGES]))
+    exp = json.loads(subprocess.check_output(["/usr/bin/python3", "-I", "-c", fbtest.EXPECTED_PACKAGES]))
     assert r["python_version"] == exp["python_version"]
     assert list(r["packages"].items()) == list(exp["packages"].items())
     for name in ("pip", "setuptools", "wheel", "websockets"):

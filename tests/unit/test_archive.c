@@ -28,6 +28,7 @@
 #include "core/buf.h"
 #include "proto/tarcheck.h"
 #include "stage/archive.h"
+#include "mem.h"
 #include "tap.h"
 
 #define MiB_ (1024ULL * 1024ULL)
@@ -37,27 +38,6 @@ static char base[64]; /* scratch root, removed at the end */
 static unsigned dir_seq;
 
 /* ---- archive building --------------------------------------------------- */
-
-struct mem {
-    uint8_t *p;
-    size_t len, cap;
-};
-
-static void mem_add(struct mem *m, const void *p, size_t n)
-{
-    if (m->len + n > m->cap) {
-        size_t cap = m->cap ? m->cap : 4096;
-
-        while (cap < m->len + n)
-            cap *= 2;
-        m->p = realloc(m->p, cap);
-        if (!m->p)
-            abort();
-        m->cap = cap;
-    }
-    memcpy(m->p + m->len, p, n);
-    m->len += n;
-}
 
 static la_ssize_t mem_write(struct archive *a, void *c, const void *p, size_t n)
 {

@@ -24,6 +24,7 @@
 #include "core/buf.h"
 #include "proto/tarcheck.h"
 #include "stage/archive.h"
+#include "mem.h"
 #include "tap.h"
 
 #define MiB_ (1024ULL * 1024ULL)
@@ -37,28 +38,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 }
 
 /* ---- byte building ------------------------------------------------------ */
-
-struct mem {
-    uint8_t *p;
-    size_t len, cap;
-};
-
-static void mem_add(struct mem *m, const void *p, size_t n)
-{
-    if (m->len + n > m->cap) {
-        size_t cap = m->cap ? m->cap : 4096;
-
-        while (cap < m->len + n)
-            cap *= 2;
-        m->p = realloc(m->p, cap);
-        if (!m->p)
-            abort();
-        m->cap = cap;
-    }
-    if (n)
-        memcpy(m->p + m->len, p, n);
-    m->len += n;
-}
 
 static void mem_zeros(struct mem *m, size_t n)
 {
