@@ -1,67 +1,11 @@
 /* Used in the supervisor (fs_client_*, fsclient.c) and the fork server
- * (forkserver_main, forkserver.c): the control socket between them.
- *
- * The fork server: the clean process sandboxes are cloned from.
- *
- * forkboxd starts it first, before it reads the token or accepts anything,
- * by fork + execve of forkbox-sandbox (a separate executable: the static,
- * non-PIE interpreter; forkboxd itself links no Python) with a minimal
- * environment, so the fork server's address space never held a secret or a
- * connection buffer. It initialises the embedded interpreter once, compiles
- * the seccomp policy, and then clones one sandbox per request. Sandboxes
- * are its children: it reaps them. The supervisor receives, per sandbox,
- * the supervisor end of the channel socketpair and a pidfd, and kills with
- * pidfd_send_signal().
- *
- * Control protocol (SOCK_SEQPACKET, one record per message):
- *   supervisor -> fork server   first, once: its struct config
- *                               (config_for_forkserver), then
- *                               struct fs_request
- *   fork server -> supervisor   struct fs_reply, with SCM_RIGHTS
- *                               {chan_fd, pidfd} when status == 0
- *                               (kind FS_REPLY_SPAWN), or unsolicited, once
- *                               a sandbox handed to a turn has been reaped,
- *                               a death report (kind FS_REPLY_DEATH, no fds)
- * Spawn replies come in request order. A death report carries only facts
- * the fork server and its cgroup helper own: the wait status of the
- * sandbox's init and the turn cgroup's counters (memory OOM kills, forks
- * refused at pids.max) over that sandbox's life; never bytes the sandbox
- * wrote. */
+ * (forkserver_main, forkserver.c): starting the fork server and talking to
+ * it (the records: fsproto.h, which says what the fork server is). */
 #pragma once
-#include <stdint.h>
 #include <sys/types.h>
 
 #include "config/config.h"
-
-enum fs_op { FS_OP_SPAWN = 1 };
-
-struct fs_request {
-    uint32_t op;      /* enum fs_op */
-    uint32_t reserved;
-    uint64_t turn_id; /* echoed in the reply */
-};
-
-enum fs_reply_kind { FS_REPLY_SPAWN = 0, FS_REPLY_DEATH = 1 };
-
-struct fs_reply {
-    int32_t status;   /* 0 or -errno */
-    int32_t pid;      /* host pid of the sandbox (pid 1 of its namespace) */
-    uint64_t turn_id;
-    uint64_t spawn_ns; /* time the fork server spent (clone + parent-side setup) */
-    uint32_t kind;     /* enum fs_reply_kind */
-    int32_t wait_status; /* death: waitpid() status of the sandbox's init, which
-                            exits with the runtime's status (steps.c, step 9) */
-    uint32_t oom_kills;  /* death: OOM kills in its turn cgroup during its life */
-    uint32_t pids_max;   /* death: forks refused at its pids.max during its life */
-};
-
-/* Start-up (sync 0): once the fork server has loaded the policy, prepared
- * the mounts, probed cgroups and initialised the interpreter, it sends one
- * "ready" record: a struct fs_reply with turn_id 0, pid = its own pid,
- * spawn_ns = its start-up time, status 0 or -errno; a failed start appends
- * the reason ("file:line: reason" for a policy error) as text after the
- * struct in the same record, at most FS_READY_MAX_MSG bytes, no NUL. */
-#define FS_READY_MAX_MSG 1024
+#include "sandbox/fsproto.h"
 
 /* --- supervisor side --- */
 

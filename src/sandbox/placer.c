@@ -13,7 +13,7 @@
 #include "core/log.h"
 #include "core/util.h"
 #include "sandbox/cgroups.h"
-#include "sandbox/forkserver.h"
+#include "sandbox/fsproto.h"
 #include "sandbox/spawn.h"
 
 /* A sandbox handed to a turn has been reaped: the helper reads what its
