@@ -34,8 +34,7 @@ static int read_token(const struct config *cfg, char **token, size_t *len, char 
     if (cfg->token_file[0]) {
         FILE *f = fopen(cfg->token_file, "re");
         if (!f) {
-            snprintf(err, errlen, "--token-file %s: %s", cfg->token_file, strerror(errno));
-            return -errno;
+            return err_fmt(err, errlen, -errno, "--token-file %s: %s", cfg->token_file, strerror(errno));
         }
         char *t = calloc(1, TOKEN_MAX + 1);
         size_t n = t ? fread(t, 1, TOKEN_MAX + 1, f) : 0;
@@ -44,15 +43,13 @@ static int read_token(const struct config *cfg, char **token, size_t *len, char 
             return -ENOMEM;
         if (n > TOKEN_MAX) {
             free(t);
-            snprintf(err, errlen, "--token-file %s: longer than %d bytes", cfg->token_file, TOKEN_MAX);
-            return -EINVAL;
+            return err_fmt(err, errlen, -EINVAL, "--token-file %s: longer than %d bytes", cfg->token_file, TOKEN_MAX);
         }
         while (n && (t[n - 1] == '\n' || t[n - 1] == '\r' || t[n - 1] == ' ' || t[n - 1] == '\t'))
             t[--n] = '\0';
         if (n == 0 || memchr(t, '\0', n)) {
             free(t);
-            snprintf(err, errlen, "--token-file %s: empty or binary token", cfg->token_file);
-            return -EINVAL;
+            return err_fmt(err, errlen, -EINVAL, "--token-file %s: empty or binary token", cfg->token_file);
         }
         *token = t;
         *len = n;

@@ -163,8 +163,7 @@ static int placer_start(struct forkserver *fsv, char *err, size_t errlen)
     int ctl_copy = fcntl(fsv->ctl_fd, F_DUPFD_CLOEXEC, 10);
     if (ctl_copy < 0) {
         int e = errno;
-        snprintf(err, errlen, "cgroup helper: dup: %s", strerror(e));
-        return -e;
+        return err_fmt(err, errlen, -e, "cgroup helper: dup: %s", strerror(e));
     }
     pid_t pid = fork_helper("cgroup helper", &fd, err, errlen);
     if (pid < 0) {
@@ -212,9 +211,8 @@ static int spawn_one(struct forkserver *fsv, unsigned flags, struct sbx_child *c
     int r = ids_take(fsv->ids, &id);
     if (r < 0) {
         *c = (struct sbx_child){.pidfd = -1, .chan_fd = -1, .warm_fd = -1, .go_fd = -1};
-        snprintf(err, errlen, "no free host id: all %zu of --id-range are held by sandboxes "
+        return err_fmt(err, errlen, r, "no free host id: all %zu of --id-range are held by sandboxes "
                  "not yet reaped", ids_live(fsv->ids));
-        return r;
     }
     r = sbx_spawn(&fsv->plan, id, flags | SBX_SPAWN_DEFER_GO, c, err, errlen);
     if (r < 0 && c->pid <= 0)

@@ -59,15 +59,13 @@ static int sandbox_exe_open(const struct config *cfg, char *err, size_t errlen)
     _cleanup_close_ int fd = open(path, O_PATH | O_CLOEXEC);
     if (fd < 0) {
         int e = errno;
-        snprintf(err, errlen, "the fork server's executable %s: %s (set it with --sandbox-exe)",
+        return err_fmt(err, errlen, -e, "the fork server's executable %s: %s (set it with --sandbox-exe)",
                  path, strerror(e));
-        return -e;
     }
     struct stat st;
     if (fstat(fd, &st) < 0) {
         int e = errno;
-        snprintf(err, errlen, "%s: fstat: %s", path, strerror(e));
-        return -e;
+        return err_fmt(err, errlen, -e, "%s: fstat: %s", path, strerror(e));
     }
     const char *bad = !S_ISREG(st.st_mode)                        ? "not a regular file"
                       : st.st_uid != 0 && st.st_uid != geteuid()  ? "owned by another user"
@@ -75,14 +73,12 @@ static int sandbox_exe_open(const struct config *cfg, char *err, size_t errlen)
                       : !(st.st_mode & S_IXUSR)                   ? "not executable"
                                                                   : NULL;
     if (bad) {
-        snprintf(err, errlen, "the fork server's executable %s: %s", path, bad);
-        return -EPERM;
+        return err_fmt(err, errlen, -EPERM, "the fork server's executable %s: %s", path, bad);
     }
     int high = fcntl(fd, F_DUPFD_CLOEXEC, 4);
     if (high < 0) {
         int e = errno;
-        snprintf(err, errlen, "%s: fcntl: %s", path, strerror(e));
-        return -e;
+        return err_fmt(err, errlen, -e, "%s: fcntl: %s", path, strerror(e));
     }
     return high;
 }
@@ -205,10 +201,9 @@ int fs_client_start(const struct config *cfg, struct fs_client *fs, char *err, s
         close_and_reset(&fs->ctl_fd);
         reap_blocking(fs->pid, &status);
         fs->pid = 0;
-        snprintf(err, errlen, "fork server exited before ready (%s %d)",
+        return err_fmt(err, errlen, -ECHILD, "fork server exited before ready (%s %d)",
                  WIFSIGNALED(status) ? "signal" : "status",
                  WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
-        return -ECHILD;
     }
     if ((size_t)n < sizeof rec.rep || rec.rep.turn_id != 0) {
         snprintf(err, errlen, "fork server: malformed ready record");

@@ -16,6 +16,8 @@
 #include <sys/random.h>
 #include <time.h>
 
+#include "core/util.h"
+
 struct sbx_ids {
     uint32_t first;  /* first id of the range */
     uint32_t count;  /* ids in the range */
@@ -135,8 +137,7 @@ static int check_file(const char *etc_dir, const char *name, unsigned id_field,
         if (errno == ENOENT)
             return 0;
         int e = errno;
-        snprintf(err, errlen, "%s: %s", path, strerror(e));
-        return -e;
+        return err_fmt(err, errlen, -e, "%s: %s", path, strerror(e));
     }
     uint64_t lo = first, hi = (uint64_t)first + count; /* [lo, hi) */
     char line[4096];

@@ -33,6 +33,7 @@
 #include <unistd.h>
 
 #include "core/cleanup.h"
+#include "core/util.h"
 
 #ifndef RWF_DONTCACHE
 #define RWF_DONTCACHE 0x00000080 /* Linux 6.14: read, then drop the pages from the cache */
@@ -735,8 +736,7 @@ int policy_parse(const char *path, const char *text, size_t len, struct policy_r
     _cleanup_free_ struct parser *p = calloc(1, sizeof *p);
     if (!r || !p) {
         free(r);
-        snprintf(err, errlen, "%s: out of memory", path);
-        return -ENOMEM;
+        return err_fmt(err, errlen, -ENOMEM, "%s: out of memory", path);
     }
     snprintf(r->path, sizeof r->path, "%s", path);
     p->r = r;
@@ -797,22 +797,18 @@ int policy_parse_file(const char *path, struct policy_rules **out, char *err, si
     struct stat st;
     if (fd < 0 || fstat(fd, &st) < 0) {
         int e = errno;
-        snprintf(err, errlen, "%s: cannot open: %s", path, strerror(e));
-        return -e;
+        return err_fmt(err, errlen, -e, "%s: cannot open: %s", path, strerror(e));
     }
     if (!S_ISREG(st.st_mode)) {
-        snprintf(err, errlen, "%s: not a regular file", path);
-        return -EINVAL;
+        return err_fmt(err, errlen, -EINVAL, "%s: not a regular file", path);
     }
     if (st.st_size > POLICY_MAX_BYTES) {
-        snprintf(err, errlen, "%s:0: file larger than %d bytes", path, POLICY_MAX_BYTES);
-        return -EINVAL;
+        return err_fmt(err, errlen, -EINVAL, "%s:0: file larger than %d bytes", path, POLICY_MAX_BYTES);
     }
     size_t len = (size_t)st.st_size;
     _cleanup_free_ char *text = malloc(len + 1);
     if (!text) {
-        snprintf(err, errlen, "%s: out of memory", path);
-        return -ENOMEM;
+        return err_fmt(err, errlen, -ENOMEM, "%s: out of memory", path);
     }
     size_t got = 0;
     while (got < len) {
@@ -821,8 +817,7 @@ int policy_parse_file(const char *path, struct policy_rules **out, char *err, si
             continue;
         if (n < 0) {
             int e = errno;
-            snprintf(err, errlen, "%s: cannot read: %s", path, strerror(e));
-            return -e;
+            return err_fmt(err, errlen, -e, "%s: cannot read: %s", path, strerror(e));
         }
         if (n == 0)
             break; /* shrank while we read: parse what is there */
@@ -899,8 +894,7 @@ int policy_build(const struct policy_rules *r, scmp_filter_ctx *mainp, scmp_filt
     int rc;
     *mainp = *exceptp = NULL;
     if (!m) {
-        snprintf(err, errlen, "%s: libseccomp: cannot create a filter", r->path);
-        return -ENOMEM;
+        return err_fmt(err, errlen, -ENOMEM, "%s: libseccomp: cannot create a filter", r->path);
     }
     for (int nr = 0; nr < POLICY_NR_MAX; nr++) {
         const struct policy_sys *s = &r->sys[nr];

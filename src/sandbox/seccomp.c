@@ -34,6 +34,7 @@
 #include <unistd.h>
 
 #include "core/cleanup.h"
+#include "core/util.h"
 #include "sandbox/policy.h"
 #include "sandbox/seccomp_int.h"
 
@@ -107,16 +108,14 @@ static int compile_bounded(const struct policy_rules *r, struct sbx_policy *p, c
     _cleanup_close_ int except_fd = memfd_create("forkbox-bpf-except", MFD_CLOEXEC);
     int pipefd[2];
     if (main_fd < 0 || except_fd < 0 || pipe2(pipefd, O_CLOEXEC) < 0) {
-        snprintf(err, errlen, "%s: compiling the filter: %s", r->path, strerror(errno));
-        return -errno;
+        return err_fmt(err, errlen, -errno, "%s: compiling the filter: %s", r->path, strerror(errno));
     }
     _cleanup_close_ int rd = pipefd[0];
     pid_t pid = fork();
     if (pid < 0) {
         int e = errno;
         close(pipefd[1]);
-        snprintf(err, errlen, "%s: compiling the filter: fork: %s", r->path, strerror(e));
-        return -e;
+        return err_fmt(err, errlen, -e, "%s: compiling the filter: fork: %s", r->path, strerror(e));
     }
     if (pid == 0) {
         close(rd);
@@ -157,13 +156,11 @@ static int compile_bounded(const struct policy_rules *r, struct sbx_policy *p, c
         return rc;
     }
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-        snprintf(err, errlen, "%s", got ? msg : "compiling the filter failed");
-        return -EINVAL;
+        return err_fmt(err, errlen, -EINVAL, "%s", got ? msg : "compiling the filter failed");
     }
     if ((rc = read_bpf(main_fd, &p->main)) < 0 ||
         (lseek(except_fd, 0, SEEK_END) > 0 && (rc = read_bpf(except_fd, &p->except)) < 0)) {
-        snprintf(err, errlen, "%s: reading the compiled filter: %s", r->path, strerror(-rc));
-        return rc;
+        return err_fmt(err, errlen, rc, "%s: reading the compiled filter: %s", r->path, strerror(-rc));
     }
     return 0;
 }

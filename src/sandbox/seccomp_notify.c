@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "core/cleanup.h"
+#include "core/util.h"
 #include "sandbox/policy.h"
 
 struct policy_notify {
@@ -57,8 +58,7 @@ int policy_notify_load(const char *path, struct policy_notify **out, char *err, 
     if (!n || !n->req || !n->resp) {
         policy_notify_free(n);
         policy_rules_free(r);
-        snprintf(err, errlen, "%s: out of memory", path);
-        return -ENOMEM;
+        return err_fmt(err, errlen, -ENOMEM, "%s: out of memory", path);
     }
     for (int nr = 0; nr < POLICY_NR_MAX; nr++) {
         n->err[nr] = policy_deny_errno(r, nr);

@@ -94,15 +94,13 @@ static int write_proc(int dirfd, const char *name, const char *text)
 static int write_maps(pid_t pid, uint32_t id, char *err, size_t errlen)
 {
     if (id == 0) {
-        snprintf(err, errlen, "refusing to map host root into a sandbox");
-        return -EPERM;
+        return err_fmt(err, errlen, -EPERM, "refusing to map host root into a sandbox");
     }
     char path[32], map[64];
     snprintf(path, sizeof path, "/proc/%d", (int)pid);
     _cleanup_close_ int dfd = open(path, O_PATH | O_DIRECTORY | O_CLOEXEC);
     if (dfd < 0) {
-        snprintf(err, errlen, "open %s: %s", path, strerror(errno));
-        return -errno;
+        return err_fmt(err, errlen, -errno, "open %s: %s", path, strerror(errno));
     }
     int r = write_proc(dfd, "setgroups", "deny");
     if (r == 0) {
@@ -185,8 +183,7 @@ static int spawn_forked(const struct sbx_plan *p, uint32_t id, unsigned spawn_fl
 {
     int ack[2];
     if (pipe2(ack, O_CLOEXEC) < 0) {
-        snprintf(err, errlen, "pipe: %s", strerror(errno));
-        return -errno;
+        return err_fmt(err, errlen, -errno, "pipe: %s", strerror(errno));
     }
     uint64_t t0 = now_ns();
     pid_t pid = fork();
@@ -194,8 +191,7 @@ static int spawn_forked(const struct sbx_plan *p, uint32_t id, unsigned spawn_fl
         int e = errno;
         close(ack[0]);
         close(ack[1]);
-        snprintf(err, errlen, "fork: %s", strerror(e));
-        return -e;
+        return err_fmt(err, errlen, -e, "fork: %s", strerror(e));
     }
     if (pid == 0) {
         close(ack[0]);
@@ -217,8 +213,7 @@ static int spawn_forked(const struct sbx_plan *p, uint32_t id, unsigned spawn_fl
     while (r < 0 && errno == EINTR);
     close(ack[0]);
     if (out->pidfd < 0 || r != 1 || c != SBX_UNSHARED) {
-        snprintf(err, errlen, "fork path: the child did not unshare");
-        return -ECHILD;
+        return err_fmt(err, errlen, -ECHILD, "fork path: the child did not unshare");
     }
     int ret = place_and_go(p, out, true, spawn_flags, &sync[1], err, errlen);
     out->spawn_ns = now_ns() - t0;
@@ -231,8 +226,7 @@ static int make_turn_dir(uint32_t id, char **out, char *err, size_t errlen)
 {
     char tmpl[] = "/tmp/forkbox-turn-XXXXXX";
     if (!mkdtemp(tmpl)) {
-        snprintf(err, errlen, "mkdtemp: %s", strerror(errno));
-        return -errno;
+        return err_fmt(err, errlen, -errno, "mkdtemp: %s", strerror(errno));
     }
     char sub[sizeof tmpl + 16] = "";
     int r = 0;
@@ -341,12 +335,10 @@ int sbx_spawn(const struct sbx_plan *p, uint32_t id, unsigned spawn_flags,
                               .go_fd = -1};
     const struct config *cfg = p->cfg;
     if (cfg->isolate && !p->mounts) {
-        snprintf(err, errlen, "no sandbox root (mounts_build)");
-        return -EINVAL;
+        return err_fmt(err, errlen, -EINVAL, "no sandbox root (mounts_build)");
     }
     if (cfg->isolate && (id == 0 || geteuid() != 0)) {
-        snprintf(err, errlen, id ? "isolation needs root" : "refusing host id 0 for a sandbox");
-        return -EPERM;
+        return err_fmt(err, errlen, -EPERM, id ? "isolation needs root" : "refusing host id 0 for a sandbox");
     }
 
     char tools_dir[64] = "", workspace_dir[64] = "";

@@ -269,8 +269,7 @@ int server_init(struct server *srv, struct loop *loop, const struct config *cfg,
     srv->listen_fd = -1;
     int rp = preauth_init(&srv->preauth, cfg->preauth_max, cfg->preauth_per_peer);
     if (rp < 0) {
-        snprintf(err, errlen, "pre-auth pool: %s", strerror(-rp));
-        return rp;
+        return err_fmt(err, errlen, rp, "pre-auth pool: %s", strerror(-rp));
     }
 
     /* Counted refusals are answered here, with the errno the policy names:
@@ -295,16 +294,14 @@ int server_init(struct server *srv, struct loop *loop, const struct config *cfg,
     };
     srv->sessions = sessions_new(&env);
     if (!srv->sessions) {
-        snprintf(err, errlen, "out of memory");
-        return -ENOMEM;
+        return err_fmt(err, errlen, -ENOMEM, "out of memory");
     }
 
     uint16_t port = 0;
     int fd = listen_on(cfg->listen_host, cfg->listen_port, &port);
     if (fd < 0) {
-        snprintf(err, errlen, "listen on %s:%u: %s", cfg->listen_host, cfg->listen_port,
+        return err_fmt(err, errlen, fd, "listen on %s:%u: %s", cfg->listen_host, cfg->listen_port,
                  fd == -EINVAL ? "not a numeric address" : strerror(-fd));
-        return fd;
     }
     srv->listen_fd = fd;
     srv->listen_watch = (struct loop_watch){.fd = fd, .cb = on_accept, .ud = srv};
@@ -317,8 +314,7 @@ int server_init(struct server *srv, struct loop *loop, const struct config *cfg,
     signal(SIGPIPE, SIG_IGN);
     srv->signal_fd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
     if (srv->signal_fd < 0) {
-        snprintf(err, errlen, "signalfd: %s", strerror(errno));
-        return -errno;
+        return err_fmt(err, errlen, -errno, "signalfd: %s", strerror(errno));
     }
     srv->signal_watch = (struct loop_watch){.fd = srv->signal_fd, .cb = on_signal, .ud = srv};
     srv->fs_watch = (struct loop_watch){.fd = srv->fs.ctl_fd, .cb = on_forkserver, .ud = srv};
@@ -328,8 +324,7 @@ int server_init(struct server *srv, struct loop *loop, const struct config *cfg,
     r = r ? r : loop_watch(loop, &srv->signal_watch, EPOLLIN);
     r = r ? r : loop_watch(loop, &srv->fs_watch, EPOLLIN);
     if (r < 0) {
-        snprintf(err, errlen, "epoll: %s", strerror(-r));
-        return r;
+        return err_fmt(err, errlen, r, "epoll: %s", strerror(-r));
     }
     loop_set_tick(loop, SERVER_TICK_MS, server_tick, srv);
     loop_set_before_sleep(loop, server_reap, srv);
