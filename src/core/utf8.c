@@ -10,33 +10,6 @@
 
 #define UTF8_HIGH_BITS 0x8080808080808080ULL
 
-/* The sequence lead byte c starts: how many continuation bytes follow and
- * the range of the first one (the others are 80..BF). False if c cannot lead
- * a sequence (80..C1, F5..FF). */
-static bool lead(uint8_t c, uint8_t *need, uint8_t *lo, uint8_t *hi)
-{
-    *lo = 0x80;
-    *hi = 0xBF;
-    if (c >= 0xC2 && c <= 0xDF) {
-        *need = 1;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-        *need = 2;
-        if (c == 0xE0)
-            *lo = 0xA0; /* E0 80..9F: overlong */
-        if (c == 0xED)
-            *hi = 0x9F; /* ED A0..BF: surrogates */
-    } else if (c >= 0xF0 && c <= 0xF4) {
-        *need = 3;
-        if (c == 0xF0)
-            *lo = 0x90; /* F0 80..8F: overlong */
-        if (c == 0xF4)
-            *hi = 0x8F; /* F4 90..: above U+10FFFF */
-    } else {
-        return false;
-    }
-    return true;
-}
-
 /* Check p[0..n) byte by byte from the state *st (the slow path: the end of
  * a piece, where a sequence may be cut). */
 static bool feed_bytes(struct utf8_stream *st, const uint8_t *p, size_t n)
@@ -49,7 +22,7 @@ static bool feed_bytes(struct utf8_stream *st, const uint8_t *p, size_t n)
             st->lo = 0x80;
             st->hi = 0xBF;
             st->need--;
-        } else if (c >= 0x80 && !lead(c, &st->need, &st->lo, &st->hi)) {
+        } else if (c >= 0x80 && !utf8_lead(c, &st->need, &st->lo, &st->hi)) {
             return false;
         }
     }
@@ -78,7 +51,7 @@ bool utf8_stream_feed(struct utf8_stream *st, const uint8_t *p, size_t n)
             i++;
             continue;
         }
-        if (!lead(c, &need, &lo, &hi))
+        if (!utf8_lead(c, &need, &lo, &hi))
             return false;
         if (n - i <= need) /* cut by the end of this piece */
             return feed_bytes(st, p + i, n - i);

@@ -13,6 +13,8 @@
 #include <errno.h>
 #include <string.h>
 
+#include "core/utf8.h"
+
 enum {
     ST_VALUE,          /* a value: at the start, after ':' or after ',' in an array */
     ST_VALUE_OR_CLOSE, /* after '[' */
@@ -227,29 +229,6 @@ static int hexval(uint8_t c)
 {
     return is_digit(c) ? c - '0' : (c >= 'a' && c <= 'f') ? c - 'a' + 10
          : (c >= 'A' && c <= 'F') ? c - 'A' + 10 : -1;
-}
-
-/* The UTF-8 sequence lead byte c starts: how many continuation bytes follow
- * and the range of the first one (the others are 80..BF). False if c cannot
- * lead a sequence. */
-static bool utf8_lead(uint8_t c, uint8_t *need, uint8_t *lo, uint8_t *hi)
-{
-    if (c >= 0xC2 && c <= 0xDF) {
-        *need = 1;
-        *lo = 0x80;
-        *hi = 0xBF;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-        *need = 2;
-        *lo = c == 0xE0 ? 0xA0 : 0x80; /* E0 80..9F: overlong */
-        *hi = c == 0xED ? 0x9F : 0xBF; /* ED A0..BF: surrogates */
-    } else if (c >= 0xF0 && c <= 0xF4) {
-        *need = 3;
-        *lo = c == 0xF0 ? 0x90 : 0x80; /* F0 80..8F: overlong */
-        *hi = c == 0xF4 ? 0x8F : 0xBF; /* F4 90..: above U+10FFFF */
-    } else {
-        return false;
-    }
-    return true;
 }
 
 /* Length of the well-formed UTF-8 sequence at p (n > 0 bytes available), or
