@@ -211,3 +211,21 @@ def test_sigterm_without_turns_exits_at_once(make_daemon):
     except OSError:
         refused = True
     assert refused
+
+
+def test_ready_is_503_at_capacity_and_an_upgrade_to_ready_is_a_turn(make_daemon):
+    """/ready says 503 Busy while every turn slot is taken, 200 once one is free;
+    an upgrade whose path is /ready is still a turn (spec 1.1: any path but
+    /health)."""
+    d = make_daemon(["--capacity", "1"])
+
+    async def go():
+        turn = await connect(d, path="/ready")
+        r = await turn.run("print('via /ready')")
+        full = await asyncio.to_thread(http_get, d.port, "/ready")
+        await turn.shutdown()
+        return r, full
+    r, full = arun(go(), T)
+    assert r.stdout == "via /ready\n"
+    assert full == (503, b"Busy\n"), full
+    assert wait_until(lambda: ready(d) == 200, 5)
