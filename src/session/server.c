@@ -245,7 +245,8 @@ static void fs_schedule(struct server *srv, uint64_t now)
     }
     uint64_t delay = 0;
     if (srv->fs_failures > 1) {
-        delay = FS_RESTART_MIN_MS << (srv->fs_failures - 2);
+        unsigned k = srv->fs_failures - 2;
+        delay = k < 16 ? (uint64_t)FS_RESTART_MIN_MS << k : FS_RESTART_MAX_MS;
         delay = delay < FS_RESTART_MAX_MS ? delay : FS_RESTART_MAX_MS;
     }
     srv->fs_next_start_ms = now + delay;
