@@ -140,7 +140,9 @@ def test_sigterm_lets_running_turn_finish_and_refuses_new_ones(make_daemon):
 def test_drain_timeout_closes_running_and_idle_turns_with_1001(make_daemon):
     """Turns still admitted when --drain-timeout passes (one spinning in a block,
     one idle between blocks: idle counts as running) are closed with 1001 and
-    a reason; until then the daemon waits; it exits 0 and leaves nothing."""
+    a reason; until then the daemon waits; it exits 0 and leaves nothing. The
+    signal is SIGINT to the whole process group, as a terminal's Ctrl-C sends
+    it: the fork server ignores it (a 1011 here would mean it died of it)."""
     mounts = host_mounts()
     d = make_daemon(["--drain-timeout", "2"])
 
@@ -154,7 +156,7 @@ def test_drain_timeout_closes_running_and_idle_turns_with_1001(make_daemon):
         await asyncio.sleep(0.5)
         left = Leftovers(d, mounts)
         t0 = time.monotonic()
-        os.kill(d.pid, signal.SIGTERM)
+        os.killpg(d.pid, signal.SIGINT)
         await asyncio.sleep(1.0)
         waiting = d.alive() and await asyncio.to_thread(ready, d) == 503
         closes = await asyncio.gather(expect_closed(busy.ws, 10), expect_closed(idle.ws, 10))
