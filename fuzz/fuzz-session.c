@@ -85,6 +85,11 @@ static void release(void *host)
     n_turns--;
 }
 
+static const char *not_ready(void *host)
+{
+    return NULL;
+}
+
 static int request_sandbox(void *host, uint64_t turn_id)
 {
     spawn_wanted = turn_id;
@@ -508,7 +513,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const struct session_env env = {.loop = loop, .cfg = &cfg, .budget = &total,
                                     .preauth = &preauth, .may_admit = may_admit,
                                     .admit = admit, .release = release,
-                                    .request_sandbox = request_sandbox};
+                                    .request_sandbox = request_sandbox,
+                                    .not_ready = not_ready};
     struct sessions *set = sessions_new(&env);
     FUZZ_ASSERT(set != NULL, "sessions_new");
     int cs[2], chan[2] = {-1, -1}, pid_pipe[2] = {-1, -1};

@@ -116,7 +116,8 @@ int main(int argc, char **argv)
         return 1;
     }
     r = loop_run(loop);
+    int status = r < 0 ? 1 : server_exit_status(&srv);
     server_free(&srv);
     loop_free(loop);
-    return r < 0 ? 1 : 0;
+    return status;
 }

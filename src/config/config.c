@@ -181,6 +181,11 @@ static const struct opt opts[] = {
      .arg = "SEC", .help = "wall clock per turn (7200; 0 = none)"},
     {"idle-timeout", K_SECONDS, FIELD(idle_timeout_ms), .def = 600, .max = 31536000,
      .arg = "SEC", .help = "idle time between blocks (600)"},
+    /* SIGTERM/SIGINT: running turns go on for at most this long, then are
+     * closed with 1001 (README, "Stopping and restarts"). */
+    {"drain-timeout", K_SECONDS, FIELD(drain_timeout_ms), .def = 30, .max = 31536000,
+     .arg = "SEC", .help = "on SIGTERM, how long running turns may go on\n"
+                         "(30; 0 = close them at once)"},
     {"turn-buffer", K_SIZE, FIELD(turn_buffer), .def = TURN_BUFFER_DEFAULT, .min = MiB,
      .max = 1ULL << 40,
      .arg = "SIZE", .help = "supervisor memory one turn's messages may hold (528M)"},

@@ -55,6 +55,7 @@ struct config {
     uint64_t block_timeout_ms;  /* default 900 s; 0 = none */
     uint64_t turn_timeout_ms;   /* default 7200 s; 0 = none */
     uint64_t idle_timeout_ms;   /* between blocks; default 600 s */
+    uint64_t drain_timeout_ms;  /* SIGTERM: running turns' grace; default 30 s; 0 = close at once */
     uint64_t turn_buffer;       /* bytes of messages one turn may make the supervisor hold */
     uint64_t total_buffer;      /* ... all turns together */
 

@@ -142,3 +142,14 @@
  * and pidfd); session.c took up to 8 from a sandbox so that they could be
  * closed, and the kernel drops what does not fit (MSG_CTRUNC). */
 #define FDPASS_MAX_FDS 8
+
+/* The fork server (session/server.c, sandbox/fsclient.c): how long a start
+ * may take to its ready record; after it dies, the next start is at once,
+ * then after RESTART_MIN doubling to RESTART_MAX while starts fail or it
+ * dies again; after RESTART_TRIES of those in a row forkboxd exits 1. A fork
+ * server that stayed up STABLE resets the count. */
+#define FS_READY_TIMEOUT_MS 30000
+#define FS_RESTART_MIN_MS 100
+#define FS_RESTART_MAX_MS 5000
+#define FS_RESTART_TRIES 5
+#define FS_STABLE_MS 10000

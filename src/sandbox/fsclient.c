@@ -18,12 +18,14 @@
 #include <unistd.h>
 
 #include "core/cleanup.h"
+#include "core/limits.h"
 #include "core/util.h"
 #include "core/log.h"
 
-#define FS_READY_TIMEOUT_MS 30000
 #define FS_STOP_GRACE_MS 2000
 
+
+static void fs_client_stop_child(struct fs_client *fs);
 
 static void reap_blocking(pid_t pid, int *status)
 {
@@ -83,14 +85,33 @@ static int sandbox_exe_open(const struct config *cfg, char *err, size_t errlen)
     return high;
 }
 
-int fs_client_start(const struct config *cfg, struct fs_client *fs, char *err, size_t errlen)
+/* fds 0-2 must be open before the supervisor opens anything: a socket that
+ * landed on one of them (forkboxd started with stdin closed) would cross
+ * into a fork server started later, which keeps fds 0-3. */
+static void stdio_hold(void)
+{
+    for (int fd = 0; fd <= 2; fd++)
+        if (fcntl(fd, F_GETFD) < 0 && errno == EBADF && open("/dev/null", O_RDWR) < 0)
+            break;
+}
+
+int fs_client_open(const struct config *cfg, struct fs_client *fs, char *err, size_t errlen)
 {
     fs->ctl_fd = -1;
     fs->pid = 0;
+    fs->exe_fd = -1;
+    stdio_hold();
+    int fd = sandbox_exe_open(cfg, err, errlen);
+    if (fd < 0)
+        return fd;
+    fs->exe_fd = fd;
+    return 0;
+}
 
-    _cleanup_close_ int exe_fd = sandbox_exe_open(cfg, err, errlen);
-    if (exe_fd < 0)
-        return exe_fd;
+int fs_client_launch(const struct config *cfg, struct fs_client *fs, char *err, size_t errlen)
+{
+    if (fs->exe_fd < 0)
+        return err_fmt(err, errlen, -EBADF, "the fork server's executable is not open");
 
     /* The fork server gets a fixed environment: ours holds the token.
      * Thread pools that numerical libraries start at import (OpenBLAS, MKL,
@@ -141,13 +162,20 @@ int fs_client_start(const struct config *cfg, struct fs_client *fs, char *err, s
     if (pid == 0) {
         /* Nothing else of ours crosses the exec, whatever its flags (the
          * executable's fd need not: an ELF file is mapped before the
-         * close-on-exec fds are closed). */
+         * close-on-exec fds are closed). A restart forks a supervisor that
+         * holds the token, turns' sockets and buffers: only fds 0-3 and the
+         * fresh address space of execve cross, as at the first start. */
         close_range(4, ~0u, CLOSE_RANGE_CLOEXEC);
         sigset_t none;
         sigemptyset(&none);
         sigprocmask(SIG_SETMASK, &none, NULL); /* the mask survives execve */
+        /* So do ignored signals (the supervisor ignores SIGPIPE once it
+         * serves): a restarted fork server starts from the defaults too. */
+        for (int sig = 1; sig < NSIG; sig++)
+            if (sig != SIGKILL && sig != SIGSTOP)
+                signal(sig, SIG_DFL);
         static char *const argv[] = FS_ARGV;
-        execveat(exe_fd, "", argv, envp, AT_EMPTY_PATH);
+        execveat(fs->exe_fd, "", argv, envp, AT_EMPTY_PATH);
         _exit(127);
     }
     fs->ctl_fd = ctl_fd;
@@ -163,39 +191,30 @@ int fs_client_start(const struct config *cfg, struct fs_client *fs, char *err, s
     if (sent != (ssize_t)sizeof fcfg) {
         snprintf(err, errlen, "sending the fork server its configuration: %s",
                  sent < 0 ? strerror(errno) : "short write");
-        fs_client_stop(fs);
+        fs_client_kill(fs);
         return -EPIPE;
     }
+    int rn = fd_set_nonblock(fs->ctl_fd, true);
+    if (rn < 0) {
+        fs_client_kill(fs);
+        return err_fmt(err, errlen, rn, "fcntl: %s", strerror(-rn));
+    }
+    return 0;
+}
 
-    /* sync 0: wait for the ready record. */
+int fs_client_ready(struct fs_client *fs, char *err, size_t errlen)
+{
+    /* sync 0: the ready record. */
     struct {
         struct fs_reply rep;
         char msg[FS_READY_MAX_MSG];
     } rec;
-    uint64_t deadline = now_ms() + FS_READY_TIMEOUT_MS;
-    ssize_t n = -1;
-    for (;;) {
-        uint64_t now = now_ms();
-        if (now >= deadline) {
-            snprintf(err, errlen, "fork server not ready after %d ms", FS_READY_TIMEOUT_MS);
-            fs_client_stop(fs);
-            return -ETIMEDOUT;
-        }
-        struct pollfd pfd = {.fd = fs->ctl_fd, .events = POLLIN};
-        int r = poll(&pfd, 1, (int)(deadline - now));
-        if (r < 0 && errno != EINTR) {
-            int e = errno;
-            snprintf(err, errlen, "poll: %s", strerror(e));
-            fs_client_stop(fs);
-            return -e;
-        }
-        if (r <= 0)
-            continue;
-        n = recv(fs->ctl_fd, &rec, sizeof rec, 0);
-        if (n < 0 && errno == EINTR)
-            continue;
-        break;
-    }
+    ssize_t n;
+    do
+        n = recv(fs->ctl_fd, &rec, sizeof rec, MSG_DONTWAIT);
+    while (n < 0 && errno == EINTR);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+        return 0;
     if (n <= 0) {
         int status = 0;
         close_and_reset(&fs->ctl_fd);
@@ -207,22 +226,42 @@ int fs_client_start(const struct config *cfg, struct fs_client *fs, char *err, s
     }
     if ((size_t)n < sizeof rec.rep || rec.rep.turn_id != 0) {
         snprintf(err, errlen, "fork server: malformed ready record");
-        fs_client_stop(fs);
+        fs_client_kill(fs);
         return -EPROTO;
     }
     if (rec.rep.status != 0) {
         int len = (int)((size_t)n - sizeof rec.rep);
         snprintf(err, errlen, "%.*s", len, len ? rec.msg : strerror(-rec.rep.status));
         int status = rec.rep.status;
-        fs_client_stop(fs);
+        fs_client_stop_child(fs);
         return status < 0 ? status : -EIO;
     }
-    int fl = fcntl(fs->ctl_fd, F_GETFL);
-    if (fl < 0 || fcntl(fs->ctl_fd, F_SETFL, fl | O_NONBLOCK) < 0) {
-        int e = errno;
-        snprintf(err, errlen, "fcntl: %s", strerror(e));
+    return 1;
+}
+
+int fs_client_start(const struct config *cfg, struct fs_client *fs, char *err, size_t errlen)
+{
+    int r = fs_client_open(cfg, fs, err, errlen);
+    if (r == 0)
+        r = fs_client_launch(cfg, fs, err, errlen);
+    uint64_t deadline = now_ms() + FS_READY_TIMEOUT_MS;
+    while (r == 0) {
+        uint64_t now = now_ms();
+        if (now >= deadline) {
+            snprintf(err, errlen, "fork server not ready after %d ms", FS_READY_TIMEOUT_MS);
+            r = -ETIMEDOUT;
+            break;
+        }
+        struct pollfd pfd = {.fd = fs->ctl_fd, .events = POLLIN};
+        if (poll(&pfd, 1, (int)(deadline - now)) < 0 && errno != EINTR) {
+            r = err_errno(err, errlen, "poll");
+            break;
+        }
+        r = fs_client_ready(fs, err, errlen);
+    }
+    if (r < 0) {
         fs_client_stop(fs);
-        return -e;
+        return r;
     }
     return 0;
 }
@@ -262,10 +301,10 @@ int fs_client_reply(struct fs_client *fs, struct fs_reply *rep, int *chan_fd, in
     return 1;
 }
 
-void fs_client_stop(struct fs_client *fs)
+/* EOF on the control socket makes the fork server kill its sandboxes and
+ * exit; give it a moment, then insist. */
+static void fs_client_stop_child(struct fs_client *fs)
 {
-    /* EOF on the control socket makes the fork server kill its sandboxes
-     * and exit; give it a moment, then insist. */
     close_and_reset(&fs->ctl_fd);
     if (fs->pid <= 0)
         return;
@@ -286,3 +325,19 @@ void fs_client_stop(struct fs_client *fs)
     fs->pid = 0;
 }
 
+void fs_client_kill(struct fs_client *fs)
+{
+    close_and_reset(&fs->ctl_fd);
+    if (fs->pid <= 0)
+        return;
+    int status;
+    kill(fs->pid, SIGKILL);
+    reap_blocking(fs->pid, &status);
+    fs->pid = 0;
+}
+
+void fs_client_stop(struct fs_client *fs)
+{
+    fs_client_stop_child(fs);
+    close_and_reset(&fs->exe_fd);
+}

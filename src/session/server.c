@@ -26,6 +26,7 @@
 #include "session/session.h"
 
 #define SERVER_TICK_MS 250 /* deadlines, pings, log flushes, a paused listener */
+#define STOP_GRACE_MS 2000 /* turns closed: their close frames go out, then we leave */
 
 static int listen_on(const char *host, uint16_t port, uint16_t *bound_port)
 {
@@ -130,21 +131,214 @@ static void on_accept(struct loop_watch *w, uint32_t events)
     }
 }
 
+/* ---------------------------------------------------------------- stopping
+ *
+ * SIGTERM/SIGINT drain (README, "Stopping and restarts"): new upgrades get
+ * 503 with Retry-After and /ready 503 at once, while the listener stays
+ * open: a load balancer that probes /ready takes the daemon out of rotation
+ * and a client that got there anyway is told to retry elsewhere, where a
+ * closed port gives a connection refused, or a reset for connections already
+ * queued in the kernel's backlog. Admitted turns, idle ones included, go on
+ * until they end (their own timeouts still apply) or --drain-timeout
+ * passes; then the rest are closed with 1001 and the daemon exits 0. A
+ * second signal ends the drain at once. */
+
+/* Close what is left (turns with code and reason, connections not admitted
+ * without a reply), stop listening, and leave the loop once the closes are
+ * out (at most STOP_GRACE_MS). */
+static void server_stop(struct server *srv, uint16_t code, const char *reason)
+{
+    if (srv->stopping)
+        return;
+    srv->stopping = true;
+    srv->stop_deadline_ms = now_ms() + STOP_GRACE_MS;
+    if (srv->listen_fd >= 0) {
+        loop_unwatch(srv->loop, &srv->listen_watch);
+        close_and_reset(&srv->listen_fd);
+    }
+    sessions_end_all(srv->sessions, code, reason);
+}
+
+static void server_drain_end(struct server *srv)
+{
+    server_stop(srv, 1001, "server shutting down");
+}
+
+void server_drain_start(struct server *srv)
+{
+    if (srv->draining)
+        return;
+    srv->draining = true;
+    srv->drain_deadline_ms = now_ms() + srv->cfg->drain_timeout_ms;
+    LOG_I("draining: %u turns running, new upgrades get 503; closing what is left in %" PRIu64
+          " s", srv->n_turns, srv->cfg->drain_timeout_ms / 1000);
+    if (srv->cfg->drain_timeout_ms == 0)
+        server_drain_end(srv);
+    /* With no turn running, server_reap ends it before the loop sleeps. */
+}
+
+/* The drain is over when no turn holds a slot, or its time is up. */
+static void server_drain_check(struct server *srv, uint64_t now)
+{
+    if (!srv->draining || srv->stopping)
+        return;
+    if (srv->n_turns == 0) {
+        LOG_I("drained: no turn running; exiting");
+        server_drain_end(srv);
+    } else if (now >= srv->drain_deadline_ms) {
+        LOG_W("--drain-timeout: closing the %u turns still running", srv->n_turns);
+        server_drain_end(srv);
+    }
+}
+
 static void on_signal(struct loop_watch *w, uint32_t events)
 {
     struct server *srv = w->ud;
     struct signalfd_siginfo si;
     if (read(srv->signal_fd, &si, sizeof si) != sizeof si)
         return;
+    if (si.ssi_signo != SIGTERM && si.ssi_signo != SIGINT)
+        return;
+    if (srv->draining || srv->stopping) {
+        LOG_I("signal %u again: closing the %u turns still running now", si.ssi_signo,
+              srv->n_turns);
+        srv->draining = true;
+        server_drain_end(srv);
+        return;
+    }
     LOG_I("signal %u: stopping", si.ssi_signo);
-    srv->stopping = true;
-    srv->stop_deadline_ms = now_ms() + 2000;
-    sessions_end_all(srv->sessions, 1001, NULL);
+    server_drain_start(srv);
+}
+
+/* ---------------------------------------------------------------- the fork server
+ *
+ * When it dies (or breaks the protocol), the turns whose sandboxes died
+ * with it end with 1011 (sessions_forkserver_lost); turns still waiting for
+ * a sandbox keep waiting and are asked for again from the next one. A new
+ * fork server is started the way the first was (fs_client_launch: the same
+ * checked executable by its fd, the fixed environment, only the control
+ * socket crosses), at once after a death, then after FS_RESTART_MIN_MS
+ * doubling up to FS_RESTART_MAX_MS while starts fail or it dies again. After
+ * FS_RESTART_TRIES deaths or failed starts in a row (a fork server that
+ * stayed up FS_STABLE_MS resets the count) the daemon gives up: every
+ * connection is closed and forkboxd exits 1, so that its own supervisor
+ * (systemd's Restart=on-failure) can act. /ready says 503 meanwhile. */
+
+static void on_forkserver(struct loop_watch *w, uint32_t events);
+
+static void fs_give_up(struct server *srv)
+{
+    LOG_E("fork server: %u deaths or failed starts in a row; giving up (exit 1)",
+          srv->fs_failures);
+    srv->exit_code = 1;
+    srv->draining = true;
+    server_stop(srv, 1011, "sandbox service unavailable");
+}
+
+/* One more death or failed start: schedule the next start, or give up. */
+static void fs_schedule(struct server *srv, uint64_t now)
+{
+    srv->fs_state = FS_DOWN;
+    if (++srv->fs_failures > FS_RESTART_TRIES) {
+        fs_give_up(srv);
+        return;
+    }
+    uint64_t delay = 0;
+    if (srv->fs_failures > 1) {
+        unsigned k = srv->fs_failures - 2;
+        delay = k < 16 ? (uint64_t)FS_RESTART_MIN_MS << k : FS_RESTART_MAX_MS;
+        delay = delay < FS_RESTART_MAX_MS ? delay : FS_RESTART_MAX_MS;
+    }
+    srv->fs_next_start_ms = now + delay;
+    LOG_I("fork server: starting a new one in %" PRIu64 " ms (attempt %u of %u)", delay,
+          srv->fs_failures, FS_RESTART_TRIES);
+}
+
+static void fs_launch(struct server *srv, uint64_t now)
+{
+    char err[512] = "";
+    int r = fs_client_launch(srv->cfg, &srv->fs, err, sizeof err);
+    if (r < 0) {
+        LOG_E("fork server: cannot start it: %s", err);
+        fs_schedule(srv, now);
+        return;
+    }
+    srv->fs_state = FS_STARTING;
+    srv->fs_start_ms = now;
+    srv->fs_watch = (struct loop_watch){.fd = srv->fs.ctl_fd, .cb = on_forkserver, .ud = srv};
+    r = loop_watch(srv->loop, &srv->fs_watch, EPOLLIN);
+    if (r < 0) {
+        LOG_E("fork server: epoll: %s", strerror(-r));
+        fs_client_kill(&srv->fs);
+        fs_schedule(srv, now);
+    }
+}
+
+/* The fork server is gone (EOF: it and its cgroup helper have exited) or
+ * broke the protocol. */
+static void fs_lost(struct server *srv, int why)
+{
+    uint64_t now = now_ms();
+    LOG_E("fork server is gone (%s): ending the turns whose sandboxes died with it",
+          strerror(-why));
+    loop_unwatch(srv->loop, &srv->fs_watch);
+    fs_client_kill(&srv->fs);
+    sessions_forkserver_lost(srv->sessions);
+    if (srv->stopping)
+        return;
+    if (srv->fs_state == FS_UP && now - srv->fs_up_ms >= FS_STABLE_MS)
+        srv->fs_failures = 0;
+    fs_schedule(srv, now);
+    if (srv->fs_state == FS_DOWN && now >= srv->fs_next_start_ms)
+        fs_launch(srv, now);
+}
+
+/* A launched fork server's ready record (or its failure). */
+static void fs_starting(struct server *srv)
+{
+    char err[512] = "";
+    int r = fs_client_ready(&srv->fs, err, sizeof err);
+    if (r == 0)
+        return;
+    uint64_t now = now_ms();
+    if (r < 0) {
+        LOG_E("fork server: the new one failed: %s", err);
+        loop_unwatch(srv->loop, &srv->fs_watch);
+        fs_client_kill(&srv->fs);
+        fs_schedule(srv, now);
+        return;
+    }
+    srv->fs_state = FS_UP;
+    srv->fs_up_ms = now;
+    LOG_I("fork server: a new one (pid %d) is ready after %" PRIu64 " ms", (int)srv->fs.pid,
+          now - srv->fs_start_ms);
+    sessions_sandbox_retry(srv->sessions);
+}
+
+/* From the tick: a start that is due, or one that never got ready. */
+static void fs_tick(struct server *srv, uint64_t now)
+{
+    if (srv->stopping)
+        return;
+    if (srv->fs_state == FS_DOWN && now >= srv->fs_next_start_ms) {
+        fs_launch(srv, now);
+    } else if (srv->fs_state == FS_STARTING && now - srv->fs_start_ms >= FS_READY_TIMEOUT_MS) {
+        LOG_E("fork server: the new one was not ready after %u ms", FS_READY_TIMEOUT_MS);
+        loop_unwatch(srv->loop, &srv->fs_watch);
+        fs_client_kill(&srv->fs);
+        fs_schedule(srv, now);
+    } else if (srv->fs_state == FS_UP) {
+        sessions_sandbox_retry(srv->sessions); /* requests its full socket refused */
+    }
 }
 
 static void on_forkserver(struct loop_watch *w, uint32_t events)
 {
     struct server *srv = w->ud;
+    if (srv->fs_state == FS_STARTING) {
+        fs_starting(srv);
+        return;
+    }
     for (;;) {
         struct fs_reply rep;
         int chan_fd = -1, pidfd = -1;
@@ -152,13 +346,7 @@ static void on_forkserver(struct loop_watch *w, uint32_t events)
         if (r == 0)
             return;
         if (r < 0) {
-            /* Without the fork server no turn can start: stop rather than
-             * serve 101s that can never get a sandbox. */
-            LOG_E("fork server is gone (%s); stopping", strerror(-r));
-            loop_unwatch(srv->loop, &srv->fs_watch);
-            srv->stopping = true;
-            srv->stop_deadline_ms = now_ms() + 1000;
-            sessions_end_all(srv->sessions, 1011, "sandbox service unavailable");
+            fs_lost(srv, r);
             return;
         }
         struct session *s = sessions_find(srv->sessions, rep.turn_id);
@@ -187,6 +375,8 @@ static void on_forkserver(struct loop_watch *w, uint32_t events)
 static int server_may_admit(void *host, const char *authorization)
 {
     struct server *srv = host;
+    if (srv->draining)
+        return -ESHUTDOWN;
     if (srv->n_turns >= srv->cfg->capacity || srv->single_use_admitted)
         return -EBUSY;
     if (srv->token && !http_auth_ok(authorization, srv->token, srv->token_len))
@@ -220,7 +410,36 @@ static void server_release(void *host)
 static int server_request_sandbox(void *host, uint64_t turn_id)
 {
     struct server *srv = host;
+    if (srv->fs_state != FS_UP)
+        return srv->stopping ? -ESHUTDOWN : -EAGAIN; /* asked again once one is ready */
     return fs_client_request(&srv->fs, turn_id);
+}
+
+/* GET /ready (the 503's body), and server_ready(). */
+static const char *server_not_ready(const struct server *srv)
+{
+    if (srv->draining || srv->stopping)
+        return "Shutting down\n";
+    if (srv->fs_state != FS_UP)
+        return "Sandbox service starting\n";
+    if (srv->n_turns >= srv->cfg->capacity || srv->single_use_admitted)
+        return "Busy\n";
+    return NULL;
+}
+
+bool server_ready(const struct server *srv)
+{
+    return server_not_ready(srv) == NULL;
+}
+
+static const char *server_env_not_ready(void *host)
+{
+    return server_not_ready(host);
+}
+
+int server_exit_status(const struct server *srv)
+{
+    return srv->exit_code;
 }
 
 static void server_tick(void *ud)
@@ -229,6 +448,8 @@ static void server_tick(void *ud)
     uint64_t now = now_ms();
     sessions_tick(srv->sessions, now);
     ratelimit_flush_sites(now_ns());
+    fs_tick(srv, now);
+    server_drain_check(srv, now);
     if (srv->accept_paused && !srv->stopping) {
         srv->accept_paused = false;
         loop_watch(srv->loop, &srv->listen_watch, EPOLLIN);
@@ -251,6 +472,7 @@ static void server_reap(void *ud)
 {
     struct server *srv = ud;
     sessions_reap(srv->sessions);
+    server_drain_check(srv, now_ms());
     if (srv->stopping && sessions_count(srv->sessions) == 0)
         loop_stop(srv->loop);
 }
@@ -264,6 +486,8 @@ int server_init(struct server *srv, struct loop *loop, const struct config *cfg,
     srv->token = token;
     srv->token_len = token_len;
     srv->fs = *fs;
+    srv->fs_state = FS_UP; /* main started it */
+    srv->fs_up_ms = now_ms();
     srv->signal_fd = -1;
     srv->budget = (struct budget){.max = cfg->total_buffer};
     srv->listen_fd = -1;
@@ -291,6 +515,7 @@ int server_init(struct server *srv, struct loop *loop, const struct config *cfg,
         .admit = server_admit,
         .release = server_release,
         .request_sandbox = server_request_sandbox,
+        .not_ready = server_env_not_ready,
     };
     srv->sessions = sessions_new(&env);
     if (!srv->sessions) {

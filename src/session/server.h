@@ -19,6 +19,13 @@
 struct sessions;
 struct policy_notify;
 
+/* The fork server, as the server sees it (server.c, "the fork server"). */
+enum server_fs_state {
+    FS_UP,       /* ready: spawn requests go to it */
+    FS_STARTING, /* launched, its ready record not yet read */
+    FS_DOWN,     /* none: the next start is due at fs_next_start_ms */
+};
+
 /* Fields are server.c's: main.c only holds the struct. */
 struct server {
     struct loop *loop;            /* borrowed */
@@ -39,8 +46,16 @@ struct server {
     unsigned n_turns;             /* admitted turns holding a slot: the capacity count */
     bool single_use_admitted;     /* --single-use: the one turn was admitted */
     bool accept_paused;           /* out of fds or memory: the listener rests until the tick */
+    bool draining;                /* SIGTERM/SIGINT: no new turns; running ones go on */
+    uint64_t drain_deadline_ms;   /* ... until then (--drain-timeout) */
     bool stopping;                /* leave the loop once sessions are gone */
     uint64_t stop_deadline_ms;
+    int exit_code;                /* forkboxd's exit status: 1 once the fork server is given up */
+    enum server_fs_state fs_state;
+    unsigned fs_failures;         /* deaths and failed starts in a row (backoff, giving up) */
+    uint64_t fs_start_ms;         /* FS_STARTING: when it was launched */
+    uint64_t fs_up_ms;            /* FS_UP: since when */
+    uint64_t fs_next_start_ms;    /* FS_DOWN: when to launch the next one */
 };
 
 /* Listen, watch signals and the fork server, and register with loop.
@@ -51,5 +66,15 @@ struct server {
  * 0, or -errno with a reason in err. */
 int server_init(struct server *srv, struct loop *loop, const struct config *cfg,
                 char *token, size_t token_len, struct fs_client *fs, char *err, size_t errlen);
+/* SIGTERM/SIGINT: stop admitting turns (503 with Retry-After, /ready 503),
+ * let the admitted ones run until they end or --drain-timeout passes, then
+ * close the rest with 1001 and leave the loop. Idempotent. */
+void server_drain_start(struct server *srv);
+/* Whether the daemon takes turns now (GET /ready 200): not draining, a fork
+ * server ready, a turn slot free. */
+bool server_ready(const struct server *srv);
+/* What forkboxd exits with once the loop has ended: 0, or 1 when the fork
+ * server could not be restarted. */
+int server_exit_status(const struct server *srv);
 /* Frees every session, stops the fork server, closes the listener. */
 void server_free(struct server *srv);

@@ -102,6 +102,8 @@ struct session {
 
     /* the sandbox */
     bool spawn_pending;           /* request sent, reply not yet received */
+    bool spawn_deferred;          /* no fork server to ask (restarting) or its socket full:
+                                     asked again by sessions_sandbox_retry */
     pid_t child_pid;              /* the sandbox's (a death report must name it) */
     int chan_fd;                  /* owned: the sandbox's channel (chan borrows it) */
     struct loop_watch chan_watch;
@@ -1218,7 +1220,9 @@ static void admit(struct session *s, const uint8_t *rest, size_t rest_len)
     int r = env->request_sandbox(env->host, s->id);
     if (r == 0)
         s->spawn_pending = true;
-    if (r < 0) {
+    else if (r == -EAGAIN)
+        s->spawn_deferred = true; /* what the client sends is queued meanwhile */
+    if (r < 0 && r != -EAGAIN) {
         session_end(s, 1011, "sandbox service unavailable");
         return;
     }
@@ -1244,9 +1248,23 @@ static void route(struct session *s, const uint8_t *rest, size_t rest_len)
         reply_and_close(s, 200, "OK", "OK\n");
         return;
     }
+    /* Readiness for a load balancer, without auth like /health. An upgrade
+     * to /ready is still a turn (spec 1.1: every path but /health). */
+    if (strcmp(target, "/ready") == 0 && !http_req_is_websocket_upgrade(s->req)) {
+        const char *why = s->env->not_ready(s->env->host);
+        if (why)
+            reply_and_close(s, 503, "Service Unavailable", why);
+        else
+            reply_and_close(s, 200, "OK", "Ready\n");
+        return;
+    }
     int ok = s->env->may_admit(s->env->host, http_req_header(s->req, "Authorization"));
     if (ok == -EBUSY) {
         reply_and_close(s, 503, "Service Unavailable", "Busy\n");
+        return;
+    }
+    if (ok == -ESHUTDOWN) {
+        reply_and_close(s, 503, "Service Unavailable", "Shutting down\n");
         return;
     }
     if (ok < 0) {
@@ -1627,6 +1645,39 @@ void sessions_end_all(struct sessions *set, uint16_t code, const char *reason)
 {
     for (struct session *s = set->head; s; s = s->next)
         session_end(s, code, reason);
+}
+
+void sessions_forkserver_lost(struct sessions *set)
+{
+    for (struct session *s = set->head; s; s = s->next) {
+        if (s->spawn_pending) {
+            /* Its request went to the fork server that died: ask the next
+             * one. A dead session's is dropped, so it can be reaped. */
+            s->spawn_pending = false;
+            s->spawn_deferred = s->phase == PHASE_TURN;
+        } else if (s->phase == PHASE_TURN && s->child_pid > 0) {
+            /* Its sandbox died with the fork server (parent-death signal),
+             * or dies now (kill_sandbox, by its pidfd); no death report
+             * will come for it. */
+            session_end(s, 1011, "sandbox lost: the fork server died");
+        }
+    }
+}
+
+void sessions_sandbox_retry(struct sessions *set)
+{
+    for (struct session *s = set->head; s; s = s->next) {
+        if (!s->spawn_deferred || s->phase != PHASE_TURN)
+            continue;
+        int r = set->env.request_sandbox(set->env.host, s->id);
+        if (r == -EAGAIN)
+            return; /* still none, or its socket is full: the next tick */
+        s->spawn_deferred = false;
+        if (r < 0)
+            session_end(s, 1011, "sandbox service unavailable");
+        else
+            s->spawn_pending = true;
+    }
 }
 
 void sessions_tick(struct sessions *set, uint64_t now)

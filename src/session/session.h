@@ -42,8 +42,12 @@ struct session_env {
     /* Give a slot back (single-use mode then starts shutting down). */
     void (*release)(void *host);
     /* Ask the fork server for a sandbox for turn_id; the answer comes as
-     * session_sandbox_ready(). 0 or -errno. */
+     * session_sandbox_ready(). 0, -EAGAIN (no fork server now, or it is
+     * busy: asked again by sessions_sandbox_retry) or -errno. */
     int (*request_sandbox)(void *host, uint64_t turn_id);
+    /* GET /ready: NULL when the daemon takes turns, else the 503's body (a
+     * static string ending in a newline). */
+    const char *(*not_ready)(void *host);
 };
 
 /* Every connection. env is copied (what it points to is borrowed). NULL on
@@ -57,6 +61,13 @@ unsigned sessions_count(const struct sessions *set);
 struct session *sessions_find(struct sessions *set, uint64_t turn_id);
 /* End every session (session_end). */
 void sessions_end_all(struct sessions *set, uint16_t code, const char *reason);
+/* The fork server died: turns whose sandbox died with it end with 1011;
+ * turns still waiting for one are asked for again (sessions_sandbox_retry)
+ * from the next fork server. */
+void sessions_forkserver_lost(struct sessions *set);
+/* Ask again for the sandboxes of turns whose request was deferred
+ * (request_sandbox gave -EAGAIN), in order, until it says -EAGAIN again. */
+void sessions_sandbox_retry(struct sessions *set);
 /* Periodic checks of every session: deadlines, pings, timeouts. */
 void sessions_tick(struct sessions *set, uint64_t now);
 /* One bounded step of every check still running on a complete message

@@ -501,6 +501,7 @@ static void test_responses(void)
                  "Content-Length: 5\r\n"
                  "Date: Sun, 06 Nov 1994 08:49:37 GMT\r\n"
                  "Server: forkbox\r\n"
+                 "Retry-After: 1\r\n"
                  "Connection: close\r\n"
                  "\r\n"
                  "Busy\n",
