@@ -112,10 +112,12 @@ static int send_ready(int ctl_fd, int status, uint64_t start_ns, const char *msg
     return n < 0 ? -errno : 0;
 }
 
+/* The reason goes to the supervisor, which prints it as forkboxd's one line
+ * on stderr; logged here too only if it cannot get there. */
 _Noreturn static void fail_start(int ctl_fd, int status, const char *msg)
 {
-    LOG_E("not starting: %s", msg);
-    send_ready(ctl_fd, status < 0 ? status : -EINVAL, 0, msg);
+    if (send_ready(ctl_fd, status < 0 ? status : -EINVAL, 0, msg) < 0)
+        LOG_E("not starting: %s", msg);
     _exit(1);
 }
 
@@ -616,11 +618,9 @@ _Noreturn void forkserver_main(int ctl_fd)
         if (r < 0)
             fail_start(ctl_fd, r, err);
     }
-    r = cgroups_init(cfg, &fsv.cgroups);
-    if (r < 0) {
-        snprintf(err, sizeof err, "cgroups: %s", strerror(-r));
+    r = cgroups_init(cfg, &fsv.cgroups, err, sizeof err);
+    if (r < 0)
         fail_start(ctl_fd, r, err);
-    }
 
     /* We stop when the supervisor closes the control socket (or dies): a
      * stop signal sent to the whole process group is the supervisor's to
