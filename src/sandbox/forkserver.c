@@ -45,6 +45,7 @@
 #include "sandbox/cgroups.h"
 #include "sandbox/mounts.h"
 #include "sandbox/placer.h"
+#include "sandbox/probe.h"
 #include "sandbox/seccomp.h"
 #include "sandbox/spawn.h"
 
@@ -574,7 +575,7 @@ _Noreturn void forkserver_main(int ctl_fd)
     recv_config(ctl_fd, &config);
     const struct config *cfg = &config;
     log_init("forkserver", cfg->log_level);
-    char err[512];
+    char err[FS_READY_MAX_MSG];
 
     /* Die with the supervisor, and make sure it had not died already: its
      * pid is the control socket's peer. */
@@ -607,10 +608,20 @@ _Noreturn void forkserver_main(int ctl_fd)
     if (ids_new(cfg->id_first, cfg->id_count, &fsv.ids) < 0)
         fail_start(ctl_fd, -ENOMEM, "out of memory for the id range");
 
+    /* Fail closed: what isolation needs is tried once here, in throwaway
+     * children (probe.c), so that a host without it stops forkboxd at start
+     * with one line instead of failing every turn. The kernel's seccomp
+     * first: a kernel without it would otherwise show as a policy error. */
+    if (cfg->isolate && ((r = probe_seccomp_kernel(err, sizeof err)) < 0 ||
+                         (r = probe_userns(cfg->id_first, err, sizeof err)) < 0))
+        fail_start(ctl_fd, r, err);
+
     /* Policy errors stop forkboxd at start, isolated or not. The path is a
      * host path and nothing needs it again: every sandbox reads our memory. */
     r = policy_load(cfg->policy_file, &fsv.policy, err, sizeof err);
     if (r < 0)
+        fail_start(ctl_fd, r, err);
+    if (cfg->isolate && (r = probe_seccomp_policy(fsv.policy, err, sizeof err)) < 0)
         fail_start(ctl_fd, r, err);
     explicit_bzero(config.policy_file, sizeof config.policy_file);
     if (cfg->isolate) {
