@@ -123,6 +123,12 @@ static const struct opt opts[] = {
      .arg = "DIR", .help = "tools package dir ($ADK_CODE_MODE_TOOLS_DIR, /tools)"},
     {"no-isolation", K_FLAG, FIELD(isolate), .def = true, .forkserver = true,
      .help = "no namespaces/seccomp (benchmarks only)"},
+    /* Fail closed by default: a host where the per-turn cgroup limits
+     * cannot be enforced stops forkboxd at start (cgroups.c); this turns
+     * that refusal into a warning. */
+    {"allow-no-cgroups", K_FLAG, FIELD(allow_no_cgroups), .def = false, .forkserver = true,
+     .help = "start even where per-turn cgroup limits cannot be\n"
+             "enforced (a warning instead of a refusal)"},
     /* One host uid and gid per live sandbox, so that nothing the kernel
      * counts per user (processes, pending signals, inotify, pipe buffers,
      * fds in flight, ...) is shared between sandboxes or with root. The

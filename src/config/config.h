@@ -36,6 +36,8 @@ struct config {
     /* sandbox */
     char tools_dir[256];        /* env ADK_CODE_MODE_TOOLS_DIR, default /tools */
     bool isolate;               /* false only with --no-isolation (benchmarks) */
+    bool allow_no_cgroups;      /* --allow-no-cgroups: an unenforceable cgroup limit is a
+                                   warning, not a refusal to start (cgroups.c) */
     uint32_t id_first;          /* host uids/gids forkboxd owns: one per live sandbox, */
     uint32_t id_count;          /* from [id_first, id_first + id_count) (--id-range) */
     char policy_file[256];      /* seccomp policy */

@@ -51,12 +51,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "core/cleanup.h"
 #include "core/limits.h"
 #include "core/log.h"
+#include "core/util.h"
 
 #define SPARE_MIN 32  /* empty turn cgroups kept for reuse: at least */
 #define SPARE_MAX 256 /* and at most */
@@ -125,12 +127,16 @@ static int read_file(const char *path, char *buf, size_t len)
     return 0;
 }
 
-static int write_at(const char *dir, const char *file, const char *val)
+/* Write val to dir/file. A failure is logged, or with why (the start-up
+ * probe) said there instead, to become part of its one line. */
+static int write_at(const char *dir, const char *file, const char *val, char *why, size_t whylen)
 {
     char path[PATH_MAX + 64];
     snprintf(path, sizeof path, "%s/%s", dir, file);
     int rc = write_file(path, val);
-    if (rc < 0)
+    if (rc < 0 && why)
+        err_fmt(why, whylen, 0, "writing '%s' to %s: %s", val, path, strerror(-rc));
+    else if (rc < 0)
         LOG_W("cgroup: writing '%s' to %s: %s", val, path, strerror(-rc));
     return rc;
 }
@@ -224,14 +230,14 @@ static int make_dir(const char *path)
  * A non-root cgroup with processes cannot enable them ("no internal
  * processes"); then move the processes of our cgroup into a leaf beside
  * forkbox/, as delegated managers do. */
-static int v2_enable(const char *dir, const char *ctls)
+static int v2_enable(const char *dir, const char *ctls, char *why, size_t whylen)
 {
     char want[64];
     int rc = 0;
     for (const char *s = ctls; *s;) {
         size_t n = strcspn(s, " ");
         snprintf(want, sizeof want, "+%.*s", (int)n, s);
-        if ((rc = write_at(dir, "cgroup.subtree_control", want)) < 0)
+        if ((rc = write_at(dir, "cgroup.subtree_control", want, why, whylen)) < 0)
             return rc;
         s += n;
         s += *s == ' ';
@@ -239,43 +245,68 @@ static int v2_enable(const char *dir, const char *ctls)
     return 0;
 }
 
-static bool v2_init(struct sbx_cgroups *cg)
+#define WHY_LEN 512 /* why a controller is not usable (the probe's reasons) */
+
+/* cgroup v2 with memory and pids (and cpu where offered) delegated to
+ * <own>/forkbox. false with the reason in why when it is not usable here. */
+static bool v2_init(struct sbx_cgroups *cg, char *why, size_t whylen)
 {
     char mnt[PATH_MAX], own[PATH_MAX], dir[PATH_MAX], ctlrs[256];
-    if (cgroup_mount(NULL, mnt, sizeof mnt) < 0 || own_cgroup(NULL, own, sizeof own) < 0)
+    if (cgroup_mount(NULL, mnt, sizeof mnt) < 0 || own_cgroup(NULL, own, sizeof own) < 0) {
+        err_fmt(why, whylen, 0, "no cgroup v2 hierarchy is mounted");
         return false;
-    if (snprintf(dir, sizeof dir, "%s%s", mnt, own) >= (int)sizeof dir)
+    }
+    if (snprintf(dir, sizeof dir, "%s%s", mnt, own) >= (int)sizeof dir) {
+        err_fmt(why, whylen, 0, "cgroup v2: path too long");
         return false;
+    }
     char path[PATH_MAX + 32];
     snprintf(path, sizeof path, "%s/cgroup.controllers", dir);
-    if (read_file(path, ctlrs, sizeof ctlrs) < 0 || !word_in(ctlrs, "memory", ' ') ||
-        !word_in(ctlrs, "pids", ' '))
+    int rc = read_file(path, ctlrs, sizeof ctlrs);
+    if (rc < 0 || !word_in(ctlrs, "memory", ' ') || !word_in(ctlrs, "pids", ' ')) {
+        if (rc < 0)
+            err_fmt(why, whylen, 0, "cgroup v2: reading %s: %s", path, strerror(-rc));
+        else
+            err_fmt(why, whylen, 0, "cgroup v2 offers only '%.*s' in %s", (int)strcspn(ctlrs, "\n"),
+                     ctlrs, dir);
         return false;
+    }
     bool cpu = word_in(ctlrs, "cpu", ' ');
     const char *ctls = cpu ? "memory pids cpu" : "memory pids";
 
-    int rc = v2_enable(dir, ctls);
+    rc = v2_enable(dir, ctls, why, whylen);
     if (rc == -EBUSY && own[0]) {
         char leaf[PATH_MAX + 32], procs[PATH_MAX + 32], pid[32];
         snprintf(leaf, sizeof leaf, "%s/forkbox-daemon", dir);
         snprintf(procs, sizeof procs, "%s/cgroup.procs", dir);
-        if (make_dir(leaf) < 0)
+        if ((rc = make_dir(leaf)) < 0) {
+            err_fmt(why, whylen, 0, "cgroup v2: cannot create %s: %s", leaf, strerror(-rc));
             return false;
+        }
         FILE *f = fopen(procs, "re");
-        if (!f)
+        if (!f) {
+            err_fmt(why, whylen, 0, "cgroup v2: reading %s: %s", procs, strerror(errno));
             return false;
+        }
         while (fgets(pid, sizeof pid, f)) /* best effort: a process may be exiting */
-            write_at(leaf, "cgroup.procs", pid);
+            write_at(leaf, "cgroup.procs", pid, NULL, 0);
         fclose(f);
         LOG_I("cgroup v2: moved the processes of %s into forkbox-daemon/ to delegate "
               "controllers", dir);
-        rc = v2_enable(dir, ctls);
+        rc = v2_enable(dir, ctls, why, whylen);
     }
     if (rc < 0)
         return false;
     char parent[PATH_MAX];
-    if (snprintf(parent, sizeof parent, "%s/forkbox", dir) >= (int)sizeof parent ||
-        make_dir(parent) < 0 || v2_enable(parent, ctls) < 0)
+    if (snprintf(parent, sizeof parent, "%s/forkbox", dir) >= (int)sizeof parent) {
+        err_fmt(why, whylen, 0, "cgroup v2: path too long");
+        return false;
+    }
+    if ((rc = make_dir(parent)) < 0) {
+        err_fmt(why, whylen, 0, "cannot create %s: %s", parent, strerror(-rc));
+        return false;
+    }
+    if (v2_enable(parent, ctls, why, whylen) < 0)
         return false;
     cg->v2 = true;
     snprintf(cg->dir[CG_MEMORY], PATH_MAX, "%s", parent);
@@ -285,18 +316,26 @@ static bool v2_init(struct sbx_cgroups *cg)
     return true;
 }
 
-static void v1_init(struct sbx_cgroups *cg)
+/* The v1 hierarchies: <own>/forkbox in each controller's. A controller
+ * that is not usable gets its reason in why[c] (v2why: why v2 was not used
+ * either, said where the controller has no v1 hierarchy). */
+static void v1_init(struct sbx_cgroups *cg, char why[CG_N][WHY_LEN], const char *v2why)
 {
     for (int c = 0; c < CG_N; c++) {
         char mnt[PATH_MAX], own[PATH_MAX], parent[PATH_MAX];
         if (cgroup_mount(ctl_name[c], mnt, sizeof mnt) < 0 ||
-            own_cgroup(ctl_name[c], own, sizeof own) < 0)
+            own_cgroup(ctl_name[c], own, sizeof own) < 0) {
+            err_fmt(why[c], WHY_LEN, 0, "no cgroup v1 hierarchy with it is mounted, and %s", v2why);
             continue;
-        if (snprintf(parent, sizeof parent, "%s%s/forkbox", mnt, own) >= (int)sizeof parent)
+        }
+        if (snprintf(parent, sizeof parent, "%s%s/forkbox", mnt, own) >= (int)sizeof parent) {
+            err_fmt(why[c], WHY_LEN, 0, "cgroup v1 %s: path too long", ctl_name[c]);
             continue;
+        }
         int rc = make_dir(parent);
         if (rc < 0) {
-            LOG_W("cgroup v1 %s: cannot create %s: %s", ctl_name[c], parent, strerror(-rc));
+            err_fmt(why[c], WHY_LEN, 0, "cannot create %s: %s%s", parent, strerror(-rc),
+                     rc == -ENOENT ? " (not mounted?)" : "");
             continue;
         }
         snprintf(cg->dir[c], PATH_MAX, "%s", parent);
@@ -305,11 +344,12 @@ static void v1_init(struct sbx_cgroups *cg)
 
 /* The parent's CPU weight (see the top): --cpu-weight, or 100 per sandbox
  * serving a turn. Written only when it changes; a failure is logged once
- * (the turns still run, at the weight the parent has). */
-static void set_parent_weight(struct sbx_cgroups *cg)
+ * (the turns still run, at the weight the parent has; an explicit
+ * --cpu-weight that cannot be written at all stops the start, cgroups_init). */
+static int set_parent_weight(struct sbx_cgroups *cg, char *why, size_t whylen)
 {
     if (!cg->dir[CG_CPU][0])
-        return;
+        return 0;
     unsigned w = cg->cpu_weight;
     if (!w) {
         size_t n = 0;
@@ -318,56 +358,18 @@ static void set_parent_weight(struct sbx_cgroups *cg)
         w = n < 1 ? 100 : n > 100 ? 10000 : (unsigned)n * 100;
     }
     if (w == cg->weight_set)
-        return;
+        return 0;
     char v[32];
     snprintf(v, sizeof v, "%u", cg->v2 ? w : w * 1024 / 100 < 2 ? 2 : w * 1024 / 100);
-    int rc = write_at(cg->dir[CG_CPU], cg->v2 ? "cpu.weight" : "cpu.shares", v);
+    int rc = write_at(cg->dir[CG_CPU], cg->v2 ? "cpu.weight" : "cpu.shares", v, why, whylen);
     if (rc < 0) {
-        if (!cg->weight_failed)
+        if (!cg->weight_failed && !why)
             LOG_W("cgroup: cannot set the sandboxes' CPU weight in %s: %s", cg->dir[CG_CPU],
                   strerror(-rc));
         cg->weight_failed = true;
-        return;
+        return rc;
     }
     cg->weight_set = w;
-}
-
-int cgroups_init(const struct config *cfg, struct sbx_cgroups **out)
-{
-    struct sbx_cgroups *cg = calloc(1, sizeof *cg);
-    if (!cg)
-        return -ENOMEM;
-    if (!v2_init(cg))
-        v1_init(cg);
-    cg->cpu_weight = cfg->cpu_weight;
-    set_parent_weight(cg);
-    size_t live_max = (size_t)cfg->capacity + cfg->pool_size;
-    cg->spare_max = live_max < SPARE_MIN ? SPARE_MIN : live_max > SPARE_MAX ? SPARE_MAX : live_max;
-    if (cg->dir[CG_MEMORY][0])
-        cg->swap_file = file_exists(cg->dir[CG_MEMORY],
-                                    cg->v2 ? "memory.swap.max" : "memory.memsw.limit_in_bytes");
-
-    char what[128] = "";
-    for (int c = 0; c < CG_N; c++)
-        if (cg->dir[c][0])
-            snprintf(what + strlen(what), sizeof what - strlen(what), "%s%s",
-                     what[0] ? "+" : "", ctl_name[c]);
-    if (!what[0])
-        LOG_W("cgroups: none usable; per-turn memory, pids and cpu are NOT enforced "
-              "(rlimits only)");
-    else
-        LOG_I("cgroups: %s %s under %s (memory %llu bytes%s, pids %llu, cpu %llu ms/s)",
-              cg->v2 ? "v2" : "v1", what, cg->dir[CG_MEMORY][0] ? cg->dir[CG_MEMORY] : cg->dir[CG_PIDS],
-              (unsigned long long)cfg->memory_max, cg->swap_file ? ", no swap" : "",
-              (unsigned long long)cfg->pids_max, (unsigned long long)cfg->cpu_millis);
-    if (cg->dir[CG_MEMORY][0] == '\0' || cg->dir[CG_PIDS][0] == '\0')
-        LOG_W("cgroups: %s not enforced", cg->dir[CG_MEMORY][0] ? "pids" : "memory");
-    char mnt[PATH_MAX];
-    if (what[0] && cgroup_mount("", mnt, sizeof mnt) < 0)
-        LOG_I("cgroups: moving a sandbox into its cgroups waits for an RCU grace period "
-              "(5-20 ms) unless a cgroup hierarchy is mounted with favordynmods; the pool "
-              "hides it, fresh sandboxes do not (README: Tuning the host)");
-    *out = cg;
     return 0;
 }
 
@@ -378,8 +380,23 @@ static void turn_dir(const struct sbx_cgroups *cg, int c, uint64_t seq, char *ou
 
 static bool turn_enforced(const struct sbx_cgroups *cg, int c)
 {
-    /* v2: one directory (always with memory) for all controllers */
-    return cg->dir[c][0] && !(cg->v2 && c != CG_MEMORY);
+    if (!cg->dir[c][0])
+        return false;
+    /* v2: one directory for all controllers, made for the first enforced */
+    for (int k = 0; cg->v2 && k < c; k++)
+        if (cg->dir[k][0])
+            return false;
+    return true;
+}
+
+/* The v2 controllers to enable in the parent: those enforced. */
+static void v2_ctls(const struct sbx_cgroups *cg, char *out, size_t len)
+{
+    out[0] = '\0';
+    for (int c = 0; c < CG_N; c++)
+        if (cg->dir[c][0])
+            snprintf(out + strlen(out), len - strlen(out), "%s%s", out[0] ? " " : "",
+                     ctl_name[c]);
 }
 
 /* True if no task is left in any of the turn's directories. */
@@ -448,8 +465,9 @@ static int remove_turn(const struct sbx_cgroups *cg, uint64_t seq)
     return busy ? -EBUSY : 0;
 }
 
+/* Write controller c's limit into turn cgroup dir (why: see write_at). */
 static int set_limits(const struct sbx_cgroups *cg, int c, const char *dir,
-                      const struct config *cfg)
+                      const struct config *cfg, char *why, size_t whylen)
 {
     char v[64];
     int rc = 0;
@@ -459,15 +477,16 @@ static int set_limits(const struct sbx_cgroups *cg, int c, const char *dir,
             break;
         snprintf(v, sizeof v, "%llu", (unsigned long long)cfg->memory_max);
         if (cg->v2) {
-            if ((rc = write_at(dir, "memory.max", v)) < 0)
+            if ((rc = write_at(dir, "memory.max", v, why, whylen)) < 0)
                 return rc;
-            if (cg->swap_file && (rc = write_at(dir, "memory.swap.max", "0")) < 0)
+            if (cg->swap_file && (rc = write_at(dir, "memory.swap.max", "0", why, whylen)) < 0)
                 return rc;
         } else {
             /* memsw (memory + swap) may not go below limit_in_bytes: set that first. */
-            if ((rc = write_at(dir, "memory.limit_in_bytes", v)) < 0)
+            if ((rc = write_at(dir, "memory.limit_in_bytes", v, why, whylen)) < 0)
                 return rc;
-            if (cg->swap_file && (rc = write_at(dir, "memory.memsw.limit_in_bytes", v)) < 0)
+            if (cg->swap_file &&
+                (rc = write_at(dir, "memory.memsw.limit_in_bytes", v, why, whylen)) < 0)
                 return rc;
         }
         break;
@@ -475,7 +494,7 @@ static int set_limits(const struct sbx_cgroups *cg, int c, const char *dir,
         if (!cfg->pids_max)
             break;
         snprintf(v, sizeof v, "%llu", (unsigned long long)cfg->pids_max);
-        rc = write_at(dir, "pids.max", v);
+        rc = write_at(dir, "pids.max", v, why, whylen);
         break;
     case CG_CPU: {
         if (!cfg->cpu_millis)
@@ -485,13 +504,13 @@ static int set_limits(const struct sbx_cgroups *cg, int c, const char *dir,
             quota = 1000; /* the kernel's minimum quota is 1 ms */
         if (cg->v2) {
             snprintf(v, sizeof v, "%llu %llu", quota, CPU_PERIOD_US);
-            rc = write_at(dir, "cpu.max", v);
+            rc = write_at(dir, "cpu.max", v, why, whylen);
         } else {
             snprintf(v, sizeof v, "%llu", CPU_PERIOD_US);
-            if ((rc = write_at(dir, "cpu.cfs_period_us", v)) < 0)
+            if ((rc = write_at(dir, "cpu.cfs_period_us", v, why, whylen)) < 0)
                 return rc;
             snprintf(v, sizeof v, "%llu", quota);
-            rc = write_at(dir, "cpu.cfs_quota_us", v);
+            rc = write_at(dir, "cpu.cfs_quota_us", v, why, whylen);
         }
         break;
     }
@@ -504,9 +523,11 @@ static int set_limits(const struct sbx_cgroups *cg, int c, const char *dir,
  * controllers enabled in it again. */
 static int remake_parent(const struct sbx_cgroups *cg, int c)
 {
+    char ctls[64];
+    v2_ctls(cg, ctls, sizeof ctls);
     int rc = make_dir(cg->dir[c]);
     if (rc == 0 && cg->v2)
-        rc = v2_enable(cg->dir[c], cg->dir[CG_CPU][0] ? "memory pids cpu" : "memory pids");
+        rc = v2_enable(cg->dir[c], ctls, NULL, 0);
     if (rc == 0)
         LOG_W("cgroup: %s was removed under us; recreated it", cg->dir[c]);
     return rc;
@@ -575,6 +596,30 @@ static int move_in(const struct sbx_cgroups *cg, uint64_t seq, const char *pidst
     return 0;
 }
 
+/* v2: a spare keeps its limits only while the parent delegates their
+ * controllers: an operator who disables one in the parent's
+ * cgroup.subtree_control takes its limit files away from every child, and a
+ * sandbox moved in would run without that limit. (v1: a spare whose
+ * hierarchy went away fails the move itself.) */
+static bool spare_intact(const struct sbx_cgroups *cg, uint64_t seq)
+{
+    if (!cg->v2)
+        return true;
+    char dir[PATH_MAX + 48], path[PATH_MAX + 72], buf[256];
+    for (int c = 0; c < CG_N; c++) {
+        if (!turn_enforced(cg, c))
+            continue;
+        turn_dir(cg, c, seq, dir, sizeof dir);
+        snprintf(path, sizeof path, "%s/cgroup.controllers", dir);
+        if (read_file(path, buf, sizeof buf) < 0)
+            return false;
+        for (int k = 0; k < CG_N; k++)
+            if (cg->dir[k][0] && !word_in(buf, ctl_name[k], ' '))
+                return false;
+    }
+    return true;
+}
+
 /* An empty, limited turn cgroup from the spare list; -ENOENT if none works,
  * -ESRCH if pid is gone. A sandbox that died before its placement (killed by
  * the supervisor as its client left, a failed early step) leaves the spare it
@@ -593,7 +638,7 @@ static int attach_spare(struct sbx_cgroups *cg, pid_t pid, const char *pidstr)
             cg->n_spare++;
             return -ENOMEM;
         }
-        int rc = move_in(cg, t.seq, pidstr);
+        int rc = spare_intact(cg, t.seq) ? move_in(cg, t.seq, pidstr) : -ENODEV;
         if (rc == 0 || rc == -ESRCH) {
             if (rc == -ESRCH) {
                 cg->n_live--; /* back where it was: the last spare */
@@ -614,6 +659,184 @@ static int attach_spare(struct sbx_cgroups *cg, pid_t pid, const char *pidstr)
         LOG_W("cgroup: %u spare turn cgroup%s unusable (%s): removed", dropped,
               dropped == 1 ? "" : "s", strerror(-why));
     return -ENOENT;
+}
+
+/* --- start-up: the probe ------------------------------------------------- */
+
+/* Whether the configuration asks for controller c's limit. A limit of 0
+ * asks for none, so a host without that controller is fine for it. */
+static bool wanted(const struct config *cfg, int c)
+{
+    switch (c) {
+    case CG_MEMORY:
+        return cfg->memory_max != 0;
+    case CG_PIDS:
+        return cfg->pids_max != 0;
+    default:
+        return cfg->cpu_millis != 0 || cfg->cpu_weight != 0;
+    }
+}
+
+/* Say why for every controller that shares turn cgroup directory c's fate:
+ * all enforced ones on v2 (one directory), c alone on v1. */
+static void fail_group(const struct sbx_cgroups *cg, int c, char why[CG_N][WHY_LEN],
+                       const char *what, const char *path, int rc)
+{
+    for (int k = 0; k < CG_N; k++)
+        if ((k == c || (cg->v2 && cg->dir[k][0])) && !why[k][0])
+            err_fmt(why[k], WHY_LEN, 0, "%s %s: %s", what, path, strerror(-rc));
+}
+
+/* Do once, at start, what every turn needs, rather than trust that files
+ * exist: make a turn cgroup in each enforced hierarchy, write the configured
+ * limits into it, move a process into it (a child that only waits), then
+ * remove it. A controller that fails a step gets the reason in why[c]. Runs
+ * in the fork server, single-threaded, before its cgroup helper exists. The
+ * turn cgroup is not kept as a spare: turn cgroups are named by the pid of
+ * the helper, which is not us. */
+static void probe_turn(struct sbx_cgroups *cg, const struct config *cfg,
+                       char why[CG_N][WHY_LEN])
+{
+    uint64_t seq = ++cg->next_seq;
+    char dir[PATH_MAX + 48], path[PATH_MAX + 64];
+    bool made[CG_N] = {false};
+    for (int c = 0; c < CG_N; c++) {
+        if (!turn_enforced(cg, c))
+            continue;
+        turn_dir(cg, c, seq, dir, sizeof dir);
+        int rc = make_turn_dir(cg, c, dir);
+        if (rc < 0) {
+            fail_group(cg, c, why, "cannot create", dir, rc);
+            continue;
+        }
+        made[c] = true;
+        for (int k = 0; k < CG_N; k++)
+            if ((k == c || (cg->v2 && cg->dir[k][0])) && !why[k][0])
+                set_limits(cg, k, dir, cfg, why[k], WHY_LEN);
+    }
+
+    int hold[2] = {-1, -1};
+    pid_t pid = pipe2(hold, O_CLOEXEC) < 0 ? -1 : fork();
+    if (pid == 0) {
+        char b;
+        close(hold[1]);
+        while (read(hold[0], &b, 1) < 0 && errno == EINTR)
+            ;
+        _exit(0);
+    }
+    int fork_rc = pid < 0 ? -errno : 0;
+    char pidstr[32];
+    snprintf(pidstr, sizeof pidstr, "%d", (int)pid);
+    for (int c = 0; c < CG_N; c++) {
+        if (!made[c])
+            continue;
+        turn_dir(cg, c, seq, dir, sizeof dir);
+        snprintf(path, sizeof path, "%s/cgroup.procs", dir);
+        int rc = pid < 0 ? fork_rc : write_file(path, pidstr);
+        if (rc < 0)
+            fail_group(cg, c, why, pid < 0 ? "fork for" : "cannot move a process into",
+                       path, rc);
+    }
+    if (hold[0] >= 0) {
+        close(hold[0]);
+        close(hold[1]); /* the child exits */
+    }
+    if (pid > 0)
+        while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+            ;
+    for (int c = 0; c < CG_N; c++) {
+        if (!made[c])
+            continue;
+        turn_dir(cg, c, seq, dir, sizeof dir);
+        /* The child's exit can lag its reaping by a moment (EBUSY). */
+        for (int tries = 0; rmdir(dir) < 0 && errno == EBUSY && tries < 100; tries++)
+            nanosleep(&(struct timespec){.tv_nsec = 1000 * 1000}, NULL);
+    }
+}
+
+/* The one line that stops the start: what is missing, and the ways out. */
+static int refuse(int c, const char *why, char *err, size_t errlen)
+{
+    static const char *const flag[CG_N] = {"--memory", "--pids", "--cpu/--cpu-weight"};
+    static const char *const off[CG_N] = {"--memory 0", "--pids 0",
+                                          "--cpu 0 without --cpu-weight"};
+    return err_fmt(err, errlen, -EOPNOTSUPP,
+                   "cgroup controller '%s' is not usable (%s): the per-turn %s limit cannot be "
+                   "enforced; mount the controller or make its hierarchy writable (systemd: "
+                   "Delegate=yes), pass %s to ask for no such limit, or --allow-no-cgroups to "
+                   "run without per-turn limits", ctl_name[c], why, flag[c], off[c]);
+}
+
+int cgroups_init(const struct config *cfg, struct sbx_cgroups **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    struct sbx_cgroups *cg = calloc(1, sizeof *cg);
+    if (!cg)
+        return err_fmt(err, errlen, -ENOMEM, "cgroups: out of memory");
+    char why[CG_N][WHY_LEN] = {{0}}, v2why[WHY_LEN] = "";
+    if (!v2_init(cg, v2why, sizeof v2why))
+        v1_init(cg, why, v2why);
+    for (int c = 0; c < CG_N; c++)
+        if (!cg->dir[c][0] && !why[c][0])
+            err_fmt(why[c], WHY_LEN, 0, "cgroup v2 does not offer it to forkbox's cgroup");
+    cg->cpu_weight = cfg->cpu_weight;
+    size_t live_max = (size_t)cfg->capacity + cfg->pool_size;
+    cg->spare_max = live_max < SPARE_MIN ? SPARE_MIN : live_max > SPARE_MAX ? SPARE_MAX : live_max;
+    if (cg->dir[CG_MEMORY][0])
+        cg->swap_file = file_exists(cg->dir[CG_MEMORY],
+                                    cg->v2 ? "memory.swap.max" : "memory.memsw.limit_in_bytes");
+    probe_turn(cg, cfg, why);
+
+    /* Fail closed: a limit the configuration asks for and this host cannot
+     * enforce stops the start, unless --allow-no-cgroups (or --no-isolation,
+     * benchmarks) says to run without it. A controller no limit asks for
+     * may be missing. */
+    bool strict = cfg->isolate && !cfg->allow_no_cgroups;
+    for (int c = 0; c < CG_N; c++) {
+        if (!why[c][0])
+            continue;
+        if (wanted(cfg, c) && strict) {
+            int rc = refuse(c, why[c], err, errlen);
+            free(cg);
+            return rc;
+        }
+        cg->dir[c][0] = '\0';
+        if (wanted(cfg, c))
+            LOG_W("cgroups: the per-turn %s limit is NOT enforced (%s): %s", ctl_name[c],
+                  cfg->isolate ? "--allow-no-cgroups" : "--no-isolation", why[c]);
+    }
+    char wwhy[WHY_LEN] = "";
+    if (set_parent_weight(cg, wwhy, sizeof wwhy) < 0) {
+        if (cfg->cpu_weight && strict) {
+            int rc = err_fmt(err, errlen, -EOPNOTSUPP,
+                             "cannot set the sandboxes' CPU weight (%s): --cpu-weight %u cannot "
+                             "be enforced; make the cgroup hierarchy writable, pass "
+                             "--cpu-weight 0, or --allow-no-cgroups", wwhy, cfg->cpu_weight);
+            free(cg);
+            return rc;
+        }
+        LOG_W("cgroup: cannot set the sandboxes' CPU weight: %s", wwhy);
+    }
+
+    char what[128] = "";
+    for (int c = 0; c < CG_N; c++)
+        if (cg->dir[c][0])
+            snprintf(what + strlen(what), sizeof what - strlen(what), "%s%s",
+                     what[0] ? "+" : "", ctl_name[c]);
+    if (!what[0])
+        LOG_I("cgroups: none used (no per-turn limit asked for, or --allow-no-cgroups)");
+    else
+        LOG_I("cgroups: %s %s under %s (memory %llu bytes%s, pids %llu, cpu %llu ms/s)",
+              cg->v2 ? "v2" : "v1", what, cg->dir[CG_MEMORY][0] ? cg->dir[CG_MEMORY] : cg->dir[CG_PIDS],
+              (unsigned long long)cfg->memory_max, cg->swap_file ? ", no swap" : "",
+              (unsigned long long)cfg->pids_max, (unsigned long long)cfg->cpu_millis);
+    char mnt[PATH_MAX];
+    if (what[0] && cgroup_mount("", mnt, sizeof mnt) < 0)
+        LOG_I("cgroups: moving a sandbox into its cgroups waits for an RCU grace period "
+              "(5-20 ms) unless a cgroup hierarchy is mounted with favordynmods; the pool "
+              "hides it, fresh sandboxes do not (README: Tuning the host)");
+    *out = cg;
+    return 0;
 }
 
 int cgroups_attach(struct sbx_cgroups *cg, pid_t pid, const struct config *cfg)
@@ -644,9 +867,9 @@ int cgroups_attach(struct sbx_cgroups *cg, pid_t pid, const struct config *cfg)
             if (cg->v2) {
                 for (int k = 0; k < CG_N && rc == 0; k++)
                     if (cg->dir[k][0])
-                        rc = set_limits(cg, k, dir, cfg);
+                        rc = set_limits(cg, k, dir, cfg, NULL, 0);
             } else {
-                rc = set_limits(cg, c, dir, cfg);
+                rc = set_limits(cg, c, dir, cfg, NULL, 0);
             }
         }
         /* Made and limited: reusable, even if pid is gone by now. */
@@ -681,7 +904,7 @@ void cgroups_release(struct sbx_cgroups *cg, pid_t pid)
     if (!cg)
         return;
     drop_live(cg, pid);
-    set_parent_weight(cg);
+    set_parent_weight(cg, NULL, 0);
 }
 
 unsigned cgroups_cpu_weight(const struct sbx_cgroups *cg)
@@ -694,7 +917,7 @@ void cgroups_serving(struct sbx_cgroups *cg, pid_t pid)
     for (size_t i = 0; cg && i < cg->n_live; i++)
         if (cg->live[i].pid == pid && !cg->live[i].serving) {
             cg->live[i].serving = true;
-            set_parent_weight(cg);
+            set_parent_weight(cg, NULL, 0);
             return;
         }
 }

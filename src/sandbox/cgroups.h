@@ -11,10 +11,14 @@
 
 struct sbx_cgroups; /* opaque: what this host offers, probed once at start */
 
-/* Probe and prepare a parent cgroup for forkbox under each usable hierarchy.
- * Never fatal: on a host without usable cgroups *out describes "none" and a
- * warning is logged. 0 or -errno. */
-int cgroups_init(const struct config *cfg, struct sbx_cgroups **out);
+/* Prepare a parent cgroup for forkbox under each usable hierarchy and probe
+ * it for real (a turn cgroup made, limited, entered by a process, removed).
+ * Fails closed: if a limit the configuration asks for (non-zero --memory,
+ * --pids, --cpu or --cpu-weight) cannot be enforced, -EOPNOTSUPP with one
+ * line in err saying what is missing and how to fix it. With
+ * cfg->allow_no_cgroups (or without cfg->isolate) such a controller is
+ * left out with a warning instead. 0 or -errno. */
+int cgroups_init(const struct config *cfg, struct sbx_cgroups **out, char *err, size_t errlen);
 /* Create the turn's cgroup(s) with the configured limits and move pid into
  * them (called by the fork server right after clone, before the child is
  * released). 0 or -errno. */

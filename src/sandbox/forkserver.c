@@ -45,6 +45,7 @@
 #include "sandbox/cgroups.h"
 #include "sandbox/mounts.h"
 #include "sandbox/placer.h"
+#include "sandbox/probe.h"
 #include "sandbox/seccomp.h"
 #include "sandbox/spawn.h"
 
@@ -112,10 +113,12 @@ static int send_ready(int ctl_fd, int status, uint64_t start_ns, const char *msg
     return n < 0 ? -errno : 0;
 }
 
+/* The reason goes to the supervisor, which prints it as forkboxd's one line
+ * on stderr; logged here too only if it cannot get there. */
 _Noreturn static void fail_start(int ctl_fd, int status, const char *msg)
 {
-    LOG_E("not starting: %s", msg);
-    send_ready(ctl_fd, status < 0 ? status : -EINVAL, 0, msg);
+    if (send_ready(ctl_fd, status < 0 ? status : -EINVAL, 0, msg) < 0)
+        LOG_E("not starting: %s", msg);
     _exit(1);
 }
 
@@ -572,7 +575,7 @@ _Noreturn void forkserver_main(int ctl_fd)
     recv_config(ctl_fd, &config);
     const struct config *cfg = &config;
     log_init("forkserver", cfg->log_level);
-    char err[512];
+    char err[FS_READY_MAX_MSG];
 
     /* Die with the supervisor, and make sure it had not died already: its
      * pid is the control socket's peer. */
@@ -605,10 +608,20 @@ _Noreturn void forkserver_main(int ctl_fd)
     if (ids_new(cfg->id_first, cfg->id_count, &fsv.ids) < 0)
         fail_start(ctl_fd, -ENOMEM, "out of memory for the id range");
 
+    /* Fail closed: what isolation needs is tried once here, in throwaway
+     * children (probe.c), so that a host without it stops forkboxd at start
+     * with one line instead of failing every turn. The kernel's seccomp
+     * first: a kernel without it would otherwise show as a policy error. */
+    if (cfg->isolate && ((r = probe_seccomp_kernel(err, sizeof err)) < 0 ||
+                         (r = probe_userns(cfg->id_first, err, sizeof err)) < 0))
+        fail_start(ctl_fd, r, err);
+
     /* Policy errors stop forkboxd at start, isolated or not. The path is a
      * host path and nothing needs it again: every sandbox reads our memory. */
     r = policy_load(cfg->policy_file, &fsv.policy, err, sizeof err);
     if (r < 0)
+        fail_start(ctl_fd, r, err);
+    if (cfg->isolate && (r = probe_seccomp_policy(fsv.policy, err, sizeof err)) < 0)
         fail_start(ctl_fd, r, err);
     explicit_bzero(config.policy_file, sizeof config.policy_file);
     if (cfg->isolate) {
@@ -616,11 +629,9 @@ _Noreturn void forkserver_main(int ctl_fd)
         if (r < 0)
             fail_start(ctl_fd, r, err);
     }
-    r = cgroups_init(cfg, &fsv.cgroups);
-    if (r < 0) {
-        snprintf(err, sizeof err, "cgroups: %s", strerror(-r));
+    r = cgroups_init(cfg, &fsv.cgroups, err, sizeof err);
+    if (r < 0)
         fail_start(ctl_fd, r, err);
-    }
 
     /* We stop when the supervisor closes the control socket (or dies): a
      * stop signal sent to the whole process group is the supervisor's to

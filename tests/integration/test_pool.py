@@ -305,8 +305,6 @@ def test_another_daemon_stopping_leaves_our_cgroups_alone(make_daemon):
     arun(one_turn(b, "print(1)"), T)
     os.killpg(b.proc.pid, signal.SIGTERM)
     assert b.wait_exit(10) is not None
-    if not any(os.path.isdir(p) for p in dirs) and "cgroups: none usable" in a.stderr():
-        pytest.skip("no cgroup controller usable here")
     _, (r,) = arun(one_turn(a, "print(2)"), T)
     assert r.stdout == "2\n", r.stderr
     assert "cgroup placement" not in a.stderr()

@@ -108,12 +108,15 @@ class Daemon:
     ``args`` are extra flags; ``env`` extra variables; ``token`` sets
     ADK_CODE_MODE_AUTH_TOKEN (and is kept as ``self.token`` for clients);
     ``listen=False`` starts it without --listen (start() then does not wait);
-    ``policy=False`` leaves out --policy policy/default.policy."""
+    ``policy=False`` leaves out --policy policy/default.policy; ``wrap`` is a
+    command that runs forkboxd (it must exec it, e.g. ``unshare -m ...``)."""
 
     KEEP_LINES = 20000  # stderr lines kept (a flood test writes far more)
 
-    def __init__(self, args=(), env=None, listen=True, policy=True, token: str | None = None):
+    def __init__(self, args=(), env=None, listen=True, policy=True, token: str | None = None,
+                 wrap=()):
         self.args = list(args)
+        self.wrap = list(wrap)
         self.extra_env = dict(env or {})
         self.listen = listen
         self.policy = policy
@@ -130,7 +133,7 @@ class Daemon:
     def start(self, timeout: float = 20.0) -> "Daemon":
         if not os.access(FORKBOXD, os.X_OK):
             raise RuntimeError(f"forkboxd not found or not executable: {FORKBOXD}")
-        argv = [FORKBOXD]
+        argv = self.wrap + [FORKBOXD]
         if self.listen:
             argv += ["--listen", "127.0.0.1:0"]
         if self.policy and os.path.exists(POLICY):

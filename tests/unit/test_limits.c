@@ -197,7 +197,8 @@ static void test_cgroups(void)
     struct config cfg = { .memory_max = 32 << 20, .pids_max = 16, .cpu_millis = 500,
                           .tmpfs_size = 512 << 20, .isolate = true };
     struct sbx_cgroups *cg = NULL;
-    is_int(cgroups_init(&cfg, &cg), 0, "cgroups probed");
+    char err[1024] = "";
+    is_int(cgroups_init(&cfg, &cg, err, sizeof err), 0, "cgroups probed %s", err);
     test_cgroup_leftovers(cg, &cfg);
     test_cpu_weight(cg, &cfg);
 
