@@ -22,44 +22,11 @@
 #include "core/util.h"
 #include "net/http.h"
 #include "sandbox/seccomp_notify.h"
+#include "session/metrics.h"
 #include "session/server.h"
 #include "session/session.h"
 
 #define SERVER_TICK_MS 250 /* deadlines, pings, log flushes, a paused listener */
-
-static int listen_on(const char *host, uint16_t port, uint16_t *bound_port)
-{
-    union {
-        struct sockaddr sa;
-        struct sockaddr_in in4;
-        struct sockaddr_in6 in6;
-        struct sockaddr_storage ss;
-    } a = {0};
-    socklen_t alen;
-    if (inet_pton(AF_INET, host, &a.in4.sin_addr) == 1) {
-        a.in4.sin_family = AF_INET;
-        a.in4.sin_port = htons(port);
-        alen = sizeof a.in4;
-    } else if (inet_pton(AF_INET6, host, &a.in6.sin6_addr) == 1) {
-        a.in6.sin6_family = AF_INET6;
-        a.in6.sin6_port = htons(port);
-        alen = sizeof a.in6;
-    } else {
-        return -EINVAL;
-    }
-    _cleanup_close_ int fd = socket(a.sa.sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0)
-        return -errno;
-    int one = 1;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (bind(fd, &a.sa, alen) < 0 || listen(fd, LISTEN_BACKLOG) < 0)
-        return -errno;
-    alen = sizeof a.ss;
-    if (getsockname(fd, &a.sa, &alen) < 0)
-        return -errno;
-    *bound_port = ntohs(a.sa.sa_family == AF_INET ? a.in4.sin_port : a.in6.sin6_port);
-    return steal_fd(&fd);
-}
 
 static const char *preauth_class_name(enum preauth_class c)
 {
@@ -165,6 +132,8 @@ static void on_forkserver(struct loop_watch *w, uint32_t events)
         if (rep.kind == FS_REPLY_DEATH) {
             if (s)
                 session_sandbox_died(s, &rep);
+            /* After the session: a turn it ends now has the peak already. */
+            metrics_death_report(rep.turn_id, rep.mem_peak);
             continue;
         }
         if (!s || !session_sandbox_ready(s, &rep, chan_fd, pidfd)) {
@@ -228,6 +197,8 @@ static void server_tick(void *ud)
     struct server *srv = ud;
     uint64_t now = now_ms();
     sessions_tick(srv->sessions, now);
+    metrics_tick(now_ns());
+    metrics_http_tick(&srv->metrics, now);
     ratelimit_flush_sites(now_ns());
     if (srv->accept_paused && !srv->stopping) {
         srv->accept_paused = false;
@@ -267,6 +238,8 @@ int server_init(struct server *srv, struct loop *loop, const struct config *cfg,
     srv->signal_fd = -1;
     srv->budget = (struct budget){.max = cfg->total_buffer};
     srv->listen_fd = -1;
+    metrics_http_init(&srv->metrics);
+    metrics_init(cfg->pool_size);
     int rp = preauth_init(&srv->preauth, cfg->preauth_max, cfg->preauth_per_peer);
     if (rp < 0) {
         return err_fmt(err, errlen, rp, "pre-auth pool: %s", strerror(-rp));
@@ -298,7 +271,7 @@ int server_init(struct server *srv, struct loop *loop, const struct config *cfg,
     }
 
     uint16_t port = 0;
-    int fd = listen_on(cfg->listen_host, cfg->listen_port, &port);
+    int fd = tcp_listen(cfg->listen_host, cfg->listen_port, &port);
     if (fd < 0) {
         return err_fmt(err, errlen, fd, "listen on %s:%u: %s", cfg->listen_host, cfg->listen_port,
                  fd == -EINVAL ? "not a numeric address" : strerror(-fd));
@@ -326,6 +299,16 @@ int server_init(struct server *srv, struct loop *loop, const struct config *cfg,
     if (r < 0) {
         return err_fmt(err, errlen, r, "epoll: %s", strerror(-r));
     }
+    if (cfg->metrics_host[0]) {
+        uint16_t mport = 0;
+        r = metrics_http_start(&srv->metrics, loop, cfg->metrics_host, cfg->metrics_port, &mport,
+                               err, errlen);
+        if (r < 0)
+            return r;
+        bool v6 = strchr(cfg->metrics_host, ':') != NULL;
+        LOG_I("metrics at http://%s%s%s:%u/metrics", v6 ? "[" : "", cfg->metrics_host,
+              v6 ? "]" : "", mport);
+    }
     loop_set_tick(loop, SERVER_TICK_MS, server_tick, srv);
     loop_set_before_sleep(loop, server_reap, srv);
     loop_set_work(loop, server_work, srv);
@@ -341,6 +324,7 @@ int server_init(struct server *srv, struct loop *loop, const struct config *cfg,
 
 void server_free(struct server *srv)
 {
+    metrics_http_stop(&srv->metrics);
     sessions_free(srv->sessions);
     srv->sessions = NULL;
     if (srv->listen_fd >= 0)
