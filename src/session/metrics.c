@@ -253,6 +253,11 @@ void metrics_death_report(uint64_t turn_id, uint64_t mem_peak)
     }
 }
 
+size_t metrics_pending(void)
+{
+    return m.n_pending;
+}
+
 void metrics_tick(uint64_t now)
 {
     /* In deadline order: appended as turns end. */
@@ -350,26 +355,53 @@ static int histogram(struct buf *out, const struct hist *h)
     return r ? r : sample(out, name, NULL, NULL, (double)h->total);
 }
 
+/* Label texts of the labelled families: NULL to leave index i out. */
+static const char *end_label(size_t i, char *tmp, size_t len)
+{
+    return i == TURN_END_NONE ? NULL : end_names[i];
+}
+
+static const char *status_label(size_t i, char *tmp, size_t len)
+{
+    snprintf(tmp, len, "%zu", i);
+    return tmp;
+}
+
+static const char *cause_label(size_t i, char *tmp, size_t len)
+{
+    return kill_cause_name[i];
+}
+
+static const char *syscall_label(size_t i, char *tmp, size_t len)
+{
+    return policy_syscall_name((int)i, tmp, len);
+}
+
+/* A counter family with one label, a sample per index of v[0..n): every
+ * index (zeros) or only those counted at least once, so that a label set
+ * as large as the syscall table lists only what happened. */
+static int labelled(struct buf *out, const char *name, const char *help, const char *key,
+                    const uint64_t *v, size_t n, bool zeros,
+                    const char *(*label)(size_t i, char *tmp, size_t len))
+{
+    int r = family(out, name, "counter", help);
+    for (size_t i = 0; i < n && r == 0; i++) {
+        char tmp[64];
+        const char *l = (v[i] || zeros) ? label(i, tmp, sizeof tmp) : NULL;
+        if (l)
+            r = sample(out, name, key, l, (double)v[i]);
+    }
+    return r;
+}
+
 int metrics_write(struct buf *out)
 {
-    const char *name;
     int r = gauge(out, "forkbox_turns_active", "Turns admitted and not ended.", m.turns_active);
-
-    name = "forkbox_turns_total";
-    r = r ? r : family(out, name, "counter", "Turns ended, by how they ended.");
-    for (int e = TURN_END_NONE + 1; e < TURN_END_COUNT && r == 0; e++)
-        r = sample(out, name, "end", end_names[e], (double)m.turns[e]);
-
-    name = "forkbox_http_refusals_total";
-    r = r ? r : family(out, name, "counter",
-                       "Requests on the public port answered with an error status.");
-    for (int st = 100; st < HTTP_STATUS_MAX && r == 0; st++) {
-        char code[8];
-        snprintf(code, sizeof code, "%d", st);
-        if (m.http_refusals[st])
-            r = sample(out, name, "status", code, (double)m.http_refusals[st]);
-    }
-
+    r = r ? r : labelled(out, "forkbox_turns_total", "Turns ended, by how they ended.", "end",
+                         m.turns, TURN_END_COUNT, true, end_label);
+    r = r ? r : labelled(out, "forkbox_http_refusals_total",
+                         "Requests on the public port answered with an error status.", "status",
+                         m.http_refusals, HTTP_STATUS_MAX, false, status_label);
     r = r ? r : histogram(out, &m.ready);
     r = r ? r : histogram(out, &m.block);
     r = r ? r : histogram(out, &m.peak);
@@ -379,27 +411,17 @@ int metrics_write(struct buf *out)
                       "supervisor is not told how many are ready now).", m.pool_size);
     r = r ? r : counter(out, "forkbox_sandboxes_spawned_total",
                         "Sandboxes the fork server handed to turns.", m.spawned);
-
-    name = "forkbox_sandboxes_killed_total";
-    r = r ? r : family(out, name, "counter",
-                       "Sandboxes that ended their turn at a limit, by the limit.");
-    for (int k = 0; k < KILL_COUNT && r == 0; k++)
-        r = sample(out, name, "cause", kill_cause_name[k], (double)m.killed[k]);
-
-    /* Only syscalls refused at least once: the label set is bounded by the
-     * policy's (and the kernel's) names. */
-    name = "forkbox_seccomp_refusals_total";
-    r = r ? r : family(out, name, "counter",
-                       "System calls refused by the policy's counted (deny) rules, by call.");
-    for (int nr = 0; nr < POLICY_NR_MAX && r == 0; nr++) {
-        char sys[64];
-        if (m.seccomp[nr])
-            r = sample(out, name, "syscall", policy_syscall_name(nr, sys, sizeof sys),
-                       (double)m.seccomp[nr]);
-    }
+    r = r ? r : labelled(out, "forkbox_sandboxes_killed_total",
+                         "Sandboxes that ended their turn at a limit, by the limit.", "cause",
+                         m.killed, KILL_COUNT, true, cause_label);
+    /* Refusals of a number outside the table (none on x86_64: foreign ABIs
+     * are killed) are summed as "other". */
+    r = r ? r : labelled(out, "forkbox_seccomp_refusals_total",
+                         "System calls refused by the policy's counted (deny) rules, by call.",
+                         "syscall", m.seccomp, POLICY_NR_MAX, false, syscall_label);
     if (r == 0 && m.seccomp_other)
-        r = sample(out, name, "syscall", "other", (double)m.seccomp_other);
-
+        r = sample(out, "forkbox_seccomp_refusals_total", "syscall", "other",
+                   (double)m.seccomp_other);
     r = r ? r : counter(out, "forkbox_tool_calls_total", "Tool calls relayed to clients.",
                         m.tool_calls);
     r = r ? r : counter(out, "forkbox_client_received_bytes_total",

@@ -83,8 +83,11 @@ void metrics_turn_end(const struct turn_stats *st);
 /* The fork server's death report for turn_id: its sandbox's peak memory.
  * Writes the pending end line of that turn, if one waits. */
 void metrics_death_report(uint64_t turn_id, uint64_t mem_peak);
-/* Write the end lines that waited too long for their death report. */
+/* Write the end lines that waited too long for their death report
+ * (UINT64_MAX: all of them, at exit). */
 void metrics_tick(uint64_t now_ns);
+/* End lines still waiting for a death report. */
+size_t metrics_pending(void);
 
 void metrics_http_refusal(int status);  /* a non-101, non-200 answer on the public port */
 void metrics_sandbox_spawned(void);     /* the fork server handed a sandbox to a turn */

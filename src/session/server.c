@@ -222,7 +222,9 @@ static void server_reap(void *ud)
 {
     struct server *srv = ud;
     sessions_reap(srv->sessions);
-    if (srv->stopping && sessions_count(srv->sessions) == 0)
+    /* The last turns' end lines wait for their death reports (ms; the
+     * stop deadline bounds it). */
+    if (srv->stopping && sessions_count(srv->sessions) == 0 && metrics_pending() == 0)
         loop_stop(srv->loop);
 }
 
@@ -325,6 +327,7 @@ int server_init(struct server *srv, struct loop *loop, const struct config *cfg,
 void server_free(struct server *srv)
 {
     metrics_http_stop(&srv->metrics);
+    metrics_tick(UINT64_MAX); /* end lines whose report never came: without a peak */
     sessions_free(srv->sessions);
     srv->sessions = NULL;
     if (srv->listen_fd >= 0)
