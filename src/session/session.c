@@ -1643,26 +1643,25 @@ static void session_tick(struct session *s, uint64_t now)
     }
 
     char reason[124];
-    enum turn_end timeout = TURN_END_TIMEOUT;
     if (s->turn == TURN_RUNNING && cfg->block_timeout_ms &&
         now - s->block_started_ms >= cfg->block_timeout_ms) {
         finish_block_for_timeout(s, "the block", cfg->block_timeout_ms);
         snprintf(reason, sizeof reason, "block timeout: the block ran longer than %" PRIu64
                  " s (--block-timeout)", cfg->block_timeout_ms / 1000);
-        turn_stats_end(&s->stats, timeout);
+        turn_stats_end(&s->stats, TURN_END_TIMEOUT);
         session_end(s, 1000, reason);
     } else if (cfg->turn_timeout_ms && now - s->turn_started_ms >= cfg->turn_timeout_ms) {
         if (s->turn == TURN_RUNNING)
             finish_block_for_timeout(s, "the turn", cfg->turn_timeout_ms);
         snprintf(reason, sizeof reason, "turn timeout: the turn lasted longer than %" PRIu64
                  " s (--turn-timeout)", cfg->turn_timeout_ms / 1000);
-        turn_stats_end(&s->stats, timeout);
+        turn_stats_end(&s->stats, TURN_END_TIMEOUT);
         session_end(s, 1000, reason);
     } else if ((s->turn == TURN_BETWEEN || s->turn == TURN_TOOLS) && cfg->idle_timeout_ms &&
                now - s->idle_since_ms >= cfg->idle_timeout_ms) {
         snprintf(reason, sizeof reason, "idle timeout: no block for %" PRIu64
                  " s (--idle-timeout)", cfg->idle_timeout_ms / 1000);
-        turn_stats_end(&s->stats, timeout);
+        turn_stats_end(&s->stats, TURN_END_TIMEOUT);
         session_end(s, 1000, reason);
     }
 }

@@ -166,7 +166,9 @@ def test_metrics_address_equal_to_public_refused():
                           listen=False).start()
         try:
             assert d.wait_exit(20) == 2, d.stderr()
-            assert "--metrics-listen" in d.stderr() and "port of their own" in d.stderr()
+            # stderr is read by a thread: it may still be on its way.
+            assert wait_until(lambda: "port of their own" in d.stderr(), 5), d.stderr()
+            assert "--metrics-listen" in d.stderr()
         finally:
             d.stop()
 
