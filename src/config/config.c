@@ -198,6 +198,11 @@ static const struct opt opts[] = {
     {"total-buffer", K_SIZE, FIELD(total_buffer), .def_fn = default_total_buffer,
      .max = 1ULL << 44,
      .arg = "SIZE", .help = "... all turns together (a quarter of RAM, >= 528M)"},
+    /* Its own listener, never the public one: what it tells (load, refusals
+     * by cause) is for the operator, not for every client. */
+    {"metrics-listen", K_LISTEN, FIELD(metrics_host), FIELD(metrics_port), .sdef = "",
+     .arg = "ADDR:PORT", .help = "serve Prometheus metrics at GET /metrics there (off);\n"
+                                 "not the --listen address and port"},
     {"log-level", K_LEVEL, FIELD(log_level), .sdef = "info", .forkserver = true,
      .arg = "LEVEL", .help = "debug, info, warn, error (info)"},
     {"help", K_HELP, {0, 0}},
@@ -278,7 +283,8 @@ static int copy_str(char *dst, size_t dstlen, const char *src)
     return 0;
 }
 
-static int parse_listen(struct config *cfg, const char *s)
+/* ADDR:PORT or [ADDR6]:PORT into the host field f and the port field f2. */
+static int parse_listen(struct config *cfg, struct field f, struct field f2, const char *s)
 {
     const char *colon = strrchr(s, ':');
     uint64_t port;
@@ -290,13 +296,13 @@ static int parse_listen(struct config *cfg, const char *s)
         host++;
         hl -= 2;
     }
-    if (hl >= sizeof cfg->listen_host)
+    if (hl >= f.size)
         return -EINVAL;
     if (parse_u64(colon + 1, 65535, &port) < 0)
         return -EINVAL;
-    memcpy(cfg->listen_host, host, hl);
-    cfg->listen_host[hl] = '\0';
-    cfg->listen_port = (uint16_t)port;
+    memcpy(at(cfg, f), host, hl);
+    ((char *)at(cfg, f))[hl] = '\0';
+    put_uint(cfg, f2, port);
     return 0;
 }
 
@@ -379,7 +385,7 @@ static int set_opt(struct config *cfg, const struct opt *o, const char *a, char 
         return 0;
     }
     case K_LISTEN:
-        if (parse_listen(cfg, a) < 0)
+        if (parse_listen(cfg, o->f, o->f2, a) < 0)
             return err_fmt(err, errlen, -EINVAL, "--%s: expected ADDR:PORT, got %s", o->name, a);
         return 0;
     case K_ID_RANGE:
@@ -505,6 +511,25 @@ static int check_id_range(const struct config *cfg, char *err, size_t errlen)
     return 0;
 }
 
+/* --metrics-listen never shares the public listener: the same port on the
+ * same address, or on a wildcard address that covers the other, is refused
+ * here rather than left to bind() (which SO_REUSEADDR and the order of the
+ * two binds make unreliable as a check). Port 0 picks a free port: never
+ * the same. */
+static int check_metrics(const struct config *cfg, char *err, size_t errlen)
+{
+    if (!cfg->metrics_host[0] || cfg->metrics_port == 0 || cfg->metrics_port != cfg->listen_port)
+        return 0;
+    bool any = strcmp(cfg->metrics_host, "0.0.0.0") == 0 || strcmp(cfg->metrics_host, "::") == 0 ||
+               strcmp(cfg->listen_host, "0.0.0.0") == 0 || strcmp(cfg->listen_host, "::") == 0;
+    if (any || strcmp(cfg->metrics_host, cfg->listen_host) == 0)
+        return err_fmt(err, errlen, -EINVAL,
+                       "--metrics-listen %s:%u: that is the public listener's port (--listen "
+                       "%s:%u); metrics need a port of their own", cfg->metrics_host,
+                       cfg->metrics_port, cfg->listen_host, cfg->listen_port);
+    return 0;
+}
+
 /* What one row's bounds cannot say: the rules that relate settings. */
 static int check(const struct config *cfg, char *err, size_t errlen)
 {
@@ -519,7 +544,8 @@ static int check(const struct config *cfg, char *err, size_t errlen)
                        "--total-buffer (%s) must be at least --turn-buffer (%s)",
                        fmt_size(a, sizeof a, cfg->total_buffer),
                        fmt_size(b, sizeof b, cfg->turn_buffer));
-    return check_id_range(cfg, err, errlen);
+    int r = check_metrics(cfg, err, errlen);
+    return r < 0 ? r : check_id_range(cfg, err, errlen);
 }
 
 int config_parse(int argc, char **argv, struct config *cfg, char *err, size_t errlen)

@@ -24,6 +24,8 @@ struct config {
     char token_file[256];       /* "" = use ADK_CODE_MODE_AUTH_TOKEN */
     unsigned preauth_max;       /* connections not yet admitted, at most (1024) */
     unsigned preauth_per_peer;  /* of them from one IPv4 address or IPv6 /64 (128) */
+    char metrics_host[64];      /* --metrics-listen: numeric address; "" = no metrics */
+    uint16_t metrics_port;      /* 0 = ephemeral */
 
     /* per-turn limits (spec 4.5, 9.2) */
     uint64_t max_upload_tools;     /* compressed bytes; env ADK_CODE_MODE_MAX_UPLOAD_TOOLS */

@@ -23,6 +23,18 @@
 #define LISTEN_BACKLOG 1024
 #define ACCEPT_BATCH 64
 
+/* --metrics-listen (session/metrics_http.c): connections served at once
+ * (one more closes the oldest), the time each may take from accept to its
+ * last byte written, and its request's size. A scraper sends one small GET
+ * and reads a few KiB: anything slower or larger is not one. */
+#define METRICS_MAX_CONNECTIONS 8
+#define METRICS_CONN_TIMEOUT_MS 5000
+#define METRICS_MAX_REQUEST_BYTES (4 * KiB)
+/* Ended turns whose log line waits for their sandbox's death report (peak
+ * memory): at most this many, each at most this long (session/metrics.c). */
+#define METRICS_PENDING_MAX 4096
+#define METRICS_PENDING_WAIT_MS 5000
+
 /* WebSocket: largest message either way (spec 1.4). */
 #define WS_MAX_MESSAGE_BYTES (256 * MiB)
 #define WS_PING_INTERVAL_MS 20000

@@ -1,8 +1,10 @@
 /* Small shared helpers (see util.h); every process links them. */
 #include "core/util.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -13,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/cleanup.h"
 #include "core/limits.h"
 
 int fd_set_nonblock(int fd, bool on)
@@ -272,4 +275,38 @@ pid_t fork_helper(const char *what, int *fd, char *err, size_t errlen)
     close(sv[1]);
     *fd = sv[0];
     return pid;
+}
+
+int tcp_listen(const char *host, uint16_t port, uint16_t *bound_port)
+{
+    union {
+        struct sockaddr sa;
+        struct sockaddr_in in4;
+        struct sockaddr_in6 in6;
+        struct sockaddr_storage ss;
+    } a = {0};
+    socklen_t alen;
+    if (inet_pton(AF_INET, host, &a.in4.sin_addr) == 1) {
+        a.in4.sin_family = AF_INET;
+        a.in4.sin_port = htons(port);
+        alen = sizeof a.in4;
+    } else if (inet_pton(AF_INET6, host, &a.in6.sin6_addr) == 1) {
+        a.in6.sin6_family = AF_INET6;
+        a.in6.sin6_port = htons(port);
+        alen = sizeof a.in6;
+    } else {
+        return -EINVAL;
+    }
+    _cleanup_close_ int fd = socket(a.sa.sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -errno;
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (bind(fd, &a.sa, alen) < 0 || listen(fd, LISTEN_BACKLOG) < 0)
+        return -errno;
+    alen = sizeof a.ss;
+    if (getsockname(fd, &a.sa, &alen) < 0)
+        return -errno;
+    *bound_port = ntohs(a.sa.sa_family == AF_INET ? a.in4.sin_port : a.in6.sin6_port);
+    return steal_fd(&fd);
 }

@@ -57,3 +57,8 @@ void raise_nofile(void);
  * The supervisor starts the fork server with it, and the fork server its
  * cgroup placer. */
 pid_t fork_helper(const char *what, int *fd, char *err, size_t errlen);
+/* A non-blocking, close-on-exec TCP listener on numeric address host
+ * (IPv4 or IPv6) and port (0: a free one), SO_REUSEADDR, backlog
+ * LISTEN_BACKLOG. The fd (the caller owns it), with the port bound in
+ * *bound_port, or -EINVAL (not a numeric address) or -errno. */
+int tcp_listen(const char *host, uint16_t port, uint16_t *bound_port);

@@ -492,11 +492,10 @@ int http_format_date(time_t t, char out[30])
     return 0;
 }
 
-int http_write_response_at(struct buf *out, int status, const char *reason, const char *body,
-                           time_t now)
+static int write_response(struct buf *out, int status, const char *reason,
+                          const char *content_type, const void *body, size_t body_len, time_t now)
 {
     char date[30];
-    size_t body_len = body ? strlen(body) : 0;
     int ret;
 
     ret = http_format_date(now, date);
@@ -515,17 +514,30 @@ int http_write_response_at(struct buf *out, int status, const char *reason, cons
                                           : "";
     ret = buf_printf(out,
                      "HTTP/1.1 %d %s\r\n"
-                     "Content-Type: text/plain; charset=utf-8\r\n"
+                     "Content-Type: %s\r\n"
                      "Content-Length: %zu\r\n"
                      "Date: %s\r\n"
                      "Server: forkbox\r\n"
                      "%s"
                      "Connection: close\r\n"
                      "\r\n",
-                     status, reason, body_len, date, upgrade);
+                     status, reason, content_type, body_len, date, upgrade);
     if (ret < 0)
         return ret;
     return buf_append(out, body, body_len);
+}
+
+int http_write_response_at(struct buf *out, int status, const char *reason, const char *body,
+                           time_t now)
+{
+    return write_response(out, status, reason, "text/plain; charset=utf-8", body,
+                          body ? strlen(body) : 0, now);
+}
+
+int http_write_response_typed(struct buf *out, int status, const char *reason,
+                              const char *content_type, const void *body, size_t body_len)
+{
+    return write_response(out, status, reason, content_type, body, body_len, time(NULL));
 }
 
 int http_write_response(struct buf *out, int status, const char *reason, const char *body)

@@ -54,6 +54,10 @@ int http_ws_accept(const char *key, char out[29]);
  * 1,) Connection: close, blank
  * line, body (byte exact). */
 int http_write_response(struct buf *out, int status, const char *reason, const char *body);
+/* The same with another Content-Type and a body of body_len bytes (the
+ * metrics listener's text/plain; version=0.0.4). */
+int http_write_response_typed(struct buf *out, int status, const char *reason,
+                              const char *content_type, const void *body, size_t body_len);
 /* The same with a given clock (tests need byte-exact output). */
 int http_write_response_at(struct buf *out, int status, const char *reason, const char *body,
                            time_t now);

@@ -91,6 +91,7 @@ struct ws_conn {
     int err;                      /* why this module closed (ws_conn_read's return) */
     char reason[124];             /* a close reason with figures in it */
     bool io_failed;               /* EOF or a socket error: nothing more can move */
+    uint64_t bytes_in, bytes_out; /* socket bytes after the HTTP request (metrics) */
     bool failed;                  /* wslay gave up writing (I/O or memory) */
 };
 
@@ -127,6 +128,7 @@ static ssize_t recv_some(struct ws_conn *c, uint8_t *p, size_t len)
         ssize_t r = recv(c->fd, p, len, 0);
         if (r > 0) {
             c->read_left -= (size_t)r;
+            c->bytes_in += (uint64_t)r;
             return r;
         }
         if (r < 0 && errno == EINTR)
@@ -437,6 +439,7 @@ static int wflush(struct ws_conn *c)
             return -1;
         }
         c->woff += (size_t)r;
+        c->bytes_out += (uint64_t)r;
     }
     c->woff = c->wlen = 0;
     return 0;
@@ -452,8 +455,10 @@ static ssize_t ws_send_cb(wslay_event_context_ptr ctx, const uint8_t *data, size
         /* large and nothing gathered before it: straight to the socket */
         for (;;) {
             ssize_t r = send(c->fd, data, len, MSG_NOSIGNAL);
-            if (r >= 0)
+            if (r >= 0) {
+                c->bytes_out += (uint64_t)r;
                 return r;
+            }
             if (errno == EINTR)
                 continue;
             if (errno == EAGAIN || errno == EWOULDBLOCK)
@@ -547,6 +552,7 @@ struct ws_conn *ws_conn_new(int fd, struct budget *budget, const uint8_t *initia
         if (c->rbuf) {
             memcpy(c->rbuf, initial, initial_len);
             c->rlen = initial_len;
+            c->bytes_in = initial_len;
             c->read_more = true;
         }
     }
@@ -777,4 +783,10 @@ bool ws_conn_finished(const struct ws_conn *c)
     /* A received close queues our reply; done once that is written (the
      * reply cannot be queued only if ours already was, caught above). */
     return c->close_received && !wslay_event_want_write(c->ctx);
+}
+
+void ws_conn_bytes(const struct ws_conn *c, uint64_t *in, uint64_t *out)
+{
+    *in = c ? c->bytes_in : 0;
+    *out = c ? c->bytes_out : 0;
 }

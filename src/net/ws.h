@@ -108,3 +108,6 @@ size_t ws_conn_queued(const struct ws_conn *c);
 bool ws_conn_pending(const struct ws_conn *c);
 /* True once a close frame has been received or sent and nothing remains. */
 bool ws_conn_finished(const struct ws_conn *c);
+/* Bytes read from and written to the socket so far (the WebSocket stream,
+ * from the first byte after the HTTP request); c may be NULL (0, 0). */
+void ws_conn_bytes(const struct ws_conn *c, uint64_t *in, uint64_t *out);

@@ -428,9 +428,21 @@ static uint32_t read_key(const char *dir, const char *file, const char *key)
     return 0;
 }
 
+/* A file holding one number; 0 if absent. */
+static uint64_t read_u64(const char *dir, const char *file)
+{
+    char path[PATH_MAX + 96], buf[32];
+    snprintf(path, sizeof path, "%s/%s", dir, file);
+    if (read_file(path, buf, sizeof buf) < 0)
+        return 0;
+    return strtoull(buf, NULL, 10);
+}
+
 /* What turn cgroup seq has counted since it was made: OOM kills (the
- * kernel's memory.events in v2, memory.oom_control in v1, both "oom_kill")
- * and forks refused at pids.max ("max" in pids.events). */
+ * kernel's memory.events in v2, memory.oom_control in v1, both "oom_kill"),
+ * forks refused at pids.max ("max" in pids.events), and the most memory it
+ * held (v1 memory.max_usage_in_bytes: since the last reset; v2 memory.peak:
+ * since it was made). */
 static struct cg_events read_events(const struct sbx_cgroups *cg, uint64_t seq)
 {
     struct cg_events ev = {0};
@@ -438,6 +450,7 @@ static struct cg_events read_events(const struct sbx_cgroups *cg, uint64_t seq)
     if (cg->dir[CG_MEMORY][0]) {
         turn_dir(cg, CG_MEMORY, seq, dir, sizeof dir);
         ev.oom_kills = read_key(dir, cg->v2 ? "memory.events" : "memory.oom_control", "oom_kill");
+        ev.mem_peak = read_u64(dir, cg->v2 ? "memory.peak" : "memory.max_usage_in_bytes");
     }
     if (cg->dir[CG_PIDS][0]) {
         turn_dir(cg, CG_PIDS, seq, dir, sizeof dir);
@@ -894,6 +907,22 @@ void cgroups_events(struct sbx_cgroups *cg, pid_t pid, struct cg_events *ev)
         struct cg_events now = read_events(cg, t->seq);
         ev->oom_kills = now.oom_kills - t->base.oom_kills;
         ev->pids_max = now.pids_max - t->base.pids_max;
+        /* The peak is a maximum, not a count: no difference gives this
+         * sandbox's share. v1 resets it (writing 0 sets it to the usage now:
+         * what the cgroup still holds, page cache charged to it, which the
+         * next sandbox is charged for too). v2's memory.peak cannot be reset
+         * before Linux 6.12 (and then only as seen through one open file):
+         * it is the cgroup's since mkdir, so this sandbox's only if it rose
+         * while this sandbox ran; in a reused cgroup that stayed below an
+         * earlier sandbox's peak it is unknown (0). */
+        if (cg->v2) {
+            ev->mem_peak = now.mem_peak > t->base.mem_peak ? now.mem_peak : 0;
+        } else if (now.mem_peak) {
+            char dir[PATH_MAX + 48];
+            ev->mem_peak = now.mem_peak;
+            turn_dir(cg, CG_MEMORY, t->seq, dir, sizeof dir);
+            (void)write_at(dir, "memory.max_usage_in_bytes", "0");
+        }
         t->base = now;
         return;
     }

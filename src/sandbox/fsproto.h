@@ -26,8 +26,8 @@
  * Spawn replies come in request order. A death report carries only facts
  * the fork server and its cgroup helper own: the wait status of the
  * sandbox's init and the turn cgroup's counters (memory OOM kills, forks
- * refused at pids.max) over that sandbox's life; never bytes the sandbox
- * wrote. */
+ * refused at pids.max) and its peak memory over that sandbox's life; never
+ * bytes the sandbox wrote. */
 #pragma once
 #include <stdint.h>
 #include <sys/types.h>
@@ -53,6 +53,9 @@ struct fs_reply {
                             exits with the runtime's status (steps.c, step 9) */
     uint32_t oom_kills;  /* death: OOM kills in its turn cgroup during its life */
     uint32_t pids_max;   /* death: forks refused at its pids.max during its life */
+    uint64_t mem_peak;   /* death: the most memory its turn cgroup held during its life, in
+                            bytes (v1 memory.max_usage_in_bytes, v2 memory.peak); 0 =
+                            unknown (no memory cgroup, or cgroups.c says why) */
 };
 
 /* Start-up (sync 0): once the fork server has loaded the policy, prepared

@@ -26,7 +26,7 @@ static void placer_report(int ctl_fd, const struct placer_req *req, const struct
 {
     struct fs_reply rep = {.pid = req->pid, .turn_id = req->turn_id, .kind = FS_REPLY_DEATH,
                            .wait_status = req->wait_status, .oom_kills = ev->oom_kills,
-                           .pids_max = ev->pids_max};
+                           .pids_max = ev->pids_max, .mem_peak = ev->mem_peak};
     ssize_t n;
     do
         n = send(ctl_fd, &rep, sizeof rep, MSG_NOSIGNAL);

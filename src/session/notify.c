@@ -14,6 +14,7 @@
 #include "sandbox/policy.h"
 #include "sandbox/seccomp_notify.h"
 #include "session/flock.h"
+#include "session/metrics.h"
 
 #define SUMMARY_NAMES 12 /* syscalls named in the turn's log line */
 
@@ -31,6 +32,7 @@ void notify_turn_init(struct notify_turn *t, uint64_t turn_id, struct loop *loop
 void notify_count_refusal(struct notify_turn *t, int nr)
 {
     t->refused++;
+    metrics_seccomp_refusal(nr);
     if (nr >= 0 && nr < POLICY_NR_MAX) {
         if (!t->refused_by_nr)
             t->refused_by_nr = calloc(POLICY_NR_MAX, sizeof *t->refused_by_nr);

@@ -22,45 +22,12 @@
 #include "core/util.h"
 #include "net/http.h"
 #include "sandbox/seccomp_notify.h"
+#include "session/metrics.h"
 #include "session/server.h"
 #include "session/session.h"
 
 #define SERVER_TICK_MS 250 /* deadlines, pings, log flushes, a paused listener */
 #define STOP_GRACE_MS 2000 /* turns closed: their close frames go out, then we leave */
-
-static int listen_on(const char *host, uint16_t port, uint16_t *bound_port)
-{
-    union {
-        struct sockaddr sa;
-        struct sockaddr_in in4;
-        struct sockaddr_in6 in6;
-        struct sockaddr_storage ss;
-    } a = {0};
-    socklen_t alen;
-    if (inet_pton(AF_INET, host, &a.in4.sin_addr) == 1) {
-        a.in4.sin_family = AF_INET;
-        a.in4.sin_port = htons(port);
-        alen = sizeof a.in4;
-    } else if (inet_pton(AF_INET6, host, &a.in6.sin6_addr) == 1) {
-        a.in6.sin6_family = AF_INET6;
-        a.in6.sin6_port = htons(port);
-        alen = sizeof a.in6;
-    } else {
-        return -EINVAL;
-    }
-    _cleanup_close_ int fd = socket(a.sa.sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0)
-        return -errno;
-    int one = 1;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (bind(fd, &a.sa, alen) < 0 || listen(fd, LISTEN_BACKLOG) < 0)
-        return -errno;
-    alen = sizeof a.ss;
-    if (getsockname(fd, &a.sa, &alen) < 0)
-        return -errno;
-    *bound_port = ntohs(a.sa.sa_family == AF_INET ? a.in4.sin_port : a.in6.sin6_port);
-    return steal_fd(&fd);
-}
 
 static const char *preauth_class_name(enum preauth_class c)
 {
@@ -232,7 +199,7 @@ static void fs_give_up(struct server *srv)
           srv->fs_failures);
     srv->exit_code = 1;
     srv->draining = true;
-    server_stop(srv, 1011, "sandbox service unavailable");
+    server_stop(srv, 1011, SESSION_REASON_NO_SANDBOX_SERVICE);
 }
 
 /* One more death or failed start: schedule the next start, or give up. */
@@ -312,6 +279,7 @@ static void fs_starting(struct server *srv)
     srv->fs_up_ms = now;
     LOG_I("fork server: a new one (pid %d) is ready after %" PRIu64 " ms", (int)srv->fs.pid,
           now - srv->fs_start_ms);
+    metrics_forkserver_restart();
     sessions_sandbox_retry(srv->sessions);
 }
 
@@ -353,6 +321,8 @@ static void on_forkserver(struct loop_watch *w, uint32_t events)
         if (rep.kind == FS_REPLY_DEATH) {
             if (s)
                 session_sandbox_died(s, &rep);
+            /* After the session: a turn it ends now has the peak already. */
+            metrics_death_report(rep.turn_id, rep.mem_peak);
             continue;
         }
         if (!s || !session_sandbox_ready(s, &rep, chan_fd, pidfd)) {
@@ -447,6 +417,8 @@ static void server_tick(void *ud)
     struct server *srv = ud;
     uint64_t now = now_ms();
     sessions_tick(srv->sessions, now);
+    metrics_tick(now_ns());
+    metrics_http_tick(&srv->metrics, now);
     ratelimit_flush_sites(now_ns());
     fs_tick(srv, now);
     server_drain_check(srv, now);
@@ -473,7 +445,9 @@ static void server_reap(void *ud)
     struct server *srv = ud;
     sessions_reap(srv->sessions);
     server_drain_check(srv, now_ms());
-    if (srv->stopping && sessions_count(srv->sessions) == 0)
+    /* The last turns' end lines wait for their death reports (ms; the
+     * stop deadline bounds it). */
+    if (srv->stopping && sessions_count(srv->sessions) == 0 && metrics_pending() == 0)
         loop_stop(srv->loop);
 }
 
@@ -491,6 +465,8 @@ int server_init(struct server *srv, struct loop *loop, const struct config *cfg,
     srv->signal_fd = -1;
     srv->budget = (struct budget){.max = cfg->total_buffer};
     srv->listen_fd = -1;
+    metrics_http_init(&srv->metrics);
+    metrics_init(cfg->pool_size);
     int rp = preauth_init(&srv->preauth, cfg->preauth_max, cfg->preauth_per_peer);
     if (rp < 0) {
         return err_fmt(err, errlen, rp, "pre-auth pool: %s", strerror(-rp));
@@ -523,7 +499,7 @@ int server_init(struct server *srv, struct loop *loop, const struct config *cfg,
     }
 
     uint16_t port = 0;
-    int fd = listen_on(cfg->listen_host, cfg->listen_port, &port);
+    int fd = tcp_listen(cfg->listen_host, cfg->listen_port, &port);
     if (fd < 0) {
         return err_fmt(err, errlen, fd, "listen on %s:%u: %s", cfg->listen_host, cfg->listen_port,
                  fd == -EINVAL ? "not a numeric address" : strerror(-fd));
@@ -551,6 +527,16 @@ int server_init(struct server *srv, struct loop *loop, const struct config *cfg,
     if (r < 0) {
         return err_fmt(err, errlen, r, "epoll: %s", strerror(-r));
     }
+    if (cfg->metrics_host[0]) {
+        uint16_t mport = 0;
+        r = metrics_http_start(&srv->metrics, loop, cfg->metrics_host, cfg->metrics_port, &mport,
+                               err, errlen);
+        if (r < 0)
+            return r;
+        bool v6 = strchr(cfg->metrics_host, ':') != NULL;
+        LOG_I("metrics at http://%s%s%s:%u/metrics", v6 ? "[" : "", cfg->metrics_host,
+              v6 ? "]" : "", mport);
+    }
     loop_set_tick(loop, SERVER_TICK_MS, server_tick, srv);
     loop_set_before_sleep(loop, server_reap, srv);
     loop_set_work(loop, server_work, srv);
@@ -566,6 +552,8 @@ int server_init(struct server *srv, struct loop *loop, const struct config *cfg,
 
 void server_free(struct server *srv)
 {
+    metrics_http_stop(&srv->metrics);
+    metrics_tick(UINT64_MAX); /* end lines whose report never came: without a peak */
     sessions_free(srv->sessions);
     srv->sessions = NULL;
     if (srv->listen_fd >= 0)

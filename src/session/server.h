@@ -14,6 +14,7 @@
 #include "core/budget.h"
 #include "loop/loop.h"
 #include "sandbox/forkserver.h"
+#include "session/metrics_http.h"
 #include "session/preauth.h"
 
 struct sessions;
@@ -43,6 +44,7 @@ struct server {
     struct sessions *sessions;    /* owned: every connection */
     struct budget budget;         /* all turns' buffers together (--total-buffer) */
     struct preauth_pool preauth;  /* owned: connections not admitted (yet); entries borrowed */
+    struct metrics_http metrics;  /* owned: --metrics-listen (off: fd -1) */
     unsigned n_turns;             /* admitted turns holding a slot: the capacity count */
     bool single_use_admitted;     /* --single-use: the one turn was admitted */
     bool accept_paused;           /* out of fds or memory: the listener rests until the tick */

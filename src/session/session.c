@@ -22,6 +22,7 @@
  * What the client sends is checked the same way (limits at frame headers,
  * budgets, incremental scan). Relayed bytes are not copied where they need
  * not be: a frame already in canonical form is passed on as it came. */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <signal.h>
@@ -45,6 +46,7 @@
 #include "proto/frame.h"
 #include "proto/tarcheck.h"
 #include "session/chan_conn.h"
+#include "session/metrics.h"
 #include "session/notify.h"
 #include "session/session.h"
 
@@ -128,6 +130,7 @@ struct session {
     struct notify_turn notify;    /* counted refusals and supervised calls (notify.c) */
     uint64_t spawn_ns;            /* from the fork server */
     uint64_t accept_ns;           /* when the upgrade was accepted */
+    struct turn_stats stats;      /* what the turn did (metrics.h), from admit() */
 };
 
 struct sessions {
@@ -149,6 +152,7 @@ static void update_interest(struct session *s);
 static void kill_sandbox(struct session *s);
 static void mark_dead(struct session *s);
 static void send_close_when_flushed(struct session *s);
+static void turn_stats_begin(struct session *s);
 
 static const char *turn_state_name(enum turn_state t)
 {
@@ -167,6 +171,8 @@ static const char *turn_state_name(enum turn_state t)
 
 static void reply_and_close(struct session *s, int status, const char *reason, const char *body)
 {
+    if (status >= 400)
+        metrics_http_refusal(status);
     buf_reset(&s->out);
     if (http_write_response(&s->out, status, reason, body) < 0) {
         mark_dead(s);
@@ -296,6 +302,16 @@ static void send_error_log(struct session *s, const char *msg)
     frame_free(&f);
 }
 
+/* The block that was running is over (relayed, refused or timed out): its
+ * duration goes to the histogram. */
+static void block_over(struct session *s)
+{
+    if (!s->stats.block_started_ns)
+        return;
+    metrics_block_done(now_ns() - s->stats.block_started_ns);
+    s->stats.block_started_ns = 0;
+}
+
 /* A block overran its wall clock: the sandbox cannot be trusted to answer,
  * so the supervisor completes the block itself (done, output with a clear
  * stderr, and a zero-length archive, which leaves the host's files as they
@@ -317,6 +333,7 @@ static void finish_block_for_timeout(struct session *s, const char *what, uint64
     frame_free(&done);
     frame_free(&out);
     s->turn = TURN_BETWEEN;
+    block_over(s);
 }
 
 /* ---------------------------------------------------------------- sandbox: limits */
@@ -552,9 +569,12 @@ static void relay_failed(struct session *s, int r, const char *what)
 {
     if (r == -EPIPE) {
         LOG_I("turn %" PRIu64 ": ended: the client is gone (closed or failed)", s->id);
+        turn_stats_end(&s->stats, TURN_END_CLIENT_CLOSED);
         mark_dead(s);
         return;
     }
+    if (r == -ENOSPC)
+        turn_stats_end(&s->stats, TURN_END_OVERLOAD);
     session_end(s, 1011, r == -ENOSPC ? "server memory budget exhausted" : what);
 }
 
@@ -562,6 +582,7 @@ static void sandbox_protocol_error(struct session *s, const char *what)
 {
     char reason[200];
     snprintf(reason, sizeof reason, "sandbox protocol error: %s", what);
+    turn_stats_end(&s->stats, TURN_END_PROTOCOL_ERROR);
     session_end(s, 1011, reason);
 }
 
@@ -582,12 +603,20 @@ static int handle_child_frame(struct session *s, struct frame *f, struct buf *bo
     case FRAME_READY:
         legal = s->tools_sent && !s->ready_seen;
         s->ready_seen = s->ready_seen || legal;
+        if (legal && s->accept_ns) {
+            s->stats.ready_ns = now_ns();
+            metrics_turn_ready(s->stats.ready_ns - s->accept_ns);
+        }
         if (legal && s->accept_ns)
             LOG_D("turn %" PRIu64 ": ready %.3f ms after the upgrade (spawn %.3f ms)", s->id,
                   (double)(now_ns() - s->accept_ns) / 1e6, (double)s->spawn_ns / 1e6);
         break;
     case FRAME_TOOL_CALL:
         legal = s->turn == TURN_RUNNING && s->ready_seen;
+        if (legal) {
+            s->stats.tool_calls++;
+            metrics_tool_call();
+        }
         break;
     case FRAME_LOG:
         if (s->turn != TURN_RUNNING) {
@@ -655,6 +684,7 @@ static void relay_snapshot(struct session *s)
     }
     s->turn = TURN_BETWEEN;
     s->idle_since_ms = now_ms();
+    block_over(s);
 }
 
 /* The end of an 'S' check: relay, or end the turn. */
@@ -676,6 +706,8 @@ static void snapshot_checked(struct session *s, int r)
          * length one leaves its files as they were (spec 4.4). */
         ws_conn_send_binary(s->ws, (const uint8_t *)"", 0);
         s->turn = TURN_BETWEEN;
+        block_over(s);
+        turn_stats_end(&s->stats, TURN_END_PROTOCOL_ERROR);
         session_end(s, 1011, reason);
     }
     tarcheck_free(s->tc);
@@ -894,7 +926,7 @@ static bool crash_signal(int sig)
  * policy's kill) are a crash of the runtime or of native code in it; any
  * other is a kill (os.kill from user code, a subprocess). Each reason fits
  * a close frame (123 bytes); README, "Why a turn ended", lists them. */
-static void death_reason(const struct session *s, char *out, size_t len)
+static enum turn_end death_reason(const struct session *s, char *out, size_t len)
 {
     const struct fs_reply *d = &s->death;
     const struct config *cfg = s->env->cfg;
@@ -916,18 +948,26 @@ static void death_reason(const struct session *s, char *out, size_t len)
     else
         snprintf(how, sizeof how, "status %d", code);
 
-    if (sig == SIGKILL && d->oom_kills)
+    if (sig == SIGKILL && d->oom_kills) {
         snprintf(out, len, "out of memory: the sandbox was killed at its memory limit (%llu MiB)",
                  (unsigned long long)(cfg->memory_max >> 20));
-    else if (d->pids_max && (sig || code))
+        return TURN_END_MEMORY;
+    }
+    if (d->pids_max && (sig || code)) {
         snprintf(out, len, "process limit: the sandbox died (%s) after reaching its limit of "
                  "%llu processes", how, (unsigned long long)cfg->pids_max);
-    else if (crash_signal(sig))
+        return TURN_END_PIDS;
+    }
+    if (crash_signal(sig)) {
         snprintf(out, len, "sandbox crashed: %s in the runtime or native code", how);
-    else if (sig)
+        return TURN_END_CRASH;
+    }
+    if (sig) {
         snprintf(out, len, "sandbox killed: %s", how);
-    else
-        snprintf(out, len, "sandbox exited: %s", how);
+        return TURN_END_KILLED;
+    }
+    snprintf(out, len, "sandbox exited: %s", how);
+    return TURN_END_EXITED;
 }
 
 /* The sandbox ended on its own (its channel closed or its init exited):
@@ -942,6 +982,7 @@ static void sandbox_gone(struct session *s)
         return;
     }
     if (s->child_error) {
+        turn_stats_end(&s->stats, TURN_END_SANDBOX_ERROR);
         session_end(s, 1011, s->child_error);
         return;
     }
@@ -955,7 +996,7 @@ static void sandbox_gone(struct session *s)
         return;
     }
     char reason[124];
-    death_reason(s, reason, sizeof reason);
+    turn_stats_end(&s->stats, death_reason(s, reason, sizeof reason));
     session_end(s, 1011, reason);
 }
 
@@ -1026,6 +1067,8 @@ bool session_sandbox_ready(struct session *s, const struct fs_reply *rep, int ch
         return true;
     }
     s->child_pid = rep->pid;
+    s->stats.sandbox = true;
+    metrics_sandbox_spawned();
     s->chan_fd = chan_fd;
     s->pidfd = pidfd;
     s->spawn_ns = rep->spawn_ns;
@@ -1065,7 +1108,13 @@ static void kill_sandbox(struct session *s)
 
 /* ---------------------------------------------------------------- client messages */
 
-static void end_turn(struct session *s) { session_end(s, 1000, NULL); }
+/* End the turn normally (1000): the client's shutdown, or (end
+ * TURN_END_CLIENT_ERROR) a message the client should not have sent there. */
+static void end_turn(struct session *s, enum turn_end end)
+{
+    turn_stats_end(&s->stats, end);
+    session_end(s, 1000, NULL);
+}
 
 /* What a message from the client may be in the turn's state: its largest
  * size, or 0 to drop it unread (ws.h). */
@@ -1078,7 +1127,7 @@ static uint64_t on_msg_begin(void *ud, bool text)
     if (text) {
         switch (s->turn) {
         case TURN_TOOLS: /* text instead of the tools archive */
-            end_turn(s);
+            end_turn(s, TURN_END_CLIENT_ERROR);
             return WS_MSG_DROP;
         case TURN_BETWEEN:  /* only shutdown matters */
         case TURN_ARCHIVED: /* run */
@@ -1097,7 +1146,7 @@ static uint64_t on_msg_begin(void *ud, bool text)
     case TURN_BETWEEN:
         return cfg->max_upload_workspace;
     case TURN_ARCHIVED: /* a second archive where run was due */
-        end_turn(s);
+        end_turn(s, TURN_END_CLIENT_ERROR);
         return WS_MSG_DROP;
     default: /* ignored while a block runs (spec 2.3) */
         return WS_MSG_DROP;
@@ -1113,7 +1162,7 @@ static void on_msg_data(void *ud, const uint8_t *msg, size_t len)
     if (frame_scan_feed(s->cscan, msg, len, &why) < 0) {
         s->cmsg_bad = true;
         if (s->turn == TURN_ARCHIVED) /* spec 2.3: undecodable text in R ends the turn */
-            end_turn(s);
+            end_turn(s, TURN_END_CLIENT_ERROR);
     }
 }
 
@@ -1127,11 +1176,11 @@ static void on_text(struct session *s, struct buf *msg)
     switch (s->turn) {
     case TURN_BETWEEN: /* only shutdown matters; everything else is ignored */
         if (ok && f.kind == FRAME_SHUTDOWN)
-            end_turn(s);
+            end_turn(s, TURN_END_OK);
         break;
     case TURN_ARCHIVED:
         if (!ok || f.kind != FRAME_RUN) {
-            end_turn(s);
+            end_turn(s, TURN_END_CLIENT_ERROR);
             break;
         }
         if (sandbox_send_frame(s, &f, msg) < 0) {
@@ -1140,6 +1189,8 @@ static void on_text(struct session *s, struct buf *msg)
         }
         s->turn = TURN_RUNNING;
         s->block_started_ms = now_ms();
+        s->stats.blocks++;
+        s->stats.block_started_ns = now_ns();
         break;
     case TURN_RUNNING:
         /* Results go to the sandbox; an undecodable message is dropped alone
@@ -1216,6 +1267,7 @@ static void admit(struct session *s, const uint8_t *rest, size_t rest_len)
     s->phase = PHASE_TURN;
     s->turn = TURN_TOOLS;
     s->accept_ns = now_ns();
+    turn_stats_begin(s);
     s->turn_started_ms = s->last_ping_ms = s->idle_since_ms = now_ms();
     int r = env->request_sandbox(env->host, s->id);
     if (r == 0)
@@ -1223,7 +1275,7 @@ static void admit(struct session *s, const uint8_t *rest, size_t rest_len)
     else if (r == -EAGAIN)
         s->spawn_deferred = true; /* what the client sends is queued meanwhile */
     if (r < 0 && r != -EAGAIN) {
-        session_end(s, 1011, "sandbox service unavailable");
+        session_end(s, 1011, SESSION_REASON_NO_SANDBOX_SERVICE);
         return;
     }
     /* Frames that arrived with the request are not signalled again. */
@@ -1350,6 +1402,10 @@ static void on_client_io(struct loop_watch *w, uint32_t events)
         if (events & (EPOLLIN | EPOLLHUP | EPOLLERR)) {
             int rr = ws_conn_read(s->ws);
             if (rr < 0) {
+                turn_stats_end(&s->stats, rr == -ECONNRESET || rr == -ESHUTDOWN
+                                              ? TURN_END_CLIENT_CLOSED
+                                          : rr == -ENOSPC ? TURN_END_OVERLOAD
+                                                          : TURN_END_CLIENT_ERROR);
                 if (rr != -ECONNRESET && rr != -ESHUTDOWN && s->phase == PHASE_TURN)
                     LOG_I("turn %" PRIu64 ": client message refused (%s); connection closed",
                           s->id, rr == -EMSGSIZE ? "over its limit or the turn's memory budget"
@@ -1460,6 +1516,45 @@ const struct budget *session_budget(const struct session *s)
     return &s->budget;
 }
 
+/* The turn was admitted: its stats start (metrics.h). */
+static void turn_stats_begin(struct session *s)
+{
+    union {
+        struct sockaddr sa;
+        struct sockaddr_in in4;
+        struct sockaddr_in6 in6;
+    } a;
+    socklen_t alen = sizeof a;
+    s->stats = (struct turn_stats){.id = s->id, .started_ns = s->accept_ns};
+    if (getpeername(s->fd, &a.sa, &alen) == 0) {
+        char host[INET6_ADDRSTRLEN] = "?";
+        bool v6 = a.sa.sa_family == AF_INET6;
+        inet_ntop(a.sa.sa_family, v6 ? (void *)&a.in6.sin6_addr : (void *)&a.in4.sin_addr, host,
+                  sizeof host);
+        snprintf(s->stats.peer, sizeof s->stats.peer, v6 ? "[%s]:%u" : "%s:%u", host,
+                 ntohs(v6 ? a.in6.sin6_port : a.in4.sin_port));
+    }
+    metrics_turn_begin();
+}
+
+/* The turn is over (once: session_end or mark_dead, before the sandbox is
+ * killed, which closes the seccomp listener and its count): its figures
+ * go to the metrics, and its end line is written (metrics.c). end is used
+ * if no more precise cause was set where the turn ended. */
+static void turn_stats_finish(struct session *s, enum turn_end end)
+{
+    struct turn_stats *st = &s->stats;
+    block_over(s); /* cut short: counted with its time so far */
+    st->refusals = s->notify.refused;
+    ws_conn_bytes(s->ws, &st->bytes_in, &st->bytes_out);
+    if (s->death_known) {
+        st->peak_known = true;
+        st->mem_peak = s->death.mem_peak;
+    }
+    turn_stats_end(st, end);
+    metrics_turn_end(st);
+}
+
 /* Give the turn's slot back, once. */
 static void release_slot(struct session *s)
 {
@@ -1482,6 +1577,8 @@ static void mark_dead(struct session *s)
 {
     if (s->phase == PHASE_DEAD)
         return;
+    if (s->phase == PHASE_TURN) /* the client went away without a close */
+        turn_stats_finish(s, TURN_END_CLIENT_CLOSED);
     kill_sandbox(s);
     release_slot(s);
     preauth_remove(s->env->preauth, &s->pa);
@@ -1506,6 +1603,13 @@ void session_end(struct session *s, uint16_t code, const char *reason)
         LOG_D("turn %" PRIu64 ": ended (%u)", s->id, code);
     if (reason && code == 1011)
         send_error_log(s, reason);
+    turn_stats_finish(s, code == 1000 && !reason ? TURN_END_OK
+                         : code == 1001         ? TURN_END_DRAINED
+                         : code == 1013         ? TURN_END_OVERLOAD
+                         : reason && (strcmp(reason, SESSION_REASON_NO_SANDBOX_SERVICE) == 0 ||
+                                      strcmp(reason, SESSION_REASON_FORKSERVER_DIED) == 0)
+                             ? TURN_END_FORKSERVER_LOST
+                             : TURN_END_ERROR);
     kill_sandbox(s);
     release_slot(s);
     /* RFC 6455 limits a close reason to 123 bytes (ws_conn_close trims). */
@@ -1537,6 +1641,7 @@ static void session_tick(struct session *s, uint64_t now)
     /* Keepalive: a pong must arrive within WS_PONG_TIMEOUT_MS of our ping. */
     if (s->ping_outstanding && now - s->last_ping_ms >= WS_PONG_TIMEOUT_MS) {
         LOG_I("turn %" PRIu64 ": no pong from the client; dropping it", s->id);
+        turn_stats_end(&s->stats, TURN_END_CLIENT_CLOSED);
         mark_dead(s);
         return;
     }
@@ -1549,8 +1654,10 @@ static void session_tick(struct session *s, uint64_t now)
 
     /* The sandbox is dead: only its death report (or its absence) decides. */
     if (s->death_wait) {
-        if (now >= s->death_deadline_ms)
+        if (now >= s->death_deadline_ms) {
+            turn_stats_end(&s->stats, TURN_END_EXITED);
             session_end(s, 1011, "sandbox stopped: cause unknown (no death report)");
+        }
         return;
     }
 
@@ -1560,17 +1667,20 @@ static void session_tick(struct session *s, uint64_t now)
         finish_block_for_timeout(s, "the block", cfg->block_timeout_ms);
         snprintf(reason, sizeof reason, "block timeout: the block ran longer than %" PRIu64
                  " s (--block-timeout)", cfg->block_timeout_ms / 1000);
+        turn_stats_end(&s->stats, TURN_END_TIMEOUT);
         session_end(s, 1000, reason);
     } else if (cfg->turn_timeout_ms && now - s->turn_started_ms >= cfg->turn_timeout_ms) {
         if (s->turn == TURN_RUNNING)
             finish_block_for_timeout(s, "the turn", cfg->turn_timeout_ms);
         snprintf(reason, sizeof reason, "turn timeout: the turn lasted longer than %" PRIu64
                  " s (--turn-timeout)", cfg->turn_timeout_ms / 1000);
+        turn_stats_end(&s->stats, TURN_END_TIMEOUT);
         session_end(s, 1000, reason);
     } else if ((s->turn == TURN_BETWEEN || s->turn == TURN_TOOLS) && cfg->idle_timeout_ms &&
                now - s->idle_since_ms >= cfg->idle_timeout_ms) {
         snprintf(reason, sizeof reason, "idle timeout: no block for %" PRIu64
                  " s (--idle-timeout)", cfg->idle_timeout_ms / 1000);
+        turn_stats_end(&s->stats, TURN_END_TIMEOUT);
         session_end(s, 1000, reason);
     }
 }
@@ -1659,7 +1769,7 @@ void sessions_forkserver_lost(struct sessions *set)
             /* Its sandbox died with the fork server (parent-death signal),
              * or dies now (kill_sandbox, by its pidfd); no death report
              * will come for it. */
-            session_end(s, 1011, "sandbox lost: the fork server died");
+            session_end(s, 1011, SESSION_REASON_FORKSERVER_DIED);
         }
     }
 }
@@ -1674,7 +1784,7 @@ void sessions_sandbox_retry(struct sessions *set)
             return; /* still none, or its socket is full: the next tick */
         s->spawn_deferred = false;
         if (r < 0)
-            session_end(s, 1011, "sandbox service unavailable");
+            session_end(s, 1011, SESSION_REASON_NO_SANDBOX_SERVICE);
         else
             s->spawn_pending = true;
     }

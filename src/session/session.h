@@ -90,6 +90,11 @@ bool session_sandbox_ready(struct session *s, const struct fs_reply *rep, int ch
 /* The fork server's report that this turn's sandbox was reaped (wait status,
  * cgroup counters): the close reason, if the sandbox ended on its own. */
 void session_sandbox_died(struct session *s, const struct fs_reply *rep);
+/* The close reasons of turns that cannot get a sandbox (the fork server is
+ * gone) and of turns whose sandbox died with the fork server: both ends
+ * are counted as forkserver_lost (metrics.h). */
+#define SESSION_REASON_NO_SANDBOX_SERVICE "sandbox service unavailable"
+#define SESSION_REASON_FORKSERVER_DIED "sandbox lost: the fork server died"
 /* End s now, in every case: a normal end (reason NULL, or a limit's message
  * with code 1000) or a server-side fault (reason non-NULL: logged, sent as
  * a `log` frame when one is legal, close 1011). Idempotent. reason is one of

@@ -1,0 +1,111 @@
+/* The daemon's metrics and the per-turn end line. Runs in the supervisor.
+ *
+ * One process-wide struct (metrics.c) holds every counter: what the
+ * supervisor itself sees (turns, refusals, bytes, tool calls, seccomp
+ * refusals it answers) and what the fork server's death reports tell (peak
+ * memory). A session fills a struct turn_stats while its turn runs and hands
+ * it over when the turn ends (metrics_turn_end); the totals are bumped at
+ * once, and the turn's log line is written when its sandbox's death report
+ * has arrived (it carries the peak memory), or after METRICS_PENDING_WAIT_MS
+ * without it.
+ *
+ * metrics_write() renders everything in the Prometheus text exposition
+ * format, version 0.0.4 (hand-written: Debian packages no C client library;
+ * prometheus-cpp is C++). The HTTP side is metrics_http.h.
+ *
+ * Global rather than passed around: the counters are bumped from
+ * session.c, notify.c and server.c (and the fork server's restart path),
+ * which share nothing else; a single-threaded loop needs no locking. */
+#pragma once
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/buf.h"
+
+struct policy_notify;
+
+/* How a turn ended: the `end` label and the end line's end=. A small fixed
+ * set (never text from a peer); README "Metrics" lists what each means. */
+enum turn_end {
+    TURN_END_NONE = 0,        /* not ended (yet) */
+    TURN_END_OK,              /* the client's shutdown, or its normal close */
+    TURN_END_CLIENT_CLOSED,   /* the client went away (EOF, reset, no pong) */
+    TURN_END_CLIENT_ERROR,    /* the client broke the protocol or a limit (1002, 1009, ...) */
+    TURN_END_TIMEOUT,         /* --block-timeout, --turn-timeout or --idle-timeout */
+    TURN_END_MEMORY,          /* its sandbox was OOM-killed at --memory */
+    TURN_END_PIDS,            /* its sandbox died after reaching --pids */
+    TURN_END_CRASH,           /* its sandbox crashed (SIGSEGV, SIGABRT, SIGSYS, ...) */
+    TURN_END_KILLED,          /* its sandbox was killed by another signal */
+    TURN_END_EXITED,          /* its sandbox exited, or stopped with no death report */
+    TURN_END_SANDBOX_ERROR,   /* its sandbox reported a setup or archive error */
+    TURN_END_PROTOCOL_ERROR,  /* its sandbox broke the channel protocol (or its snapshot) */
+    TURN_END_OVERLOAD,        /* the daemon's buffer budget was exhausted (1013) */
+    TURN_END_FORKSERVER_LOST, /* no sandbox service (the fork server is gone) */
+    TURN_END_DRAINED,         /* closed as the daemon stopped (1001) */
+    TURN_END_ERROR,           /* any other server-side failure (1011) */
+    TURN_END_COUNT
+};
+const char *turn_end_name(enum turn_end e);
+
+/* What one turn did, filled by its session (session.c). */
+struct turn_stats {
+    uint64_t id;                  /* the turn's (connection's) id */
+    char peer[64];                /* the client's address:port, as the socket says */
+    uint64_t started_ns;          /* upgrade accepted */
+    uint64_t ready_ns;            /* its sandbox's ready frame (0: none) */
+    uint64_t block_started_ns;    /* the block running now (0: none) */
+    uint64_t blocks;              /* blocks run (each `run` forwarded) */
+    uint64_t tool_calls;          /* tool_call frames relayed to the client */
+    uint64_t bytes_in, bytes_out; /* the client's WebSocket stream, both ways */
+    uint64_t refusals;            /* system calls refused by the policy (counted ones) */
+    enum turn_end end;            /* how it ended: the first cause set wins */
+    bool sandbox;                 /* a sandbox was handed to it: a death report will come */
+    bool peak_known;              /* mem_peak holds the death report's figure */
+    uint64_t mem_peak;            /* bytes, from the death report (0: unknown) */
+};
+
+/* Set the configuration's facts (pool size), once at start. */
+void metrics_init(unsigned pool_size);
+
+/* Set e as st's end unless one is set already (the first cause wins). */
+void turn_stats_end(struct turn_stats *st, enum turn_end e);
+/* A turn was admitted / its sandbox said ready (ready latency) / a block
+ * ended after dur_ns (its duration histogram). */
+void metrics_turn_begin(void);
+void metrics_turn_ready(uint64_t latency_ns);
+void metrics_block_done(uint64_t dur_ns);
+/* A turn ended (st->end set, TURN_END_ERROR if not): the totals move now;
+ * its log line is written now if no death report is due (no sandbox, or the
+ * report came already), else when metrics_death_report() brings it.
+ * st is copied. */
+void metrics_turn_end(const struct turn_stats *st);
+/* The fork server's death report for turn_id: its sandbox's peak memory.
+ * Writes the pending end line of that turn, if one waits. */
+void metrics_death_report(uint64_t turn_id, uint64_t mem_peak);
+/* Write the end lines that waited too long for their death report
+ * (UINT64_MAX: all of them, at exit). */
+void metrics_tick(uint64_t now_ns);
+/* End lines still waiting for a death report. */
+size_t metrics_pending(void);
+
+void metrics_http_refusal(int status);  /* a non-101, non-200 answer on the public port */
+void metrics_sandbox_spawned(void);     /* the fork server handed a sandbox to a turn */
+void metrics_tool_call(void);
+void metrics_seccomp_refusal(int nr);   /* a counted refusal of native syscall nr */
+/* The fork server was started again after it died (the restart path calls
+ * this; nothing else does). */
+void metrics_forkserver_restart(void);
+
+/* Append the exposition text (format 0.0.4) of every metric to out. 0 or
+ * buf_append's error (-ENOBUFS past out's ceiling, -ENOMEM). */
+int metrics_write(struct buf *out);
+
+/* The text format's pieces (for the unit test). Label values and HELP text
+ * are escaped as the format says: \\ and \n, and in label values also \". */
+int prom_escape(struct buf *out, const char *s, bool label_value);
+/* A float as the format writes it: the shortest text that reads back as v,
+ * "+Inf", "-Inf" or "NaN". */
+void prom_float(char out[32], double v);
+/* Back to zero (for the unit test). */
+void metrics_reset(void);
