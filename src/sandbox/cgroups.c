@@ -921,7 +921,7 @@ void cgroups_events(struct sbx_cgroups *cg, pid_t pid, struct cg_events *ev)
             char dir[PATH_MAX + 48];
             ev->mem_peak = now.mem_peak;
             turn_dir(cg, CG_MEMORY, t->seq, dir, sizeof dir);
-            (void)write_at(dir, "memory.max_usage_in_bytes", "0");
+            (void)write_at(dir, "memory.max_usage_in_bytes", "0", NULL, 0);
         }
         t->base = now;
         return;
