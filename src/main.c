@@ -87,6 +87,7 @@ int main(int argc, char **argv)
         return 2;
     }
     log_init("forkboxd", cfg.log_level);
+    log_set_format(cfg.log_format, cfg.log_journal);
     struct rlimit nofile;
     unsigned long long fds_wanted = (unsigned long long)cfg.capacity * 3 + cfg.preauth_max + 64;
     if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && fds_wanted > nofile.rlim_cur)
@@ -97,14 +98,14 @@ int main(int argc, char **argv)
 
     struct fs_client fs;
     if (fs_client_start(&cfg, &fs, err, sizeof err) < 0) {
-        fprintf(stderr, "forkboxd: cannot start the fork server: %s\n", err);
+        LOG_E("cannot start the fork server: %s", err);
         return 1;
     }
 
     char *token;
     size_t token_len;
     if (read_token(&cfg, &token, &token_len, err, sizeof err) < 0) {
-        fprintf(stderr, "forkboxd: %s\n", err);
+        LOG_E("%s", err);
         fs_client_stop(&fs);
         return 2;
     }
@@ -112,7 +113,7 @@ int main(int argc, char **argv)
     struct loop *loop = loop_new();
     struct server srv;
     if (!loop || server_init(&srv, loop, &cfg, token, token_len, &fs, err, sizeof err) < 0) {
-        fprintf(stderr, "forkboxd: %s\n", err[0] ? err : "out of memory");
+        LOG_E("%s", err[0] ? err : "out of memory");
         return 1;
     }
     r = loop_run(loop);
