@@ -142,3 +142,9 @@
  * and pidfd); session.c took up to 8 from a sandbox so that they could be
  * closed, and the kernel drops what does not fit (MSG_CTRUNC). */
 #define FDPASS_MAX_FDS 8
+
+/* The bearer token file (net/auth.c): one token a line. Bounded so that a
+ * wrong --token-file (a log, a device) is refused instead of read whole at
+ * every SIGHUP; 64 tokens leave room for any rotation. */
+#define TOKEN_FILE_MAX_BYTES (64 * KiB)
+#define TOKENS_MAX 64
