@@ -20,53 +20,35 @@
 #include "core/log.h"
 #include "core/util.h"
 #include "loop/loop.h"
+#include "net/auth.h"
 #include "sandbox/forkserver.h"
 #include "session/server.h"
 
 #define TOKEN_ENV "ADK_CODE_MODE_AUTH_TOKEN"
-#define TOKEN_MAX 4096
-/* Read the bearer token. Returns 0 with *token NULL when none is configured,
- * 0 with an owned copy, or -errno with a message. */
-static int read_token(const struct config *cfg, char **token, size_t *len, char *err, size_t errlen)
+/* Read the bearer tokens: the file's (net/auth.h), else the environment's
+ * one. Returns 0 with *tokens NULL when none is configured, 0 with an owned
+ * set, or -errno with a message. */
+static int read_tokens(const struct config *cfg, struct tokens **tokens, char *err, size_t errlen)
 {
-    *token = NULL;
-    *len = 0;
+    *tokens = NULL;
     if (cfg->token_file[0]) {
-        FILE *f = fopen(cfg->token_file, "re");
-        if (!f) {
-            return err_fmt(err, errlen, -errno, "--token-file %s: %s", cfg->token_file, strerror(errno));
-        }
-        char *t = calloc(1, TOKEN_MAX + 1);
-        size_t n = t ? fread(t, 1, TOKEN_MAX + 1, f) : 0;
-        fclose(f);
-        if (!t)
-            return -ENOMEM;
-        if (n > TOKEN_MAX) {
-            free(t);
-            return err_fmt(err, errlen, -EINVAL, "--token-file %s: longer than %d bytes", cfg->token_file, TOKEN_MAX);
-        }
-        while (n && (t[n - 1] == '\n' || t[n - 1] == '\r' || t[n - 1] == ' ' || t[n - 1] == '\t'))
-            t[--n] = '\0';
-        if (n == 0 || memchr(t, '\0', n)) {
-            free(t);
-            return err_fmt(err, errlen, -EINVAL, "--token-file %s: empty or binary token", cfg->token_file);
-        }
-        *token = t;
-        *len = n;
+        char why[512];
+        int r = tokens_read_file(cfg->token_file, tokens, why, sizeof why);
+        if (r < 0)
+            return err_fmt(err, errlen, r, "--token-file %s", why);
     } else {
         char *v = getenv(TOKEN_ENV);
         if (!v)
             return 0;
         /* Set but empty: spec 1.2 quirk, no header can match (every upgrade
          * gets 401). Kept for compatibility; logged. */
-        *len = strlen(v);
-        *token = strdup(v);
-        if (!*token)
-            return -ENOMEM;
-        if (*len == 0)
+        size_t len = strlen(v);
+        if (tokens_one(v, len, tokens) < 0)
+            return err_fmt(err, errlen, -ENOMEM, "out of memory");
+        if (len == 0)
             LOG_W("%s is set but empty: every upgrade will get 401", TOKEN_ENV);
         /* Scrub the original bytes so /proc/<pid>/environ no longer shows it. */
-        explicit_bzero(v, *len);
+        explicit_bzero(v, len);
     }
     unsetenv(TOKEN_ENV);
     return 0;
@@ -87,6 +69,7 @@ int main(int argc, char **argv)
         return 2;
     }
     log_init("forkboxd", cfg.log_level);
+    log_set_format(cfg.log_format, cfg.log_journal);
     struct rlimit nofile;
     unsigned long long fds_wanted = (unsigned long long)cfg.capacity * 3 + cfg.preauth_max + 64;
     if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && fds_wanted > nofile.rlim_cur)
@@ -97,22 +80,21 @@ int main(int argc, char **argv)
 
     struct fs_client fs;
     if (fs_client_start(&cfg, &fs, err, sizeof err) < 0) {
-        fprintf(stderr, "forkboxd: cannot start the fork server: %s\n", err);
+        LOG_E("cannot start the fork server: %s", err);
         return 1;
     }
 
-    char *token;
-    size_t token_len;
-    if (read_token(&cfg, &token, &token_len, err, sizeof err) < 0) {
-        fprintf(stderr, "forkboxd: %s\n", err);
+    struct tokens *tokens;
+    if (read_tokens(&cfg, &tokens, err, sizeof err) < 0) {
+        LOG_E("%s", err);
         fs_client_stop(&fs);
         return 2;
     }
 
     struct loop *loop = loop_new();
     struct server srv;
-    if (!loop || server_init(&srv, loop, &cfg, token, token_len, &fs, err, sizeof err) < 0) {
-        fprintf(stderr, "forkboxd: %s\n", err[0] ? err : "out of memory");
+    if (!loop || server_init(&srv, loop, &cfg, tokens, &fs, err, sizeof err) < 0) {
+        LOG_E("%s", err[0] ? err : "out of memory");
         return 1;
     }
     r = loop_run(loop);

@@ -36,7 +36,7 @@ enum opt_kind {
     K_NAMES,     /* comma-separated names (one string) */
     K_LISTEN,    /* ADDR:PORT or [ADDR6]:PORT -> host string + port */
     K_ID_RANGE,  /* FIRST:COUNT -> two uint32 */
-    K_LEVEL,     /* debug, info, warn, error */
+    K_ENUM,      /* one of .names, stored as its index (an enum field) */
     K_GONE,      /* a removed flag: refused with .help as the reason */
     K_HELP,
 };
@@ -62,6 +62,7 @@ struct opt {
     bool forkserver;        /* the fork server gets this setting (config_for_forkserver) */
     const char *arg;        /* the argument's name in --help */
     const char *help;       /* --help text; '\n' starts an indented line. K_GONE: the refusal */
+    const char *const *names; /* K_ENUM: the values, NULL-terminated, in the enum's order */
 };
 
 #define HELP_COLUMN 29 /* where the help text starts in --help */
@@ -74,6 +75,9 @@ static uint64_t default_total_buffer(void)
     uint64_t quarter = pages > 0 && size > 0 ? (uint64_t)pages * (uint64_t)size / 4 : 0;
     return quarter > TOTAL_BUFFER_MIN ? quarter : TOTAL_BUFFER_MIN;
 }
+
+static const char *const level_names[] = {"debug", "info", "warn", "error", NULL};
+static const char *const log_format_names[] = {"text", "json", NULL};
 
 /* In --help order. Supervisor-only settings (forkserver = false) are never
  * sent to the fork server: sandboxes are its clones and could read them. */
@@ -203,8 +207,12 @@ static const struct opt opts[] = {
     {"metrics-listen", K_LISTEN, FIELD(metrics_host), FIELD(metrics_port), .sdef = "",
      .arg = "ADDR:PORT", .help = "serve Prometheus metrics at GET /metrics there (off);\n"
                                  "not the --listen address and port"},
-    {"log-level", K_LEVEL, FIELD(log_level), .sdef = "info", .forkserver = true,
-     .arg = "LEVEL", .help = "debug, info, warn, error (info)"},
+    {"log-level", K_ENUM, FIELD(log_level), .sdef = "info", .forkserver = true,
+     .names = level_names, .arg = "LEVEL", .help = "debug, info, warn, error (info)"},
+    /* The fork server logs to the same stderr, in the same format. */
+    {"log-format", K_ENUM, FIELD(log_format), .sdef = "text", .forkserver = true,
+     .names = log_format_names, .arg = "FORMAT",
+     .help = "text, or json: one JSON object per line (text)"},
     {"help", K_HELP, {0, 0}},
 };
 #define N_OPTS (sizeof opts / sizeof opts[0])
@@ -322,14 +330,12 @@ static int parse_id_range(struct config *cfg, const char *s)
     return 0;
 }
 
-static int parse_level(const char *s, enum log_level *out)
+/* The index of s in the NULL-terminated names, or -EINVAL. */
+static int parse_enum(const char *s, const char *const *names)
 {
-    static const char *const names[] = {"debug", "info", "warn", "error"};
-    for (unsigned i = 0; i < 4; i++)
-        if (strcmp(s, names[i]) == 0) {
-            *out = (enum log_level)i;
-            return 0;
-        }
+    for (int i = 0; names[i]; i++)
+        if (strcmp(s, names[i]) == 0)
+            return i;
     return -EINVAL;
 }
 
@@ -392,11 +398,19 @@ static int set_opt(struct config *cfg, const struct opt *o, const char *a, char 
         if (parse_id_range(cfg, a) < 0)
             return err_fmt(err, errlen, -EINVAL, "--%s: expected FIRST:COUNT, got %s", o->name, a);
         return 0;
-    case K_LEVEL:
-        if (parse_level(a, at(cfg, o->f)) < 0)
-            return err_fmt(err, errlen, -EINVAL,
-                           "--%s: expected debug, info, warn or error", o->name);
+    case K_ENUM: {
+        int i = parse_enum(a, o->names);
+        if (i < 0) {
+            char list[128] = "";
+            for (size_t k = 0, n = 0; o->names[k] && n < sizeof list; k++)
+                n += (size_t)snprintf(list + n, sizeof list - n, "%s%s", k ? ", " : "",
+                                      o->names[k]);
+            return err_fmt(err, errlen, -EINVAL, "--%s: expected one of %s, got %s", o->name,
+                           list, a);
+        }
+        put_uint(cfg, o->f, (uint64_t)i);
         return 0;
+    }
     case K_GONE:
         return err_fmt(err, errlen, -EINVAL, "%s", o->help);
     case K_HELP:
@@ -422,7 +436,7 @@ static int set_defaults(struct config *cfg, char *err, size_t errlen)
         case K_SECONDS:
             put_uint(cfg, o->f, o->def * 1000);
             break;
-        case K_PATH: case K_ABSPATH: case K_NAMES: case K_LISTEN: case K_ID_RANGE: case K_LEVEL:
+        case K_PATH: case K_ABSPATH: case K_NAMES: case K_LISTEN: case K_ID_RANGE: case K_ENUM:
             if (o->sdef[0]) /* "" is the memset's */
                 r = set_opt(cfg, o, o->sdef, err, errlen);
             break;
@@ -590,6 +604,8 @@ int config_parse(int argc, char **argv, struct config *cfg, char *err, size_t er
         return err_fmt(err, errlen, -EINVAL, "unexpected argument: %s", argv[optind]);
     if (cfg->single_use)
         cfg->capacity = 1;
+    /* Not a flag: systemd says so through the environment (log.h). */
+    cfg->log_journal = log_journal_stream_matches(getenv("JOURNAL_STREAM"), STDERR_FILENO);
     return check(cfg, err, errlen);
 }
 
@@ -607,6 +623,8 @@ void config_for_forkserver(const struct config *cfg, struct config *out)
         if (o->f2.size)
             memcpy(at(out, o->f2), (const char *)cfg + o->f2.off, o->f2.size);
     }
+    /* Found by config_parse, not a row: the fork server shares our stderr. */
+    out->log_journal = cfg->log_journal;
 }
 
 /* Is the text of n, as a whole word, in s? */
@@ -645,6 +663,8 @@ int config_table_check(char *err, size_t errlen)
             return err_fmt(err, errlen, -EINVAL, "--%s: no field", o->name);
         if ((o->kind == K_LISTEN || o->kind == K_ID_RANGE || o->kind == K_ABSPATHS) && !o->f2.size)
             return err_fmt(err, errlen, -EINVAL, "--%s: no second field", o->name);
+        if (o->kind == K_ENUM && (!o->names || o->f.size != sizeof(enum log_level)))
+            return err_fmt(err, errlen, -EINVAL, "--%s: no names, or not an enum field", o->name);
         if (o->kind == K_ABSPATHS && (o->max == 0 || o->f.size % o->max))
             return err_fmt(err, errlen, -EINVAL, "--%s: max is not the array's length", o->name);
         if ((o->kind == K_UINT || o->kind == K_SIZE || o->kind == K_SECONDS) && !o->def_fn) {

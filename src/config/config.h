@@ -64,6 +64,8 @@ struct config {
     uint64_t total_buffer;      /* ... all turns together */
 
     enum log_level log_level;
+    enum log_format log_format; /* --log-format text|json */
+    bool log_journal;           /* stderr is the journal ($JOURNAL_STREAM matches it) */
 };
 
 /* Parse argv and the environment. Returns 0; on a bad value returns -EINVAL

@@ -165,3 +165,9 @@
 #define FS_RESTART_MAX_MS 5000
 #define FS_RESTART_TRIES 5
 #define FS_STABLE_MS 10000
+
+/* The bearer token file (net/auth.c): one token a line. Bounded so that a
+ * wrong --token-file (a log, a device) is refused instead of read whole at
+ * every SIGHUP; 64 tokens leave room for any rotation. */
+#define TOKEN_FILE_MAX_BYTES (64 * KiB)
+#define TOKENS_MAX 64

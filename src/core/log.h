@@ -5,12 +5,30 @@
  * `log` frames instead). */
 #pragma once
 #include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
 
 enum log_level { LOG_LEVEL_DEBUG, LOG_LEVEL_INFO, LOG_LEVEL_WARN, LOG_LEVEL_ERROR };
+enum log_format { LOG_FORMAT_TEXT, LOG_FORMAT_JSON };
 
 /* ident prefixes every line ("forkboxd", "forkserver"); min drops lower levels. */
 void log_init(const char *ident, enum log_level min);
 enum log_level log_min_level(void);
+/* How lines look (log.c): text or one JSON object per line; journal: stderr
+ * is the journal, so lines start with a "<N>" priority and carry no
+ * timestamp. Set once at start; a later log_init() keeps it. */
+void log_set_format(enum log_format fmt, bool journal);
+/* True if journal_stream ($JOURNAL_STREAM, "DEV:INO" in decimal; NULL ok)
+ * names the file open on fd: systemd's own test for "stderr is the journal". */
+bool log_journal_stream_matches(const char *journal_stream, int fd);
+
+/* Escapers for bytes a peer chose, cut before an escape that does not fit.
+ * log_json_escape: the inside of a JSON string (", \, control bytes escaped;
+ * invalid UTF-8 replaced by U+FFFD), not NUL-terminated; returns its length.
+ * log_printable: printable ASCII for a text line (anything else, and " and
+ * \, as \xHH), NUL-terminated in cap bytes; returns its length. */
+size_t log_json_escape(char *out, size_t cap, const char *in, size_t n);
+size_t log_printable(char *out, size_t cap, const char *in, size_t n);
 
 /* errnum != 0 appends ": strerror(errnum)". */
 void log_write(enum log_level lvl, const char *func, int line, int errnum,

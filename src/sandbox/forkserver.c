@@ -575,6 +575,9 @@ _Noreturn void forkserver_main(int ctl_fd)
     recv_config(ctl_fd, &config);
     const struct config *cfg = &config;
     log_init("forkserver", cfg->log_level);
+    /* Our stderr is the supervisor's: the same format, and the same verdict
+     * on the journal (we are exec'd without $JOURNAL_STREAM). */
+    log_set_format(cfg->log_format, cfg->log_journal);
     char err[FS_READY_MAX_MSG];
 
     /* Die with the supervisor, and make sure it had not died already: its

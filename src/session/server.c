@@ -20,6 +20,7 @@
 #include "core/log.h"
 #include "core/ratelimit.h"
 #include "core/util.h"
+#include "net/auth.h"
 #include "net/http.h"
 #include "sandbox/seccomp_notify.h"
 #include "session/metrics.h"
@@ -164,6 +165,10 @@ static void on_signal(struct loop_watch *w, uint32_t events)
     struct signalfd_siginfo si;
     if (read(srv->signal_fd, &si, sizeof si) != sizeof si)
         return;
+    if (si.ssi_signo == SIGHUP) {
+        server_reload_tokens(srv);
+        return;
+    }
     if (si.ssi_signo != SIGTERM && si.ssi_signo != SIGINT)
         return;
     if (srv->draining || srv->stopping) {
@@ -349,7 +354,7 @@ static int server_may_admit(void *host, const char *authorization)
         return -ESHUTDOWN;
     if (srv->n_turns >= srv->cfg->capacity || srv->single_use_admitted)
         return -EBUSY;
-    if (srv->token && !http_auth_ok(authorization, srv->token, srv->token_len))
+    if (srv->tokens && !tokens_match(srv->tokens, authorization))
         return -EACCES;
     return 0;
 }
@@ -451,14 +456,38 @@ static void server_reap(void *ud)
         loop_stop(srv->loop);
 }
 
+void server_reload_tokens(struct server *srv)
+{
+    const char *path = srv->cfg->token_file;
+    if (!path[0]) {
+        LOG_I("SIGHUP: no --token-file (the token, if any, came from the environment): "
+              "nothing to reload");
+        return;
+    }
+    /* The file is read here, in the supervisor, as at start: the fork
+     * server is long running and never learns a token (main.c). */
+    char err[512];
+    struct tokens *fresh = NULL;
+    int r = tokens_read_file(path, &fresh, err, sizeof err);
+    if (r < 0) {
+        LOG_E("SIGHUP: --token-file %s; keeping the %zu tokens in use", err,
+              tokens_count(srv->tokens));
+        return;
+    }
+    /* Admission reads srv->tokens only when a request arrives: admitted
+     * turns hold no reference to them and go on untouched. */
+    tokens_free(srv->tokens);
+    srv->tokens = fresh;
+    LOG_I("SIGHUP: %zu tokens from %s", tokens_count(fresh), path);
+}
+
 int server_init(struct server *srv, struct loop *loop, const struct config *cfg,
-                char *token, size_t token_len, struct fs_client *fs, char *err, size_t errlen)
+                struct tokens *tokens, struct fs_client *fs, char *err, size_t errlen)
 {
     memset(srv, 0, sizeof *srv);
     srv->loop = loop;
     srv->cfg = cfg;
-    srv->token = token;
-    srv->token_len = token_len;
+    srv->tokens = tokens;
     srv->fs = *fs;
     srv->fs_state = FS_UP; /* main started it */
     srv->fs_up_ms = now_ms();
@@ -511,6 +540,7 @@ int server_init(struct server *srv, struct loop *loop, const struct config *cfg,
     sigemptyset(&mask);
     sigaddset(&mask, SIGINT);
     sigaddset(&mask, SIGTERM);
+    sigaddset(&mask, SIGHUP); /* server_reload_tokens */
     sigprocmask(SIG_BLOCK, &mask, NULL);
     signal(SIGPIPE, SIG_IGN);
     srv->signal_fd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
@@ -546,7 +576,7 @@ int server_init(struct server *srv, struct loop *loop, const struct config *cfg,
     LOG_I("listening on %s%s%s:%u (capacity %u%s, %s, auth %s, pre-auth %u, %u per peer)",
           v6 ? "[" : "", h, v6 ? "]" : "", port, cfg->capacity,
           cfg->single_use ? ", single-use" : "", cfg->isolate ? "isolated" : "NOT isolated",
-          token ? "on" : "off", srv->preauth.max, srv->preauth.per_peer);
+          tokens ? "on" : "off", srv->preauth.max, srv->preauth.per_peer);
     return 0;
 }
 
@@ -564,8 +594,6 @@ void server_free(struct server *srv)
     policy_notify_free(srv->notify);
     srv->notify = NULL;
     preauth_free(&srv->preauth);
-    if (srv->token) {
-        explicit_bzero(srv->token, srv->token_len);
-        free(srv->token);
-    }
+    tokens_free(srv->tokens);
+    srv->tokens = NULL;
 }

@@ -19,6 +19,7 @@
 
 struct sessions;
 struct policy_notify;
+struct tokens;
 
 /* The fork server, as the server sees it (server.c, "the fork server"). */
 enum server_fs_state {
@@ -31,11 +32,10 @@ enum server_fs_state {
 struct server {
     struct loop *loop;            /* borrowed */
     const struct config *cfg;     /* borrowed */
-    char *token;                  /* owned; NULL = no auth */
-    size_t token_len;
+    struct tokens *tokens;        /* owned: the bearer tokens; NULL = no auth */
     int listen_fd;                /* owned */
     struct loop_watch listen_watch;
-    int signal_fd;                /* owned; SIGINT, SIGTERM */
+    int signal_fd;                /* owned; SIGINT, SIGTERM, SIGHUP */
     struct loop_watch signal_watch;
     struct fs_client fs;          /* owned: the fork server */
     struct loop_watch fs_watch;
@@ -61,13 +61,13 @@ struct server {
 };
 
 /* Listen, watch signals and the fork server, and register with loop.
- * Takes ownership of token (token_len bytes, NULL for no auth; scrubbed and
- * freed by server_free) and of the fork server's client *fs (moved: the
- * caller must no longer use or stop its copy), whether or not it succeeds:
- * after a failure, server_free() still releases both.
+ * Takes ownership of tokens (NULL for no auth; scrubbed and freed by
+ * server_free) and of the fork server's client *fs (moved: the caller must
+ * no longer use or stop its copy), whether or not it succeeds: after a
+ * failure, server_free() still releases both.
  * 0, or -errno with a reason in err. */
 int server_init(struct server *srv, struct loop *loop, const struct config *cfg,
-                char *token, size_t token_len, struct fs_client *fs, char *err, size_t errlen);
+                struct tokens *tokens, struct fs_client *fs, char *err, size_t errlen);
 /* SIGTERM/SIGINT: stop admitting turns (503 with Retry-After, /ready 503),
  * let the admitted ones run until they end or --drain-timeout passes, then
  * close the rest with 1001 and leave the loop. Idempotent. */
@@ -78,5 +78,10 @@ bool server_ready(const struct server *srv);
 /* What forkboxd exits with once the loop has ended: 0, or 1 when the fork
  * server could not be restarted. */
 int server_exit_status(const struct server *srv);
+/* SIGHUP: read --token-file again and use its tokens from the next request
+ * on. Turns already admitted are not touched; on any error the tokens in
+ * use stay and the reason is logged. Without a token file, only logs that
+ * there is nothing to reload. */
+void server_reload_tokens(struct server *srv);
 /* Frees every session, stops the fork server, closes the listener. */
 void server_free(struct server *srv);

@@ -25,6 +25,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -184,6 +185,65 @@ static void reply_and_close(struct session *s, int status, const char *reason, c
     s->deadline_ms = now_ms() + REPLY_LINGER_MS;
     preauth_touch(s->env->preauth, &s->pa, PREAUTH_ACTIVE, now_ms());
     update_interest(s);
+}
+
+/* The peer's address and port for the operator log ("192.0.2.1:40000",
+ * "[2001:db8::1]:40000"), or its pre-auth key once the socket has lost it. */
+static void peer_str(const struct session *s, char *out, size_t len)
+{
+    union {
+        struct sockaddr sa;
+        struct sockaddr_in in4;
+        struct sockaddr_in6 in6;
+        struct sockaddr_storage ss;
+    } a = {0};
+    socklen_t alen = sizeof a;
+    char ip[INET6_ADDRSTRLEN];
+    if (getpeername(s->fd, &a.sa, &alen) < 0)
+        a.sa.sa_family = AF_UNSPEC;
+    if (a.sa.sa_family == AF_INET && inet_ntop(AF_INET, &a.in4.sin_addr, ip, sizeof ip)) {
+        snprintf(out, len, "%s:%u", ip, ntohs(a.in4.sin_port));
+    } else if (a.sa.sa_family == AF_INET6 && inet_ntop(AF_INET6, &a.in6.sin6_addr, ip, sizeof ip)) {
+        snprintf(out, len, "[%s]:%u", ip, ntohs(a.in6.sin6_port));
+    } else {
+        char key[PREAUTH_KEY_STR];
+        preauth_key_str(s->pa.key, key);
+        snprintf(out, len, "%s", key);
+    }
+}
+
+/* The one log line of a refused request: what was answered (or "timeout"
+ * for a request never completed), to whom, why, and the request's method
+ * and target when it had them (peer-chosen bytes: as printable ASCII, cut).
+ * Never a header's value: Authorization holds a token, right or wrong.
+ * One rate-limited site for every refusal, so a flood of bad requests costs
+ * a line a second and a count (core/ratelimit.h). */
+static void __attribute__((format(printf, 3, 4)))
+log_refused(const struct session *s, const char *status, const char *fmt, ...)
+{
+    char peer[INET6_ADDRSTRLEN + 16], target[132] = "", req[160] = "", why[160];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof why, fmt, ap);
+    va_end(ap);
+    peer_str(s, peer, sizeof peer);
+    const char *method = s->req ? http_req_method(s->req) : NULL;
+    const char *t = s->req ? http_req_target(s->req) : NULL;
+    if (method && t) {
+        log_printable(target, sizeof target, t, strlen(t));
+        snprintf(req, sizeof req, " (%s \"%s\")", method, target);
+    }
+    LOG_W_RL("request refused: %s to %s: %s%s", status, peer, why, req);
+}
+
+/* Answer a request with an error status, and log it (log_refused). */
+static void refuse(struct session *s, int status, const char *phrase, const char *body,
+                   const char *why)
+{
+    char code[8];
+    snprintf(code, sizeof code, "%d", status);
+    log_refused(s, code, "%s", why);
+    reply_and_close(s, status, phrase, body);
 }
 
 /* Write what b holds to fd without blocking: -1 on a fatal socket error, 0
@@ -1310,21 +1370,24 @@ static void route(struct session *s, const uint8_t *rest, size_t rest_len)
             reply_and_close(s, 200, "OK", "Ready\n");
         return;
     }
-    int ok = s->env->may_admit(s->env->host, http_req_header(s->req, "Authorization"));
+    const char *auth = http_req_header(s->req, "Authorization");
+    int ok = s->env->may_admit(s->env->host, auth);
     if (ok == -EBUSY) {
-        reply_and_close(s, 503, "Service Unavailable", "Busy\n");
+        refuse(s, 503, "Service Unavailable", "Busy\n", "busy: no turn slot free (--capacity)");
         return;
     }
     if (ok == -ESHUTDOWN) {
-        reply_and_close(s, 503, "Service Unavailable", "Shutting down\n");
+        refuse(s, 503, "Service Unavailable", "Shutting down\n", "draining: the daemon is stopping");
         return;
     }
     if (ok < 0) {
-        reply_and_close(s, 401, "Unauthorized", "Unauthorized\n");
+        refuse(s, 401, "Unauthorized", "Unauthorized\n",
+               auth ? "bad token (Authorization matches no token)" : "no Authorization header");
         return;
     }
     if (!http_req_is_websocket_upgrade(s->req)) {
-        reply_and_close(s, 426, "Upgrade Required", "Upgrade Required\n");
+        refuse(s, 426, "Upgrade Required", "Upgrade Required\n",
+               "not a WebSocket upgrade (RFC 6455 4.2.1 headers)");
         return;
     }
     admit(s, rest, rest_len);
@@ -1352,10 +1415,13 @@ static void http_read(struct session *s)
         preauth_touch(s->env->preauth, &s->pa, PREAUTH_ACTIVE, now_ms());
         return;
     }
-    if (r == -E2BIG)
-        reply_and_close(s, 431, "Request Header Fields Too Large", "Request Too Large\n");
-    else if (r < 0)
-        reply_and_close(s, 400, "Bad Request", "Bad Request\n");
+    if (r == -E2BIG) {
+        char why[96];
+        snprintf(why, sizeof why, "request too large (over %llu bytes or %d headers)",
+                 (unsigned long long)HTTP_MAX_REQUEST_BYTES, HTTP_MAX_HEADERS);
+        refuse(s, 431, "Request Header Fields Too Large", "Request Too Large\n", why);
+    } else if (r < 0)
+        refuse(s, 400, "Bad Request", "Bad Request\n", "malformed HTTP request");
     else
         route(s, tmp + used, (size_t)n - used);
 }
@@ -1627,6 +1693,11 @@ static void session_tick(struct session *s, uint64_t now)
     const struct config *cfg = s->env->cfg;
     switch (s->phase) {
     case PHASE_HTTP: /* slow or silent client: closed, never answered */
+        if (now >= s->deadline_ms)
+            log_refused(s, "timeout", "%s within %d s, closed unanswered",
+                        s->req ? "request incomplete" : "no request",
+                        HTTP_REQUEST_TIMEOUT_MS / 1000);
+        /* fall through */
     case PHASE_REPLY:
     case PHASE_CLOSING:
         if (now >= s->deadline_ms)

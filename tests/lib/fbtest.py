@@ -109,18 +109,21 @@ class Daemon:
     ADK_CODE_MODE_AUTH_TOKEN (and is kept as ``self.token`` for clients);
     ``listen=False`` starts it without --listen (start() then does not wait);
     ``policy=False`` leaves out --policy policy/default.policy; ``wrap`` is a
-    command that runs forkboxd (it must exec it, e.g. ``unshare -m ...``)."""
+    command that runs forkboxd (it must exec it, e.g. ``unshare -m ...``);
+    ``stderr_path`` gives it that file as stderr instead of a pipe (as systemd
+    gives it the journal's stream), read back as it grows."""
 
     KEEP_LINES = 20000  # stderr lines kept (a flood test writes far more)
 
     def __init__(self, args=(), env=None, listen=True, policy=True, token: str | None = None,
-                 wrap=()):
+                 wrap=(), stderr_path: str | None = None):
         self.args = list(args)
         self.wrap = list(wrap)
         self.extra_env = dict(env or {})
         self.listen = listen
         self.policy = policy
         self.token = token
+        self.stderr_path = stderr_path
         self.proc: subprocess.Popen | None = None
         self.port: int | None = None
         self._lines: list[str] = []
@@ -145,9 +148,17 @@ class Daemon:
             env["ADK_CODE_MODE_AUTH_TOKEN"] = self.token
         env.update(self.extra_env)
         self.argv = argv
-        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.PIPE, env=env, start_new_session=True)
-        self._reader = threading.Thread(target=self._drain, daemon=True)
+        if self.stderr_path:
+            with open(self.stderr_path, "wb") as fh:  # truncated, same inode
+                self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL,
+                                             stdout=subprocess.DEVNULL, stderr=fh, env=env,
+                                             start_new_session=True)
+        else:
+            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL,
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                         env=env, start_new_session=True)
+        self._reader = threading.Thread(target=self._tail if self.stderr_path else self._drain,
+                                        daemon=True)
         self._reader.start()
         if not self.listen:
             return self
@@ -172,16 +183,38 @@ class Daemon:
     def _drain(self) -> None:
         assert self.proc and self.proc.stderr
         for raw in self.proc.stderr:
-            line = raw.decode("utf-8", "replace")
-            with self._lock:
-                self._lines.append(line)
-                self._n_lines += 1
-                if len(self._lines) > self.KEEP_LINES:
-                    del self._lines[:self.KEEP_LINES // 2]
-            m = LISTEN_RE.search(line)
-            if m and self.port is None:
-                self.port = int(m.group(1))
-                self._listening.set()
+            self._take_line(raw)
+
+    def _tail(self) -> None:
+        """_drain for a stderr file: read what it grows by until the daemon exits."""
+        assert self.proc and self.stderr_path
+        rest = b""
+        with open(self.stderr_path, "rb") as fh:
+            while True:
+                exited = self.proc.poll() is not None
+                chunk = fh.read(65536)
+                rest += chunk
+                *whole, rest = rest.split(b"\n")
+                for raw in whole:
+                    self._take_line(raw + b"\n")
+                if not chunk:
+                    if exited:
+                        break
+                    time.sleep(0.02)
+        if rest:
+            self._take_line(rest)
+
+    def _take_line(self, raw: bytes) -> None:
+        line = raw.decode("utf-8", "replace")
+        with self._lock:
+            self._lines.append(line)
+            self._n_lines += 1
+            if len(self._lines) > self.KEEP_LINES:
+                del self._lines[:self.KEEP_LINES // 2]
+        m = LISTEN_RE.search(line)
+        if m and self.port is None:
+            self.port = int(m.group(1))
+            self._listening.set()
 
     def stderr(self, tail: int | None = None) -> str:
         """What the daemon wrote to stderr (its last KEEP_LINES lines); with

@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "config/config.h"
@@ -79,6 +80,37 @@ int main(void)
                             {"forkboxd", "--cpu-weight=10001"}};
     for (unsigned i = 0; i < sizeof bad / sizeof bad[0]; i++)
         ok(parse(&c, err, 2, bad[i]) < 0 && err[0], "refused: %s (%s)", bad[i][1], err);
+
+    /* --log-format, and the journal verdict the fork server shares. */
+    unsetenv("JOURNAL_STREAM");
+    is_int(parse(&c, err, 1, a0), 0, "defaults");
+    ok(c.log_format == LOG_FORMAT_TEXT && !c.log_journal, "text, not the journal, by default");
+    const char *lf[] = {"forkboxd", "--log-format=json", "--log-level=warn"};
+    is_int(parse(&c, err, 3, lf), 0, "--log-format json");
+    ok(c.log_format == LOG_FORMAT_JSON && c.log_level == LOG_LEVEL_WARN, "json and warn");
+    const char *lfbad[] = {"forkboxd", "--log-format=xml"};
+    ok(parse(&c, err, 2, lfbad) < 0 && strstr(err, "one of text, json, got xml"),
+       "a bad format is refused with the choices (%s)", err);
+    const char *llbad[] = {"forkboxd", "--log-level=loud"};
+    ok(parse(&c, err, 2, llbad) < 0 && strstr(err, "one of debug, info, warn, error"),
+       "a bad level is refused with the choices (%s)", err);
+    struct stat st;
+    char js[64];
+    fstat(STDERR_FILENO, &st);
+    snprintf(js, sizeof js, "%llu:%llu", (unsigned long long)st.st_dev,
+             (unsigned long long)st.st_ino);
+    setenv("JOURNAL_STREAM", js, 1);
+    is_int(parse(&c, err, 3, lf), 0, "with $JOURNAL_STREAM naming stderr");
+    config_for_forkserver(&c, &d);
+    ok(c.log_journal && d.log_journal && d.log_format == LOG_FORMAT_JSON &&
+           d.log_level == LOG_LEVEL_WARN,
+       "stderr is the journal; the fork server is told so, and gets the format and level");
+    snprintf(js, sizeof js, "%llu:%llu", (unsigned long long)st.st_dev,
+             (unsigned long long)st.st_ino + 1);
+    setenv("JOURNAL_STREAM", js, 1);
+    is_int(parse(&c, err, 1, a0), 0, "with $JOURNAL_STREAM naming another file");
+    ok(!c.log_journal, "another inode: not the journal");
+    unsetenv("JOURNAL_STREAM");
 
     /* Host ids: a range of their own, big enough, with no special id. */
     is_int(parse(&c, err, 1, a0), 0, "defaults again");
@@ -167,8 +199,9 @@ int main(void)
            strstr(help, "\n  --max-upload-workspace SIZE  workspace archive limit ($..._WORKSPACE, "
                         "100M)\n") &&
            strstr(help, "\n  --single-use               one turn, then exit 0") &&
-           strstr(help, "\n  --log-level LEVEL          debug, info, warn, error (info)\n"
-                        "SIZE accepts K, M and G suffixes (powers of 1024).\n") &&
+           strstr(help, "\n  --log-level LEVEL          debug, info, warn, error (info)\n") &&
+           strstr(help, "\n  --log-format FORMAT        text, or json: one JSON object per line "
+                        "(text)\nSIZE accepts K, M and G suffixes (powers of 1024).\n") &&
            !strstr(help, "--uid") && !strstr(help, "--help"),
        "--help laid out as before, removed flags not listed");
     return tap_done();

@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <sys/socket.h>
@@ -473,6 +474,108 @@ static void test_log(void)
     is_int(log_min_level(), LOG_LEVEL_DEBUG, "log_init sets the level");
 }
 
+/* ---- log formats: json, journal ------------------------------------------ */
+
+static int fmt_line_no;
+static void log_json_lines(void)
+{
+    log_init("forkboxd", LOG_LEVEL_INFO);
+    log_set_format(LOG_FORMAT_JSON, false);
+    fmt_line_no = __LINE__ + 1;
+    LOG_I("peer sent \"%s\"", "a\\b\n\x01\xff\xc3\xa9");
+    errno = ENOENT;
+    PLOG_E("open");
+    log_set_format(LOG_FORMAT_JSON, true);
+    LOG_W("in the journal");
+    log_set_format(LOG_FORMAT_TEXT, true);
+    LOG_D("hidden");
+    LOG_I("text");
+    LOG_W("text");
+    LOG_E("text");
+    log_init("forkboxd", LOG_LEVEL_DEBUG);
+    LOG_D("text");
+    log_set_format(LOG_FORMAT_TEXT, false);
+    log_init("forkboxd", LOG_LEVEL_INFO);
+}
+
+static void log_json_long(void)
+{
+    /* 1000 control bytes: each escapes to 6, far past one PIPE_BUF line */
+    char big[1001];
+    memset(big, 1, sizeof big - 1);
+    big[sizeof big - 1] = 0;
+    log_set_format(LOG_FORMAT_JSON, false);
+    LOG_E("%s", big);
+    log_set_format(LOG_FORMAT_TEXT, false);
+}
+
+static void test_log_formats(void)
+{
+    char *out = capture_stderr(log_json_lines);
+    char want[512];
+    char *nl = out ? strchr(out, '\n') : NULL;
+    ok(out && !strncmp(out, "{\"ts\":\"", 7) && nl, "json: a timestamp first");
+    /* 2024-01-02T03:04:05.678Z */
+    ok(out && strlen(out) > 32 && out[11] == '-' && out[17] == 'T' && out[26] == '.' &&
+           out[30] == 'Z' && out[31] == '"',
+       "json: RFC 3339 UTC with ms (%.40s)", out ? out : "");
+    snprintf(want, sizeof want,
+             "\"level\":\"info\",\"proc\":\"forkboxd\",\"pid\":%d,\"src\":\"log_json_lines:%d\","
+             "\"msg\":\"peer sent \\\"a\\\\b\\n\\u0001\\ufffd\xc3\xa9\\\"\"}\n",
+             (int)getpid(), fmt_line_no);
+    ok(out && strstr(out, want), "json: fields, escapes, U+FFFD for a stray byte, valid UTF-8 kept");
+    ok(out && strstr(out, "\"level\":\"error\"") &&
+           strstr(out, "\"msg\":\"open: No such file or directory\"}\n"),
+       "json: errno text in msg");
+    ok(out && strstr(out, "\n<4>{\"level\":\"warn\",\"proc\":\"forkboxd\""),
+       "json in the journal: priority prefix, no ts");
+    ok(out && !strstr(out, "hidden") && strstr(out, "\n<6>forkboxd: INFO ") &&
+           strstr(out, "\n<4>forkboxd: WARN ") && strstr(out, "\n<3>forkboxd: ERROR ") &&
+           strstr(out, "\n<7>forkboxd: DEBUG "),
+       "text in the journal: <6> <4> <3> <7> (sd-daemon.h)");
+    free(out);
+
+    out = capture_stderr(log_json_long);
+    size_t n = out ? strlen(out) : 0;
+    ok(n > 3000 && n <= 4096 && !strcmp(out + n - 3, "\"}\n") && strchr(out, '\n') == out + n - 1,
+       "json: a long escaped line is cut to one PIPE_BUF line, still closed (%zu bytes)", n);
+    ok(out && !strstr(out, "\\u000\"") && !strstr(out, "\\u00\""), "cut between escapes");
+    free(out);
+
+    char esc[64];
+    size_t el = log_json_escape(esc, 7, "\x01\x02", 2);
+    is_int(el, 6, "json escape: only whole escapes fit");
+    el = log_json_escape(esc, sizeof esc, "\xe2\x82", 2); /* a cut 3-byte sequence */
+    esc[el] = 0;
+    is_str(esc, "\\ufffd\\ufffd", "a cut sequence: one U+FFFD per byte");
+    el = log_json_escape(esc, sizeof esc, "\xed\xa0\x80\xc0\xaf", 5); /* surrogate, overlong */
+    esc[el] = 0;
+    is_str(esc, "\\ufffd\\ufffd\\ufffd\\ufffd\\ufffd", "surrogates and overlongs replaced");
+    el = log_json_escape(esc, sizeof esc, "\xf0\x9f\x98\x80\x7f", 5);
+    esc[el] = 0;
+    is_str(esc, "\xf0\x9f\x98\x80\\u007f", "a 4-byte character kept, DEL escaped");
+
+    char pr[16];
+    log_printable(pr, sizeof pr, "/a\"b\\\xff\n", 7);
+    is_str(pr, "/a\\x22b\\x5c\\xff", "printable: quote, backslash and bytes as \\xHH, cut whole");
+
+    struct stat st;
+    char js[64];
+    ok(fstat(STDERR_FILENO, &st) == 0, "fstat stderr");
+    snprintf(js, sizeof js, "%llu:%llu", (unsigned long long)st.st_dev,
+             (unsigned long long)st.st_ino);
+    ok(log_journal_stream_matches(js, STDERR_FILENO), "JOURNAL_STREAM of stderr matches");
+    snprintf(js, sizeof js, "%llu:%llu", (unsigned long long)st.st_dev,
+             (unsigned long long)st.st_ino + 1);
+    ok(!log_journal_stream_matches(js, STDERR_FILENO), "another inode does not");
+    ok(!log_journal_stream_matches(NULL, STDERR_FILENO) &&
+           !log_journal_stream_matches("", STDERR_FILENO) &&
+           !log_journal_stream_matches("12", STDERR_FILENO) &&
+           !log_journal_stream_matches("-1:2", STDERR_FILENO) &&
+           !log_journal_stream_matches("1:2x", STDERR_FILENO),
+       "absent or malformed: not the journal");
+}
+
 /* ---- ratelimit ---------------------------------------------------------- */
 
 #define MS 1000000ULL
@@ -728,6 +831,7 @@ int main(void)
     test_utf8();
     test_utf8_stream();
     test_log();
+    test_log_formats();
     test_ratelimit_bucket();
     test_ratelimit_flush();
     test_ratelimit_log();

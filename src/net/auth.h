@@ -1,0 +1,36 @@
+/* The bearer tokens the front door accepts (spec 1.2). Runs in the
+ * supervisor only: the fork server is started before any token is read
+ * (main.c) and is never sent one, and a re-read on SIGHUP
+ * (server.c) happens in the supervisor too.
+ *
+ * A token file holds one token a line; blank lines and lines whose first
+ * non-blank character is '#' are skipped, and each token is stripped of the
+ * blanks around it (as the Authorization value is, http_auth_ok). Several
+ * tokens make rotation possible: add the new one, move the clients, remove
+ * the old one. Every token is compared on every request, in constant time,
+ * so the time taken says neither which token matched nor how close a guess
+ * came. The bytes are scrubbed (explicit_bzero) when a set is freed. */
+#pragma once
+#include <stdbool.h>
+#include <stddef.h>
+
+struct tokens; /* opaque: one allocation holding every token */
+
+/* Parse a token file's text[0..len): 0 with *out owned by the caller, or
+ * -EINVAL with a reason naming the line (never a token's bytes) in err: a
+ * NUL or control byte, more than TOKENS_MAX tokens, or none at all. */
+int tokens_parse(const char *text, size_t len, struct tokens **out, char *err, size_t errlen);
+/* Read and parse a token file (a regular file of at most
+ * TOKEN_FILE_MAX_BYTES; opened non-blocking, so a FIFO cannot stall the
+ * caller). 0, or -errno with a reason in err. The read buffer is scrubbed. */
+int tokens_read_file(const char *path, struct tokens **out, char *err, size_t errlen);
+/* A set of exactly one token, copied (the environment's; len 0 is allowed
+ * and matches nothing: spec 1.2's empty-token quirk). 0 or -ENOMEM. */
+int tokens_one(const char *token, size_t len, struct tokens **out);
+
+size_t tokens_count(const struct tokens *t);
+/* Spec 1.2 against every token: true if authorization (NULL: absent) is
+ * "Bearer " + one of them. The time depends only on the lengths. */
+bool tokens_match(const struct tokens *t, const char *authorization);
+/* Scrub and free (NULL is fine). */
+void tokens_free(struct tokens *t);
