@@ -19,6 +19,7 @@
 #include "core/limits.h"
 #include "core/log.h"
 #include "core/ratelimit.h"
+#include "core/sdnotify.h"
 #include "core/util.h"
 #include "net/http.h"
 #include "sandbox/seccomp_notify.h"
@@ -26,6 +27,7 @@
 #include "session/session.h"
 
 #define SERVER_TICK_MS 250 /* deadlines, pings, log flushes, a paused listener */
+#define SERVER_STATUS_INTERVAL_MS 1000 /* systemd's STATUS= is refreshed at most this often */
 
 static int listen_on(const char *host, uint16_t port, uint16_t *bound_port)
 {
@@ -130,6 +132,48 @@ static void on_accept(struct loop_watch *w, uint32_t events)
     }
 }
 
+/* ---------------------------------------------------------------- systemd
+ *
+ * What the service manager is told (core/sdnotify.h): READY=1 once, STATUS=
+ * as the turn count changes (at most once a second), STOPPING=1 when the
+ * stop starts, WATCHDOG=1 from the tick (so a stuck loop stops the pings).
+ * Without $NOTIFY_SOCKET, srv->sd is NULL and none of this runs. */
+
+static void server_status(const struct server *srv, char *buf, size_t len)
+{
+    snprintf(buf, len, "%sturns %u/%u, pool %u", srv->stopping ? "stopping, " : "",
+             srv->n_turns, srv->cfg->capacity, srv->cfg->pool_size);
+}
+
+void server_notify_ready(struct server *srv, struct sdnotify *sd)
+{
+    char status[128];
+    srv->sd = sd;
+    server_status(srv, status, sizeof status);
+    int r = sdnotify_ready(sd, status, now_ms());
+    if (r < 0)
+        LOG_W("NOTIFY_SOCKET: READY=1 not sent: %s", strerror(-r));
+}
+
+static void server_notify_stopping(struct server *srv)
+{
+    char status[128];
+    if (!srv->sd)
+        return;
+    server_status(srv, status, sizeof status);
+    sdnotify_stopping(srv->sd, status, now_ms());
+}
+
+static void server_notify_tick(struct server *srv, uint64_t now)
+{
+    char status[128];
+    if (!srv->sd)
+        return;
+    server_status(srv, status, sizeof status);
+    sdnotify_status(srv->sd, status, now, SERVER_STATUS_INTERVAL_MS);
+    sdnotify_watchdog(srv->sd, now);
+}
+
 static void on_signal(struct loop_watch *w, uint32_t events)
 {
     struct server *srv = w->ud;
@@ -138,6 +182,7 @@ static void on_signal(struct loop_watch *w, uint32_t events)
         return;
     LOG_I("signal %u: stopping", si.ssi_signo);
     srv->stopping = true;
+    server_notify_stopping(srv);
     srv->stop_deadline_ms = now_ms() + 2000;
     sessions_end_all(srv->sessions, 1001, NULL);
 }
@@ -233,6 +278,7 @@ static void server_tick(void *ud)
         srv->accept_paused = false;
         loop_watch(srv->loop, &srv->listen_watch, EPOLLIN);
     }
+    server_notify_tick(srv, now);
     if (srv->stopping && now >= srv->stop_deadline_ms)
         loop_stop(srv->loop);
 }

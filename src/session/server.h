@@ -18,6 +18,7 @@
 
 struct sessions;
 struct policy_notify;
+struct sdnotify;
 
 /* Fields are server.c's: main.c only holds the struct. */
 struct server {
@@ -41,6 +42,7 @@ struct server {
     bool accept_paused;           /* out of fds or memory: the listener rests until the tick */
     bool stopping;                /* leave the loop once sessions are gone */
     uint64_t stop_deadline_ms;
+    struct sdnotify *sd;          /* borrowed (main.c's); NULL = no systemd notifications */
 };
 
 /* Listen, watch signals and the fork server, and register with loop.
@@ -51,5 +53,11 @@ struct server {
  * 0, or -errno with a reason in err. */
 int server_init(struct server *srv, struct loop *loop, const struct config *cfg,
                 char *token, size_t token_len, struct fs_client *fs, char *err, size_t errlen);
+/* Under systemd (Type=notify): keep sd (borrowed, outlives srv) and send
+ * READY=1 with the first STATUS=. Call once server_init() has succeeded:
+ * listening, and the fork server ready. From then on the tick refreshes
+ * STATUS= and pings the watchdog, and the signal that starts the stop sends
+ * STOPPING=1. */
+void server_notify_ready(struct server *srv, struct sdnotify *sd);
 /* Frees every session, stops the fork server, closes the listener. */
 void server_free(struct server *srv);
