@@ -90,6 +90,8 @@ int main(int argc, char **argv)
         return 2;
     }
     log_init("forkboxd", cfg.log_level);
+    if (cfg.config_file[0])
+        LOG_I("settings from %s (flags given override it)", cfg.config_file);
     struct rlimit nofile;
     unsigned long long fds_wanted = (unsigned long long)cfg.capacity * 3 + cfg.preauth_max + 64;
     if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && fds_wanted > nofile.rlim_cur)

@@ -6,7 +6,11 @@
  * variable of the reference that sets it too, and whether the fork server
  * gets it. Parsing, defaults, --help and config_for_forkserver() are loops
  * over that table; what is left by hand is only what relates two knobs
- * (check()). A bad value stops forkboxd with a message naming the flag. */
+ * (check()). A bad value stops forkboxd with a message naming the flag.
+ *
+ * --config FILE holds the same settings as lines "name value" or
+ * "name = value" (a flag alone: "single-use"), '#' comments: each line means
+ * what --name value means, and goes through the same row. */
 #include "config/config.h"
 
 #include <errno.h>
@@ -38,6 +42,7 @@ enum opt_kind {
     K_ID_RANGE,  /* FIRST:COUNT -> two uint32 */
     K_LEVEL,     /* debug, info, warn, error */
     K_GONE,      /* a removed flag: refused with .help as the reason */
+    K_CONFIG,    /* --config FILE: read before the environment and the other flags */
     K_HELP,
 };
 
@@ -187,6 +192,9 @@ static const struct opt opts[] = {
     {"total-buffer", K_SIZE, FIELD(total_buffer), .def_fn = default_total_buffer,
      .max = 1ULL << 44,
      .arg = "SIZE", .help = "... all turns together (a quarter of RAM, >= 528M)"},
+    {"config", K_CONFIG, FIELD(config_file), .sdef = "",
+     .arg = "FILE", .help = "settings file: \"name value\" lines, # comments; flags\n"
+                            "given here override it"},
     {"log-level", K_LEVEL, FIELD(log_level), .sdef = "info", .forkserver = true,
      .arg = "LEVEL", .help = "debug, info, warn, error (info)"},
     {"help", K_HELP, {0, 0}},
@@ -349,6 +357,7 @@ static int set_opt(struct config *cfg, const struct opt *o, const char *a, char 
         return 0;
     case K_PATH:
     case K_NAMES:
+    case K_CONFIG:
         if (copy_str(at(cfg, o->f), o->f.size, a) < 0)
             return err_fmt(err, errlen, -EINVAL, "--%s: %s too long (at most %zu bytes)", o->name,
                         o->kind == K_NAMES ? "list" : "path", o->f.size - 1);
@@ -409,7 +418,7 @@ static int set_defaults(struct config *cfg, char *err, size_t errlen)
             if (o->sdef[0]) /* "" is the memset's */
                 r = set_opt(cfg, o, o->sdef, err, errlen);
             break;
-        case K_ABSPATHS: case K_GONE: case K_HELP:
+        case K_ABSPATHS: case K_GONE: case K_HELP: case K_CONFIG:
             break;
         }
         if (r < 0)
@@ -511,12 +520,84 @@ static int check(const struct config *cfg, char *err, size_t errlen)
     return check_id_range(cfg, err, errlen);
 }
 
+static const struct opt *find_opt(const char *name)
+{
+    for (size_t i = 0; i < N_OPTS; i++)
+        if (strcmp(opts[i].name, name) == 0)
+            return &opts[i];
+    return NULL;
+}
+
+/* One line of the --config file: "name", "name value" or "name = value",
+ * surrounding blanks and a comment ('#' at the start or after a blank)
+ * removed. A flag takes no value, or true / false. 0, or -EINVAL. */
+static int config_line(struct config *cfg, char *line, char *err, size_t errlen)
+{
+    for (char *h = line; (h = strchr(h, '#')); h++)
+        if (h == line || h[-1] == ' ' || h[-1] == '\t') {
+            *h = '\0';
+            break;
+        }
+    char *name = line + strspn(line, " \t");
+    size_t n = strcspn(name, " \t=");
+    char *v = name + n;
+    v += strspn(v, " \t");
+    if (*v == '=')
+        v += 1 + strspn(v + 1, " \t");
+    name[n] = '\0';
+    for (size_t e = strlen(v); e && (v[e - 1] == ' ' || v[e - 1] == '\t' || v[e - 1] == '\r');)
+        v[--e] = '\0';
+    if (!*name)
+        return 0;
+    const struct opt *o = find_opt(name);
+    if (!o || o->kind == K_HELP || o->kind == K_CONFIG)
+        return err_fmt(err, errlen, -EINVAL, "%s: not a setting", name);
+    if (o->kind == K_FLAG) {
+        if (*v && strcmp(v, "true") != 0 && strcmp(v, "false") != 0)
+            return err_fmt(err, errlen, -EINVAL, "%s: a flag takes no value, or true or false", name);
+        return strcmp(v, "false") == 0 ? 0 : set_opt(cfg, o, v, err, errlen);
+    }
+    if (!*v && o->kind != K_GONE)
+        return err_fmt(err, errlen, -EINVAL, "%s: no value", name);
+    return set_opt(cfg, o, v, err, errlen);
+}
+
+/* Every line of the --config file f (named path) through config_line(). A
+ * reason names the file and the line. */
+static int config_lines(struct config *cfg, FILE *f, const char *path, char *err, size_t errlen)
+{
+    char line[CONFIG_LINE_MAX + 2], why[384];
+    size_t total = 0;
+    for (unsigned no = 1; fgets(line, sizeof line, f); no++) {
+        size_t len = strlen(line);
+        total += len;
+        if (total > CONFIG_FILE_MAX_BYTES)
+            return err_fmt(err, errlen, -EFBIG, "--config %s: longer than %llu bytes", path,
+                           (unsigned long long)CONFIG_FILE_MAX_BYTES);
+        if (len && line[len - 1] == '\n')
+            line[--len] = '\0';
+        else if (len > CONFIG_LINE_MAX)
+            return err_fmt(err, errlen, -EINVAL, "%s:%u: line longer than %d bytes", path, no,
+                           CONFIG_LINE_MAX);
+        if (config_line(cfg, line, why, sizeof why) < 0)
+            return err_fmt(err, errlen, -EINVAL, "%s:%u: %s", path, no, why);
+    }
+    return ferror(f) ? err_fmt(err, errlen, -EIO, "--config %s: read error", path) : 0;
+}
+
+static int read_config(struct config *cfg, const char *path, char *err, size_t errlen)
+{
+    FILE *f = fopen(path, "re");
+    if (!f)
+        return err_fmt(err, errlen, -errno, "--config %s: %s", path, strerror(errno));
+    int r = config_lines(cfg, f, path, err, errlen);
+    fclose(f);
+    return r;
+}
+
 int config_parse(int argc, char **argv, struct config *cfg, char *err, size_t errlen)
 {
     int r = set_defaults(cfg, err, errlen);
-    if (r < 0)
-        return r;
-    r = apply_env(cfg, err, errlen);
     if (r < 0)
         return r;
 
@@ -530,9 +611,27 @@ int config_parse(int argc, char **argv, struct config *cfg, char *err, size_t er
         };
     }
     long_opts[N_OPTS] = (struct option){0};
-
-    optind = 1;
     opterr = 0;
+
+    /* Two passes over argv: the first only finds --config, whose file comes
+     * before the environment and the other flags (getopt, so an argument
+     * that happens to read "--config" is not taken for the flag). Errors are
+     * the second pass's to report. optind 0: glibc starts getopt afresh. */
+    const char *config_path = NULL;
+    optind = 0;
+    for (int c; (c = getopt_long(argc, argv, "", long_opts, NULL)) != -1;)
+        if (c >= 1000 && c < 1000 + (int)N_OPTS && opts[c - 1000].kind == K_CONFIG)
+            config_path = optarg;
+    if (config_path) {
+        r = read_config(cfg, config_path, err, errlen);
+        if (r < 0)
+            return r;
+    }
+    r = apply_env(cfg, err, errlen);
+    if (r < 0)
+        return r;
+
+    optind = 0;
     for (;;) {
         int c = getopt_long(argc, argv, "", long_opts, NULL);
         if (c == -1)

@@ -16,6 +16,8 @@
 #define CONFIG_MAX_SITE_DIRS 16
 
 struct config {
+    char config_file[256];      /* --config: the file read (supervisor only; "" = none) */
+
     /* front door */
     char listen_host[64];       /* numeric IPv4/IPv6 address */
     uint16_t listen_port;       /* 0 = ephemeral */
@@ -61,7 +63,9 @@ struct config {
     enum log_level log_level;
 };
 
-/* Parse argv and the environment. Returns 0; on a bad value returns -EINVAL
+/* Parse argv, the --config file and the environment: defaults, then the
+ * file, then the environment, then the flags (each overrides the one
+ * before). Returns 0; on a bad value returns -EINVAL
  * with a message in err. Prints help and returns 1 for --help. */
 int config_parse(int argc, char **argv, struct config *cfg, char *err, size_t errlen);
 
