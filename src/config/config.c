@@ -20,13 +20,20 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "core/limits.h"
 #include "core/util.h"
 
-#ifndef FORKBOX_DEFAULT_POLICY
+#ifndef FORKBOX_DEFAULT_POLICY /* the installed policy (<datadir>/forkbox, src/meson.build) */
 #define FORKBOX_DEFAULT_POLICY "/usr/share/forkbox/default.policy"
+#endif
+#ifndef FORKBOX_SOURCE_POLICY   /* the source tree's, for the build tree's forkboxd */
+#define FORKBOX_SOURCE_POLICY FORKBOX_DEFAULT_POLICY
+#endif
+#ifndef FORKBOX_BUILD_DAEMON    /* the build tree's forkboxd */
+#define FORKBOX_BUILD_DAEMON ""
 #endif
 
 enum opt_kind {
@@ -62,6 +69,7 @@ struct opt {
                                K_FLAG: the value without the flag */
     uint64_t (*def_fn)(void); /* a default computed at start, instead of .def */
     const char *sdef;       /* default of string-like kinds, parsed like an argument */
+    const char *(*sdef_fn)(void); /* a string default chosen at start, instead of .sdef */
     uint64_t min, max;      /* bounds of numeric kinds, in the flag's own unit */
     const char *env;        /* the reference's environment variable, read before the flags */
     bool forkserver;        /* the fork server gets this setting (config_for_forkserver) */
@@ -78,6 +86,21 @@ static uint64_t default_total_buffer(void)
     long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
     uint64_t quarter = pages > 0 && size > 0 ? (uint64_t)pages * (uint64_t)size / 4 : 0;
     return quarter > TOTAL_BUFFER_MIN ? quarter : TOTAL_BUFFER_MIN;
+}
+
+bool config_built_here(void)
+{
+    struct stat self, built;
+    return FORKBOX_BUILD_DAEMON[0] && stat("/proc/self/exe", &self) == 0 &&
+           stat(FORKBOX_BUILD_DAEMON, &built) == 0 && self.st_dev == built.st_dev &&
+           self.st_ino == built.st_ino;
+}
+
+/* The build tree's forkboxd runs with the source tree's policy (what is
+ * being tested), an installed one with the installed copy. */
+static const char *default_policy(void)
+{
+    return config_built_here() ? FORKBOX_SOURCE_POLICY : FORKBOX_DEFAULT_POLICY;
 }
 
 /* In --help order. Supervisor-only settings (forkserver = false) are never
@@ -145,8 +168,9 @@ static const struct opt opts[] = {
                             "from --id-range FIRST:COUNT"},
     {"gid", K_GONE, .help = "--uid and --gid are gone: every sandbox gets a host id of its own "
                             "from --id-range FIRST:COUNT"},
-    {"policy", K_PATH, FIELD(policy_file), .sdef = FORKBOX_DEFAULT_POLICY, .forkserver = true,
-     .arg = "FILE", .help = "seccomp policy (" FORKBOX_DEFAULT_POLICY ")"},
+    {"policy", K_PATH, FIELD(policy_file), .sdef_fn = default_policy, .forkserver = true,
+     .arg = "FILE", .help = "seccomp policy (" FORKBOX_DEFAULT_POLICY ";\n"
+                            "the build tree's forkboxd: the source tree's)"},
     /* Not for the fork server: it is that executable, and its sandboxes
      * need not learn where the daemon is installed. */
     {"sandbox-exe", K_ABSPATH, FIELD(sandbox_exe), .sdef = "",
@@ -414,10 +438,12 @@ static int set_defaults(struct config *cfg, char *err, size_t errlen)
         case K_SECONDS:
             put_uint(cfg, o->f, o->def * 1000);
             break;
-        case K_PATH: case K_ABSPATH: case K_NAMES: case K_LISTEN: case K_ID_RANGE: case K_LEVEL:
-            if (o->sdef[0]) /* "" is the memset's */
-                r = set_opt(cfg, o, o->sdef, err, errlen);
+        case K_PATH: case K_ABSPATH: case K_NAMES: case K_LISTEN: case K_ID_RANGE: case K_LEVEL: {
+            const char *sd = o->sdef_fn ? o->sdef_fn() : o->sdef;
+            if (sd[0]) /* "" is the memset's */
+                r = set_opt(cfg, o, sd, err, errlen);
             break;
+        }
         case K_ABSPATHS: case K_GONE: case K_HELP: case K_CONFIG:
             break;
         }

@@ -76,6 +76,12 @@ int config_parse(int argc, char **argv, struct config *cfg, char *err, size_t er
  * tree as forkboxd, so the layout is the same). */
 void config_for_forkserver(const struct config *cfg, struct config *out);
 
+/* Is this process the build tree's forkboxd (the very file, by device and
+ * inode: a copy or an installed forkboxd is not)? Then its defaults are the
+ * trees' files (the source tree's policy, the build tree's forkbox-sandbox)
+ * instead of the installed ones. */
+bool config_built_here(void);
+
 /* The option table (config.c) checked against itself: one row per name,
  * every default within its bounds and said in its --help line, every bound
  * within its field. 0 or -EINVAL with the row at fault in err. For tests. */
