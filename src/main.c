@@ -2,13 +2,15 @@
  * forkbox-sandbox (sandbox_main.c).
  *
  * Start-up order is a security property:
- *   1. parse the configuration (flags and environment);
+ *   1. parse the configuration (flags, --config file, environment), and
+ *      take systemd's variables ($NOTIFY_SOCKET, $WATCHDOG_*) out of the
+ *      environment (core/sdnotify.h);
  *   2. start the fork server: fork + execve of forkbox-sandbox with a fixed,
  *      minimal environment, so its fresh address space never held the token
  *      or anything else the supervisor will learn;
  *   3. only then read the token (file or environment) and scrub it from this
  *      process's environment block;
- *   4. listen and serve. */
+ *   4. listen, tell systemd READY=1 (when started by it), and serve. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +20,7 @@
 
 #include "config/config.h"
 #include "core/log.h"
+#include "core/sdnotify.h"
 #include "core/util.h"
 #include "loop/loop.h"
 #include "net/auth.h"
@@ -70,6 +73,8 @@ int main(int argc, char **argv)
     }
     log_init("forkboxd", cfg.log_level);
     log_set_format(cfg.log_format, cfg.log_journal);
+    if (cfg.config_file[0])
+        LOG_I("settings from %s (flags given override it)", cfg.config_file);
     struct rlimit nofile;
     unsigned long long fds_wanted = (unsigned long long)cfg.capacity * 3 + cfg.preauth_max + 64;
     if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && fds_wanted > nofile.rlim_cur)
@@ -77,6 +82,12 @@ int main(int argc, char **argv)
               "connection not admitted); RLIMIT_NOFILE is %llu: raise the hard limit (ulimit -Hn, "
               "LimitNOFILE=)", cfg.capacity, cfg.preauth_max, fds_wanted,
               (unsigned long long)nofile.rlim_cur);
+
+    /* Before the fork server starts: it is exec'd with a fixed environment
+     * anyway, but nothing after this point should find these variables. */
+    struct sdnotify sd;
+    if (sdnotify_open(&sd, err, sizeof err) < 0)
+        LOG_W("%s: not notifying systemd", err);
 
     struct fs_client fs;
     if (fs_client_start(&cfg, &fs, err, sizeof err) < 0) {
@@ -97,9 +108,11 @@ int main(int argc, char **argv)
         LOG_E("%s", err[0] ? err : "out of memory");
         return 1;
     }
+    server_notify_ready(&srv, &sd);
     r = loop_run(loop);
     int status = r < 0 ? 1 : server_exit_status(&srv);
     server_free(&srv);
     loop_free(loop);
+    sdnotify_close(&sd);
     return status;
 }

@@ -6,7 +6,11 @@
  * variable of the reference that sets it too, and whether the fork server
  * gets it. Parsing, defaults, --help and config_for_forkserver() are loops
  * over that table; what is left by hand is only what relates two knobs
- * (check()). A bad value stops forkboxd with a message naming the flag. */
+ * (check()). A bad value stops forkboxd with a message naming the flag.
+ *
+ * --config FILE holds the same settings as lines "name value" or
+ * "name = value" (a flag alone: "single-use"), '#' comments: each line means
+ * what --name value means, and goes through the same row. */
 #include "config/config.h"
 
 #include <errno.h>
@@ -16,13 +20,20 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "core/limits.h"
 #include "core/util.h"
 
-#ifndef FORKBOX_DEFAULT_POLICY
+#ifndef FORKBOX_DEFAULT_POLICY /* the installed policy (<datadir>/forkbox, src/meson.build) */
 #define FORKBOX_DEFAULT_POLICY "/usr/share/forkbox/default.policy"
+#endif
+#ifndef FORKBOX_SOURCE_POLICY   /* the source tree's, for the build tree's forkboxd */
+#define FORKBOX_SOURCE_POLICY FORKBOX_DEFAULT_POLICY
+#endif
+#ifndef FORKBOX_BUILD_DAEMON    /* the build tree's forkboxd */
+#define FORKBOX_BUILD_DAEMON ""
 #endif
 
 enum opt_kind {
@@ -38,6 +49,7 @@ enum opt_kind {
     K_ID_RANGE,  /* FIRST:COUNT -> two uint32 */
     K_ENUM,      /* one of .names, stored as its index (an enum field) */
     K_GONE,      /* a removed flag: refused with .help as the reason */
+    K_CONFIG,    /* --config FILE: read before the environment and the other flags */
     K_HELP,
 };
 
@@ -57,6 +69,7 @@ struct opt {
                                K_FLAG: the value without the flag */
     uint64_t (*def_fn)(void); /* a default computed at start, instead of .def */
     const char *sdef;       /* default of string-like kinds, parsed like an argument */
+    const char *(*sdef_fn)(void); /* a string default chosen at start, instead of .sdef */
     uint64_t min, max;      /* bounds of numeric kinds, in the flag's own unit */
     const char *env;        /* the reference's environment variable, read before the flags */
     bool forkserver;        /* the fork server gets this setting (config_for_forkserver) */
@@ -78,6 +91,21 @@ static uint64_t default_total_buffer(void)
 
 static const char *const level_names[] = {"debug", "info", "warn", "error", NULL};
 static const char *const log_format_names[] = {"text", "json", NULL};
+
+bool config_built_here(void)
+{
+    struct stat self, built;
+    return FORKBOX_BUILD_DAEMON[0] && stat("/proc/self/exe", &self) == 0 &&
+           stat(FORKBOX_BUILD_DAEMON, &built) == 0 && self.st_dev == built.st_dev &&
+           self.st_ino == built.st_ino;
+}
+
+/* The build tree's forkboxd runs with the source tree's policy (what is
+ * being tested), an installed one with the installed copy. */
+static const char *default_policy(void)
+{
+    return config_built_here() ? FORKBOX_SOURCE_POLICY : FORKBOX_DEFAULT_POLICY;
+}
 
 /* In --help order. Supervisor-only settings (forkserver = false) are never
  * sent to the fork server: sandboxes are its clones and could read them. */
@@ -150,8 +178,9 @@ static const struct opt opts[] = {
                             "from --id-range FIRST:COUNT"},
     {"gid", K_GONE, .help = "--uid and --gid are gone: every sandbox gets a host id of its own "
                             "from --id-range FIRST:COUNT"},
-    {"policy", K_PATH, FIELD(policy_file), .sdef = FORKBOX_DEFAULT_POLICY, .forkserver = true,
-     .arg = "FILE", .help = "seccomp policy (" FORKBOX_DEFAULT_POLICY ")"},
+    {"policy", K_PATH, FIELD(policy_file), .sdef_fn = default_policy, .forkserver = true,
+     .arg = "FILE", .help = "seccomp policy (" FORKBOX_DEFAULT_POLICY ";\n"
+                            "the build tree's forkboxd: the source tree's)"},
     /* Not for the fork server: it is that executable, and its sandboxes
      * need not learn where the daemon is installed. */
     {"sandbox-exe", K_ABSPATH, FIELD(sandbox_exe), .sdef = "",
@@ -207,6 +236,9 @@ static const struct opt opts[] = {
     {"metrics-listen", K_LISTEN, FIELD(metrics_host), FIELD(metrics_port), .sdef = "",
      .arg = "ADDR:PORT", .help = "serve Prometheus metrics at GET /metrics there (off);\n"
                                  "not the --listen address and port"},
+    {"config", K_CONFIG, FIELD(config_file), .sdef = "",
+     .arg = "FILE", .help = "settings file: \"name value\" lines, # comments; flags\n"
+                            "given here override it"},
     {"log-level", K_ENUM, FIELD(log_level), .sdef = "info", .forkserver = true,
      .names = level_names, .arg = "LEVEL", .help = "debug, info, warn, error (info)"},
     /* The fork server logs to the same stderr, in the same format. */
@@ -372,6 +404,7 @@ static int set_opt(struct config *cfg, const struct opt *o, const char *a, char 
         return 0;
     case K_PATH:
     case K_NAMES:
+    case K_CONFIG:
         if (copy_str(at(cfg, o->f), o->f.size, a) < 0)
             return err_fmt(err, errlen, -EINVAL, "--%s: %s too long (at most %zu bytes)", o->name,
                         o->kind == K_NAMES ? "list" : "path", o->f.size - 1);
@@ -436,11 +469,13 @@ static int set_defaults(struct config *cfg, char *err, size_t errlen)
         case K_SECONDS:
             put_uint(cfg, o->f, o->def * 1000);
             break;
-        case K_PATH: case K_ABSPATH: case K_NAMES: case K_LISTEN: case K_ID_RANGE: case K_ENUM:
-            if (o->sdef[0]) /* "" is the memset's */
-                r = set_opt(cfg, o, o->sdef, err, errlen);
+        case K_PATH: case K_ABSPATH: case K_NAMES: case K_LISTEN: case K_ID_RANGE: case K_ENUM: {
+            const char *sd = o->sdef_fn ? o->sdef_fn() : o->sdef;
+            if (sd[0]) /* "" is the memset's */
+                r = set_opt(cfg, o, sd, err, errlen);
             break;
-        case K_ABSPATHS: case K_GONE: case K_HELP:
+        }
+        case K_ABSPATHS: case K_GONE: case K_HELP: case K_CONFIG:
             break;
         }
         if (r < 0)
@@ -562,12 +597,84 @@ static int check(const struct config *cfg, char *err, size_t errlen)
     return r < 0 ? r : check_id_range(cfg, err, errlen);
 }
 
+static const struct opt *find_opt(const char *name)
+{
+    for (size_t i = 0; i < N_OPTS; i++)
+        if (strcmp(opts[i].name, name) == 0)
+            return &opts[i];
+    return NULL;
+}
+
+/* One line of the --config file: "name", "name value" or "name = value",
+ * surrounding blanks and a comment ('#' at the start or after a blank)
+ * removed. A flag takes no value, or true / false. 0, or -EINVAL. */
+static int config_line(struct config *cfg, char *line, char *err, size_t errlen)
+{
+    for (char *h = line; (h = strchr(h, '#')); h++)
+        if (h == line || h[-1] == ' ' || h[-1] == '\t') {
+            *h = '\0';
+            break;
+        }
+    char *name = line + strspn(line, " \t");
+    size_t n = strcspn(name, " \t=");
+    char *v = name + n;
+    v += strspn(v, " \t");
+    if (*v == '=')
+        v += 1 + strspn(v + 1, " \t");
+    name[n] = '\0';
+    for (size_t e = strlen(v); e && (v[e - 1] == ' ' || v[e - 1] == '\t' || v[e - 1] == '\r');)
+        v[--e] = '\0';
+    if (!*name)
+        return 0;
+    const struct opt *o = find_opt(name);
+    if (!o || o->kind == K_HELP || o->kind == K_CONFIG)
+        return err_fmt(err, errlen, -EINVAL, "%s: not a setting", name);
+    if (o->kind == K_FLAG) {
+        if (*v && strcmp(v, "true") != 0 && strcmp(v, "false") != 0)
+            return err_fmt(err, errlen, -EINVAL, "%s: a flag takes no value, or true or false", name);
+        return strcmp(v, "false") == 0 ? 0 : set_opt(cfg, o, v, err, errlen);
+    }
+    if (!*v && o->kind != K_GONE)
+        return err_fmt(err, errlen, -EINVAL, "%s: no value", name);
+    return set_opt(cfg, o, v, err, errlen);
+}
+
+/* Every line of the --config file f (named path) through config_line(). A
+ * reason names the file and the line. */
+static int config_lines(struct config *cfg, FILE *f, const char *path, char *err, size_t errlen)
+{
+    char line[CONFIG_LINE_MAX + 2], why[384];
+    size_t total = 0;
+    for (unsigned no = 1; fgets(line, sizeof line, f); no++) {
+        size_t len = strlen(line);
+        total += len;
+        if (total > CONFIG_FILE_MAX_BYTES)
+            return err_fmt(err, errlen, -EFBIG, "--config %s: longer than %llu bytes", path,
+                           (unsigned long long)CONFIG_FILE_MAX_BYTES);
+        if (len && line[len - 1] == '\n')
+            line[--len] = '\0';
+        else if (len > CONFIG_LINE_MAX)
+            return err_fmt(err, errlen, -EINVAL, "%s:%u: line longer than %d bytes", path, no,
+                           CONFIG_LINE_MAX);
+        if (config_line(cfg, line, why, sizeof why) < 0)
+            return err_fmt(err, errlen, -EINVAL, "%s:%u: %s", path, no, why);
+    }
+    return ferror(f) ? err_fmt(err, errlen, -EIO, "--config %s: read error", path) : 0;
+}
+
+static int read_config(struct config *cfg, const char *path, char *err, size_t errlen)
+{
+    FILE *f = fopen(path, "re");
+    if (!f)
+        return err_fmt(err, errlen, -errno, "--config %s: %s", path, strerror(errno));
+    int r = config_lines(cfg, f, path, err, errlen);
+    fclose(f);
+    return r;
+}
+
 int config_parse(int argc, char **argv, struct config *cfg, char *err, size_t errlen)
 {
     int r = set_defaults(cfg, err, errlen);
-    if (r < 0)
-        return r;
-    r = apply_env(cfg, err, errlen);
     if (r < 0)
         return r;
 
@@ -581,9 +688,27 @@ int config_parse(int argc, char **argv, struct config *cfg, char *err, size_t er
         };
     }
     long_opts[N_OPTS] = (struct option){0};
-
-    optind = 1;
     opterr = 0;
+
+    /* Two passes over argv: the first only finds --config, whose file comes
+     * before the environment and the other flags (getopt, so an argument
+     * that happens to read "--config" is not taken for the flag). Errors are
+     * the second pass's to report. optind 0: glibc starts getopt afresh. */
+    const char *config_path = NULL;
+    optind = 0;
+    for (int c; (c = getopt_long(argc, argv, "", long_opts, NULL)) != -1;)
+        if (c >= 1000 && c < 1000 + (int)N_OPTS && opts[c - 1000].kind == K_CONFIG)
+            config_path = optarg;
+    if (config_path) {
+        r = read_config(cfg, config_path, err, errlen);
+        if (r < 0)
+            return r;
+    }
+    r = apply_env(cfg, err, errlen);
+    if (r < 0)
+        return r;
+
+    optind = 0;
     for (;;) {
         int c = getopt_long(argc, argv, "", long_opts, NULL);
         if (c == -1)

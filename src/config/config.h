@@ -16,6 +16,8 @@
 #define CONFIG_MAX_SITE_DIRS 16
 
 struct config {
+    char config_file[256];      /* --config: the file read (supervisor only; "" = none) */
+
     /* front door */
     char listen_host[64];       /* numeric IPv4/IPv6 address */
     uint16_t listen_port;       /* 0 = ephemeral */
@@ -68,7 +70,9 @@ struct config {
     bool log_journal;           /* stderr is the journal ($JOURNAL_STREAM matches it) */
 };
 
-/* Parse argv and the environment. Returns 0; on a bad value returns -EINVAL
+/* Parse argv, the --config file and the environment: defaults, then the
+ * file, then the environment, then the flags (each overrides the one
+ * before). Returns 0; on a bad value returns -EINVAL
  * with a message in err. Prints help and returns 1 for --help. */
 int config_parse(int argc, char **argv, struct config *cfg, char *err, size_t errlen);
 
@@ -78,6 +82,12 @@ int config_parse(int argc, char **argv, struct config *cfg, char *err, size_t er
  * Sent as is on the control socket (forkbox-sandbox is built from the same
  * tree as forkboxd, so the layout is the same). */
 void config_for_forkserver(const struct config *cfg, struct config *out);
+
+/* Is this process the build tree's forkboxd (the very file, by device and
+ * inode: a copy or an installed forkboxd is not)? Then its defaults are the
+ * trees' files (the source tree's policy, the build tree's forkbox-sandbox)
+ * instead of the installed ones. */
+bool config_built_here(void);
 
 /* The option table (config.c) checked against itself: one row per name,
  * every default within its bounds and said in its --help line, every bound

@@ -5,6 +5,10 @@
 #define KiB (1024ULL)
 #define MiB (1024ULL * KiB)
 
+/* forkboxd --config FILE: its size and one line's, at most. */
+#define CONFIG_FILE_MAX_BYTES (64 * KiB)
+#define CONFIG_LINE_MAX 4096
+
 /* HTTP request before the upgrade. */
 #define HTTP_MAX_REQUEST_BYTES (16 * KiB)
 #define HTTP_MAX_HEADERS 64

@@ -41,9 +41,7 @@ static const char *sandbox_exe_path(const struct config *cfg)
 {
     if (cfg->sandbox_exe[0])
         return cfg->sandbox_exe;
-    struct stat self, built;
-    if (stat("/proc/self/exe", &self) == 0 && stat(FORKBOX_BUILD_DAEMON, &built) == 0 &&
-        self.st_dev == built.st_dev && self.st_ino == built.st_ino)
+    if (config_built_here())
         return FORKBOX_BUILD_SANDBOX;
     return FORKBOX_SANDBOX_EXE;
 }

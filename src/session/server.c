@@ -19,6 +19,7 @@
 #include "core/limits.h"
 #include "core/log.h"
 #include "core/ratelimit.h"
+#include "core/sdnotify.h"
 #include "core/util.h"
 #include "net/auth.h"
 #include "net/http.h"
@@ -29,6 +30,7 @@
 
 #define SERVER_TICK_MS 250 /* deadlines, pings, log flushes, a paused listener */
 #define STOP_GRACE_MS 2000 /* turns closed: their close frames go out, then we leave */
+#define SERVER_STATUS_INTERVAL_MS 1000 /* systemd's STATUS= is refreshed at most this often */
 
 static const char *preauth_class_name(enum preauth_class c)
 {
@@ -99,6 +101,49 @@ static void on_accept(struct loop_watch *w, uint32_t events)
     }
 }
 
+/* ---------------------------------------------------------------- systemd
+ *
+ * What the service manager is told (core/sdnotify.h): READY=1 once, STATUS=
+ * as the turn count changes (at most once a second), STOPPING=1 when the
+ * stop starts, WATCHDOG=1 from the tick (so a stuck loop stops the pings).
+ * Without $NOTIFY_SOCKET, srv->sd is NULL and none of this runs. */
+
+static void server_status(const struct server *srv, char *buf, size_t len)
+{
+    snprintf(buf, len, "%sturns %u/%u, pool %u",
+             srv->stopping ? "stopping, " : srv->draining ? "draining, " : "",
+             srv->n_turns, srv->cfg->capacity, srv->cfg->pool_size);
+}
+
+void server_notify_ready(struct server *srv, struct sdnotify *sd)
+{
+    char status[128];
+    srv->sd = sd;
+    server_status(srv, status, sizeof status);
+    int r = sdnotify_ready(sd, status, now_ms());
+    if (r < 0)
+        LOG_W("NOTIFY_SOCKET: READY=1 not sent: %s", strerror(-r));
+}
+
+static void server_notify_stopping(struct server *srv)
+{
+    char status[128];
+    if (!srv->sd)
+        return;
+    server_status(srv, status, sizeof status);
+    sdnotify_stopping(srv->sd, status, now_ms());
+}
+
+static void server_notify_tick(struct server *srv, uint64_t now)
+{
+    char status[128];
+    if (!srv->sd)
+        return;
+    server_status(srv, status, sizeof status);
+    sdnotify_status(srv->sd, status, now, SERVER_STATUS_INTERVAL_MS);
+    sdnotify_watchdog(srv->sd, now);
+}
+
 /* ---------------------------------------------------------------- stopping
  *
  * SIGTERM/SIGINT drain (README, "Stopping and restarts"): new upgrades get
@@ -119,6 +164,7 @@ static void server_stop(struct server *srv, uint16_t code, const char *reason)
     if (srv->stopping)
         return;
     srv->stopping = true;
+    server_notify_stopping(srv);
     srv->stop_deadline_ms = now_ms() + STOP_GRACE_MS;
     if (srv->listen_fd >= 0) {
         loop_unwatch(srv->loop, &srv->listen_watch);
@@ -137,6 +183,7 @@ void server_drain_start(struct server *srv)
     if (srv->draining)
         return;
     srv->draining = true;
+    server_notify_stopping(srv);
     srv->drain_deadline_ms = now_ms() + srv->cfg->drain_timeout_ms;
     LOG_I("draining: %u turns running, new upgrades get 503; closing what is left in %" PRIu64
           " s", srv->n_turns, srv->cfg->drain_timeout_ms / 1000);
@@ -431,6 +478,7 @@ static void server_tick(void *ud)
         srv->accept_paused = false;
         loop_watch(srv->loop, &srv->listen_watch, EPOLLIN);
     }
+    server_notify_tick(srv, now);
     if (srv->stopping && now >= srv->stop_deadline_ms)
         loop_stop(srv->loop);
 }

@@ -27,6 +27,7 @@ enum server_fs_state {
     FS_STARTING, /* launched, its ready record not yet read */
     FS_DOWN,     /* none: the next start is due at fs_next_start_ms */
 };
+struct sdnotify;
 
 /* Fields are server.c's: main.c only holds the struct. */
 struct server {
@@ -58,6 +59,7 @@ struct server {
     uint64_t fs_start_ms;         /* FS_STARTING: when it was launched */
     uint64_t fs_up_ms;            /* FS_UP: since when */
     uint64_t fs_next_start_ms;    /* FS_DOWN: when to launch the next one */
+    struct sdnotify *sd;          /* borrowed (main.c's); NULL = no systemd notifications */
 };
 
 /* Listen, watch signals and the fork server, and register with loop.
@@ -83,5 +85,11 @@ int server_exit_status(const struct server *srv);
  * use stay and the reason is logged. Without a token file, only logs that
  * there is nothing to reload. */
 void server_reload_tokens(struct server *srv);
+/* Under systemd (Type=notify): keep sd (borrowed, outlives srv) and send
+ * READY=1 with the first STATUS=. Call once server_init() has succeeded:
+ * listening, and the fork server ready. From then on the tick refreshes
+ * STATUS= and pings the watchdog, and the signal that starts the stop sends
+ * STOPPING=1. */
+void server_notify_ready(struct server *srv, struct sdnotify *sd);
 /* Frees every session, stops the fork server, closes the listener. */
 void server_free(struct server *srv);

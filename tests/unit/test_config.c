@@ -1,4 +1,4 @@
-/* config: defaults, flags, environment, bounds, and the fork server argv
+/* config: defaults, flags, the --config file, environment, bounds, and the fork server argv
  * round trip (which must never carry the token). */
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +12,75 @@
 static int parse(struct config *c, char *err, int argc, const char **argv)
 {
     return config_parse(argc, (char **)argv, c, err, 256);
+}
+
+/* Write text to a fresh temporary file; its path in path (PATH_MAX). */
+static void write_tmp(char *path, const char *text)
+{
+    strcpy(path, "/tmp/fbconfig-XXXXXX");
+    int fd = mkstemp(path);
+    if (fd < 0 || write(fd, text, strlen(text)) != (ssize_t)strlen(text))
+        abort();
+    close(fd);
+}
+
+/* --config FILE: the same rows as the flags; file < environment < flags. */
+static void test_config_file(void)
+{
+    struct config c;
+    char err[256], path[64];
+    write_tmp(path, "# forkboxd.conf\n"
+                    "\n"
+                    "listen = 127.0.0.3:8081   # trailing comment\n"
+                    "capacity 7\n"
+                    "  pool=2\n"
+                    "memory = 512M\n"
+                    "single-use = false\n"
+                    "token-file /etc/forkbox/to#ken\n"
+                    "site-packages /opt/a\n"
+                    "max-upload-tools 2000\n");
+    const char *a[] = {"forkboxd", "--config", path};
+    is_int(parse(&c, err, 3, a), 0, "--config parses (%s)", err);
+    ok(!strcmp(c.listen_host, "127.0.0.3") && c.listen_port == 8081, "listen = from the file");
+    ok(c.capacity == 7 && c.pool_size == 2 && c.memory_max == 512ULL << 20,
+       "name value, name=value, sizes");
+    ok(!c.single_use, "a flag set to false stays off");
+    is_str(c.token_file, "/etc/forkbox/to#ken", "'#' inside a value is not a comment");
+    ok(c.n_site_dirs == 1 && !strcmp(c.site_dirs[0], "/opt/a"), "repeatable setting");
+    is_str(c.config_file, path, "the file read is recorded");
+    char eq[80];
+    snprintf(eq, sizeof eq, "--config=%s", path);
+    const char *b[] = {"forkboxd", "--capacity", "9", eq, "--pool", "1"};
+    is_int(parse(&c, err, 6, b), 0, "flags before and after --config");
+    ok(c.capacity == 9 && c.pool_size == 1 && c.memory_max == 512ULL << 20,
+       "flags override the file wherever they stand");
+    setenv("ADK_CODE_MODE_MAX_UPLOAD_TOOLS", "3000", 1);
+    is_int(parse(&c, err, 3, a), 0, "file and environment");
+    is_int(c.max_upload_tools, 3000, "the environment overrides the file");
+    unsetenv("ADK_CODE_MODE_MAX_UPLOAD_TOOLS");
+    const char *p2[] = {"forkboxd", "--preload", "--config"};
+    ok(parse(&c, err, 3, p2) == 0 && !strcmp(c.preload, "--config") && !c.config_file[0],
+       "an argument that reads --config is not the flag");
+    unlink(path);
+
+    static const struct { const char *text, *why; } bad[] = {
+        {"capacity 7\nfrobnicate 3\n", ":2: frobnicate: not a setting"},
+        {"capacity\n", ":1: capacity: no value"},
+        {"capacity = 0\n", ":1: --capacity: expected 1..1000000"},
+        {"single-use yes\n", ":1: single-use: a flag takes no value"},
+        {"config /etc/x\n", ":1: config: not a setting"},
+        {"help\n", ":1: help: not a setting"},
+        {"uid 5\n", ":1: --uid and --gid are gone"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        write_tmp(path, bad[i].text);
+        ok(parse(&c, err, 3, a) < 0 && strstr(err, path) && strstr(err, bad[i].why),
+           "refused with file:line: %s", err);
+        unlink(path);
+    }
+    const char *missing[] = {"forkboxd", "--config", "/nonexistent/forkboxd.conf"};
+    ok(parse(&c, err, 3, missing) < 0 && strstr(err, "--config /nonexistent/forkboxd.conf: No such"),
+       "a missing file is an error (%s)", err);
 }
 
 int main(void)
@@ -204,5 +273,6 @@ int main(void)
                         "(text)\nSIZE accepts K, M and G suffixes (powers of 1024).\n") &&
            !strstr(help, "--uid") && !strstr(help, "--help"),
        "--help laid out as before, removed flags not listed");
+    test_config_file();
     return tap_done();
 }
