@@ -32,7 +32,7 @@ void pyrt_after_fork(void);
 /* Serve one turn over the channel fd (see proto/chan.h) until the
  * supervisor closes it.
  *
- * tools_fd: an O_DIRECTORY fd (owned) into which the tools archive is
+ * tools_fd: an O_DIRECTORY fd (taken) into which the tools archive is
  *   extracted; it may refer to a writable mount whose visible path, tools_dir,
  *   is a read-only bind (the sandbox builds /tools that way, so no privilege
  *   is needed to fill it). pyrt_serve closes it right after extraction, so no

@@ -61,8 +61,9 @@ int sbx_spawn(const struct sbx_plan *plan, uint32_t id, unsigned flags, struct s
 
 /* Release a child spawned with SBX_SPAWN_DEFER_GO once its cgroups are in
  * place (err == 0), or make it fail its setup with err (an errno: "cgroup
- * placement" and strerror(err) in its log frame, exit 72). Closes go_fd.
- * 0, or -EPIPE if the child is gone. Async-signal-safe. */
+ * placement" and strerror(err) in its log frame, exit 72). Takes go_fd
+ * (closed here, on failure too). 0, or -EPIPE if the child is gone.
+ * Async-signal-safe. */
 int sbx_child_go(int go_fd, int err);
 
 /* After out->pid was reaped: remove its cgroups and turn dir, close what is

@@ -41,8 +41,9 @@ struct notify_turn {
 /* Set t up for a turn, with no listener yet. */
 void notify_turn_init(struct notify_turn *t, uint64_t turn_id, struct loop *loop,
                       struct policy_notify *table);
-/* Take ownership of listener fd and start answering it (needs the errno
- * table; without one the fd is closed and refused calls get ENOSYS). */
+/* Start answering the listener fd. Takes fd, on failure too: without the
+ * errno table, or if it cannot be watched, it is closed here and refused
+ * calls get ENOSYS. */
 void notify_adopt(struct notify_turn *t, int fd);
 /* The turn is over: log its count (info, when anything was refused) and
  * close the listener (calls still waiting get ENOSYS; the sandbox is being
