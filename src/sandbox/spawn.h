@@ -72,7 +72,7 @@ void sbx_child_release(const struct sbx_plan *plan, struct sbx_child *c);
 
 /* --- the interpreter glue (child.c): the only place that calls pyrt --- */
 
-/* In the fork server: pyrt_init(). 0 or -1 with a reason in err. */
+/* In the fork server: pyrt_init(). 0 or -errno with a reason in err. */
 int sbx_runtime_init(const struct config *cfg, char *err, size_t errlen);
 /* Hooks that run the real runtime (pyrt_after_fork, pyrt_serve). */
 extern const struct sbx_hooks sbx_runtime_hooks;
