@@ -7,6 +7,7 @@
 #include <netinet/in.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <signal.h>
@@ -212,6 +213,30 @@ int parse_u64(const char *s, uint64_t max, uint64_t *out)
     if (range || v > max)
         return -ERANGE;
     *out = v;
+    return 0;
+}
+
+int grow_array(void *pp, size_t *cap, size_t need, size_t elem, size_t first, size_t max)
+{
+    if (need <= *cap)
+        return 0;
+    if (need > max)
+        return -E2BIG;
+    size_t ncap = !*cap ? first : *cap > SIZE_MAX / 2 ? SIZE_MAX : *cap * 2;
+    if (ncap < need)
+        ncap = need;
+    if (ncap > max)
+        ncap = max;
+    if (elem && ncap > SIZE_MAX / elem)
+        return -ENOMEM;
+    /* Through memcpy: *pp is a T *, not a void * (no aliasing cast). */
+    void *p;
+    memcpy(&p, pp, sizeof p);
+    void *np = realloc(p, ncap * elem);
+    if (!np)
+        return -ENOMEM;
+    memcpy(pp, &np, sizeof np);
+    *cap = ncap;
     return 0;
 }
 

@@ -1,4 +1,4 @@
-/* Small helpers shared by every process: fds (and passing them), clocks,
+/* Small helpers shared by every process: fds (and passing them), clocks, array growth,
  * parsing, and the reason buffer of the error convention (docs/internals.md,
  * "Errors and ownership"). */
 #pragma once
@@ -48,6 +48,24 @@ ssize_t fd_recv(int sock, void *p, size_t n, int *fds, size_t maxfds, size_t *nf
 bool ct_equal(const void *a, size_t alen, const void *b, size_t blen);
 /* Parse a decimal unsigned integer with an upper bound; 0 or -EINVAL/-ERANGE. */
 int parse_u64(const char *s, uint64_t max, uint64_t *out);
+/* Room for `need` elements in a growable array: the one copy of "double
+ * the capacity, realloc, keep the old array on failure".
+ *   pp    the address of the array's pointer (a T **; NULL array = empty)
+ *   cap   its capacity in elements, updated on success
+ *   need  how many elements must fit (the count after the addition)
+ *   elem  sizeof(T)
+ *   first the capacity of the first allocation (>= 1)
+ *   max   the most elements the array may ever hold (SIZE_MAX: no bound of
+ *         its own; the byte size is checked for overflow in any case)
+ * The new capacity is twice the old one (first if there was none), at
+ * least need, at most max. 0 with *pp and *cap updated (or already enough
+ * room: nothing done), -E2BIG if need > max, -ENOMEM if the bytes would
+ * overflow a size_t or realloc fails (then *pp and *cap are unchanged: the
+ * array is still the caller's, as it was). GROW_ARRAY takes elem from the
+ * array's type. */
+int grow_array(void *pp, size_t *cap, size_t need, size_t elem, size_t first, size_t max);
+#define GROW_ARRAY(arr, cap, need, first, max) \
+    grow_array(&(arr), (cap), (need), sizeof *(arr), (first), (max))
 /* Raise RLIMIT_NOFILE as far as allowed (util.c says how far and why). */
 void raise_nofile(void);
 /* A helper process joined to us by a SEQPACKET socketpair. In the child

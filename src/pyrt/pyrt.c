@@ -36,9 +36,11 @@ struct pyrt_state g_pyrt = {
 };
 
 /* Describe the pending Python exception in err, print its traceback to
- * stderr (the fork server's log) and clear it. */
-static void set_py_err(char *err, size_t errlen, const char *what)
+ * stderr (the fork server's log) and clear it. Returns the code for it:
+ * -ENOMEM for a MemoryError, else -EIO (the runtime itself failed). */
+static int py_err(char *err, size_t errlen, const char *what)
 {
+    int code = PyErr_ExceptionMatches(PyExc_MemoryError) ? -ENOMEM : -EIO;
     PyObject *type, *value, *tb;
     PyErr_Fetch(&type, &value, &tb);
     PyErr_NormalizeException(&type, &value, &tb);
@@ -55,6 +57,7 @@ static void set_py_err(char *err, size_t errlen, const char *what)
     Py_XDECREF(s);
     PyErr_Restore(type, value, tb);
     PyErr_Print();
+    return code;
 }
 
 static const struct pyrt_source *find_source(const char *rel)
@@ -136,8 +139,7 @@ static int thread_count(void)
 int pyrt_init(const struct config *cfg, char *err, size_t errlen)
 {
     if (Py_IsInitialized()) {
-        (void)err_fmt(err, errlen, 0, "pyrt_init: the interpreter is already initialised");
-        return -1;
+        return err_fmt(err, errlen, -EALREADY, "pyrt_init: the interpreter is already initialised");
     }
     g_pyrt.output_cap = cfg->output_cap ? cfg->output_cap : OUTPUT_DEFAULT_CAP;
     g_pyrt.snapshot_max = cfg->snapshot_max ? cfg->snapshot_max : SNAPSHOT_DEFAULT_MAX_BYTES;
@@ -154,8 +156,7 @@ int pyrt_init(const struct config *cfg, char *err, size_t errlen)
         g_pyrt.output_cap = CHAN_MAX_MESSAGE_BYTES / 16;
 
     if (PyImport_AppendInittab("_forkbox", pyrt_module_init) < 0) {
-        (void)err_fmt(err, errlen, 0, "pyrt_init: cannot register the _forkbox module");
-        return -1;
+        return err_fmt(err, errlen, -ENOMEM, "pyrt_init: cannot register the _forkbox module");
     }
 
     /* UTF-8 mode: file names, open() and subprocess text default to UTF-8
@@ -165,9 +166,8 @@ int pyrt_init(const struct config *cfg, char *err, size_t errlen)
     pre.utf8_mode = 1;
     PyStatus st = Py_PreInitialize(&pre);
     if (PyStatus_Exception(st)) {
-        (void)err_fmt(err, errlen, 0, "pyrt_init: pre-initialisation: %s",
-                st.err_msg ? st.err_msg : "failed");
-        return -1;
+        return err_fmt(err, errlen, -EIO, "pyrt_init: pre-initialisation: %s",
+                       st.err_msg ? st.err_msg : "failed");
     }
 
     /* Isolated: no environment variables read, no user site, no script
@@ -191,16 +191,13 @@ int pyrt_init(const struct config *cfg, char *err, size_t errlen)
         st = Py_InitializeFromConfig(&pc);
     PyConfig_Clear(&pc);
     if (PyStatus_Exception(st)) {
-        (void)err_fmt(err, errlen, 0, "pyrt_init: %s%s%s", st.func ? st.func : "",
-                st.func ? ": " : "", st.err_msg ? st.err_msg : "initialisation failed");
-        return -1;
+        return err_fmt(err, errlen, -EIO, "pyrt_init: %s%s%s", st.func ? st.func : "",
+                       st.func ? ": " : "", st.err_msg ? st.err_msg : "initialisation failed");
     }
 
     PyObject *rt = load_runtime();
-    if (!rt) {
-        set_py_err(err, errlen, "pyrt_init: loading the runtime");
-        return -1;
-    }
+    if (!rt)
+        return py_err(err, errlen, "pyrt_init: loading the runtime");
     PyObject *sources = package_sources();
     PyObject *sites = PyList_New(0);
     for (unsigned i = 0; sources && sites && i < cfg->n_site_dirs && i < CONFIG_MAX_SITE_DIRS; i++) {
@@ -224,8 +221,7 @@ int pyrt_init(const struct config *cfg, char *err, size_t errlen)
             PyErr_SetString(PyExc_TypeError, "init() did not return bytes");
         Py_XDECREF(ready);
         Py_DECREF(rt);
-        set_py_err(err, errlen, "pyrt_init");
-        return -1;
+        return py_err(err, errlen, "pyrt_init");
     }
     Py_DECREF(ready); /* the prepared turn holds it */
     g_pyrt.runtime = rt;
@@ -235,9 +231,9 @@ int pyrt_init(const struct config *cfg, char *err, size_t errlen)
      * started a thread (a BLAS pool, say) would break every turn. */
     int n = thread_count();
     if (n > 1) {
-        (void)err_fmt(err, errlen, 0, "pyrt_init: %d threads running after the preloads; "
-                "the fork server must stay single-threaded", n);
-        return -1;
+        /* -EINVAL: the configuration (--preload) is what is wrong. */
+        return err_fmt(err, errlen, -EINVAL, "pyrt_init: %d threads running after the "
+                       "preloads; the fork server must stay single-threaded", n);
     }
     /* The fork server keeps the GIL for good: it runs no other Python
      * thread, and each child starts out holding it. */

@@ -12,9 +12,12 @@
 
 #include "config/config.h"
 
-/* 0, or -1 with a reason in err. Must run in a single-threaded process, at
- * most once. Uses cfg->output_cap, snapshot_max, max_unpacked, max_members
- * (0 = the limits.h default), site_dirs and preload; cfg is not kept.
+/* 0, or -errno with a reason in err: -EALREADY (called before), -ENOMEM,
+ * -EIO (the interpreter or the runtime failed to start; the traceback, if
+ * any, went to stderr), -EINVAL (the preloads left threads running). Must
+ * run in a single-threaded process, at most once. Uses cfg->output_cap,
+ * snapshot_max, max_unpacked, max_members (0 = the limits.h default),
+ * site_dirs and preload; cfg is not kept.
  * A preload that fails to import is logged to stderr and skipped; a preload
  * that leaves a thread running makes pyrt_init fail (clone(CLONE_NEWUSER)
  * needs a single-threaded caller). Signal dispositions are not touched.
@@ -32,7 +35,7 @@ void pyrt_after_fork(void);
 /* Serve one turn over the channel fd (see proto/chan.h) until the
  * supervisor closes it.
  *
- * tools_fd: an O_DIRECTORY fd (owned) into which the tools archive is
+ * tools_fd: an O_DIRECTORY fd (taken) into which the tools archive is
  *   extracted; it may refer to a writable mount whose visible path, tools_dir,
  *   is a read-only bind (the sandbox builds /tools that way, so no privilege
  *   is needed to fill it). pyrt_serve closes it right after extraction, so no

@@ -145,15 +145,7 @@ static int send_reply(int ctl_fd, const struct fs_reply *rep, int chan_fd, int p
 
 static int kids_reserve(struct forkserver *fsv)
 {
-    if (fsv->nkids < fsv->capkids)
-        return 0;
-    size_t cap = fsv->capkids ? fsv->capkids * 2 : 64;
-    struct sbx_child *k = realloc(fsv->kids, cap * sizeof *k);
-    if (!k)
-        return -ENOMEM;
-    fsv->kids = k;
-    fsv->capkids = cap;
-    return 0;
+    return GROW_ARRAY(fsv->kids, &fsv->capkids, fsv->nkids + 1, 64, SIZE_MAX);
 }
 
 /* --- the cgroup helper (placer.c): starting it and queueing its work --- */

@@ -47,8 +47,8 @@ int fs_client_ready(struct fs_client *fs, char *err, size_t errlen);
 int fs_client_start(const struct config *cfg, struct fs_client *fs, char *err, size_t errlen);
 /* Queue one spawn request; 0, -EAGAIN if the socket is full, or -errno. */
 int fs_client_request(struct fs_client *fs, uint64_t turn_id);
-/* Read one reply. 1 with *rep filled (and *chan_fd, *pidfd owned by the
- * caller when rep->status == 0), 0 if none is ready, or -errno if the fork
+/* Read one reply. 1 with *rep filled (and, when rep->status == 0, the
+ * caller owns *chan_fd and *pidfd), 0 if none is ready, or -errno if the fork
  * server is gone or broke the protocol (the supervisor then restarts it). */
 int fs_client_reply(struct fs_client *fs, struct fs_reply *rep, int *chan_fd, int *pidfd);
 /* A fork server that is gone or broken: SIGKILL it (if it still runs) and

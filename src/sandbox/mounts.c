@@ -181,13 +181,10 @@ _Static_assert(PROC_ENTRIES_MAX <= MOUNTS_COVERS_MAX, "mount_plan.covers holds e
 static struct mount_op *add(struct mount_plan *mp, enum mop_kind kind, const char *src,
                             const char *dst)
 {
-    if (mp->n == mp->cap) {
-        size_t cap = mp->cap ? mp->cap * 2 : 32;
-        struct mount_op *ops = realloc(mp->ops, cap * sizeof *ops);
-        if (!ops)
-            return NULL;
-        mp->ops = ops;
-        mp->cap = cap;
+    int r = GROW_ARRAY(mp->ops, &mp->cap, mp->n + 1, 32, SIZE_MAX);
+    if (r < 0) {
+        errno = -r;
+        return NULL;
     }
     if ((src && strlen(src) >= OP_PATH_MAX) || strlen(dst) >= OP_PATH_MAX) {
         errno = ENAMETOOLONG;

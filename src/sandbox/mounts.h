@@ -36,7 +36,7 @@ int mounts_build(const struct config *cfg, const struct mount_plan *mp, char *er
  * enter the root. Pivots into it and adds what is the turn's own: the
  * scratch tmpfs, the tools tmpfs, /proc with its host-wide files covered;
  * cwd is "/" afterwards. On success *tools_fd is an O_DIRECTORY|O_CLOEXEC fd
- * on the writable side of the tools dir (owned by the caller). 0 or -errno
+ * on the writable side of the tools dir (the caller owns it). 0 or -errno
  * with what failed in err. Allocation-free. */
 int mounts_enter(const struct config *cfg, const struct mount_plan *mp, int *tools_fd,
                  char *err, size_t errlen);

@@ -1,11 +1,12 @@
 /* Runs in the fork server (and test_sandbox): the spawn API, spawning one
  * sandbox. The fork server's half (clone, id maps, cgroup placement,
  * release) is spawn.c; the child's half (the ordered isolation steps, then
- * the runtime's serve loop) is steps.c, through the hooks below.
+ * the runtime's serve loop) is steps.c; what both read, the plan and the
+ * hooks, is plan.h.
  *
  * Nothing here talks to the supervisor or touches turn data: the channel is a
  * fresh socketpair whose far end the caller hands on. The interpreter is
- * reached only through struct sbx_hooks, so tests can spawn real sandboxes
+ * reached only through struct sbx_hooks (plan.h), so tests can spawn real sandboxes
  * without linking pyrt. */
 #pragma once
 #include <stdbool.h>
@@ -14,44 +15,7 @@
 #include <sys/types.h>
 
 #include "config/config.h"
-
-struct sbx_policy;
-struct sbx_cgroups;
-struct mount_plan;
-
-/* What runs in the child around the isolation steps. */
-struct sbx_hooks {
-    /* In the runtime process after the last step (init has forked off),
-     * right before serve: re-arms the inherited interpreter (thread state,
-     * locks). The steps must not touch the interpreter. NULL = nothing. */
-    void (*after_fork)(void);
-    /* After the last step: serve the turn; never returns. Signature and fd
-     * contract as pyrt_serve() (pyrt.h). warm_fd is -1 for a fresh spawn; for
-     * a pooled one (SBX_SPAWN_POOLED) it is the child's end of the warm
-     * socket: warm up, send one byte on it and close it, then wait for the
-     * tools archive. */
-    void (*serve)(int chan_fd, int tools_fd, int warm_fd, const char *tools_dir,
-                  const char *workspace_dir) __attribute__((noreturn));
-};
-
-enum sbx_plan_flags {
-    SBX_PLAN_NO_SECCOMP = 1u << 0, /* tests only: skip policy_install */
-    SBX_PLAN_FORCE_FORK = 1u << 1, /* tests only: use the fork()+unshare path */
-};
-
-/* Everything a spawn needs, prepared once in the fork server. All borrowed. */
-struct sbx_plan {
-    const struct config *cfg;
-    const struct sbx_policy *policy;  /* required when isolating (see flags) */
-    struct sbx_cgroups *cgroups;      /* NULL = no cgroup placement */
-    const struct mount_plan *mounts;  /* isolating only: the plan the root was built
-                                         from, by mounts_build() in this process */
-    const struct sbx_hooks *hooks;
-    pid_t *tid_addr;   /* glibc's cached tid in our TCB (sbx_tid_probe), or NULL */
-    void *robust_head; /* glibc's robust mutex list of our thread (get_robust_list) */
-    size_t robust_len;
-    unsigned flags;    /* enum sbx_plan_flags */
-};
+#include "sandbox/plan.h"
 
 enum sbx_spawn_flags {
     /* For the fork server's pool: the child gets a warm socket (see
@@ -97,20 +61,18 @@ int sbx_spawn(const struct sbx_plan *plan, uint32_t id, unsigned flags, struct s
 
 /* Release a child spawned with SBX_SPAWN_DEFER_GO once its cgroups are in
  * place (err == 0), or make it fail its setup with err (an errno: "cgroup
- * placement" and strerror(err) in its log frame, exit 72). Closes go_fd.
- * 0, or -EPIPE if the child is gone. Async-signal-safe. */
+ * placement" and strerror(err) in its log frame, exit 72). Takes go_fd
+ * (closed here, on failure too). 0, or -EPIPE if the child is gone.
+ * Async-signal-safe. */
 int sbx_child_go(int go_fd, int err);
 
 /* After out->pid was reaped: remove its cgroups and turn dir, close what is
  * still owned. */
 void sbx_child_release(const struct sbx_plan *plan, struct sbx_child *c);
 
-/* Exit status of a sandbox whose setup step `step` failed (habit 4). */
-#define SBX_EXIT_STEP_BASE 70
-
 /* --- the interpreter glue (child.c): the only place that calls pyrt --- */
 
-/* In the fork server: pyrt_init(). 0 or -1 with a reason in err. */
+/* In the fork server: pyrt_init(). 0 or -errno with a reason in err. */
 int sbx_runtime_init(const struct config *cfg, char *err, size_t errlen);
 /* Hooks that run the real runtime (pyrt_after_fork, pyrt_serve). */
 extern const struct sbx_hooks sbx_runtime_hooks;

@@ -26,6 +26,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "config/config.h"
 #include "core/cleanup.h"
 #include "core/limits.h"
 #include "core/util.h"

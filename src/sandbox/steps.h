@@ -1,10 +1,16 @@
 /* Runs in the sandbox child: its half of a spawn (steps.c), from
  * the moment clone (or the fork path's fork) returns 0 in spawn.c. Internal
- * to spawn.c and steps.c; the spawn API is spawn.h. */
+ * to spawn.c and steps.c; the spawn API is spawn.h. spawn.c includes this
+ * header, never the other way round: the child's half reads only the plan
+ * (plan.h). */
 #pragma once
 #include <stdint.h>
 
-#include "sandbox/spawn.h"
+#include "sandbox/plan.h"
+
+/* Exit status of a sandbox whose setup step `step` failed (habit 4):
+ * SBX_EXIT_STEP_BASE + step. */
+#define SBX_EXIT_STEP_BASE 70
 
 /* The sync pipe, fork server -> child (sync 1): SBX_GO releases the child;
  * SBX_NO_GO plus one byte (the errno of the failed cgroup placement) makes

@@ -24,7 +24,6 @@
 #include "core/log.h"
 #include "core/util.h"
 #include "sandbox/seccomp_notify.h"
-#include "session/notify.h"
 
 #ifndef LOCK_MAND
 #define LOCK_MAND 32
@@ -48,6 +47,24 @@ static struct {
     bool known;
     dev_t pipe, sock, memfd; /* pipefs, sockfs, the internal tmpfs of memfd_create */
 } internal;
+
+/* The owner's listener (notify.c): -1 once it was dropped. */
+static int listener(const struct flock_state *f)
+{
+    return *f->turn.listener;
+}
+
+/* An answer failed: the owner stops using the listener, and calls
+ * flock_close() on us while doing so. */
+static void listener_failed(struct flock_state *f, int err)
+{
+    f->turn.listener_failed(f->turn.owner, err);
+}
+
+void flock_init(struct flock_state *f, const struct flock_turn *turn)
+{
+    *f = (struct flock_state){.turn = *turn};
+}
 
 /* st_dev and st_mode without asking the filesystem to revalidate anything:
  * for a network or FUSE filesystem a plain fstat can wait on a server, and
@@ -85,15 +102,14 @@ static void learn_internal(void)
  * sandbox cannot change (no chroot, no mounts, a read-only root), and
  * confirmed by the request still pending afterwards (so PID was the
  * caller's). Once per turn. 0, -ESRCH if the request is gone, or -errno. */
-static int learn_scratch(struct notify_turn *t, const struct seccomp_notif *req)
+static int learn_scratch(struct flock_state *f, const struct seccomp_notif *req)
 {
-    struct flock_state *f = &t->flock;
     char path[64];
     mode_t mode;
     dev_t dev;
     snprintf(path, sizeof path, "/proc/%d/root/workspace", (int)req->pid);
     int r = dev_of(AT_FDCWD, path, 0, &dev, &mode);
-    if (!policy_notify_valid(t->fd, req->id))
+    if (!policy_notify_valid(listener(f), req->id))
         return -ESRCH;
     if (r < 0)
         return r;
@@ -124,28 +140,29 @@ static bool lock_is_private(const struct flock_state *f, int fd)
            (dev == internal.pipe || dev == internal.sock || dev == internal.memfd);
 }
 
-static void log_call(const struct notify_turn *t, int pid, int fd, unsigned cmd, const char *what)
+static void log_call(const struct flock_state *f, int pid, int fd, unsigned cmd, const char *what)
 {
     if (log_min_level() <= LOG_LEVEL_DEBUG)
-        LOG_D("turn %" PRIu64 ": flock(%d, %#x) by pid %d: %s", t->turn_id, fd, cmd, pid, what);
+        LOG_D("turn %" PRIu64 ": flock(%d, %#x) by pid %d: %s", f->turn.turn_id, fd, cmd, pid,
+              what);
 }
 
-/* Answer request id; a listener failure is handed to notify.c (which stops
+/* Answer request id; a listener failure is handed to the owner (which stops
  * using the listener). POLICY_NOTIFY_GONE if the caller stopped waiting. */
-static int reply(struct notify_turn *t, uint64_t id, int err)
+static int reply(struct flock_state *f, uint64_t id, int err)
 {
-    if (t->fd < 0)
+    if (listener(f) < 0)
         return POLICY_NOTIFY_GONE; /* the listener was dropped: calls get ENOSYS */
-    return policy_notify_reply(t->table, t->fd, id, 0, err);
+    return policy_notify_reply(f->turn.table, listener(f), id, 0, err);
 }
 
 /* Try to grant the lock on the caller's open file. 1 granted and answered
  * (or gone), 0 would block, or -errno from flock (answer it). */
-static int try_lock(struct notify_turn *t, uint64_t id, int fd, unsigned cmd)
+static int try_lock(struct flock_state *f, uint64_t id, int fd, unsigned cmd)
 {
     if (flock(fd, (int)(cmd | LOCK_NB)) < 0)
         return errno == EWOULDBLOCK ? 0 : -errno;
-    int r = reply(t, id, 0);
+    int r = reply(f, id, 0);
     /* The caller stopped waiting (a signal) between our lock and the answer.
      * An interrupted flock leaves no lock in the kernel (a conversion has
      * dropped the old one already): do the same, so a program that sees
@@ -153,7 +170,7 @@ static int try_lock(struct notify_turn *t, uint64_t id, int fd, unsigned cmd)
     if (r == POLICY_NOTIFY_GONE && (cmd & ~(unsigned)LOCK_NB) != LOCK_UN)
         flock(fd, LOCK_UN);
     if (r < 0)
-        notify_listener_failed(t, -r);
+        listener_failed(f, -r);
     return 1;
 }
 
@@ -188,11 +205,10 @@ static void drop(struct flock_state *f, unsigned i)
 static void on_timer(struct loop_watch *lw, uint32_t events)
 {
     (void)events;
-    struct notify_turn *t = lw->ud;
-    struct flock_state *f = &t->flock;
+    struct flock_state *f = lw->ud;
     uint64_t ticks;
     if (read(f->timer_fd, &ticks, sizeof ticks) < 0 && errno != EAGAIN)
-        PLOG_W("turn %" PRIu64 ": flock timer", t->turn_id);
+        PLOG_W("turn %" PRIu64 ": flock timer", f->turn.turn_id);
     uint64_t now = now_ms();
     for (unsigned i = 0; i < f->n;) {
         struct flock_wait w = f->w[i]; /* a copy: answering may tear the lot down */
@@ -202,12 +218,12 @@ static void on_timer(struct loop_watch *lw, uint32_t events)
         }
         /* Gone: interrupted by a signal (a restarted call comes back as a
          * new request) or killed. Its lock was never taken. */
-        if (!policy_notify_valid(t->fd, w.id)) {
-            log_call(t, w.pid, w.caller_fd, w.cmd, "no longer waiting");
+        if (!policy_notify_valid(listener(f), w.id)) {
+            log_call(f, w.pid, w.caller_fd, w.cmd, "no longer waiting");
             drop(f, i);
             continue;
         }
-        int r = try_lock(t, w.id, w.fd, w.cmd);
+        int r = try_lock(f, w.id, w.fd, w.cmd);
         if (r == 0) {
             f->w[i].delay_ms = w.delay_ms * 2 > FLOCK_RETRY_MAX_MS ? FLOCK_RETRY_MAX_MS
                                                                    : w.delay_ms * 2;
@@ -215,21 +231,20 @@ static void on_timer(struct loop_watch *lw, uint32_t events)
             i++;
             continue;
         }
-        int rr = r < 0 ? reply(t, w.id, -r) : 0;
+        int rr = r < 0 ? reply(f, w.id, -r) : 0;
         if (rr < 0)
-            notify_listener_failed(t, -rr);
-        if (t->fd < 0)
+            listener_failed(f, -rr);
+        if (listener(f) < 0)
             return; /* the listener failed: flock_close() has dropped every call */
-        log_call(t, w.pid, w.caller_fd, w.cmd, r > 0 ? "granted after waiting" : strerror(-r));
+        log_call(f, w.pid, w.caller_fd, w.cmd, r > 0 ? "granted after waiting" : strerror(-r));
         drop(f, i);
     }
     arm(f);
 }
 
 /* The parking lot, set up at the first park of the turn; NULL if it cannot be. */
-static struct flock_state *parking(struct notify_turn *t)
+static struct flock_state *parking(struct flock_state *f)
 {
-    struct flock_state *f = &t->flock;
     if (f->timer_on)
         return f;
     if (!f->w && !(f->w = calloc(FLOCK_MAX_PARKED, sizeof *f->w)))
@@ -237,8 +252,8 @@ static struct flock_state *parking(struct notify_turn *t)
     f->timer_fd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
     if (f->timer_fd < 0)
         return NULL;
-    f->timer_watch = (struct loop_watch){.fd = f->timer_fd, .cb = on_timer, .ud = t};
-    if (loop_watch(t->loop, &f->timer_watch, EPOLLIN) < 0) {
+    f->timer_watch = (struct loop_watch){.fd = f->timer_fd, .cb = on_timer, .ud = f};
+    if (loop_watch(f->turn.loop, &f->timer_watch, EPOLLIN) < 0) {
         close(f->timer_fd);
         return NULL;
     }
@@ -248,13 +263,12 @@ static struct flock_state *parking(struct notify_turn *t)
 
 /* A blocking call that would block: park it, or ENOLCK when the turn has
  * FLOCK_MAX_PARKED waiting already (or no memory for the state). Takes fd. */
-static int park(struct notify_turn *t, const struct seccomp_notif *req, int fd, unsigned cmd)
+static int park(struct flock_state *f, const struct seccomp_notif *req, int fd, unsigned cmd)
 {
-    struct flock_state *f = parking(t);
-    if (!f || f->n >= FLOCK_MAX_PARKED) {
+    if (!parking(f) || f->n >= FLOCK_MAX_PARKED) {
         close(fd);
-        log_call(t, (int)req->pid, (int)req->data.args[0], cmd, "too many waiting: ENOLCK");
-        int r = reply(t, req->id, ENOLCK);
+        log_call(f, (int)req->pid, (int)req->data.args[0], cmd, "too many waiting: ENOLCK");
+        int r = reply(f, req->id, ENOLCK);
         return r < 0 ? r : 0;
     }
     f->w[f->n++] = (struct flock_wait){.id = req->id, .fd = fd, .cmd = cmd,
@@ -262,12 +276,12 @@ static int park(struct notify_turn *t, const struct seccomp_notif *req, int fd, 
                                        .caller_fd = (int)req->data.args[0],
                                        .due_ms = now_ms() + FLOCK_RETRY_MIN_MS,
                                        .delay_ms = FLOCK_RETRY_MIN_MS};
-    log_call(t, (int)req->pid, (int)req->data.args[0], cmd, "waits");
+    log_call(f, (int)req->pid, (int)req->data.args[0], cmd, "waits");
     arm(f);
     return 0;
 }
 
-int flock_handle(struct notify_turn *t, const struct seccomp_notif *req)
+int flock_handle(struct flock_state *f, const struct seccomp_notif *req)
 {
     /* The kernel reads both arguments as unsigned int. */
     unsigned fdnum = (unsigned)req->data.args[0], cmd = (unsigned)req->data.args[1];
@@ -278,67 +292,66 @@ int flock_handle(struct notify_turn *t, const struct seccomp_notif *req)
      * requests return 0 without looking at the fd (Linux 5.18 removed them;
      * they never conflicted with anything before). */
     if (cmd & LOCK_MAND)
-        return (r = reply(t, req->id, 0)) < 0 ? r : 0;
+        return (r = reply(f, req->id, 0)) < 0 ? r : 0;
     if (op != LOCK_SH && op != LOCK_EX && op != LOCK_UN)
-        return (r = reply(t, req->id, EINVAL)) < 0 ? r : 0;
+        return (r = reply(f, req->id, EINVAL)) < 0 ? r : 0;
     if (!internal.known)
         learn_internal();
-    if (!t->flock.scratch_known && (r = learn_scratch(t, req)) < 0) {
+    if (!f->scratch_known && (r = learn_scratch(f, req)) < 0) {
         if (r == -ESRCH)
             return 0; /* no longer waiting */
         /* Then only pipes, sockets and memfds can be locked this turn. */
         LOG_W("turn %" PRIu64 ": cannot find the sandbox's /workspace: %s; flock on its "
-              "files fails with ENOLCK", t->turn_id, strerror(-r));
-        t->flock.scratch_known = true;
-        t->flock.scratch_dev = (dev_t)-1; /* matches no file */
+              "files fails with ENOLCK", f->turn.turn_id, strerror(-r));
+        f->scratch_known = true;
+        f->scratch_dev = (dev_t)-1; /* matches no file */
     }
     int fd = fdnum > INT32_MAX ? -EBADF
-                               : policy_notify_getfd(t->fd, req, (int)fdnum);
+                               : policy_notify_getfd(listener(f), req, (int)fdnum);
     if (fd == -ESRCH)
         return 0; /* no longer waiting: nothing to answer */
     if (fd < 0 && fd != -EBADF) {
         /* pidfd_getfd refused (a kernel before 5.6, an LSM, no fd left):
          * fail closed, the lock is not taken. */
-        if (!t->flock.warned)
+        if (!f->warned)
             LOG_W("turn %" PRIu64 ": cannot fetch the sandbox's fd for flock: %s; flock "
-                  "fails with ENOLCK", t->turn_id, strerror(-fd));
-        t->flock.warned = true;
-        return (r = reply(t, req->id, ENOLCK)) < 0 ? r : 0;
+                  "fails with ENOLCK", f->turn.turn_id, strerror(-fd));
+        f->warned = true;
+        return (r = reply(f, req->id, ENOLCK)) < 0 ? r : 0;
     }
     /* O_PATH files cannot be locked (the kernel's flock does not see them). */
     if (fd == -EBADF || (fcntl(fd, F_GETFL) & O_PATH)) {
         if (fd >= 0)
             close(fd);
-        return (r = reply(t, req->id, EBADF)) < 0 ? r : 0;
+        return (r = reply(f, req->id, EBADF)) < 0 ? r : 0;
     }
-    if (!lock_is_private(&t->flock, fd)) {
+    if (!lock_is_private(f, fd)) {
         close(fd);
         if (op == LOCK_UN) /* no lock can be held there */
-            return (r = reply(t, req->id, 0)) < 0 ? r : 0;
-        notify_count_refusal(t, SYS_flock);
-        log_call(t, pid, (int)fdnum, cmd, "a shared file: ENOLCK");
-        return (r = reply(t, req->id, ENOLCK)) < 0 ? r : 0;
+            return (r = reply(f, req->id, 0)) < 0 ? r : 0;
+        f->turn.count_refusal(f->turn.owner, SYS_flock);
+        log_call(f, pid, (int)fdnum, cmd, "a shared file: ENOLCK");
+        return (r = reply(f, req->id, ENOLCK)) < 0 ? r : 0;
     }
-    r = try_lock(t, req->id, fd, cmd);
+    r = try_lock(f, req->id, fd, cmd);
     if (r == 0 && !(cmd & LOCK_NB))
-        return park(t, req, fd, op);
+        return park(f, req, fd, op);
     close(fd);
     if (r > 0)
         return 0;
     /* Would block under LOCK_NB (EWOULDBLOCK), or flock's own error. */
-    r = reply(t, req->id, r == 0 ? EWOULDBLOCK : -r);
+    r = reply(f, req->id, r == 0 ? EWOULDBLOCK : -r);
     return r < 0 && r != POLICY_NOTIFY_GONE ? r : 0;
 }
 
-void flock_close(struct notify_turn *t)
+void flock_close(struct flock_state *f)
 {
-    struct flock_state *f = &t->flock;
     while (f->n)
         drop(f, f->n - 1);
     free(f->w);
     f->w = NULL;
     if (f->timer_on) {
-        loop_unwatch(t->loop, &f->timer_watch);
+        loop_unwatch(f->turn.loop, &f->timer_watch);
         close(f->timer_fd);
         f->timer_on = false;
     }

@@ -31,14 +31,32 @@
 
 #include "loop/loop.h"
 
-struct notify_turn;
+struct policy_notify;
 struct seccomp_notif;
 struct flock_wait; /* a parked call (flock.c) */
 
-/* Per turn, embedded in struct notify_turn (zeroed = idle): the timer's watch
- * must live as long as the session, since the loop may still hold an event
- * for it in the batch that ends the turn. */
+/* What this file needs of the turn whose listener it answers on. The owner
+ * of the listener (notify.c) fills it in and is told through the two
+ * callbacks; flock.c never sees the owner's struct, so the calls go one way
+ * (notify.c -> flock.c). */
+struct flock_turn {
+    uint64_t turn_id;             /* for log lines */
+    struct loop *loop;            /* borrowed: the retry timer's loop */
+    struct policy_notify *table;  /* borrowed: for answering (policy_notify_reply) */
+    const int *listener;          /* borrowed: the owner's listener fd; -1 once dropped */
+    /* A flock refused on a shared file (ENOLCK): count it as a refusal of nr. */
+    void (*count_refusal)(void *owner, int nr);
+    /* An answer on the listener failed with err: stop using the listener.
+     * The owner calls flock_close() while doing so. */
+    void (*listener_failed)(void *owner, int err);
+    void *owner;                  /* borrowed: the callbacks' first argument */
+};
+
+/* Per turn, embedded in the listener's owner (struct notify_turn), which
+ * must not move: the timer's watch must live as long as the session, since
+ * the loop may still hold an event for it in the batch that ends the turn. */
 struct flock_state {
+    struct flock_turn turn;       /* a copy, from flock_init */
     struct flock_wait *w;         /* owned: FLOCK_MAX_PARKED slots, from the first park */
     unsigned n;                   /* parked calls, w[0..n) */
     int timer_fd;                 /* owned when timer_on: retries */
@@ -49,9 +67,12 @@ struct flock_state {
     dev_t scratch_dev;            /* st_dev of the sandbox's /workspace, /tmp, /dev/shm */
 };
 
-/* Answer (or park) the flock request req received on s's listener. 0, or
- * -errno when the listener failed (the caller then stops using it). */
-int flock_handle(struct notify_turn *t, const struct seccomp_notif *req);
+/* Set f up for a turn (idle: nothing parked, no timer). turn is copied;
+ * what it points to is borrowed and must outlive f. */
+void flock_init(struct flock_state *f, const struct flock_turn *turn);
+/* Answer (or park) the flock request req received on the turn's listener.
+ * 0, or -errno when the listener failed (the caller then stops using it). */
+int flock_handle(struct flock_state *f, const struct seccomp_notif *req);
 /* The turn is over: drop parked calls (their callers are being killed; the
  * listener's close makes their calls fail) and the timer. Idempotent. */
-void flock_close(struct notify_turn *t);
+void flock_close(struct flock_state *f);

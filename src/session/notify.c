@@ -23,13 +23,9 @@ static void stop_watching(struct notify_turn *t)
     loop_unwatch(t->loop, &t->watch);
 }
 
-void notify_turn_init(struct notify_turn *t, uint64_t turn_id, struct loop *loop,
-                      struct policy_notify *table)
-{
-    *t = (struct notify_turn){.turn_id = turn_id, .loop = loop, .table = table, .fd = -1};
-}
-
-void notify_count_refusal(struct notify_turn *t, int nr)
+/* Count one refusal of native syscall nr (for the turn's summary); the
+ * caller logs it. */
+static void count_refusal(struct notify_turn *t, int nr)
 {
     t->refused++;
     metrics_seccomp_refusal(nr);
@@ -43,7 +39,7 @@ void notify_count_refusal(struct notify_turn *t, int nr)
 
 static void count(struct notify_turn *t, int nr, int pid)
 {
-    notify_count_refusal(t, nr);
+    count_refusal(t, nr);
     if (log_min_level() <= LOG_LEVEL_DEBUG) {
         char name[64];
         LOG_D("turn %" PRIu64 ": refused %s (pid %d): %s", t->turn_id,
@@ -52,7 +48,9 @@ static void count(struct notify_turn *t, int nr, int pid)
     }
 }
 
-void notify_listener_failed(struct notify_turn *t, int err)
+/* The listener failed with err: warn, stop answering and close it (calls
+ * still waiting and any later ones get ENOSYS). Idempotent. */
+static void listener_failed(struct notify_turn *t, int err)
 {
     if (t->fd < 0)
         return;
@@ -62,7 +60,7 @@ void notify_listener_failed(struct notify_turn *t, int err)
           "with ENOSYS and are not counted", t->turn_id, strerror(err));
     stop_watching(t);
     close_and_reset(&t->fd);
-    flock_close(t);
+    flock_close(&t->flock);
 }
 
 /* A `supervise`d call: its handler answers it. policy_supervisable() names
@@ -71,7 +69,7 @@ static int supervise(struct notify_turn *t, int nr)
 {
     const struct seccomp_notif *req = policy_notify_request(t->table);
     if (nr == SYS_flock)
-        return flock_handle(t, req);
+        return flock_handle(&t->flock, req);
     int r = policy_notify_reply(t->table, t->fd, req->id, 0,
                                 policy_notify_errno(t->table, nr));
     return r < 0 ? r : 0;
@@ -96,10 +94,32 @@ static void on_notify(struct loop_watch *w, uint32_t events)
         else if (r == POLICY_NOTIFY_ANSWERED)
             count(t, nr, pid);
         if (r < 0) {
-            notify_listener_failed(t, -r);
+            listener_failed(t, -r);
             return;
         }
     }
+}
+
+/* flock.c's two reports (struct flock_turn), on the turn that owns it. */
+static void flock_refused(void *owner, int nr)
+{
+    count_refusal(owner, nr);
+}
+
+static void flock_listener_failed(void *owner, int err)
+{
+    listener_failed(owner, err);
+}
+
+void notify_turn_init(struct notify_turn *t, uint64_t turn_id, struct loop *loop,
+                      struct policy_notify *table)
+{
+    *t = (struct notify_turn){.turn_id = turn_id, .loop = loop, .table = table, .fd = -1};
+    flock_init(&t->flock, &(struct flock_turn){.turn_id = turn_id, .loop = loop,
+                                               .table = table, .listener = &t->fd,
+                                               .count_refusal = flock_refused,
+                                               .listener_failed = flock_listener_failed,
+                                               .owner = t});
 }
 
 void notify_adopt(struct notify_turn *t, int fd)
@@ -160,7 +180,7 @@ static void log_summary(struct notify_turn *t)
 
 void notify_close(struct notify_turn *t)
 {
-    flock_close(t);
+    flock_close(&t->flock);
     if (t->fd >= 0) {
         stop_watching(t);
         close_and_reset(&t->fd);

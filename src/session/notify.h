@@ -23,8 +23,9 @@ struct policy_notify;
 
 #define NOTIFY_BATCH 64
 
-/* One turn's listener, embedded in its session (session.c): everything
- * this module and flock.c use, so neither reaches into the session. */
+/* One turn's listener, embedded in its session (session.c), which must not
+ * move it: everything this module uses, so it does not reach into the
+ * session. flock.c gets what it needs as a struct flock_turn. */
 struct notify_turn {
     uint64_t turn_id;             /* for log lines */
     struct loop *loop;            /* borrowed */
@@ -40,16 +41,11 @@ struct notify_turn {
 /* Set t up for a turn, with no listener yet. */
 void notify_turn_init(struct notify_turn *t, uint64_t turn_id, struct loop *loop,
                       struct policy_notify *table);
-/* Take ownership of listener fd and start answering it (needs the errno
- * table; without one the fd is closed and refused calls get ENOSYS). */
+/* Start answering the listener fd. Takes fd, on failure too: without the
+ * errno table, or if it cannot be watched, it is closed here and refused
+ * calls get ENOSYS. */
 void notify_adopt(struct notify_turn *t, int fd);
 /* The turn is over: log its count (info, when anything was refused) and
  * close the listener (calls still waiting get ENOSYS; the sandbox is being
  * killed). Idempotent. */
 void notify_close(struct notify_turn *t);
-/* Count one refusal of native syscall nr (for the turn's summary); the
- * caller logs it. */
-void notify_count_refusal(struct notify_turn *t, int nr);
-/* The listener failed with err: warn, stop answering and close it (calls
- * still waiting and any later ones get ENOSYS). Idempotent. */
-void notify_listener_failed(struct notify_turn *t, int err);

@@ -63,10 +63,10 @@ struct server {
 };
 
 /* Listen, watch signals and the fork server, and register with loop.
- * Takes ownership of tokens (NULL for no auth; scrubbed and freed by
- * server_free) and of the fork server's client *fs (moved: the caller must
- * no longer use or stop its copy), whether or not it succeeds: after a
- * failure, server_free() still releases both.
+ * Takes tokens (NULL for no auth; scrubbed and freed by server_free) and
+ * the fork server's client *fs (moved: the caller must no longer use or
+ * stop its copy), on failure too: after a failure, server_free() still
+ * releases both.
  * 0, or -errno with a reason in err. */
 int server_init(struct server *srv, struct loop *loop, const struct config *cfg,
                 struct tokens *tokens, struct fs_client *fs, char *err, size_t errlen);

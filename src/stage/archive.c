@@ -694,7 +694,7 @@ struct snap {
     size_t cur;                   /* first entry of cache->e not yet passed */
     struct timespec t0;           /* coarse clock at the start */
     struct snap_key *mapped;      /* owned: (dev, ino) mapped shared and writable */
-    size_t mapped_n;
+    size_t mapped_n, mapped_cap;
     bool no_reuse;                /* the mappings could not all be read */
 };
 
@@ -884,15 +884,10 @@ static int emit(struct snap *s, const uint8_t *p, size_t off, size_t len)
         last->len += len; /* contiguous in extra: one piece */
         return 0;
     }
-    if (s->pc_n == s->pc_cap) {
-        size_t ncap = s->pc_cap ? s->pc_cap * 2 : 64;
-        struct piece *np = realloc(s->pc, ncap * sizeof *np);
+    int r = GROW_ARRAY(s->pc, &s->pc_cap, s->pc_n + 1, 64, SIZE_MAX);
 
-        if (!np)
-            return -ENOMEM;
-        s->pc = np;
-        s->pc_cap = ncap;
-    }
+    if (r < 0)
+        return r;
     s->pc[s->pc_n++] = (struct piece){.p = p, .off = off, .len = len};
     return 0;
 }
@@ -1008,15 +1003,8 @@ static bool cache_keep(struct snap *s, const char *path, const struct snap_key *
 
     if (s->next_bytes + gz_len > s->cache->max_bytes)
         return false;
-    if (s->next_n == s->next_cap) {
-        size_t ncap = s->next_cap ? s->next_cap * 2 : 64;
-        struct snap_entry *ne = realloc(s->next, ncap * sizeof *ne);
-
-        if (!ne)
-            return false;
-        s->next = ne;
-        s->next_cap = ncap;
-    }
+    if (GROW_ARRAY(s->next, &s->next_cap, s->next_n + 1, 64, SIZE_MAX) < 0)
+        return false;
     p = strdup(path);
     if (!p)
         return false;
@@ -1110,14 +1098,9 @@ static void scan_mappings(struct snap *s)
             /* start-end perms offset maj:min inode [path] */
             if (sscanf(line, "%*s %7s %*s %lx:%lx %lu", perms, &maj, &min, &ino) == 4 &&
                 perms[1] == 'w' && perms[3] == 's' && ino != 0) {
-                if (s->mapped_n % 16 == 0) {
-                    struct snap_key *nm = realloc(s->mapped, (s->mapped_n + 16) * sizeof *nm);
-
-                    if (!nm) {
-                        s->no_reuse = true;
-                        break;
-                    }
-                    s->mapped = nm;
+                if (GROW_ARRAY(s->mapped, &s->mapped_cap, s->mapped_n + 1, 16, SIZE_MAX) < 0) {
+                    s->no_reuse = true;
+                    break;
                 }
                 s->mapped[s->mapped_n++] = (struct snap_key){
                     .dev = makedev(maj, min), .ino = (ino_t)ino};
@@ -1322,15 +1305,8 @@ static int list_dir(DIR *d, char ***names_out, size_t *n_out)
             break;
         if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
             continue;
-        if (n == cap) {
-            size_t ncap = cap ? cap * 2 : 16;
-            char **nn = realloc(names, ncap * sizeof *nn);
-
-            if (!nn)
-                goto nomem;
-            names = nn;
-            cap = ncap;
-        }
+        if (GROW_ARRAY(names, &cap, n + 1, 16, SIZE_MAX) < 0)
+            goto nomem;
         names[n] = strdup(de->d_name);
         if (!names[n])
             goto nomem;

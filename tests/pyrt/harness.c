@@ -102,6 +102,16 @@ int main(int argc, char **argv)
         fprintf(stderr, "pyrt_harness: %s\n", err);
         return 2;
     }
+    /* A second call is refused as the error convention says: -EALREADY with
+     * a reason, not -1. Checked on every run, so every pyrt test fails if
+     * that changes. */
+    err[0] = '\0';
+    int again = pyrt_init(&cfg, err, sizeof(err));
+    if (again != -EALREADY || !strstr(err, "already initialised")) {
+        fprintf(stderr, "pyrt_harness: a second pyrt_init returned %d (%s), not -EALREADY\n",
+                again, err);
+        return 2;
+    }
     int tools_fd = open(tools_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (tools_fd < 0) {
         fprintf(stderr, "pyrt_harness: %s: %s\n", tools_dir, strerror(errno));

@@ -1,5 +1,5 @@
 /* Unit tests for core/: buf, budget, outq, util (fds, fd passing, clocks, the
- * reason buffer), utf8, log, ratelimit. TAP output. */
+ * reason buffer, array growth), utf8, log, ratelimit. TAP output. */
 #include <errno.h>
 #include <dirent.h>
 #include <fcntl.h>
@@ -124,6 +124,42 @@ static void test_parse_u64(void)
     is_int(parse_u64("0x10", 100, &v), -EINVAL, "hex");
     is_int(parse_u64("99999999999999999999999x", UINT64_MAX, &v), -EINVAL, "junk after overflow");
     is_int(v, 65535, "value untouched on error");
+}
+
+static void test_grow_array(void)
+{
+    uint64_t *a = NULL;
+    size_t cap = 0;
+    is_int(GROW_ARRAY(a, &cap, 1, 4, SIZE_MAX), 0, "grow: first allocation");
+    ok(a && cap == 4, "grow: first capacity");
+    for (size_t i = 0; i < cap; i++)
+        a[i] = i; /* sizeof *a bytes each: ASan checks the size */
+    uint64_t *before = a;
+    is_int(GROW_ARRAY(a, &cap, 4, 4, SIZE_MAX), 0, "grow: room already");
+    ok(a == before && cap == 4, "grow: room already: nothing done");
+    is_int(GROW_ARRAY(a, &cap, 5, 4, SIZE_MAX), 0, "grow: one more");
+    ok(cap == 8 && a[3] == 3, "grow: doubled, contents kept");
+    is_int(GROW_ARRAY(a, &cap, 100, 4, SIZE_MAX), 0, "grow: more than double");
+    ok(cap == 100 && a[3] == 3, "grow: at least need");
+    a[99] = 99;
+    is_int(GROW_ARRAY(a, &cap, 101, 4, 150), 0, "grow: near max");
+    ok(cap == 150, "grow: doubling capped at max");
+    before = a;
+    is_int(GROW_ARRAY(a, &cap, 151, 4, 150), -E2BIG, "grow: need > max");
+    ok(a == before && cap == 150 && a[99] == 99, "grow: need > max: array unchanged");
+    free(a);
+
+    /* Overflow: the byte size would not fit a size_t; refused before realloc. */
+    char *c = malloc(1);
+    size_t ccap = SIZE_MAX / 2 + 1; /* a lie: never reached by realloc */
+    is_int(grow_array(&c, &ccap, ccap + 1, 2, 1, SIZE_MAX), -ENOMEM, "grow: doubling overflows");
+    ok(ccap == SIZE_MAX / 2 + 1, "grow: overflow: capacity unchanged");
+    size_t zcap = 0;
+    char *z = NULL;
+    is_int(grow_array(&z, &zcap, 3, SIZE_MAX / 2, 1, SIZE_MAX), -ENOMEM,
+           "grow: elem * need overflows");
+    ok(z == NULL && zcap == 0, "grow: overflow: array unchanged");
+    free(c);
 }
 
 static void test_fd(void)
@@ -824,6 +860,7 @@ int main(void)
     test_outq();
     test_ct_equal();
     test_parse_u64();
+    test_grow_array();
     test_fd();
     test_time();
     test_err();
