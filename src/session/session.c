@@ -1540,8 +1540,10 @@ struct session *session_new(struct sessions *set, int fd, const uint8_t key[PREA
 {
     const struct session_env *env = &set->env;
     struct session *s = calloc(1, sizeof *s);
-    if (!s)
+    if (!s) {
+        close(fd);
         return NULL;
+    }
     s->set = set;
     s->env = env;
     s->id = set->next_id++;
@@ -1556,7 +1558,10 @@ struct session *session_new(struct sessions *set, int fd, const uint8_t key[PREA
     s->deadline_ms = now_ms() + HTTP_REQUEST_TIMEOUT_MS;
     s->watch = (struct loop_watch){.fd = fd, .cb = on_client_io, .ud = s};
     if (loop_watch(env->loop, &s->watch, EPOLLIN) < 0) {
+        buf_free(&s->out);
+        buf_free(&s->in);
         free(s);
+        close(fd);
         return NULL;
     }
     s->next = set->head;

@@ -77,9 +77,9 @@ bool sessions_work(struct sessions *set);
 /* Free the sessions marked dead whose sandbox is not still being made. */
 void sessions_reap(struct sessions *set);
 
-/* A new connection on fd (taken) from the peer with this pre-auth key:
- * counted in the pre-auth pool (room was made first). NULL on ENOMEM (fd
- * is then the caller's). */
+/* A new connection on fd from the peer with this pre-auth key: counted in
+ * the pre-auth pool (room was made first). Takes fd, on failure too (NULL:
+ * out of memory; fd is closed). */
 struct session *session_new(struct sessions *set, int fd, const uint8_t key[PREAUTH_KEY_LEN]);
 /* The connection the pre-auth pool holds as e. */
 struct session *session_of_preauth(struct preauth_entry *e);
