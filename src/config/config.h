@@ -45,7 +45,7 @@ struct config {
     uint32_t id_first;          /* host uids/gids forkboxd owns: one per live sandbox, */
     uint32_t id_count;          /* from [id_first, id_first + id_count) (--id-range) */
     char policy_file[256];      /* seccomp policy */
-    char sandbox_exe[256];      /* --sandbox-exe; "" = the compiled-in one (fsclient.c) */
+    char sandbox_module[256];   /* --sandbox-module; "" = the compiled-in one (fsclient.c) */
     char site_dirs[CONFIG_MAX_SITE_DIRS][256]; /* --site-packages, repeatable */
     unsigned n_site_dirs;
     char preload[1024];         /* comma-separated module names */
