@@ -79,7 +79,7 @@ int config_parse(int argc, char **argv, struct config *cfg, char *err, size_t er
 /* What the fork server is given: the settings whose row in config.c's table
  * says forkserver, every other byte zero (listen address, single-use, token
  * file, sandbox executable, upload limits, timeouts, buffers, pre-auth).
- * Sent as is on the control socket (forkbox-sandbox is built from the same
+ * Sent as is on the control socket (forkbox-sandbox.so is built from the same
  * tree as forkboxd, so the layout is the same). */
 void config_for_forkserver(const struct config *cfg, struct config *out);
 

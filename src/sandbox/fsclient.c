@@ -1,9 +1,12 @@
 /* Runs in the supervisor (forkboxd, which links no Python): its side of the
  * fork server (see forkserver.h): finding, checking and starting
- * forkbox-sandbox (with core's fork_helper), the control socket's records. */
+ * python3.11 with forkbox-sandbox.so (with core's fork_helper), the control
+ * socket's records. */
 #include "sandbox/forkserver.h"
 
+#include <dlfcn.h>
 #include <errno.h>
+#include <limits.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -94,6 +97,29 @@ static void stdio_hold(void)
             break;
 }
 
+/* A build with AddressSanitizer: forkbox-sandbox.so is instrumented and
+ * python3.11 is not, and ASan's runtime must be the first library loaded,
+ * so the fork server preloads the one forkboxd runs with. The runtime drops
+ * LD_PRELOAD from user code's environment. */
+#if !defined(__SANITIZE_ADDRESS__) && defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define __SANITIZE_ADDRESS__ 1 /* clang's spelling */
+#endif
+#endif
+#ifdef __SANITIZE_ADDRESS__
+void __asan_init(void);
+static const char *asan_runtime(void)
+{
+    Dl_info di;
+    return dladdr((void *)__asan_init, &di) && di.dli_fname ? di.dli_fname : NULL;
+}
+#else
+static const char *asan_runtime(void)
+{
+    return NULL;
+}
+#endif
+
 int fs_client_open(const struct config *cfg, struct fs_client *fs, char *err, size_t errlen)
 {
     fs->ctl_fd = -1;
@@ -138,7 +164,7 @@ int fs_client_launch(const struct config *cfg, struct fs_client *fs, char *err, 
      * sanitized build's fork server and sandboxes obey the same options as
      * forkboxd; the runtime drops them from user code's environment. */
     static const char *const passed[] = {"ASAN_OPTIONS", "UBSAN_OPTIONS"};
-    char kv[2][512];
+    char kv[3][PATH_MAX + 16];
     char *envp[] = {
         "PATH=/usr/local/bin:/usr/bin:/bin",
         "LANG=C.UTF-8",
@@ -152,16 +178,20 @@ int fs_client_launch(const struct config *cfg, struct fs_client *fs, char *err, 
         "NUMEXPR_NUM_THREADS=1",
         "VECLIB_MAXIMUM_THREADS=1",
         "LD_BIND_NOW=1",
-        NULL, /* room for the passed variables */
+        NULL, /* room for the passed variables and LD_PRELOAD */
+        NULL,
         NULL,
         NULL,
     };
-    size_t n_env = sizeof envp / sizeof *envp - 3;
+    size_t n_env = sizeof envp / sizeof *envp - 4;
     for (size_t i = 0; i < sizeof passed / sizeof *passed; i++) {
         const char *v = getenv(passed[i]);
         if (v && snprintf(kv[i], sizeof kv[i], "%s=%s", passed[i], v) < (int)sizeof kv[i])
             envp[n_env++] = kv[i];
     }
+    const char *asan = asan_runtime();
+    if (asan && snprintf(kv[2], sizeof kv[2], "LD_PRELOAD=%s", asan) < (int)sizeof kv[2])
+        envp[n_env++] = kv[2];
 
     int ctl_fd = -1;
     pid_t pid = fork_helper("fork server", &ctl_fd, err, errlen);
