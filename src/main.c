@@ -1,11 +1,11 @@
 /* forkboxd: the supervisor. It links no Python: the fork server is
- * forkbox-sandbox (sandbox_main.c).
+ * python3.11 running forkbox-sandbox.so (sandbox_module.c).
  *
  * Start-up order is a security property:
  *   1. parse the configuration (flags, --config file, environment), and
  *      take systemd's variables ($NOTIFY_SOCKET, $WATCHDOG_*) out of the
  *      environment (core/sdnotify.h);
- *   2. start the fork server: fork + execve of forkbox-sandbox with a fixed,
+ *   2. start the fork server: fork + execve of python3.11 with a fixed,
  *      minimal environment, so its fresh address space never held the token
  *      or anything else the supervisor will learn;
  *   3. only then read the token (file or environment) and scrub it from this

@@ -181,11 +181,13 @@ static const struct opt opts[] = {
     {"policy", K_PATH, FIELD(policy_file), .sdef_fn = default_policy, .forkserver = true,
      .arg = "FILE", .help = "seccomp policy (" FORKBOX_DEFAULT_POLICY ";\n"
                             "the build tree's forkboxd: the source tree's)"},
-    /* Not for the fork server: it is that executable, and its sandboxes
+    /* Not for the fork server: it is that module, and its sandboxes
      * need not learn where the daemon is installed. */
-    {"sandbox-exe", K_ABSPATH, FIELD(sandbox_exe), .sdef = "",
-     .arg = "PATH", .help = "the fork server's executable (default: the build tree's\n"
-                            "for the build tree's forkboxd, else the installed one)"},
+    {"sandbox-module", K_ABSPATH, FIELD(sandbox_module), .sdef = "",
+     .arg = "PATH", .help = "the fork server's module, forkbox-sandbox.so (default: the\n"
+                            "build tree's for the build tree's forkboxd, else the installed one)"},
+    {"sandbox-exe", K_GONE, .help = "--sandbox-exe is gone: the fork server is python3.11 running "
+                                    "forkbox-sandbox.so; name that with --sandbox-module PATH"},
     {"site-packages", K_ABSPATHS, FIELD(site_dirs), FIELD(n_site_dirs), .max = CONFIG_MAX_SITE_DIRS,
      .forkserver = true,
      .arg = "DIR", .help = "extra read-only package dir (repeatable)"},

@@ -45,7 +45,7 @@ struct config {
     uint32_t id_first;          /* host uids/gids forkboxd owns: one per live sandbox, */
     uint32_t id_count;          /* from [id_first, id_first + id_count) (--id-range) */
     char policy_file[256];      /* seccomp policy */
-    char sandbox_exe[256];      /* --sandbox-exe; "" = the compiled-in one (fsclient.c) */
+    char sandbox_module[256];   /* --sandbox-module; "" = the compiled-in one (fsclient.c) */
     char site_dirs[CONFIG_MAX_SITE_DIRS][256]; /* --site-packages, repeatable */
     unsigned n_site_dirs;
     char preload[1024];         /* comma-separated module names */
@@ -79,7 +79,7 @@ int config_parse(int argc, char **argv, struct config *cfg, char *err, size_t er
 /* What the fork server is given: the settings whose row in config.c's table
  * says forkserver, every other byte zero (listen address, single-use, token
  * file, sandbox executable, upload limits, timeouts, buffers, pre-auth).
- * Sent as is on the control socket (forkbox-sandbox is built from the same
+ * Sent as is on the control socket (forkbox-sandbox.so is built from the same
  * tree as forkboxd, so the layout is the same). */
 void config_for_forkserver(const struct config *cfg, struct config *out);
 

@@ -246,7 +246,7 @@ int grow_array(void *pp, size_t *cap, size_t need, size_t elem, size_t first, si
  * (client socket, channel, pidfd), the fork server three per pooled sandbox.
  * Raise the soft RLIMIT_NOFILE to the hard one, and as root the hard one to
  * 1M (capped by fs.nr_open). Sandboxes lower theirs again (rlimits.c). Runs
- * in forkboxd and in the fork server (forkbox-sandbox). */
+ * in forkboxd and in the fork server (forkbox-sandbox.so). */
 void raise_nofile(void)
 {
     struct rlimit rl;

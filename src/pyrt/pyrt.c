@@ -136,25 +136,24 @@ static int thread_count(void)
     return n;
 }
 
-int pyrt_init(const struct config *cfg, char *err, size_t errlen)
+/* The interpreter with _forkbox importable. In the fork server it is
+ * already running: forkbox-sandbox.so is loaded by python3.11, started by
+ * FS_ARGV with the settings an embedding gets here (sandbox_module.c says
+ * why), and only the module and sys.executable are left to set. An
+ * embedding (tests/pyrt's harness, test_sandbox) starts it here. */
+static int interp_start(char *err, size_t errlen)
 {
     if (Py_IsInitialized()) {
-        return err_fmt(err, errlen, -EALREADY, "pyrt_init: the interpreter is already initialised");
+        PyObject *m = pyrt_module_init();
+        int r = m ? PyDict_SetItemString(PyImport_GetModuleDict(), "_forkbox", m) : -1;
+        Py_XDECREF(m);
+        PyObject *exe = r == 0 ? PyUnicode_DecodeFSDefault(PYRT_PYTHON_EXE) : NULL;
+        r = exe ? PySys_SetObject("executable", exe) : -1;
+        Py_XDECREF(exe);
+        if (r < 0)
+            return py_err(err, errlen, "pyrt_init: the _forkbox module");
+        return 0;
     }
-    g_pyrt.output_cap = cfg->output_cap ? cfg->output_cap : OUTPUT_DEFAULT_CAP;
-    g_pyrt.snapshot_max = cfg->snapshot_max ? cfg->snapshot_max : SNAPSHOT_DEFAULT_MAX_BYTES;
-    /* The members kept for the next snapshot count against the turn's
-     * memory cgroup: at most an eighth of it, and SNAPSHOT_CACHE_MAX. */
-    g_pyrt.snapshot_cache_max = SNAPSHOT_CACHE_MAX;
-    if (cfg->memory_max && cfg->memory_max / SNAPSHOT_CACHE_MEMORY_SHARE < g_pyrt.snapshot_cache_max)
-        g_pyrt.snapshot_cache_max = cfg->memory_max / SNAPSHOT_CACHE_MEMORY_SHARE;
-    g_pyrt.max_unpacked = cfg->max_unpacked ? cfg->max_unpacked : ARCHIVE_DEFAULT_MAX_UNPACKED;
-    g_pyrt.max_members = cfg->max_members ? cfg->max_members : ARCHIVE_DEFAULT_MAX_MEMBERS;
-    /* Output frames must fit in one channel message with room for JSON
-     * escaping (up to 6 bytes per byte of output, two streams). */
-    if (g_pyrt.output_cap > CHAN_MAX_MESSAGE_BYTES / 16)
-        g_pyrt.output_cap = CHAN_MAX_MESSAGE_BYTES / 16;
-
     if (PyImport_AppendInittab("_forkbox", pyrt_module_init) < 0) {
         return err_fmt(err, errlen, -ENOMEM, "pyrt_init: cannot register the _forkbox module");
     }
@@ -195,6 +194,30 @@ int pyrt_init(const struct config *cfg, char *err, size_t errlen)
                        st.func ? ": " : "", st.err_msg ? st.err_msg : "initialisation failed");
     }
 
+    return 0;
+}
+
+int pyrt_init(const struct config *cfg, char *err, size_t errlen)
+{
+    if (g_pyrt.runtime)
+        return err_fmt(err, errlen, -EALREADY, "pyrt_init: the runtime is already initialised");
+    g_pyrt.output_cap = cfg->output_cap ? cfg->output_cap : OUTPUT_DEFAULT_CAP;
+    g_pyrt.snapshot_max = cfg->snapshot_max ? cfg->snapshot_max : SNAPSHOT_DEFAULT_MAX_BYTES;
+    /* The members kept for the next snapshot count against the turn's
+     * memory cgroup: at most an eighth of it, and SNAPSHOT_CACHE_MAX. */
+    g_pyrt.snapshot_cache_max = SNAPSHOT_CACHE_MAX;
+    if (cfg->memory_max && cfg->memory_max / SNAPSHOT_CACHE_MEMORY_SHARE < g_pyrt.snapshot_cache_max)
+        g_pyrt.snapshot_cache_max = cfg->memory_max / SNAPSHOT_CACHE_MEMORY_SHARE;
+    g_pyrt.max_unpacked = cfg->max_unpacked ? cfg->max_unpacked : ARCHIVE_DEFAULT_MAX_UNPACKED;
+    g_pyrt.max_members = cfg->max_members ? cfg->max_members : ARCHIVE_DEFAULT_MAX_MEMBERS;
+    /* Output frames must fit in one channel message with room for JSON
+     * escaping (up to 6 bytes per byte of output, two streams). */
+    if (g_pyrt.output_cap > CHAN_MAX_MESSAGE_BYTES / 16)
+        g_pyrt.output_cap = CHAN_MAX_MESSAGE_BYTES / 16;
+
+    int r = interp_start(err, errlen);
+    if (r < 0)
+        return r;
     PyObject *rt = load_runtime();
     if (!rt)
         return py_err(err, errlen, "pyrt_init: loading the runtime");

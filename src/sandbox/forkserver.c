@@ -1,4 +1,4 @@
-/* Runs in the fork server (forkbox-sandbox, never forkboxd): its start-up,
+/* Runs in the fork server (forkbox-sandbox.so, never forkboxd): its start-up,
  * loop and pool (see forkserver.h), and starting and feeding its cgroup
  * helper (placer.c). The supervisor's side of the control socket is
  * fsclient.c.
@@ -546,7 +546,7 @@ static bool request_pending(int ctl_fd)
 }
 
 /* The configuration the supervisor sends first (see the top). The record
- * must be exactly one struct config: forkboxd and forkbox-sandbox are built
+ * must be exactly one struct config: forkboxd and forkbox-sandbox.so are built
  * together from one tree (a size mismatch means they were not). */
 static void recv_config(int ctl_fd, struct config *cfg)
 {

@@ -12,26 +12,50 @@
 struct fs_client {
     int ctl_fd;  /* owned; non-blocking SEQPACKET to the fork server; -1 while none runs */
     pid_t pid;   /* the fork server; 0 while none runs */
-    int exe_fd;  /* owned: forkbox-sandbox, opened and checked once (fs_client_open);
+    int exe_fd;  /* owned: python3.11, opened and checked once (fs_client_open);
                     every start, restarts too, execs this very file */
+    int mod_fd;  /* owned: forkbox-sandbox.so, likewise: every start loads this very file */
 };
 
-/* The fork server's whole command line (and so every sandbox's
- * /proc/self/cmdline): a marker forkbox-sandbox checks, nothing configured.
- * argv[0] stays "forkboxd": what sandboxes see did not change when the fork
- * server became an executable of its own. */
+/* The fork server is Debian's python3.11 running forkbox-sandbox.so
+ * (sandbox_module.c says why). Its whole command line, and so every
+ * sandbox's /proc/self/cmdline: the interpreter's flags (isolated: no
+ * environment variables, no user site, no script directory on sys.path;
+ * no bytecode written; UTF-8 mode), "-" (the program is read from fd 0),
+ * and a marker; no path, nothing configured. argv[0] stays "forkboxd":
+ * what sandboxes see did not change when the fork server became a process
+ * of its own.
+ *
+ * The program, FS_BOOT, comes on a pipe as fd 0: it puts back what
+ * python3's start-up changed and an embedded interpreter did not (the
+ * dispositions of SIGINT, SIGPIPE and SIGXFSZ; sys.argv, which user code
+ * sees), then loads the module from its fd (FS_MODULE_FD: the file
+ * forkboxd opened and checked, not a path looked up again) through _imp,
+ * which adds no module to sys.modules but this one, and calls its main(). */
+#define FS_CTL_FD 3
+#define FS_MODULE_FD 4
 #define FS_ARGV_FLAG "--internal-forkserver"
-#define FS_ARGV {"forkboxd", FS_ARGV_FLAG, NULL}
+#define FS_ARGV {"forkboxd", "-I", "-B", "-X", "utf8", "-", FS_ARGV_FLAG, NULL}
+#define FS_BOOT                                                              \
+    "import _imp, signal, sys\n"                                             \
+    "for s in (signal.SIGINT, signal.SIGPIPE, signal.SIGXFSZ):\n"            \
+    "    signal.signal(s, signal.SIG_DFL)\n"                                 \
+    "sys.argv[:] = ['']\n"                                                   \
+    "from importlib.machinery import ModuleSpec\n"                           \
+    "_imp.create_dynamic(ModuleSpec('_forkbox_sandbox', None,\n"             \
+    "                               origin='/proc/self/fd/4')).main()\n"
 
-/* Open and check forkbox-sandbox (--sandbox-exe, else the build tree's when
- * this is the build tree's forkboxd, else the installed one) into
- * fs->exe_fd; no fork server runs yet. Also makes sure fds 0-2 are open, so
+/* Open and check the fork server's files: python3.11 into fs->exe_fd and
+ * forkbox-sandbox.so (--sandbox-module, else the build tree's when this is
+ * the build tree's forkboxd, else the installed one) into fs->mod_fd; no
+ * fork server runs yet. Also makes sure fds 0-2 are open, so
  * that nothing the supervisor opens later lands there (a fork server keeps
  * 0-3). Call it before anything else is opened. 0, or -errno with a reason. */
 int fs_client_open(const struct config *cfg, struct fs_client *fs, char *err, size_t errlen);
-/* Start a fork server from fs->exe_fd: fork, execveat with FS_ARGV and a
- * fixed minimal environment (no fd but 0-2 and the control socket as 3, no
- * ignored signal, no blocked one cross), then send it
+/* Start a fork server from fs->exe_fd and fs->mod_fd: fork, execveat with
+ * FS_ARGV and a fixed minimal environment (no fd but the program on a pipe
+ * as 0, 1-2, the control socket as 3 and the module as 4, no ignored
+ * signal, no blocked one cross), then send it
  * config_for_forkserver(cfg). Does not wait: fs->ctl_fd (non-blocking) is
  * readable once the ready record is there (fs_client_ready). 0, or -errno
  * with a reason (nothing left running). */
@@ -52,16 +76,16 @@ int fs_client_request(struct fs_client *fs, uint64_t turn_id);
  * server is gone or broke the protocol (the supervisor then restarts it). */
 int fs_client_reply(struct fs_client *fs, struct fs_reply *rep, int *chan_fd, int *pidfd);
 /* A fork server that is gone or broken: SIGKILL it (if it still runs) and
- * reap it, close the control socket; exe_fd stays for the next launch. */
+ * reap it, close the control socket; exe_fd and mod_fd stay for the next launch. */
 void fs_client_kill(struct fs_client *fs);
 /* The end: close the control socket (the fork server then kills its
  * sandboxes and exits), wait up to 2 s for it, SIGKILL if need be; close
- * exe_fd. */
+ * exe_fd and mod_fd. */
 void fs_client_stop(struct fs_client *fs);
 
 
-/* --- fork server side (forkbox-sandbox only) --- */
+/* --- fork server side (forkbox-sandbox.so only) --- */
 
-/* forkbox-sandbox's entry point: ctl_fd is the control socket, on which the
+/* forkbox-sandbox.so's entry point (sandbox_module.c): ctl_fd is the control socket, on which the
  * configuration arrives first. Never returns. */
 _Noreturn void forkserver_main(int ctl_fd);

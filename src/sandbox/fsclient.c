@@ -1,9 +1,12 @@
 /* Runs in the supervisor (forkboxd, which links no Python): its side of the
  * fork server (see forkserver.h): finding, checking and starting
- * forkbox-sandbox (with core's fork_helper), the control socket's records. */
+ * python3.11 with forkbox-sandbox.so (with core's fork_helper), the control
+ * socket's records. */
 #include "sandbox/forkserver.h"
 
+#include <dlfcn.h>
 #include <errno.h>
+#include <limits.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -33,34 +36,35 @@ static void reap_blocking(pid_t pid, int *status)
         ;
 }
 
-/* Which forkbox-sandbox: --sandbox-exe; else the build tree's when this
- * forkboxd is the build tree's (the same file, by device and inode: a
+/* Which forkbox-sandbox.so: --sandbox-module; else the build tree's when
+ * this forkboxd is the build tree's (the same file, by device and inode: a
  * copy or an installed forkboxd is not); else the installed one. All three
  * are fixed paths, never searched for in PATH or next to anything. */
-static const char *sandbox_exe_path(const struct config *cfg)
+static const char *sandbox_module_path(const struct config *cfg)
 {
-    if (cfg->sandbox_exe[0])
-        return cfg->sandbox_exe;
+    if (cfg->sandbox_module[0])
+        return cfg->sandbox_module;
     if (config_built_here())
         return FORKBOX_BUILD_SANDBOX;
-    return FORKBOX_SANDBOX_EXE;
+    return FORKBOX_SANDBOX_MODULE;
 }
 
-/* Open forkbox-sandbox once and check the file itself: a regular file that
- * only root or our own user can have written (owner root or our euid, not
- * writable by group or others). The child execs that very file
- * (execveat on the fd), so a rename or a symlink swapped in after the check
- * changes nothing. The directories above it are not checked (residual risk,
- * README "How it works"): the compiled-in paths are root's. The fd is above
- * 3, which fork_helper gives the control socket in the child. */
-static int sandbox_exe_open(const struct config *cfg, char *err, size_t errlen)
+/* Open a file the fork server runs (the interpreter, the module) once and
+ * check the file itself: a regular file that only root or our own user can
+ * have written (owner root or our euid, not writable by group or others).
+ * The child execs and loads these very files (execveat on the fd, the
+ * module from /proc/self/fd), so a rename or a symlink swapped in after the
+ * check changes nothing. The directories above them are not checked
+ * (residual risk, README "How it works"): the compiled-in paths are root's.
+ * The fd is above FS_MODULE_FD, the highest fd the child sets up. */
+static int open_checked(const char *path, const char *what, const char *flag, char *err,
+                        size_t errlen)
 {
-    const char *path = sandbox_exe_path(cfg);
     _cleanup_close_ int fd = open(path, O_PATH | O_CLOEXEC);
     if (fd < 0) {
         int e = errno;
-        return err_fmt(err, errlen, -e, "the fork server's executable %s: %s (set it with --sandbox-exe)",
-                 path, strerror(e));
+        return err_fmt(err, errlen, -e, "%s %s: %s%s%s%s", what, path, strerror(e),
+                       flag ? " (set it with " : "", flag ? flag : "", flag ? ")" : "");
     }
     struct stat st;
     if (fstat(fd, &st) < 0) {
@@ -73,9 +77,9 @@ static int sandbox_exe_open(const struct config *cfg, char *err, size_t errlen)
                       : !(st.st_mode & S_IXUSR)                   ? "not executable"
                                                                   : NULL;
     if (bad) {
-        return err_fmt(err, errlen, -EPERM, "the fork server's executable %s: %s", path, bad);
+        return err_fmt(err, errlen, -EPERM, "%s %s: %s", what, path, bad);
     }
-    int high = fcntl(fd, F_DUPFD_CLOEXEC, 4);
+    int high = fcntl(fd, F_DUPFD_CLOEXEC, FS_MODULE_FD + 1);
     if (high < 0) {
         int e = errno;
         return err_fmt(err, errlen, -e, "%s: fcntl: %s", path, strerror(e));
@@ -93,23 +97,55 @@ static void stdio_hold(void)
             break;
 }
 
+/* A build with AddressSanitizer: forkbox-sandbox.so is instrumented and
+ * python3.11 is not, and ASan's runtime must be the first library loaded,
+ * so the fork server preloads the one forkboxd runs with. The runtime drops
+ * LD_PRELOAD from user code's environment. */
+#if !defined(__SANITIZE_ADDRESS__) && defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define __SANITIZE_ADDRESS__ 1 /* clang's spelling */
+#endif
+#endif
+#ifdef __SANITIZE_ADDRESS__
+void __asan_init(void);
+static const char *asan_runtime(void)
+{
+    Dl_info di;
+    return dladdr((void *)__asan_init, &di) && di.dli_fname ? di.dli_fname : NULL;
+}
+#else
+static const char *asan_runtime(void)
+{
+    return NULL;
+}
+#endif
+
 int fs_client_open(const struct config *cfg, struct fs_client *fs, char *err, size_t errlen)
 {
     fs->ctl_fd = -1;
     fs->pid = 0;
     fs->exe_fd = -1;
+    fs->mod_fd = -1;
     stdio_hold();
-    int fd = sandbox_exe_open(cfg, err, errlen);
+    int fd = open_checked(FORKBOX_PYTHON, "the fork server's interpreter", NULL, err, errlen);
     if (fd < 0)
         return fd;
     fs->exe_fd = fd;
+    fd = open_checked(sandbox_module_path(cfg), "the fork server's module", "--sandbox-module",
+                      err, errlen);
+    if (fd < 0) {
+        close_and_reset(&fs->exe_fd);
+    close_and_reset(&fs->mod_fd);
+        return fd;
+    }
+    fs->mod_fd = fd;
     return 0;
 }
 
 int fs_client_launch(const struct config *cfg, struct fs_client *fs, char *err, size_t errlen)
 {
-    if (fs->exe_fd < 0)
-        return err_fmt(err, errlen, -EBADF, "the fork server's executable is not open");
+    if (fs->exe_fd < 0 || fs->mod_fd < 0)
+        return err_fmt(err, errlen, -EBADF, "the fork server's files are not open");
 
     /* The fork server gets a fixed environment: ours holds the token.
      * Thread pools that numerical libraries start at import (OpenBLAS, MKL,
@@ -128,7 +164,7 @@ int fs_client_launch(const struct config *cfg, struct fs_client *fs, char *err, 
      * sanitized build's fork server and sandboxes obey the same options as
      * forkboxd; the runtime drops them from user code's environment. */
     static const char *const passed[] = {"ASAN_OPTIONS", "UBSAN_OPTIONS"};
-    char kv[2][512];
+    char kv[3][PATH_MAX + 16];
     char *envp[] = {
         "PATH=/usr/local/bin:/usr/bin:/bin",
         "LANG=C.UTF-8",
@@ -142,28 +178,39 @@ int fs_client_launch(const struct config *cfg, struct fs_client *fs, char *err, 
         "NUMEXPR_NUM_THREADS=1",
         "VECLIB_MAXIMUM_THREADS=1",
         "LD_BIND_NOW=1",
-        NULL, /* room for the passed variables */
+        NULL, /* room for the passed variables and LD_PRELOAD */
+        NULL,
         NULL,
         NULL,
     };
-    size_t n_env = sizeof envp / sizeof *envp - 3;
+    size_t n_env = sizeof envp / sizeof *envp - 4;
     for (size_t i = 0; i < sizeof passed / sizeof *passed; i++) {
         const char *v = getenv(passed[i]);
         if (v && snprintf(kv[i], sizeof kv[i], "%s=%s", passed[i], v) < (int)sizeof kv[i])
             envp[n_env++] = kv[i];
     }
+    const char *asan = asan_runtime();
+    if (asan && snprintf(kv[2], sizeof kv[2], "LD_PRELOAD=%s", asan) < (int)sizeof kv[2])
+        envp[n_env++] = kv[2];
 
     int ctl_fd = -1;
     pid_t pid = fork_helper("fork server", &ctl_fd, err, errlen);
     if (pid < 0)
         return pid;
     if (pid == 0) {
-        /* Nothing else of ours crosses the exec, whatever its flags (the
-         * executable's fd need not: an ELF file is mapped before the
-         * close-on-exec fds are closed). A restart forks a supervisor that
-         * holds the token, turns' sockets and buffers: only fds 0-3 and the
-         * fresh address space of execve cross, as at the first start. */
-        close_range(4, ~0u, CLOSE_RANGE_CLOEXEC);
+        /* Nothing else of ours crosses the exec but the program (FS_BOOT,
+         * a pipe as fd 0: it fits in the pipe's buffer) and the module's
+         * fd, as FS_MODULE_FD, whatever their flags (the interpreter's fd
+         * need not: an ELF file is mapped before the close-on-exec fds are
+         * closed). A restart forks a supervisor that holds the token,
+         * turns' sockets and buffers: only these fds and the fresh address
+         * space of execve cross, as at the first start. */
+        int boot[2];
+        if (dup2(fs->mod_fd, FS_MODULE_FD) < 0 || pipe2(boot, O_CLOEXEC) < 0 ||
+            write(boot[1], FS_BOOT, sizeof FS_BOOT - 1) != sizeof FS_BOOT - 1 ||
+            dup2(boot[0], 0) < 0 || fcntl(0, F_SETFD, 0) < 0)
+            _exit(127);
+        close_range(FS_MODULE_FD + 1, ~0u, CLOSE_RANGE_CLOEXEC);
         sigset_t none;
         sigemptyset(&none);
         sigprocmask(SIG_SETMASK, &none, NULL); /* the mask survives execve */
@@ -338,4 +385,5 @@ void fs_client_stop(struct fs_client *fs)
 {
     fs_client_stop_child(fs);
     close_and_reset(&fs->exe_fd);
+    close_and_reset(&fs->mod_fd);
 }

@@ -5,10 +5,10 @@
  * The fork server: the clean process sandboxes are cloned from.
  *
  * forkboxd starts it first, before it reads the token or accepts anything,
- * by fork + execve of forkbox-sandbox (a separate executable: the static,
- * non-PIE interpreter; forkboxd itself links no Python) with a minimal
- * environment, so the fork server's address space never held a secret or a
- * connection buffer. It initialises the embedded interpreter once, compiles
+ * by fork + execve of python3.11, which loads forkbox-sandbox.so (forkboxd
+ * itself links no Python), with a minimal environment, so the fork
+ * server's address space never held a secret or a connection buffer. Its
+ * interpreter starts once, it compiles
  * the seccomp policy, and then clones one sandbox per request. Sandboxes
  * are its children: it reaps them. The supervisor receives, per sandbox,
  * the supervisor end of the channel socketpair and a pidfd, and kills with

@@ -1,15 +1,15 @@
 """The interpreter and the process split (issue 13, item 4): the fork server is
-forkbox-sandbox, linked with the static libpython (non-PIE, the C API exported),
-and forkboxd links no Python at all.
+Debian's python3.11 running forkbox-sandbox.so (the interpreter's own LTO-built
+code: pure Python as fast as `python3`), and forkboxd links no Python at all.
 
 * extension modules (numpy, pandas, lxml, sqlite3, ssl, ctypes) load and work
-  in a turn, cold and preloaded: they resolve the C API from the executable;
+  in a turn, cold and preloaded: they resolve the C API from the interpreter;
 * a sandbox maps no libpython*.so, and sys.executable, the prefixes and the
   sysconfig paths are what the host's python3 reports;
-* the supervisor maps no libpython and stays PIE; the fork server runs
-  forkbox-sandbox (non-PIE when built with -Dpython_static=true);
-* --sandbox-exe: the file is checked before it is exec'd (owner, mode), a bad
-  one stops forkboxd at start with the reason.
+* the supervisor maps no libpython and stays PIE; the fork server is
+  /usr/bin/python3.11 with forkbox-sandbox.so mapped;
+* --sandbox-module: the file is checked before it is loaded (owner, mode), a
+  bad one stops forkboxd at start with the reason; --sandbox-exe is refused.
 """
 
 import json
@@ -20,10 +20,9 @@ import tempfile
 
 import pytest
 
-from fbtest import SANDBOX_EXE, run_blocks
+from fbtest import SANDBOX_MODULE, SANDBOX_PYTHON, run_blocks
 
 T = 60
-STATIC = os.environ.get("FORKBOX_PYTHON_STATIC", "true") == "true"
 
 
 def ok(r):
@@ -97,11 +96,10 @@ print(sorted({l.split()[-1].rsplit("/", 1)[-1] for l in maps.splitlines()
 '''
 
 
-@pytest.mark.skipif(not STATIC, reason="built with -Dpython_static=false")
 def test_sandbox_maps_no_shared_libpython(daemon):
-    """The interpreter is the one in forkbox-sandbox (static libpython), not
-    Debian's position-independent libpython3.11.so, which ran pure Python
-    ~1.3x slower; extension modules imported above resolved against it."""
+    """The interpreter is python3.11's own code, not Debian's
+    position-independent libpython3.11.so, which ran pure Python ~1.3x
+    slower; extension modules imported above resolved against it."""
     _, (r,) = run_blocks(daemon, "import numpy, lxml.etree\n" + MAPS)
     assert ok(r).strip() == "[]"
 
@@ -113,59 +111,75 @@ def elf_type(path):
     return int.from_bytes(head[16:18], "little")  # 2 = ET_EXEC (non-PIE), 3 = ET_DYN (PIE)
 
 
+def mapped_files(pid):
+    with open(f"/proc/{pid}/maps") as f:
+        return {line.split(None, 5)[5].strip() for line in f if len(line.split(None, 5)) == 6}
+
+
 def test_supervisor_links_no_python_and_stays_pie(daemon):
     """forkboxd (network and sandbox bytes, the token) keeps ASLR for its code
-    and has no interpreter in it; the fork server is forkbox-sandbox."""
+    and has no interpreter in it; the fork server is python3.11 with
+    forkbox-sandbox.so loaded."""
     with open(f"/proc/{daemon.pid}/maps") as f:
         assert "libpython" not in f.read()
     assert elf_type(f"/proc/{daemon.pid}/exe") == 3
     fs = daemon.forkserver_pid()
-    assert os.path.samefile(f"/proc/{fs}/exe", SANDBOX_EXE)
+    assert os.path.samefile(f"/proc/{fs}/exe", SANDBOX_PYTHON)
+    assert os.path.realpath(SANDBOX_MODULE) in mapped_files(fs)
     with open(f"/proc/{fs}/comm") as f:
         assert f.read() == "forkbox-sandbox\n"
-    if STATIC:
-        assert elf_type(f"/proc/{fs}/exe") == 2
+    # The boot pipe and the module's fd are closed; fd 0 is /dev/null.
+    assert os.readlink(f"/proc/{fs}/fd/0") == "/dev/null"
+    assert not os.path.exists(f"/proc/{fs}/fd/4") or \
+        not os.readlink(f"/proc/{fs}/fd/4").endswith("forkbox-sandbox.so")
 
 
-def test_sandbox_exe_flag_runs_a_copy(make_daemon):
-    """--sandbox-exe: a copy elsewhere (e.g. beside a copied forkboxd) serves turns."""
+def test_sandbox_module_flag_runs_a_copy(make_daemon):
+    """--sandbox-module: a copy elsewhere (e.g. beside a copied forkboxd) serves turns."""
     with tempfile.TemporaryDirectory() as tmp:
-        exe = os.path.join(tmp, "forkbox-sandbox-copy")
-        shutil.copy2(SANDBOX_EXE, exe)
-        os.chmod(exe, 0o755)
-        d = make_daemon(["--sandbox-exe", exe])
+        mod = os.path.join(tmp, "forkbox-sandbox-copy.so")
+        shutil.copy2(SANDBOX_MODULE, mod)
+        os.chmod(mod, 0o755)
+        d = make_daemon(["--sandbox-module", mod])
         _, (r,) = run_blocks(d, "print(6 * 7)")
         assert ok(r) == "42\n"
-        assert os.path.samefile(f"/proc/{d.forkserver_pid()}/exe", exe)
+        assert mod in mapped_files(d.forkserver_pid())
+
+
+def test_sandbox_exe_flag_is_gone(make_daemon):
+    d = make_daemon(["--sandbox-exe", "/usr/bin/true"], listen=False)
+    assert d.wait_exit(30) not in (None, 0)
+    d._reader.join(10)
+    assert "--sandbox-module" in d.stderr(), d.stderr()
 
 
 @pytest.mark.parametrize("case", ["group-writable", "world-writable", "other-owner", "missing",
                                   "directory", "relative"])
-def test_sandbox_exe_refused(make_daemon, case):
-    """A fork server executable someone else could have written is not run:
+def test_sandbox_module_refused(make_daemon, case):
+    """A fork server module someone else could have written is not loaded:
     forkboxd exits at start and says why (nothing listens)."""
     with tempfile.TemporaryDirectory() as tmp:
         os.chmod(tmp, 0o755)
-        exe = os.path.join(tmp, "fs")
+        mod = os.path.join(tmp, "fs.so")
         if case not in ("missing", "directory", "relative"):
-            shutil.copy2(SANDBOX_EXE, exe)
+            shutil.copy2(SANDBOX_MODULE, mod)
         want = {"group-writable": "writable by group or others",
                 "world-writable": "writable by group or others",
                 "other-owner": "owned by another user",
                 "missing": "No such file", "directory": "not a regular file",
                 "relative": "expected an absolute path"}[case]
         if case == "group-writable":
-            os.chmod(exe, 0o775)
+            os.chmod(mod, 0o775)
         elif case == "world-writable":
-            os.chmod(exe, 0o757)
+            os.chmod(mod, 0o757)
         elif case == "other-owner":
-            os.chmod(exe, 0o755)
-            os.chown(exe, 65534, 65534)
+            os.chmod(mod, 0o755)
+            os.chown(mod, 65534, 65534)
         elif case == "directory":
-            exe = tmp
+            mod = tmp
         elif case == "relative":
-            exe = "forkbox-sandbox"
-        d = make_daemon(["--sandbox-exe", exe], listen=False)
+            mod = "forkbox-sandbox.so"
+        d = make_daemon(["--sandbox-module", mod], listen=False)
         assert d.wait_exit(30) not in (None, 0)
         d._reader.join(10)  # all of its stderr read
         assert want in d.stderr(), d.stderr()

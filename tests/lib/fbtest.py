@@ -35,9 +35,11 @@ SRCDIR = os.environ.get("FORKBOX_SRCDIR") or os.path.abspath(
     os.path.join(os.path.dirname(__file__), "..", ".."))
 FORKBOXD = os.environ.get("FORKBOXD") or os.path.join(SRCDIR, "build", "src", "forkboxd")
 POLICY = os.path.join(SRCDIR, "policy", "default.policy")
-# The fork server's executable, which the build tree's forkboxd finds beside itself.
-SANDBOX_EXE = os.path.join(os.path.dirname(FORKBOXD), "forkbox-sandbox")
-FORKSERVER_CMDLINE = b"forkboxd\0--internal-forkserver\0"  # its fixed argv
+# The fork server's module, which the build tree's forkboxd finds beside itself,
+# and the interpreter that runs it (src/sandbox/forkserver.h).
+SANDBOX_MODULE = os.path.join(os.path.dirname(FORKBOXD), "forkbox-sandbox.so")
+SANDBOX_PYTHON = "/usr/bin/python3.11"
+FORKSERVER_CMDLINE = b"forkboxd\0-I\0-B\0-X\0utf8\0-\0--internal-forkserver\0"  # its fixed argv
 
 import forkbox_client as fc  # noqa: E402  (tools/, on pythonpath by tests/pytest.ini)
 import websockets  # noqa: E402

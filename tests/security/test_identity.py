@@ -437,4 +437,4 @@ def test_cmdline_shows_no_configuration(daemon):
         fs = fh.read().split()
     assert fs, "no fork server found"
     with open(f"/proc/{fs[0]}/cmdline", "rb") as fh:
-        assert fh.read() == b"forkboxd\0--internal-forkserver\0"
+        assert fh.read() == b"forkboxd\0-I\0-B\0-X\0utf8\0-\0--internal-forkserver\0"

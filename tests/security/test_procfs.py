@@ -171,7 +171,7 @@ def test_daemon_command_line_hidden(view):
     for who in ("self_cmdline", "init_cmdline"):
         c = view[who]
         assert "--listen" not in c and "--policy" not in c and sbx.SRCDIR not in c, (who, c)
-        assert c == "forkboxd\0--internal-forkserver\0", (who, c)
+        assert c == "forkboxd\0-I\0-B\0-X\0utf8\0-\0--internal-forkserver\0", (who, c)
 
 
 def test_per_process_files_still_work(view):

@@ -208,9 +208,9 @@ int main(void)
                         "--site-packages=/opt/x", "--token-file=/secret/t", "--pool=3",
                         "--block-timeout=9", "--max-upload-tools=5", "--id-range=3000000:1000",
                         "--preauth-max=77", "--preauth-per-peer=0",
-                        "--sandbox-exe=/opt/fb/forkbox-sandbox"};
+                        "--sandbox-module=/opt/fb/forkbox-sandbox.so"};
     is_int(parse(&c, err, 13, a3), 0, "config for the fork server");
-    ok(!strcmp(c.sandbox_exe, "/opt/fb/forkbox-sandbox"), "--sandbox-exe");
+    ok(!strcmp(c.sandbox_module, "/opt/fb/forkbox-sandbox.so"), "--sandbox-module");
     ok(c.preauth_max == 77 && c.preauth_per_peer == 0, "--preauth-max, --preauth-per-peer");
     config_for_forkserver(&c, &d);
     ok(!d.listen_host[0] && d.listen_port == 0 && !d.token_file[0] &&
