@@ -200,9 +200,9 @@ def test_unit_settings():
     stop = s["TimeoutStopSec"][0]
     assert stop.endswith("s") and int(stop[:-1]) > 30, stop
     assert s["WatchdogSec"] and s["NoNewPrivileges"] == ["yes"]
-    assert s["LoadCredential"][0].startswith("token:") and \
-        "--token-file ${CREDENTIALS_DIRECTORY}/token" in s["ExecStart"][0]
-    assert s["ConditionPathExists"][0] == s["LoadCredential"][0][len("token:"):]
+    token = s["ConditionPathExists"][0]
+    assert token.endswith("/forkbox/token") and f"--token-file {token}" in s["ExecStart"][0]
+    assert s["ExecReload"] == ["/bin/kill -HUP $MAINPID"]  # re-reads the token file
     for k in ("SystemCallFilter", "RestrictAddressFamilies", "RestrictNamespaces",
               "ProtectKernelTunables", "ProtectKernelLogs", "ProtectProc", "ProcSubset",
               "ProtectControlGroups", "PrivateUsers", "MemoryDenyWriteExecute"):
@@ -225,13 +225,12 @@ def shipped_conf(tmp_path) -> str:
 def test_unit_command_runs_a_turn(tmp_path, manager):
     """The unit's ExecStart as systemd would run it: the shipped settings
     file (every default uncommented: each must parse), the token from
-    $CREDENTIALS_DIRECTORY, $NOTIFY_SOCKET and the unit's watchdog. READY=1,
-    a turn with the token, WATCHDOG=1, and STOPPING=1 on SIGTERM."""
+    token file (here a temporary one), $NOTIFY_SOCKET and the unit's watchdog.
+    READY=1, a turn with the token, WATCHDOG=1, and STOPPING=1 on SIGTERM."""
     s = unit_settings(unit_text())
-    creds = tmp_path / "creds"
-    creds.mkdir()
-    (creds / "token").write_text("unit-token\n")
-    argv = s["ExecStart"][0].replace("${CREDENTIALS_DIRECTORY}", str(creds)).split()[1:]
+    token = tmp_path / "token"
+    token.write_text("unit-token\n")
+    argv = s["ExecStart"][0].replace(s["ConditionPathExists"][0], str(token)).split()[1:]
     conf_at = argv.index("--config") + 1
     argv[conf_at] = shipped_conf(tmp_path)
     # The file's listen (8080) and policy (the installed path) give way to
