@@ -268,6 +268,9 @@ def status(name, uid, blk):
 
 
 def test_token_reload_signals_forkboxd_once_the_secret_changes(tmp_path):
+    """First only decoys (a forkboxd not yet blocking SIGHUP, a sandbox
+    renamed forkboxd): a change signals neither. Then a ready forkboxd
+    appears: it gets SIGHUP. Each decoy alone would catch a missing check."""
     kids = []
     try:
         for _ in range(3):
@@ -276,27 +279,33 @@ def test_token_reload_signals_forkboxd_once_the_secret_changes(tmp_path):
             kids.append(p)
         ready, not_ready, sandbox = kids
         proc = tmp_path / "proc"
-        for p, st in ((not_ready, status("forkboxd", 0, "0000000000000000")),
-                      (sandbox, status("forkboxd", 2013265920, "0000000000000001")),
-                      (ready, status("forkboxd", 0, "0000000000010003"))):
+
+        def show(p, st):
             (proc / str(p.pid)).mkdir(parents=True)
             (proc / str(p.pid) / "status").write_text(st)
+
+        show(not_ready, status("forkboxd", 0, "0000000000000000"))
+        show(sandbox, status("forkboxd", 2013265920, "0000000000010003"))
         secret = tmp_path / "secret"
         (secret / "..v1").mkdir(parents=True)
         (secret / "..v2").mkdir()
         os.symlink("..v1", secret / "..data")
         env = dict(os.environ, FORKBOX_PROC=str(proc), FORKBOX_RELOAD_INTERVAL="0.1")
-        side = subprocess.Popen([os.path.join(K8S, "forkbox-token-reload"), str(secret)],
-                                env=env, stdout=subprocess.PIPE, text=True)
+        with open(tmp_path / "stderr", "w") as err:
+            side = subprocess.Popen([os.path.join(K8S, "forkbox-token-reload"), str(secret)],
+                                    env=env, stdout=subprocess.PIPE, stderr=err, text=True)
         kids.append(side)
         assert "watching" in side.stdout.readline()
         time.sleep(1)
         assert ready.poll() is None, "SIGHUP sent without a change"
         os.symlink("..v2", secret / "..tmp")  # the kubelet's atomic swap
         os.rename(secret / "..tmp", secret / "..data")
+        time.sleep(1.5)
+        assert not_ready.poll() is None and sandbox.poll() is None, "a decoy was signalled"
+        assert "no forkboxd ready" in (tmp_path / "stderr").read_text()
+        show(ready, status("forkboxd", 0, "0000000000010003"))
         assert ready.wait(timeout=20) == 0
         assert f"SIGHUP to forkboxd {ready.pid}" in side.stdout.readline()
-        time.sleep(0.5)
         assert not_ready.poll() is None and sandbox.poll() is None, "a decoy was signalled"
     finally:
         for p in kids:
