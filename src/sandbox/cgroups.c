@@ -275,7 +275,11 @@ static bool v2_init(struct sbx_cgroups *cg, char *why, size_t whylen)
     const char *ctls = cpu ? "memory pids cpu" : "memory pids";
 
     rc = v2_enable(dir, ctls, why, whylen);
-    if (rc == -EBUSY && own[0]) {
+    /* EBUSY: processes in dir ("no internal processes"). They move to a
+     * leaf, unless dir is the host's root cgroup (exempt from the rule; it
+     * has no cgroup.type): own is "/" there, but also at the root of a
+     * cgroup namespace (a container's), which is an ordinary cgroup. */
+    if (rc == -EBUSY && (own[0] || file_exists(dir, "cgroup.type"))) {
         char leaf[PATH_MAX + 32], procs[PATH_MAX + 32], pid[32];
         snprintf(leaf, sizeof leaf, "%s/forkbox-daemon", dir);
         snprintf(procs, sizeof procs, "%s/cgroup.procs", dir);
