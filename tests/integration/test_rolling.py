@@ -163,8 +163,16 @@ class Proxy:
                 self.proc.wait(5)
 
 
-def start_backend(port: int) -> Daemon:
-    d = Daemon(BASE_ARGS + ["--listen", f"127.0.0.1:{port}"], listen=False, token=TOKEN).start()
+ID_BASE, ID_COUNT = 2013265920, 65536  # forkboxd's default --id-range
+
+
+def start_backend(port: int, slot: int) -> Daemon:
+    """forkboxd number slot on port, ready (/ready 200). Daemons on one host
+    need disjoint --id-ranges: each slot has its own, which its successor reuses
+    (the old daemon has exited and reaped its sandboxes by then)."""
+    ids = f"{ID_BASE + slot * ID_COUNT}:{ID_COUNT}"
+    d = Daemon(BASE_ARGS + ["--listen", f"127.0.0.1:{port}", "--id-range", ids],
+               listen=False, token=TOKEN).start()
     ok = wait_until(lambda: _ready(port), 30, 0.02)
     if not ok:
         d.stop()
@@ -188,8 +196,8 @@ def cluster(tmp_path_factory):
     daemons: list[Daemon] = []
     proxy = None
     try:
-        for p in ports:
-            daemons.append(start_backend(p))
+        for i, p in enumerate(ports):
+            daemons.append(start_backend(p, i))
         proxy = Proxy(d, ca, pem, ports)
         names = [f"fb{i + 1}" for i in range(N_DAEMONS)]
         if not wait_until(lambda: all(proxy.server_up(n) for n in names), 30, 0.05):
@@ -320,7 +328,7 @@ def test_rolling_upgrade(cluster, capsys):
             logs.append(old.stderr())
             old.stop()
             t_exit = time.monotonic()
-            daemons[i] = start_backend(port)  # /ready 200
+            daemons[i] = start_backend(port, i)  # /ready 200
             assert proxy.command(f"set server forkboxd/{name} state ready") == "\n"
             assert wait_until(lambda: proxy.server_up(name), 30, 0.02), \
                 f"haproxy did not see {name} up again:\n{proxy.log_text()[-3000:]}"
