@@ -227,6 +227,11 @@ static const struct opt opts[] = {
     {"drain-timeout", K_SECONDS, FIELD(drain_timeout_ms), .def = 30, .max = 31536000,
      .arg = "SEC", .help = "on SIGTERM, how long running turns may go on\n"
                          "(30; 0 = close them at once)"},
+    /* Behind a load balancer that polls /ready: its health check needs a
+     * moment to see the 503; turns it routes here meanwhile are admitted. */
+    {"drain-admit", K_SECONDS, FIELD(drain_admit_ms), .def = 0, .max = 3600,
+     .arg = "SEC", .help = "on SIGTERM, keep admitting new turns this long while\n"
+                         "/ready already answers 503 (0: refuse them at once)"},
     {"turn-buffer", K_SIZE, FIELD(turn_buffer), .def = TURN_BUFFER_DEFAULT, .min = MiB,
      .max = 1ULL << 40,
      .arg = "SIZE", .help = "supervisor memory one turn's messages may hold (528M)"},

@@ -62,6 +62,7 @@ struct config {
     uint64_t turn_timeout_ms;   /* default 7200 s; 0 = none */
     uint64_t idle_timeout_ms;   /* between blocks; default 600 s */
     uint64_t drain_timeout_ms;  /* SIGTERM: running turns' grace; default 30 s; 0 = close at once */
+    uint64_t drain_admit_ms;    /* SIGTERM: new turns still admitted this long (/ready 503); 0 */
     uint64_t turn_buffer;       /* bytes of messages one turn may make the supervisor hold */
     uint64_t total_buffer;      /* ... all turns together */
 

@@ -183,20 +183,32 @@ void server_drain_start(struct server *srv)
         return;
     srv->draining = true;
     server_notify_stopping(srv);
-    srv->drain_deadline_ms = now_ms() + srv->cfg->drain_timeout_ms;
-    LOG_I("draining: %u turns running, new upgrades get 503; closing what is left in %" PRIu64
-          " s", srv->n_turns, srv->cfg->drain_timeout_ms / 1000);
+    uint64_t now = now_ms();
+    srv->drain_deadline_ms = now + srv->cfg->drain_timeout_ms;
+    srv->drain_admit_until_ms = now + srv->cfg->drain_admit_ms;
+    LOG_I("draining: %u turns running, new upgrades get 503%s; closing what is left in %" PRIu64
+          " s", srv->n_turns, srv->cfg->drain_admit_ms ? " once --drain-admit has passed" : "",
+          srv->cfg->drain_timeout_ms / 1000);
     if (srv->cfg->drain_timeout_ms == 0)
         server_drain_end(srv);
     /* With no turn running, server_reap ends it before the loop sleeps. */
 }
 
-/* The drain is over when no turn holds a slot, or its time is up. */
+/* --drain-admit: the load balancer's health check has not yet seen /ready's
+ * 503, and a turn it routes here now is better admitted (and drained like
+ * the others) than refused. */
+static bool server_drain_admits(const struct server *srv)
+{
+    return srv->draining && !srv->stopping && now_ms() < srv->drain_admit_until_ms;
+}
+
+/* The drain is over when no turn holds a slot and none is admitted any
+ * more, or its time is up. */
 static void server_drain_check(struct server *srv, uint64_t now)
 {
     if (!srv->draining || srv->stopping)
         return;
-    if (srv->n_turns == 0) {
+    if (srv->n_turns == 0 && now >= srv->drain_admit_until_ms) {
         LOG_I("drained: no turn running; exiting");
         server_drain_end(srv);
     } else if (now >= srv->drain_deadline_ms) {
@@ -396,7 +408,7 @@ static void on_forkserver(struct loop_watch *w, uint32_t events)
 static int server_may_admit(void *host, const char *authorization)
 {
     struct server *srv = host;
-    if (srv->draining)
+    if (srv->draining && !server_drain_admits(srv))
         return -ESHUTDOWN;
     if (srv->n_turns >= srv->cfg->capacity || srv->single_use_admitted)
         return -EBUSY;

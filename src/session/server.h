@@ -51,6 +51,7 @@ struct server {
     bool accept_paused;           /* out of fds or memory: the listener rests until the tick */
     bool draining;                /* SIGTERM/SIGINT: no new turns; running ones go on */
     uint64_t drain_deadline_ms;   /* ... until then (--drain-timeout) */
+    uint64_t drain_admit_until_ms; /* new turns still admitted until then (--drain-admit) */
     bool stopping;                /* leave the loop once sessions are gone */
     uint64_t stop_deadline_ms;
     int exit_code;                /* forkboxd's exit status: 1 once the fork server is given up */

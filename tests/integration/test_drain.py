@@ -215,6 +215,36 @@ def test_sigterm_without_turns_exits_at_once(make_daemon):
     assert refused
 
 
+def test_drain_admit_keeps_admitting_while_ready_says_503(make_daemon):
+    """--drain-admit 2: for 2 s after SIGTERM /ready already answers 503 (a load
+    balancer's health check takes the daemon out) while an upgrade the balancer
+    still routes here is admitted and runs to its end; after that window
+    upgrades get 503, and the daemon exits 0 once its turns are done."""
+    d = make_daemon(["--drain-admit", "2", "--drain-timeout", "30"])
+
+    async def go():
+        held = await connect(d)  # admitted before: keeps the drain going past the window
+        os.kill(d.pid, signal.SIGTERM)
+        await asyncio.sleep(0.3)
+        ready_during = await asyncio.to_thread(http_get, d.port, "/ready")
+        turn = await connect(d)  # inside the window: admitted
+        r = await turn.run("print(6 * 7)")
+        await turn.ws.send(SHUTDOWN)
+        code, _, _ = await expect_closed(turn.ws, 10)
+        await asyncio.sleep(2.0)  # the window is over; `held` still runs
+        late = await asyncio.to_thread(http_raw, d.port, upgrade_request("/"))
+        await held.ws.send(SHUTDOWN)
+        held_code, _, _ = await expect_closed(held.ws, 10)
+        return ready_during, r, code, late, held_code
+    ready_during, r, code, late, held_code = arun(go(), T)
+
+    assert ready_during == (503, b"Shutting down\n"), ready_during
+    assert r.exit_code == 0 and r.stdout == "42\n", (r.stdout, r.stderr)
+    assert code == 1000 and held_code == 1000
+    assert late.status == 503 and late.body == b"Shutting down\n", late
+    assert d.wait_exit(10) == 0, d.stderr()[-2000:]
+
+
 def test_ready_is_503_at_capacity_and_an_upgrade_to_ready_is_a_turn(make_daemon):
     """/ready says 503 Busy while every turn slot is taken, 200 once one is free;
     an upgrade whose path is /ready is still a turn (spec 1.1: any path but

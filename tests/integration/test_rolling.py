@@ -17,7 +17,7 @@ says: `set server ... state drain` on the proxy's admin socket, SIGTERM (it
 drains, exits 0), a new daemon on the same port, `state ready`, and the next
 one only once the new one answers /ready 200 and HAProxy's check has seen it
 up. Every turn must complete, none may fail. Prints its figures (and writes
-them to <builddir>/test-rolling.txt)."""
+them to <builddir>/test-rolling-{admin,plain}.txt)."""
 
 import asyncio
 import csv
@@ -45,8 +45,11 @@ N_SEQ = 30            # sequential turns measured direct, then through the proxy
 WORKERS = 5           # concurrent clients during the roll (> the 4 slots left while one rolls)
 THINK = 0.1           # host time between a turn's two blocks (not counted in its latency)
 LOAD_TIME_LIMIT = 60  # the load stops by then whatever happens
+# --drain-admit 2: after SIGTERM a daemon still admits what the proxy routes
+# to it until the proxy's health check (every second, fall 1) has seen /ready
+# say 503: the roll by SIGTERM alone ("plain") loses no turn either.
 BASE_ARGS = ["--capacity", str(CAPACITY), "--preauth-per-peer", "0", "--pool", "2",
-             "--drain-timeout", "20", "--log-level", "info"]
+             "--drain-timeout", "20", "--drain-admit", "2", "--log-level", "info"]
 
 
 def haproxy_path() -> str:
@@ -301,7 +304,11 @@ def test_tls_and_token(cluster):
     asyncio.run(asyncio.wait_for(go(), 30))
 
 
-def test_rolling_upgrade(cluster, capsys):
+@pytest.mark.parametrize("mode", ["admin", "plain"])
+def test_rolling_upgrade(cluster, capsys, mode):
+    """admin: the README's roll (the proxy's admin socket drains the server
+    first, then SIGTERM). plain: SIGTERM alone, as `systemctl restart` on the
+    backend's host does; --drain-admit covers the proxy's health-check delay."""
     proxy: Proxy = cluster["proxy"]
     ports, daemons = cluster["ports"], cluster["daemons"]
 
@@ -321,7 +328,8 @@ def test_rolling_upgrade(cluster, capsys):
             # The README's roll: the proxy sends this daemon no new turn, then
             # SIGTERM (to forkboxd alone, as systemd's KillMode=mixed does)
             # lets its running turns finish.
-            assert proxy.command(f"set server forkboxd/{name} state drain") == "\n"
+            if mode == "admin":
+                assert proxy.command(f"set server forkboxd/{name} state drain") == "\n"
             os.kill(old.pid, signal.SIGTERM)
             rc = old.wait_exit(40)
             assert rc == 0, f"old daemon on {port} exited {rc}:\n{old.stderr(3000)}"
@@ -329,7 +337,8 @@ def test_rolling_upgrade(cluster, capsys):
             old.stop()
             t_exit = time.monotonic()
             daemons[i] = start_backend(port, i)  # /ready 200
-            assert proxy.command(f"set server forkboxd/{name} state ready") == "\n"
+            if mode == "admin":
+                assert proxy.command(f"set server forkboxd/{name} state ready") == "\n"
             assert wait_until(lambda: proxy.server_up(name), 30, 0.02), \
                 f"haproxy did not see {name} up again:\n{proxy.log_text()[-3000:]}"
             roll_log.append(f"{name}: drained and exited in {t_exit - t0:.2f} s, "
@@ -346,7 +355,8 @@ def test_rolling_upgrade(cluster, capsys):
     during = [took for t0, took in load.done if roll_t0 <= t0 < roll_t1]
     report = "\n".join([
         "",
-        "rolling upgrade through HAProxy (tests/integration/test_rolling.py):",
+        f"rolling upgrade through HAProxy (tests/integration/test_rolling.py, {mode}: "
+        + ("admin socket drain, then SIGTERM)" if mode == "admin" else "SIGTERM alone)"),
         f"  turns (2 blocks each, {THINK * 1000:.0f} ms host think time excluded):",
         f"  direct, one daemon, ws://, sequential:  {figures(direct)}",
         f"  through the proxy, wss://, sequential: {figures(proxied)}",
@@ -364,7 +374,7 @@ def test_rolling_upgrade(cluster, capsys):
         print(report)
     builddir = os.path.dirname(os.environ.get("FORKBOX_DISTDIR", ""))
     if builddir and os.path.isdir(builddir):
-        with open(os.path.join(builddir, "test-rolling.txt"), "w") as f:
+        with open(os.path.join(builddir, f"test-rolling-{mode}.txt"), "w") as f:
             f.write(report.lstrip("\n") + "\n")
 
     assert not load.failed, f"{len(load.failed)} turns failed: {load.failed[:5]}\n" \
