@@ -304,12 +304,7 @@ pid_t fork_helper(const char *what, int *fd, char *err, size_t errlen)
 
 int tcp_listen(const char *host, uint16_t port, uint16_t *bound_port)
 {
-    union {
-        struct sockaddr sa;
-        struct sockaddr_in in4;
-        struct sockaddr_in6 in6;
-        struct sockaddr_storage ss;
-    } a = {0};
+    union sockaddr_any a = {0};
     socklen_t alen;
     if (inet_pton(AF_INET, host, &a.in4.sin_addr) == 1) {
         a.in4.sin_family = AF_INET;

@@ -5,7 +5,18 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/types.h>
+
+/* Any socket address (accept, getsockname, getpeername), read as the
+ * family it turns out to be. */
+union sockaddr_any {
+    struct sockaddr sa;
+    struct sockaddr_in in4;
+    struct sockaddr_in6 in6;
+    struct sockaddr_storage ss;
+};
 
 int fd_set_nonblock(int fd, bool on);   /* 0 or -errno */
 int fd_set_cloexec(int fd, bool on);    /* 0 or -errno */

@@ -68,10 +68,7 @@ static void on_accept(struct loop_watch *w, uint32_t events)
     /* Bounded batch per wakeup so a connect flood cannot starve turns; the
      * listener is level-triggered, so the rest waits for the next round. */
     for (int i = 0; i < ACCEPT_BATCH; i++) {
-        union {
-            struct sockaddr sa;
-            struct sockaddr_storage ss;
-        } peer = {0};
+        union sockaddr_any peer = {0};
         socklen_t plen = sizeof peer;
         int fd = accept4(srv->listen_fd, &peer.sa, &plen, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {

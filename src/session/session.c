@@ -191,12 +191,7 @@ static void reply_and_close(struct session *s, int status, const char *reason, c
  * "[2001:db8::1]:40000"), or its pre-auth key once the socket has lost it. */
 static void peer_str(const struct session *s, char *out, size_t len)
 {
-    union {
-        struct sockaddr sa;
-        struct sockaddr_in in4;
-        struct sockaddr_in6 in6;
-        struct sockaddr_storage ss;
-    } a = {0};
+    union sockaddr_any a = {0};
     socklen_t alen = sizeof a;
     char ip[INET6_ADDRSTRLEN];
     if (getpeername(s->fd, &a.sa, &alen) < 0)
