@@ -34,6 +34,8 @@ struct fs_client {
  * which adds no module to sys.modules but this one, and calls its main(). */
 #define FS_CTL_FD 3
 #define FS_MODULE_FD 4
+#define FS_STR_(x) #x
+#define FS_STR(x) FS_STR_(x) /* a number's digits, for FS_BOOT */
 #define FS_ARGV_FLAG "--internal-forkserver"
 #define FS_ARGV {"forkboxd", "-I", "-B", "-X", "utf8", "-", FS_ARGV_FLAG, NULL}
 #define FS_BOOT                                                              \
@@ -43,7 +45,7 @@ struct fs_client {
     "sys.argv[:] = ['']\n"                                                   \
     "from importlib.machinery import ModuleSpec\n"                           \
     "_imp.create_dynamic(ModuleSpec('_forkbox_sandbox', None,\n"             \
-    "                               origin='/proc/self/fd/4')).main()\n"
+    "                               origin='/proc/self/fd/" FS_STR(FS_MODULE_FD) "')).main()\n"
 
 /* Open and check the fork server's files: python3.11 into fs->exe_fd and
  * forkbox-sandbox.so (--sandbox-module, else the build tree's when this is
