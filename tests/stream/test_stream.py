@@ -502,3 +502,14 @@ def test_a_refused_syscall_is_counted(tmp_path):
             s.stderr()
     finally:
         s.close()
+
+
+def test_back_to_back_blocks(sandbox):
+    """The host sends its next run as soon as it has read output, which may be
+    before the sandbox's end-of-block message reached forkbox: never dropped
+    (it once was, as an 'unexpected frame kind: Run', under load)."""
+    sandbox.ready()
+    for i in range(40):
+        _, d, out = sandbox.run(f"print({i})")
+        assert out["stdout"] == f"{i}\n", (i, out, sandbox.stderr())
+    assert "unexpected" not in sandbox.stderr()
