@@ -513,3 +513,25 @@ def test_back_to_back_blocks(sandbox):
         _, d, out = sandbox.run(f"print({i})")
         assert out["stdout"] == f"{i}\n", (i, out, sandbox.stderr())
     assert "unexpected" not in sandbox.stderr()
+
+
+def test_fails_closed_without_root(tmp_path):
+    """As forkboxd: without what isolation needs (here root, to map the
+    sandbox's id) it does not run user code unconfined; it exits 2 and says
+    why."""
+    w, tools = make_dirs(tmp_path)
+    os.chmod(tmp_path, 0o755)
+    ours, theirs = socket.socketpair()
+    env = base_env(w, tools)
+    errf = open(tmp_path / "stderr.txt", "wb")
+    proc = subprocess.Popen(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups",
+                             FORKBOX, "sandbox"], env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=errf, pass_fds=(3,),
+                            preexec_fn=lambda: os.dup2(theirs.fileno(), 3))
+    errf.close()
+    theirs.close()
+    try:
+        assert proc.wait(timeout=60) == 2
+        assert "isolation needs root" in (tmp_path / "stderr.txt").read_text()
+    finally:
+        ours.close()
