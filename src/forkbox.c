@@ -10,7 +10,8 @@
  *   1. read the spec 8.1 variables and move the host's inherited fds above
  *      the ones the fork server keeps across its exec (stream/transport.h);
  *   2. parse the settings: forkboxd's flags, --config file and environment
- *      (config.c), plus ADK_CODE_MODE_WORKDIR;
+ *      (config.c), plus ADK_CODE_MODE_WORKDIR, and lease a pair of host ids
+ *      no other forkbox sandbox holds (stream/lease.h);
  *   3. start the fork server: fork + execve of python3.11 with a fixed
  *      environment, so its fresh address space never held the host's fds or
  *      the token, and neither does any sandbox cloned from it;
@@ -22,11 +23,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "config/config.h"
 #include "core/log.h"
 #include "core/util.h"
 #include "sandbox/forkserver.h"
+#include "stream/lease.h"
 #include "stream/relay.h"
 #include "stream/transport.h"
 
@@ -73,6 +76,20 @@ static int sandbox_main(int argc, char **argv)
     snprintf(cfg.workdir, sizeof cfg.workdir, "%s", w);
     log_init("forkbox", cfg.log_level);
     log_set_format(cfg.log_format, cfg.log_journal);
+    /* Held until we exit, after the fork server has reaped the sandbox.
+     * Without root the fork server refuses isolation itself, and says so. */
+    struct id_lease lease = {.fd = -1};
+    if (cfg.isolate && geteuid() == 0) {
+        uint32_t first = cfg.id_range_set ? cfg.id_first : STREAM_ID_FIRST;
+        uint32_t count = cfg.id_range_set ? cfg.id_count : 65536;
+        if (id_lease_take(first, count, &lease, err, sizeof err) < 0) {
+            fprintf(stderr, "forkbox sandbox: %s\n", err);
+            transport_close(&t);
+            return STREAM_EXIT_USAGE;
+        }
+        cfg.id_first = lease.first;
+        cfg.id_count = 2;
+    }
     /* A host that goes away is an error on the write, not a signal. */
     signal(SIGPIPE, SIG_IGN);
 
@@ -80,17 +97,20 @@ static int sandbox_main(int argc, char **argv)
     if (fs_client_start(&cfg, &fs, err, sizeof err) < 0) {
         fprintf(stderr, "forkbox sandbox: cannot start the sandbox: %s\n", err);
         transport_close(&t);
+        id_lease_release(&lease);
         return STREAM_EXIT_USAGE;
     }
     if (transport_connect(&t, err, sizeof err) < 0) {
         fprintf(stderr, "forkbox sandbox: %s\n", err);
         fs_client_stop(&fs);
         transport_close(&t);
+        id_lease_release(&lease);
         return STREAM_EXIT_USAGE;
     }
     int status = stream_run(&cfg, &fs, &t);
     transport_close(&t);
     fs_client_stop(&fs);
+    id_lease_release(&lease);
     return status;
 }
 

@@ -445,6 +445,7 @@ static int set_opt(struct config *cfg, const struct opt *o, const char *a, char 
     case K_ID_RANGE:
         if (parse_id_range(cfg, a) < 0)
             return err_fmt(err, errlen, -EINVAL, "--%s: expected FIRST:COUNT, got %s", o->name, a);
+        cfg->id_range_set = true;
         return 0;
     case K_ENUM: {
         int i = parse_enum(a, o->names);
@@ -692,6 +693,7 @@ int config_parse(int argc, char **argv, struct config *cfg, char *err, size_t er
     int r = set_defaults(cfg, err, errlen);
     if (r < 0)
         return r;
+    cfg->id_range_set = false; /* the default went through set_opt() too */
 
     struct option long_opts[N_OPTS + 1];
     for (size_t i = 0; i < N_OPTS; i++) {

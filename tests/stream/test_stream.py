@@ -535,3 +535,62 @@ def test_fails_closed_without_root(tmp_path):
         assert "isolation needs root" in (tmp_path / "stderr.txt").read_text()
     finally:
         ours.close()
+
+
+def _sandbox_uids(root_pid):
+    """Host uids of the processes below root_pid that are not root's."""
+    children = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as fh:
+                    stat = fh.read()
+            except OSError:
+                continue
+            children.setdefault(int(stat[stat.rindex(")") + 2:].split()[1]), []).append(int(d))
+    uids, todo = set(), [root_pid]
+    while todo:
+        pid = todo.pop()
+        todo.extend(children.get(pid, []))
+        try:
+            with open(f"/proc/{pid}/status") as fh:
+                uid = next(int(line.split()[1]) for line in fh if line.startswith("Uid:"))
+        except (OSError, StopIteration):
+            continue
+        if uid != 0:
+            uids.add(uid)
+    return uids
+
+
+def test_concurrent_sandboxes_never_share_a_uid(tmp_path):
+    """Each forkbox sandbox leases a pair of ids (flock under
+    /run/forkbox/sandbox-ids) from a default range next to forkboxd's, so
+    sandboxes running at once never share kernel accounting by uid, nor with
+    a forkboxd on its default range; the lease goes when the sandbox does."""
+    boxes = []
+    try:
+        for i in range(4):
+            d = tmp_path / f"s{i}"
+            d.mkdir()
+            boxes.append(start("fd", d))
+        for s in boxes:
+            s.ready()
+        uids = [_sandbox_uids(s.proc.pid) for s in boxes]
+        for i, u in enumerate(uids):
+            assert len(u) == 1, uids
+            (uid,) = u
+            assert 2013331456 <= uid < 2013331456 + 65536, uid  # not forkboxd's default range
+            for other in uids[:i]:
+                assert u.isdisjoint(other), uids
+        leases = set(os.listdir("/run/forkbox/sandbox-ids"))
+        for (uid,) in uids:
+            assert str(uid - uid % 2) in leases, (uid, leases)
+        for s in boxes:
+            s.send({"kind": "shutdown"})
+            assert s.wait() == 0
+        left = set(os.listdir("/run/forkbox/sandbox-ids"))
+        for (uid,) in uids:
+            assert str(uid - uid % 2) not in left, (uid, left)
+    finally:
+        for s in boxes:
+            s.close()
