@@ -21,11 +21,15 @@
  *       the raw clone(2) with no new stack (it behaves as fork), in this
  *       architecture's argument order; as syscall(2): -1 with errno.
  *
- * Another architecture adds its header here; until then the build stops. */
+ * aarch64 is cross-built and its pure code tested under qemu (tools/cross-arm64),
+ * never run as a sandbox (README "aarch64"). Another architecture adds its
+ * header here; until then the build stops. */
 #pragma once
 
 #if defined(__x86_64__)
 #include "sandbox/arch_x86_64.h"
+#elif defined(__aarch64__)
+#include "sandbox/arch_aarch64.h"
 #else
 #error "forkbox: no spawn code for this architecture: add src/sandbox/arch_<arch>.h (see arch.h)"
 #endif

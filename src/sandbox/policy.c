@@ -120,13 +120,21 @@ static int perr(struct parser *p, const char *fmt, ...)
     return -EINVAL;
 }
 
-const char *policy_syscall_name(int nr, char *buf, size_t len)
+const char *policy_syscall_name_arch(uint32_t arch, int nr, char *buf, size_t len)
 {
-    char *s = seccomp_syscall_resolve_num_arch(SCMP_ARCH_NATIVE, nr);
+    char *s = seccomp_syscall_resolve_num_arch(arch, nr);
     snprintf(buf, len, "%s", s ? s : "?");
     free(s);
     return buf;
 }
+
+const char *policy_syscall_name(int nr, char *buf, size_t len)
+{
+    return policy_syscall_name_arch(SCMP_ARCH_NATIVE, nr, buf, len);
+}
+
+/* Names in messages are the rules' architecture's. */
+#define rule_name(r, nr, buf) policy_syscall_name_arch((r)->arch, (nr), (buf), sizeof(buf))
 
 const char *policy_action_str(enum policy_action act, uint16_t err, char *buf, size_t len)
 {
@@ -150,9 +158,15 @@ static bool refusing(enum policy_action a)
     return a == POLICY_DENY || a == POLICY_ERRNO || a == POLICY_KILL || a == POLICY_NOOP;
 }
 
+bool policy_supervisable_arch(uint32_t arch, int nr)
+{
+    /* The supervisor's handlers (src/session/flock.c); keep in step. By
+     * name: the number is the rules' architecture's. */
+    return nr >= 0 && nr == seccomp_syscall_resolve_name_arch(arch, "flock");
+}
+
 bool policy_supervisable(int nr)
 {
-    /* The supervisor's handlers (src/session/flock.c); keep in step. */
     return nr == SYS_flock;
 }
 
@@ -230,7 +244,7 @@ static int parse_value(struct parser *p, const char *tok, uint64_t *out)
  * skipped), or an error. */
 static int resolve_syscall(struct parser *p, const char *name, int *nr)
 {
-    int n = seccomp_syscall_resolve_name_arch(SCMP_ARCH_NATIVE, name);
+    int n = seccomp_syscall_resolve_name_arch(p->r->arch, name);
     if (n == __NR_SCMP_ERROR)
         return perr(p, "unknown syscall '%s'", name);
     if (n < 0) {
@@ -372,11 +386,11 @@ static int apply_uncond(struct parser *p, int nr, enum policy_action act, uint16
         if (s->act == act && s->err == err) {
             if (direct || s->direct)
                 return perr(p, "duplicate rule for '%s' (first at line %u)",
-                            policy_syscall_name(nr, name, sizeof name), s->line);
+                            rule_name(p->r, nr, name), s->line);
             return 0; /* overlapping groups with the same action: fine */
         }
         return perr(p, "conflicting rules for '%s': %s (line %u) and %s",
-                    policy_syscall_name(nr, name, sizeof name), policy_action_str(s->act, s->err, a, sizeof a),
+                    rule_name(p->r, nr, name), policy_action_str(s->act, s->err, a, sizeof a),
                     s->line, policy_action_str(act, err, b, sizeof b));
     }
     for (size_t i = 0; i < r->n_when; i++) {
@@ -385,10 +399,10 @@ static int apply_uncond(struct parser *p, int nr, enum policy_action act, uint16
             continue;
         if (w->act == POLICY_ALLOW)
             return perr(p, "conflicting rules for '%s': an unconditional rule would override "
-                        "'allow ... when' at line %u", policy_syscall_name(nr, name, sizeof name), w->line);
+                        "'allow ... when' at line %u", rule_name(p->r, nr, name), w->line);
         if (refusing(act))
             return perr(p, "conflicting rules for '%s': refused unconditionally and "
-                        "conditionally (line %u)", policy_syscall_name(nr, name, sizeof name), w->line);
+                        "conditionally (line %u)", rule_name(p->r, nr, name), w->line);
     }
     s->act = act;
     s->err = err;
@@ -406,11 +420,11 @@ static int apply_when(struct parser *p, const struct policy_when *w)
     if (s->act != POLICY_NONE) {
         if (w->act == POLICY_ALLOW)
             return perr(p, "conflicting rules for '%s': 'allow ... when' cannot narrow the "
-                        "unconditional rule at line %u", policy_syscall_name(w->nr, name, sizeof name),
+                        "unconditional rule at line %u", rule_name(p->r, w->nr, name),
                         s->line);
         if (refusing(s->act))
             return perr(p, "conflicting rules for '%s': refused unconditionally (line %u) and "
-                        "conditionally", policy_syscall_name(w->nr, name, sizeof name), s->line);
+                        "conditionally", rule_name(p->r, w->nr, name), s->line);
     }
     for (size_t i = 0; i < r->n_when; i++) {
         const struct policy_when *o = &r->when[i];
@@ -419,11 +433,11 @@ static int apply_when(struct parser *p, const struct policy_when *w)
         if (o->act == w->act && o->err == w->err && o->ncond == w->ncond &&
             memcmp(o->cond, w->cond, sizeof o->cond) == 0)
             return perr(p, "duplicate rule for '%s' (first at line %u)",
-                        policy_syscall_name(w->nr, name, sizeof name), o->line);
+                        rule_name(p->r, w->nr, name), o->line);
         if (refusing(w->act) && refusing(o->act) && (o->act != w->act || o->err != w->err))
             return perr(p, "conflicting rules for '%s': %s (line %u) and %s; conditional "
                         "refusals of one syscall must share one action",
-                        policy_syscall_name(w->nr, name, sizeof name),
+                        rule_name(p->r, w->nr, name),
                         policy_action_str(o->act, o->err, a, sizeof a), o->line,
                         policy_action_str(w->act, w->err, b, sizeof b));
     }
@@ -511,10 +525,10 @@ static int parse_conditions(struct parser *p, char **tok, size_t ntok, struct po
 static int check_supervisable(struct parser *p, enum policy_action act, int nr)
 {
     char name[64];
-    if (act != POLICY_SUPERVISE || policy_supervisable(nr))
+    if (act != POLICY_SUPERVISE || policy_supervisable_arch(p->r->arch, nr))
         return 0;
     return perr(p, "the supervisor has no handler for '%s' (supervise: flock only)",
-                policy_syscall_name(nr, name, sizeof name));
+                rule_name(p->r, nr, name));
 }
 
 /* allow|deny E|errno E|kill|noop|supervise TARGETS [when ...]; tok[0] is the
@@ -732,6 +746,12 @@ void policy_rules_free(struct policy_rules *r)
 int policy_parse(const char *path, const char *text, size_t len, struct policy_rules **out,
                  char *err, size_t errlen)
 {
+    return policy_parse_arch(path, text, len, seccomp_arch_native(), out, err, errlen);
+}
+
+int policy_parse_arch(const char *path, const char *text, size_t len, uint32_t arch,
+                      struct policy_rules **out, char *err, size_t errlen)
+{
     struct policy_rules *r = calloc(1, sizeof *r);
     _cleanup_free_ struct parser *p = calloc(1, sizeof *p);
     if (!r || !p) {
@@ -739,6 +759,7 @@ int policy_parse(const char *path, const char *text, size_t len, struct policy_r
         return err_fmt(err, errlen, -ENOMEM, "%s: out of memory", path);
     }
     snprintf(r->path, sizeof r->path, "%s", path);
+    r->arch = arch;
     p->r = r;
     p->err = err;
     p->errlen = errlen;
@@ -793,6 +814,12 @@ fail:
 
 int policy_parse_file(const char *path, struct policy_rules **out, char *err, size_t errlen)
 {
+    return policy_parse_file_arch(path, seccomp_arch_native(), out, err, errlen);
+}
+
+int policy_parse_file_arch(const char *path, uint32_t arch, struct policy_rules **out, char *err,
+                           size_t errlen)
+{
     _cleanup_close_ int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
     struct stat st;
     if (fd < 0 || fstat(fd, &st) < 0) {
@@ -823,7 +850,7 @@ int policy_parse_file(const char *path, struct policy_rules **out, char *err, si
             break; /* shrank while we read: parse what is there */
         got += (size_t)n;
     }
-    return policy_parse(path, text, got, out, err, errlen);
+    return policy_parse_arch(path, text, got, arch, out, err, errlen);
 }
 
 /* --- filters --- */
@@ -854,14 +881,31 @@ uint16_t policy_deny_errno(const struct policy_rules *r, int nr)
     return r->def == POLICY_DENY ? r->def_err : EPERM;
 }
 
-static scmp_filter_ctx new_filter(uint32_t def)
+/* A filter for arch alone. The rules' numbers are that architecture's. */
+static scmp_filter_ctx new_filter(uint32_t def, uint32_t arch)
 {
+    /* The filter is exported, never loaded by libseccomp, and it may be for
+     * another kernel than this one (forkbox-policy --arch, qemu-user, which
+     * has no seccomp(2)): say which actions it may use instead of letting
+     * libseccomp ask the running kernel (it would refuse SCMP_ACT_NOTIFY
+     * where seccomp(2) is missing). The kernel that runs sandboxes is
+     * checked where they run: probe_seccomp_kernel and probe_seccomp_policy
+     * (which loads this very filter) before any turn. Level 5: KILL_PROCESS
+     * (3) and USER_NOTIF (5). */
+    if (seccomp_api_get() < 5 && seccomp_api_set(5) < 0)
+        return NULL;
     scmp_filter_ctx ctx = seccomp_init(def);
     if (!ctx)
         return NULL;
-    /* Only the native arch is in the filter: i386 (int 0x80) and x32
-     * (nr | __X32_SYSCALL_BIT, which libseccomp checks for on x86_64) take
-     * the bad-arch action. */
+    if (arch != seccomp_arch_native() &&
+        (seccomp_arch_add(ctx, arch) < 0 || seccomp_arch_remove(ctx, SCMP_ARCH_NATIVE) < 0)) {
+        seccomp_release(ctx);
+        return NULL;
+    }
+    /* Only arch is in the filter; every other ABI takes the bad-arch
+     * action. On x86-64: i386 (int 0x80) and x32 (nr | __X32_SYSCALL_BIT,
+     * which libseccomp checks for in the x86_64 arch). On aarch64: 32-bit
+     * ARM (AArch32 EL0, AUDIT_ARCH_ARM), where the kernel has it. */
     if (seccomp_attr_set(ctx, SCMP_FLTATR_ACT_BADARCH, SCMP_ACT_KILL_PROCESS) < 0 ||
         seccomp_attr_set(ctx, SCMP_FLTATR_CTL_OPTIMIZE, 2) < 0 || /* binary tree */
         seccomp_attr_set(ctx, SCMP_FLTATR_CTL_NNP, 0) < 0) {     /* we export, never load */
@@ -871,7 +915,22 @@ static scmp_filter_ctx new_filter(uint32_t def)
     return ctx;
 }
 
-static int add_when(scmp_filter_ctx ctx, const struct policy_when *w)
+/* libseccomp reads a rule's number as the native architecture's and
+ * translates it by name for each architecture in the filter, so a rule for
+ * another one passes its name's native number: a negative pseudo-number
+ * where this machine has no such call, which libseccomp maps back. */
+static int scmp_nr(const struct policy_rules *r, int nr)
+{
+    if (r->arch == seccomp_arch_native())
+        return nr;
+    char *name = seccomp_syscall_resolve_num_arch(r->arch, nr);
+    int n = name ? seccomp_syscall_resolve_name_arch(SCMP_ARCH_NATIVE, name) : __NR_SCMP_ERROR;
+    free(name);
+    return n;
+}
+
+static int add_when(scmp_filter_ctx ctx, const struct policy_rules *r,
+                    const struct policy_when *w)
 {
     struct scmp_arg_cmp cmp[6];
     for (uint8_t k = 0; k < w->ncond; k++) {
@@ -882,7 +941,10 @@ static int add_when(scmp_filter_ctx ctx, const struct policy_when *w)
             .datum_b = c->op == SCMP_CMP_MASKED_EQ ? c->value : 0,
         };
     }
-    return seccomp_rule_add_array(ctx, scmp_action(w->act, w->err, true), w->nr, w->ncond, cmp);
+    int nr = scmp_nr(r, w->nr);
+    if (nr == __NR_SCMP_ERROR)
+        return -EFAULT;
+    return seccomp_rule_add_array(ctx, scmp_action(w->act, w->err, true), nr, w->ncond, cmp);
 }
 
 int policy_build(const struct policy_rules *r, scmp_filter_ctx *mainp, scmp_filter_ctx *exceptp,
@@ -890,7 +952,7 @@ int policy_build(const struct policy_rules *r, scmp_filter_ctx *mainp, scmp_filt
 {
     char name[64];
     uint32_t def = scmp_action(r->def, r->def_err, false);
-    scmp_filter_ctx m = new_filter(def), x = NULL;
+    scmp_filter_ctx m = new_filter(def, r->arch), x = NULL;
     int rc;
     *mainp = *exceptp = NULL;
     if (!m) {
@@ -901,9 +963,10 @@ int policy_build(const struct policy_rules *r, scmp_filter_ctx *mainp, scmp_filt
         uint32_t a = scmp_action(s->act, s->err, false);
         if (s->act == POLICY_NONE || a == def) /* the default already does it */
             continue;
-        if ((rc = seccomp_rule_add(m, a, nr, 0)) < 0) {
+        int n = scmp_nr(r, nr);
+        if ((rc = n == __NR_SCMP_ERROR ? -EFAULT : seccomp_rule_add(m, a, n, 0)) < 0) {
             snprintf(err, errlen, "%s:%u: libseccomp refused the rule for '%s': %s", r->path,
-                     s->line, policy_syscall_name(nr, name, sizeof name), strerror(-rc));
+                     s->line, rule_name(r, nr, name), strerror(-rc));
             goto fail;
         }
     }
@@ -911,12 +974,12 @@ int policy_build(const struct policy_rules *r, scmp_filter_ctx *mainp, scmp_filt
         const struct policy_when *w = &r->when[i];
         rc = 0;
         if (refusing(w->act)) {
-            if (!x && !(x = new_filter(SCMP_ACT_ALLOW))) {
+            if (!x && !(x = new_filter(SCMP_ACT_ALLOW, r->arch))) {
                 rc = -ENOMEM;
                 snprintf(err, errlen, "%s: libseccomp: cannot create a filter", r->path);
                 goto fail;
             }
-            rc = add_when(x, w);
+            rc = add_when(x, r, w);
             /* The kernel takes the most restrictive result of all filters
              * (KILL > ERRNO > USER_NOTIF), and of two ERRNO results the
              * main filter's (loaded last, run first). Without an
@@ -924,13 +987,13 @@ int policy_build(const struct policy_rules *r, scmp_filter_ctx *mainp, scmp_filt
              * its default, so it must return the same refusal for them. */
             if (rc == 0 && r->sys[w->nr].act == POLICY_NONE &&
                 scmp_action(w->act, w->err, true) != def)
-                rc = add_when(m, w);
+                rc = add_when(m, r, w);
         } else {
-            rc = add_when(m, w);
+            rc = add_when(m, r, w);
         }
         if (rc < 0) {
             snprintf(err, errlen, "%s:%u: libseccomp refused the rule for '%s': %s", r->path,
-                     w->line, policy_syscall_name(w->nr, name, sizeof name), strerror(-rc));
+                     w->line, rule_name(r, w->nr, name), strerror(-rc));
             goto fail;
         }
     }

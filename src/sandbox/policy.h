@@ -117,6 +117,8 @@ struct policy_rules {
     size_t n_groups;
     struct policy_group *groups; /* owned */
     unsigned n_foreign;      /* names known to libseccomp but not on this arch, skipped */
+    uint32_t arch;           /* SCMP_ARCH_* the numbers are for (the native one's value
+                                unless parsed with policy_parse_arch) */
 };
 
 /* Parse text (len bytes, need not be NUL-terminated). path is used only in
@@ -125,11 +127,18 @@ struct policy_rules {
 int policy_parse(const char *path, const char *text, size_t len, struct policy_rules **out,
                  char *err, size_t errlen);
 void policy_rules_free(struct policy_rules *r);
+/* The same for another architecture (SCMP_ARCH_AARCH64...): names resolve
+ * to its numbers and policy_build makes a filter for it alone. For checking
+ * a policy on a build machine; forkboxd only uses the native one. */
+int policy_parse_arch(const char *path, const char *text, size_t len, uint32_t arch,
+                      struct policy_rules **out, char *err, size_t errlen);
 /* Read path (at most POLICY_MAX_BYTES) and policy_parse() it. As above, plus
  * -errno with "path: reason" when the file cannot be read. */
 int policy_parse_file(const char *path, struct policy_rules **out, char *err, size_t errlen);
+int policy_parse_file_arch(const char *path, uint32_t arch, struct policy_rules **out, char *err,
+                           size_t errlen);
 
-/* Build the libseccomp filters for the native architecture: *main always,
+/* Build the libseccomp filters for r->arch (only that one): *main always,
  * *except only when the policy has refusing `when` rules (else NULL). Foreign
  * ABIs kill the process; the binary-tree optimisation is on. 0 or -errno with
  * "path:line: reason" in err. The caller releases both with seccomp_release. */
@@ -144,6 +153,8 @@ uint16_t policy_deny_errno(const struct policy_rules *r, int nr);
 /* Whether the supervisor has a handler for native syscall nr, so that
  * `supervise` may name it (today: flock). */
 bool policy_supervisable(int nr);
+/* The same for a number of arch (a policy_rules' arch). */
+bool policy_supervisable_arch(uint32_t arch, int nr);
 
 /* "allow", "deny EPERM", "errno ENOSYS", "kill", "noop", "supervise" into buf. */
 const char *policy_action_str(enum policy_action act, uint16_t err, char *buf, size_t len);
@@ -151,3 +162,5 @@ const char *policy_action_str(enum policy_action act, uint16_t err, char *buf, s
 /* Name of a native syscall number into buf ("?" if unknown). Uses libseccomp's
  * table (allocates). */
 const char *policy_syscall_name(int nr, char *buf, size_t len);
+/* The same for a number of arch. */
+const char *policy_syscall_name_arch(uint32_t arch, int nr, char *buf, size_t len);

@@ -369,6 +369,9 @@ static int c_misc_allowed(void)
         return 6;
     return 0;
 }
+/* The other ABIs of x86-64. An AArch64 process has no instruction for an
+ * AArch32 call; test_policy_arch.c checks the aarch64 filter kills them. */
+#ifdef __x86_64__
 static int c_x32(void)
 {
     syscall(0x40000000 /* __X32_SYSCALL_BIT */ | SYS_getpid);
@@ -380,6 +383,7 @@ static int c_int80(void)
     __asm__ volatile("int $0x80" : "+a"(r) : : "memory");
     return 1;
 }
+#endif
 static void *thread_fn(void *arg) { return arg; }
 static int c_threads(void)
 {
@@ -574,8 +578,10 @@ static const struct check checks[] = {
       c_ioctl, 0, "" },
     { "rlimits of self, prctl, SIGSYS handler, memfd, mmap, file locks", c_misc_allowed, 0,
       "prlimit64 prctl" },
+#ifdef __x86_64__
     { "x32 syscall -> killed by SIGSYS", c_x32, SIGSYS, "" },
     { "int 0x80 -> killed by SIGSYS", c_int80, SIGSYS, "" },
+#endif
     { "pthread_create", c_threads, 0, "" },
     { "fork+exec /bin/true, posix_spawn /bin/sh", c_fork_exec, 0, "" },
     { "exec'd program: a counted refusal returns EPERM and is counted", c_exec_counted, 0,
