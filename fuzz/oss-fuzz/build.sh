@@ -5,7 +5,7 @@
 #   fuzz-T                    the target (LLVMFuzzerTestOneInput, unchanged)
 #   fuzz-T_seed_corpus.zip    fuzz/corpus/T/ and tests/fuzz/regressions/T/
 #   fuzz-T.dict               fuzz/T.dict, where there is one
-#   fuzz-T.options            the max_len tools/fuzz gives T, where it does
+#   fuzz-T.options            fuzz/T.options (max_len), where there is one
 #
 # Inputs (OSS-Fuzz sets them): CC, CFLAGS (sanitizer and coverage flags),
 # LIB_FUZZING_ENGINE (the engine's link arguments), OUT, SRC (the checkout is
@@ -48,14 +48,9 @@ for t in $targets; do
             python3 -m zipfile -c "$OUT/fuzz-${t}_seed_corpus.zip" $seeds
         fi
     fi
-    [ -f "$repo/fuzz/$t.dict" ] && cp "$repo/fuzz/$t.dict" "$OUT/fuzz-$t.dict"
-    # The longest input, as tools/fuzz's max_len().
-    case "$t" in
-    ws) max_len=16384 ;;
-    archive|tarcheck) max_len=65536 ;;
-    *) max_len= ;;
-    esac
-    if [ -n "$max_len" ]; then
-        printf '[libfuzzer]\nmax_len = %s\n' "$max_len" >"$OUT/fuzz-$t.options"
-    fi
+    for f in "$repo/fuzz/$t.dict" "$repo/fuzz/$t.options"; do
+        if [ -f "$f" ]; then
+            cp "$f" "$OUT/fuzz-${f##*/}"
+        fi
+    done
 done
