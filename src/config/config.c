@@ -92,12 +92,20 @@ static uint64_t default_total_buffer(void)
 static const char *const level_names[] = {"debug", "info", "warn", "error", NULL};
 static const char *const log_format_names[] = {"text", "json", NULL};
 
-bool config_built_here(void)
+#ifndef FORKBOX_BUILD_TOOL      /* the build tree's forkbox (`forkbox sandbox`) */
+#define FORKBOX_BUILD_TOOL ""
+#endif
+
+static bool is_self(const char *path)
 {
     struct stat self, built;
-    return FORKBOX_BUILD_DAEMON[0] && stat("/proc/self/exe", &self) == 0 &&
-           stat(FORKBOX_BUILD_DAEMON, &built) == 0 && self.st_dev == built.st_dev &&
-           self.st_ino == built.st_ino;
+    return path[0] && stat("/proc/self/exe", &self) == 0 && stat(path, &built) == 0 &&
+           self.st_dev == built.st_dev && self.st_ino == built.st_ino;
+}
+
+bool config_built_here(void)
+{
+    return is_self(FORKBOX_BUILD_DAEMON) || is_self(FORKBOX_BUILD_TOOL);
 }
 
 /* The build tree's forkboxd runs with the source tree's policy (what is
@@ -757,6 +765,8 @@ void config_for_forkserver(const struct config *cfg, struct config *out)
     }
     /* Found by config_parse, not a row: the fork server shares our stderr. */
     out->log_journal = cfg->log_journal;
+    /* Set by `forkbox sandbox` (stream/), not a row. */
+    memcpy(out->workdir, cfg->workdir, sizeof out->workdir);
 }
 
 /* Is the text of n, as a whole word, in s? */

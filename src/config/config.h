@@ -39,6 +39,10 @@ struct config {
 
     /* sandbox */
     char tools_dir[256];        /* env ADK_CODE_MODE_TOOLS_DIR, default /tools */
+    char workdir[256];          /* `forkbox sandbox` only (not a flag: its spec 8.2
+                                   ADK_CODE_MODE_WORKDIR): the host dir bound read-write
+                                   at the same path, and the tools dir a host dir bound
+                                   read-only (stream mode); "" = WebSocket turns */
     bool isolate;               /* false only with --no-isolation (benchmarks) */
     bool allow_no_cgroups;      /* --allow-no-cgroups: an unenforceable cgroup limit is a
                                    warning, not a refusal to start (cgroups.c) */

@@ -498,6 +498,8 @@ static PyObject *fb_snapshot(PyObject *self, PyObject *unused)
     struct snapshot_stats st = {0};
     int r;
     snapshot_iov_free(&g_pyrt.snap);
+    if (g_pyrt.no_snapshot) /* stream mode: the host sees the workspace itself */
+        return Py_BuildValue("(KKO)", 0ULL, 0ULL, Py_None);
     if (!g_pyrt.snap_cache && g_pyrt.snapshot_cache_max)
         g_pyrt.snap_cache = snapshot_cache_new(g_pyrt.snapshot_cache_max);
     Py_BEGIN_ALLOW_THREADS

@@ -203,6 +203,7 @@ int pyrt_init(const struct config *cfg, char *err, size_t errlen)
         return err_fmt(err, errlen, -EALREADY, "pyrt_init: the runtime is already initialised");
     g_pyrt.output_cap = cfg->output_cap ? cfg->output_cap : OUTPUT_DEFAULT_CAP;
     g_pyrt.snapshot_max = cfg->snapshot_max ? cfg->snapshot_max : SNAPSHOT_DEFAULT_MAX_BYTES;
+    g_pyrt.no_snapshot = cfg->workdir[0] != '\0';
     /* The members kept for the next snapshot count against the turn's
      * memory cgroup: at most an eighth of it, and SNAPSHOT_CACHE_MAX. */
     g_pyrt.snapshot_cache_max = SNAPSHOT_CACHE_MAX;

@@ -120,6 +120,8 @@ struct pyrt_state {
     /* from struct config, copied by pyrt_init() */
     uint64_t output_cap;   /* bytes kept per stream per block */
     uint64_t snapshot_max; /* data bytes in a snapshot */
+    bool no_snapshot;      /* stream mode (cfg->workdir): the host shares the workspace;
+                              every snapshot is empty (a zero-length 'S') */
     uint64_t snapshot_cache_max; /* member bytes kept for the next snapshot */
     uint64_t max_unpacked; /* per incoming archive */
     uint64_t max_members;

@@ -84,6 +84,7 @@ struct forkserver {
     struct pollfd *pfd;          /* owned: ctl, signalfd, one per warming pooled child */
     int placer_fd;               /* owned: SEQPACKET to the cgroup helper */
     pid_t placer_pid;
+    uint32_t stream_id;          /* stream mode (cfg->workdir): the one sandbox's host id */
 };
 
 #define POOL_BACKOFF_MIN_MS 10
@@ -208,6 +209,12 @@ static int spawn_one(struct forkserver *fsv, unsigned flags, struct sbx_child *c
         *c = (struct sbx_child){.pidfd = -1, .chan_fd = -1, .warm_fd = -1, .go_fd = -1};
         return err_fmt(err, errlen, r, "no free host id: all %zu of --id-range are held by sandboxes "
                  "not yet reaped", ids_live(fsv->ids));
+    }
+    /* Stream mode: one sandbox, as the id its workdir's bind maps to. */
+    if (fsv->cfg->workdir[0] && fsv->cfg->isolate && id != fsv->stream_id) {
+        ids_put(fsv->ids, id);
+        *c = (struct sbx_child){.pidfd = -1, .chan_fd = -1, .warm_fd = -1, .go_fd = -1};
+        return err_fmt(err, errlen, -EAGAIN, "stream mode runs one sandbox");
     }
     r = sbx_spawn(&fsv->plan, id, flags | SBX_SPAWN_DEFER_GO, c, err, errlen);
     if (r < 0 && c->pid <= 0)
@@ -619,6 +626,14 @@ _Noreturn void forkserver_main(int ctl_fd)
     if (cfg->isolate && (r = probe_seccomp_policy(fsv.policy, err, sizeof err)) < 0)
         fail_start(ctl_fd, r, err);
     explicit_bzero(config.policy_file, sizeof config.policy_file);
+    /* Stream mode (`forkbox sandbox`): one sandbox, whose host id is known
+     * now, so that a workdir made here is its own (mounts.h). */
+    if (cfg->workdir[0]) {
+        fsv.stream_id = cfg->isolate ? ids_next(fsv.ids) : 0;
+        r = mounts_make_workdir(cfg->workdir, fsv.stream_id, err, sizeof err);
+        if (r < 0)
+            fail_start(ctl_fd, r, err);
+    }
     if (cfg->isolate) {
         r = mounts_prepare(cfg, &fsv.mounts, err, sizeof err);
         if (r < 0)
@@ -669,6 +684,8 @@ _Noreturn void forkserver_main(int ctl_fd)
 
     /* The sandbox root, in a mount namespace of our own: after the
      * interpreter's start-up, which may still want the host's /tmp. */
+    if (cfg->isolate && cfg->workdir[0])
+        mounts_set_sandbox_id(fsv.mounts, fsv.stream_id);
     if (cfg->isolate && (r = mounts_build(cfg, fsv.mounts, err, sizeof err)) < 0)
         fail_start(ctl_fd, r, err);
 

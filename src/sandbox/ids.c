@@ -102,6 +102,8 @@ void ids_put(struct sbx_ids *ids, uint32_t id)
 
 size_t ids_live(const struct sbx_ids *ids) { return ids->live; }
 
+uint32_t ids_next(const struct sbx_ids *ids) { return ids->first + ids->next; }
+
 /* --- the host's user database ---------------------------------------------- */
 
 /* Field n (0-based) of a ':'-separated line, as a number; false if absent

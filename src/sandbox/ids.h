@@ -29,6 +29,8 @@ void ids_free(struct sbx_ids *ids);
 int ids_take(struct sbx_ids *ids, uint32_t *id);
 /* Give back an id taken before (its sandbox has been reaped). */
 void ids_put(struct sbx_ids *ids, uint32_t id);
+/* The id the next ids_take() returns, while none is live (at start). */
+uint32_t ids_next(const struct sbx_ids *ids);
 /* How many ids are taken now. */
 size_t ids_live(const struct sbx_ids *ids);
 

@@ -53,9 +53,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mount.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/sysinfo.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -381,14 +383,17 @@ static bool path_clean(const char *p)
 /* Paths the sandbox builds itself; nothing from the host may land there. */
 static const char *const reserved_dirs[] = {"/proc", "/dev", "/workspace", "/tmp", "/etc"};
 
-static int check_tools_dir(const char *p, char *err, size_t errlen)
+/* stream: `forkbox sandbox`'s host tools dir, which may live under /tmp
+ * (bound again inside the scratch, as a site dir there is). */
+static int check_tools_dir(const char *p, bool stream, char *err, size_t errlen)
 {
     const char *base = strrchr(p, '/');
     if (!path_clean(p) || !base || strcmp(base + 1, "tools") != 0)
         return err_fmt(err, errlen, -EINVAL,
                     "tools dir %s: must be a clean absolute path ending in /tools", p);
     for (size_t i = 0; i < sizeof reserved_dirs / sizeof *reserved_dirs; i++)
-        if (mounts_path_under(p, reserved_dirs[i]))
+        if (mounts_path_under(p, reserved_dirs[i]) &&
+            !(stream && strcmp(reserved_dirs[i], "/tmp") == 0))
             return err_fmt(err, errlen, -EINVAL, "tools dir %s: inside %s", p, reserved_dirs[i]);
     if (mounts_path_under(p, "/usr"))
         return err_fmt(err, errlen, -EINVAL, "tools dir %s: inside /usr", p);
@@ -550,9 +555,49 @@ static int plan_proc(const struct config *cfg, struct mount_plan *mp, char *err,
     return r;
 }
 
+/* Stream mode (`forkbox sandbox`, cfg->workdir set): the host's workdir,
+ * read-write, and its tools dir, read-only, each at its own path. The
+ * workdir may be /workspace itself (then it replaces the scratch's) or lie
+ * under /tmp (bound again inside the scratch's, mounts_enter), nowhere else
+ * the sandbox builds for itself, and not under /usr (the interpreter's). */
+static int plan_stream(const struct config *cfg, struct mount_plan *mp, char *err, size_t errlen)
+{
+    const char *w = cfg->workdir, *t = cfg->tools_dir;
+    struct stat st;
+    if (!path_clean(w))
+        return err_fmt(err, errlen, -EINVAL, "workdir %s: not a clean absolute path", w);
+    for (size_t i = 0; i < sizeof reserved_dirs / sizeof *reserved_dirs; i++)
+        if (mounts_path_under(w, reserved_dirs[i]) && strcmp(reserved_dirs[i], "/tmp") != 0 &&
+            strcmp(w, "/workspace") != 0)
+            return err_fmt(err, errlen, -EINVAL, "workdir %s: inside %s", w, reserved_dirs[i]);
+    if (mounts_path_under(w, "/usr") || strcmp(w, "/tmp") == 0)
+        return err_fmt(err, errlen, -EINVAL, "workdir %s: not a place for it", w);
+    if (mounts_path_under(w, t) || mounts_path_under(t, w))
+        return err_fmt(err, errlen, -EINVAL, "workdir %s: overlaps the tools dir %s", w, t);
+    for (unsigned i = 0; i < cfg->n_site_dirs; i++)
+        if (mounts_path_under(w, cfg->site_dirs[i]) || mounts_path_under(cfg->site_dirs[i], w))
+            return err_fmt(err, errlen, -EINVAL, "workdir %s: overlaps a site dir", w);
+    if (stat(w, &st) < 0 || !S_ISDIR(st.st_mode))
+        return err_fmt(err, errlen, -(errno ? errno : ENOTDIR), "workdir %s: %s", w,
+                       strerror(errno ? errno : ENOTDIR));
+    mp->work_uid = st.st_uid;
+    mp->work_gid = st.st_gid;
+    if (stat(t, &st) < 0 || !S_ISDIR(st.st_mode))
+        return err_fmt(err, errlen, -(errno ? errno : ENOTDIR), "tools dir %s: %s", t,
+                       strerror(errno ? errno : ENOTDIR));
+    int r = add_parents(mp, w);
+    struct mount_op *op = r < 0 ? NULL : add(mp, MOP_BIND_RW, w, w);
+    if (!op)
+        return err_fmt(err, errlen, r < 0 ? r : -errno, "plan the workdir %s", w);
+    op->is_dir = true;
+    if ((r = add_parents(mp, t)) < 0 || (r = add_bind_ro(mp, t, t, true)) < 0)
+        return err_fmt(err, errlen, r, "plan the tools dir %s", t);
+    return 0;
+}
+
 int mounts_prepare(const struct config *cfg, struct mount_plan **out, char *err, size_t errlen)
 {
-    int r = check_tools_dir(cfg->tools_dir, err, errlen);
+    int r = check_tools_dir(cfg->tools_dir, cfg->workdir[0] != '\0', err, errlen);
     if (r < 0)
         return r;
 
@@ -663,6 +708,8 @@ int mounts_prepare(const struct config *cfg, struct mount_plan **out, char *err,
     TRY(add_symlink(mp, "/proc/self/fd/2", "/dev/stderr"), "plan /dev/stderr");
 #undef TRY
 
+    if (cfg->workdir[0] && (r = plan_stream(cfg, mp, err, errlen)) < 0)
+        goto fail;
     r = plan_proc(cfg, mp, err, errlen);
     if (r < 0)
         goto fail;
@@ -745,6 +792,103 @@ static int write_file(int root, const char *path, const char *data, size_t n, mo
     return -1;
 }
 
+void mounts_set_sandbox_id(struct mount_plan *mp, uint32_t id) { mp->work_id = id; }
+
+int mounts_make_workdir(const char *path, uint32_t owner, char *err, size_t errlen)
+{
+    struct stat st;
+    if (!path_clean(path))
+        return err_fmt(err, errlen, -EINVAL, "workdir %s: not a clean absolute path", path);
+    if (stat(path, &st) == 0)
+        return S_ISDIR(st.st_mode) ? 0 : err_fmt(err, errlen, -ENOTDIR, "workdir %s: %s", path,
+                                                 strerror(ENOTDIR));
+    if (mounts_mkdir_p(AT_FDCWD, path, 0755) < 0)
+        return err_fmt(err, errlen, -errno, "mkdir workdir %s: %s", path, strerror(errno));
+    if (owner && chown(path, owner, owner) < 0)
+        return err_fmt(err, errlen, -errno, "chown workdir %s: %s", path, strerror(errno));
+    return 0;
+}
+
+/* A user namespace for the workdir's idmapped bind (stream mode): the
+ * sandbox's host id (mp->work_id) is the workdir owner's on disk, both
+ * ways, so what a block writes belongs to the workdir's owner on the host
+ * at once and the owner's files are the sandbox's own inside. The group
+ * likewise, unless it is root's (then the sandbox's id, unchanged). Never
+ * for a root-owned workdir (the caller does not ask): a sandbox could chmod
+ * u+s a file of its own there, and the host would hold a setuid-root
+ * program. A throwaway child unshares and waits; we write its maps (as
+ * root in the parent namespace) and keep an fd of its namespace.
+ * The fd (the caller owns it), or -errno with a reason. */
+static int idmap_userns(const struct mount_plan *mp, char *err, size_t errlen)
+{
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0)
+        return err_fmt(err, errlen, -errno, "idmap: socketpair: %s", strerror(errno));
+    pid_t pid = fork();
+    if (pid < 0) {
+        int e = errno;
+        close(sv[0]);
+        close(sv[1]);
+        return err_fmt(err, errlen, -e, "idmap: fork: %s", strerror(e));
+    }
+    if (pid == 0) {
+        char c = 0;
+        close(sv[0]);
+        if (unshare(CLONE_NEWUSER) < 0 || write(sv[1], &c, 1) != 1)
+            _exit(1);
+        (void)!read(sv[1], &c, 1); /* until the parent closes its end */
+        _exit(0);
+    }
+    close(sv[1]);
+    char c, path[64], map[64];
+    int fd = -1, r = 0;
+    if (read(sv[0], &c, 1) != 1) {
+        r = err_fmt(err, errlen, -EPERM, "idmap: the user namespace child failed");
+        goto out;
+    }
+    const char *const files[] = {"uid_map", "gid_map"};
+    for (int i = 0; i < 2 && r == 0; i++) {
+        unsigned inside = i == 0 ? (unsigned)mp->work_uid
+                                 : mp->work_gid ? (unsigned)mp->work_gid : mp->work_id;
+        snprintf(path, sizeof path, "/proc/%d/%s", (int)pid, files[i]);
+        int n = snprintf(map, sizeof map, "%u %u 1\n", inside, mp->work_id);
+        int mfd = open(path, O_WRONLY | O_CLOEXEC);
+        if (mfd < 0 || write(mfd, map, (size_t)n) != n)
+            r = err_fmt(err, errlen, -errno, "idmap: write %s: %s", path, strerror(errno));
+        if (mfd >= 0)
+            close(mfd);
+    }
+    snprintf(path, sizeof path, "/proc/%d/ns/user", (int)pid);
+    if (r == 0 && (fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
+        r = err_fmt(err, errlen, -errno, "idmap: open %s: %s", path, strerror(errno));
+out:
+    close(sv[0]);
+    int status;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+        ;
+    return r < 0 ? r : fd;
+}
+
+/* The workdir's detached bind (tree): writable, nosuid, nodev, and idmapped
+ * unless its owner is root (see idmap_userns). */
+static int workdir_attrs(const struct mount_plan *mp, int tree, char *err, size_t errlen)
+{
+    struct mount_attr a = {.attr_set = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+                           .attr_clr = MOUNT_ATTR_RDONLY};
+    _cleanup_close_ int ns = -1;
+    if (mp->work_uid != 0) {
+        ns = idmap_userns(mp, err, errlen);
+        if (ns < 0)
+            return ns;
+        a.attr_set |= MOUNT_ATTR_IDMAP;
+        a.userns_fd = (uint64_t)ns;
+    }
+    if (mount_setattr(tree, "", AT_EMPTY_PATH, &a, sizeof a) < 0)
+        return err_fmt(err, errlen, -errno, "workdir bind%s: %s",
+                       mp->work_uid ? " (idmapped)" : "", strerror(errno));
+    return 0;
+}
+
 /* One operation of the plan, inside the new root (root: its directory fd).
  * tree: for a bind, the detached copy of its source (see mounts_build). */
 static int build_op(int root, const struct mount_op *op, int tree)
@@ -759,6 +903,7 @@ static int build_op(int root, const struct mount_op *op, int tree)
         return symlinkat(op->src, root, dst);
     case MOP_BIND_RO:
     case MOP_BIND_DEV:
+    case MOP_BIND_RW:
         if (op->is_dir) {
             if (make_dir(root, dst, 0755) < 0)
                 return -1;
@@ -851,7 +996,7 @@ int mounts_build(const struct config *cfg, const struct mount_plan *mp, char *er
      * about to cover /tmp, where a site dir may live. */
     for (size_t i = 0; i < mp->n && r == 0; i++) {
         const struct mount_op *op = &mp->ops[i];
-        if (op->kind != MOP_BIND_RO && op->kind != MOP_BIND_DEV)
+        if (op->kind != MOP_BIND_RO && op->kind != MOP_BIND_DEV && op->kind != MOP_BIND_RW)
             continue;
         tree[i] = open_tree(AT_FDCWD, op->src, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
         if (tree[i] < 0) {
@@ -863,6 +1008,8 @@ int mounts_build(const struct config *cfg, const struct mount_plan *mp, char *er
         if (op->kind == MOP_BIND_RO &&
             mount_setattr(tree[i], "", AT_EMPTY_PATH, &ro, sizeof ro) < 0)
             r = err_fmt(err, errlen, -errno, "read-only %s: %s", op->src, strerror(errno));
+        if (op->kind == MOP_BIND_RW)
+            r = workdir_attrs(mp, tree[i], err, errlen);
     }
     if (r < 0)
         goto out;

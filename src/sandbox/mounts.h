@@ -10,6 +10,7 @@
  * is its own (mounts_enter), with no lookups of host directories. */
 #pragma once
 #include <stddef.h>
+#include <stdint.h>
 
 #include "config/config.h"
 
@@ -23,6 +24,15 @@ int mounts_prepare(const struct config *cfg, struct mount_plan **out, char *err,
 void mounts_free(struct mount_plan *mp);
 /* Number of operations (for logs). */
 size_t mounts_len(const struct mount_plan *mp);
+
+/* Stream mode, before mounts_prepare: make the host's workdir if it is
+ * missing (parents root's, 0755), owned by owner (the sandbox's host id; 0:
+ * left as made), so that the sandbox may write it. An existing one is left
+ * as it is. 0 or -errno with a reason. */
+int mounts_make_workdir(const char *path, uint32_t owner, char *err, size_t errlen);
+/* Stream mode: the host id the one sandbox will run as (taken before
+ * mounts_build, which maps the workdir's owner to it). */
+void mounts_set_sandbox_id(struct mount_plan *mp, uint32_t id);
 
 /* In the fork server, once, before the first sandbox: enter a mount
  * namespace of our own and build the sandbox root in it from the plan (see

@@ -2,6 +2,7 @@
  * fork server built once (mounts.c says what the plan holds and why).
  * No allocation, no stdio beyond formatting into err. */
 #include <errno.h>
+#include <stdbool.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
@@ -28,8 +29,24 @@ static int tmpfs_on(const char *path, uint64_t size, uint64_t inodes)
     return mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, opts);
 }
 
+/* A host dir the root holds under /tmp (a site dir; stream mode's workdir
+ * and tools dir), which the scratch's /tmp is about to cover: bind it again
+ * inside the scratch's tmp (hence the recursive binds below). A bind keeps
+ * its source mount's flags and idmap. */
+static int rebind_in_scratch(const char *p, char *err, size_t errlen)
+{
+    char in_scratch[OP_PATH_MAX + 8];
+    if (!mounts_path_under(p, "/tmp"))
+        return 0;
+    snprintf(in_scratch, sizeof in_scratch, "/proc%s", p);
+    if (mounts_mkdir_p(AT_FDCWD, in_scratch, 0755) < 0 ||
+        mount(p, in_scratch, NULL, MS_BIND, NULL) < 0)
+        return err_errno(err, errlen, "bind again under /tmp: %s", p);
+    return 0;
+}
+
 /* The scratch tmpfs, mounted on /proc for now: its three directories bound
- * at /workspace, /tmp and /dev/shm. */
+ * at /workspace (unless stream mode's workdir is there), /tmp and /dev/shm. */
 static int scratch_binds(const struct config *cfg, char *err, size_t errlen)
 {
     static const struct {
@@ -47,17 +64,17 @@ static int scratch_binds(const struct config *cfg, char *err, size_t errlen)
     /* A site dir under /tmp is in the root at /tmp/..., which the scratch is
      * about to cover: bind it again inside the scratch's tmp (hence the
      * recursive binds below). */
-    for (unsigned i = 0; i < cfg->n_site_dirs; i++) {
-        const char *p = cfg->site_dirs[i];
-        char in_scratch[OP_PATH_MAX + 8];
-        if (!mounts_path_under(p, "/tmp"))
-            continue;
-        snprintf(in_scratch, sizeof in_scratch, "/proc%s", p);
-        if (mounts_mkdir_p(AT_FDCWD, in_scratch, 0755) < 0 ||
-            mount(p, in_scratch, NULL, MS_BIND, NULL) < 0)
-            return err_errno(err, errlen, "bind site dir %s", p);
-    }
-    for (size_t i = 0; i < sizeof scratch / sizeof *scratch; i++)
+    int r = 0;
+    for (unsigned i = 0; i < cfg->n_site_dirs && r == 0; i++)
+        r = rebind_in_scratch(cfg->site_dirs[i], err, errlen);
+    if (r == 0 && cfg->workdir[0])
+        r = rebind_in_scratch(cfg->workdir, err, errlen);
+    if (r == 0 && cfg->workdir[0])
+        r = rebind_in_scratch(cfg->tools_dir, err, errlen);
+    if (r < 0)
+        return r;
+    bool work_there = strcmp(cfg->workdir, scratch[0].dst) == 0;
+    for (size_t i = work_there ? 1 : 0; i < sizeof scratch / sizeof *scratch; i++)
         if (mount(scratch[i].src, scratch[i].dst, NULL, MS_BIND | MS_REC, NULL) < 0)
             return err_errno(err, errlen, "bind %s", scratch[i].dst);
     return 0;
@@ -118,12 +135,21 @@ int mounts_enter(const struct config *cfg, const struct mount_plan *mp, int *too
 
     /* 5. /tools: read-only for user code; the runtime extracts the tools
      * archive through the fd, then closes it, and the writable mount is
-     * gone with it. Also on /proc for a moment. */
+     * gone with it. Also on /proc for a moment. In stream mode the tools
+     * are the host's, bound read-only in the root already: the fd is that
+     * read-only dir (the empty tools archive extracts nothing into it). */
+    int fd;
+    if (cfg->workdir[0]) {
+        fd = open(cfg->tools_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (fd < 0)
+            return err_errno(err, errlen, "open %s", cfg->tools_dir);
+        goto proc;
+    }
     uint64_t tsize = cfg->max_unpacked ? cfg->max_unpacked + 4 * 1024 * 1024 : 0;
     uint64_t tinodes = cfg->max_members ? cfg->max_members + 64 : 0;
     if (tmpfs_on("/proc", tsize, tinodes) < 0)
         return err_errno(err, errlen, "mount tmpfs %s", cfg->tools_dir);
-    int fd = open("/proc", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    fd = open("/proc", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0)
         return err_errno(err, errlen, "open %s", cfg->tools_dir);
     if (mount("/proc", cfg->tools_dir, NULL, MS_BIND, NULL) < 0 ||
@@ -143,6 +169,7 @@ int mounts_enter(const struct config *cfg, const struct mount_plan *mp, int *too
      * are the root's own /proc directory, which the proc mount will cover.
      * 6b binds them by path, then the proc mount moves to /proc with its
      * covers (cheaper than a path through an fd for every cover). */
+proc:
     if (mount("proc", PROC_TMP, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0) {
         int e = errno;
         close(fd);

@@ -4,6 +4,7 @@
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/types.h>
 
 #define OP_PATH_MAX 320
@@ -19,6 +20,8 @@ enum mop_kind {
     MOP_SYMLINK,  /* symlink src -> dst */
     MOP_BIND_RO,  /* bind host src at dst, read-only, nosuid, nodev */
     MOP_BIND_DEV, /* bind a host device node at dst as is */
+    MOP_BIND_RW,  /* bind host dir src at dst, writable, nosuid, nodev; idmapped to
+                     the plan's workdir owner (stream mode's workspace, mounts_build) */
 };
 
 struct mount_op {
@@ -44,6 +47,11 @@ struct mount_plan {
     size_t n, cap;
     struct proc_cover covers[MOUNTS_COVERS_MAX]; /* in order; the child binds them */
     size_t n_covers;
+    uid_t work_uid;  /* stream mode: the host workdir's owner (0: root, not idmapped) */
+    gid_t work_gid;  /* ... and group */
+    uint32_t work_id; /* stream mode: the host id the one sandbox runs as
+                         (mounts_set_sandbox_id), which the workdir's bind maps to
+                         work_uid/work_gid */
 };
 
 /* Whether path is dir or below it (both absolute, normalised). */

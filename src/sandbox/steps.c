@@ -172,7 +172,7 @@ static int step_mounts(const struct sbx_plan *p, struct sbx_state *st)
 {
     int r = mounts_enter(p->cfg, p->mounts, &st->tools_fd, st->what, sizeof st->what);
     st->tools_dir = p->cfg->tools_dir;
-    st->workspace_dir = SBX_WORKSPACE;
+    st->workspace_dir = p->cfg->workdir[0] ? p->cfg->workdir : SBX_WORKSPACE; /* stream mode */
     return r;
 }
 

@@ -1,0 +1,18 @@
+/* Checks every relay of a sandbox's frames applies (relay.c): the limits
+ * per kind and the output cap. Used by forkboxd's session and by
+ * `forkbox sandbox`. */
+#pragma once
+#include <stdint.h>
+
+#include "proto/frame.h"
+
+/* Structural limits per kind, once the kind is known (items: what the
+ * scanner counted in the message). NULL if f fits, else why not. */
+const char *relay_frame_misfit(const struct frame *f, uint64_t items);
+
+/* Hold one stream ("stdout", "stderr") of an output frame to cap: if the
+ * string decodes to more than cap (plus OUTPUT_NOTE_ALLOWANCE for the
+ * sandbox's own notes), keep its first and last cap/2 bytes, cut between
+ * characters, with a note between. 1 if the field was cut (f is then no
+ * longer canonical), 0 if it fits, -ENOMEM. */
+int relay_cap_stream(struct frame *f, const char *name, uint64_t cap);
