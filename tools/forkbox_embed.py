@@ -365,7 +365,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (OSError, UnicodeDecodeError, SandboxError) as exc:
         print(f"forkbox run: {exc}", file=sys.stderr)
         return RUN_FAILED
-    sb = Sandbox(tools, workspace=args.workspace)
+    # The sandbox's own start-up notes (info) are not the program's output:
+    # only its warnings and errors reach the terminal.
+    sb = Sandbox(tools, workspace=args.workspace, args=["--log-level", "warn"])
     status = 0
     try:
         sb.start()
