@@ -84,7 +84,7 @@ struct stream {
     struct frame_scan scan;
     enum stream_state state;
     bool ready_seen;
-    bool host_eof;
+    bool run_queued;               /* the host's next run went while the 'S' was due */
     int64_t done_exit_code;
     uint64_t turn_start_ms, block_start_ms;
     unsigned log_lines_left;
@@ -231,13 +231,20 @@ static void on_host_line(struct stream *s, const uint8_t *p, size_t n)
         ok = true;
         break;
     case FRAME_RUN:
-        if (s->state != ST_BETWEEN)
+        /* The host sends its next run once it has read output, which may be
+         * before the sandbox's (empty) snapshot that follows it has come in:
+         * the channel keeps the order, so the block starts when it has. */
+        if (s->state != ST_BETWEEN && (s->state != ST_WANT_SNAPSHOT || s->run_queued))
             break;
         /* The channel's order for a block: a workspace archive (empty: the
          * workspace is the host's own directory), then run. */
         if (sandbox_send(s, CHAN_WORKSPACE, NULL) == 0 && sandbox_send(s, CHAN_FRAME, &f) == 0) {
-            s->state = ST_RUNNING;
-            s->block_start_ms = now_ms();
+            if (s->state == ST_BETWEEN) {
+                s->state = ST_RUNNING;
+                s->block_start_ms = now_ms();
+            } else {
+                s->run_queued = true;
+            }
         }
         ok = true;
         break;
@@ -471,7 +478,9 @@ static int on_sandbox_end(void *ud, struct chan_msg *m)
     if (m->fd >= 0)
         close(m->fd);
     if (m->type == CHAN_SNAPSHOT) {
-        s->state = ST_BETWEEN;
+        s->state = s->run_queued ? ST_RUNNING : ST_BETWEEN;
+        s->block_start_ms = now_ms();
+        s->run_queued = false;
         return 0;
     }
     struct frame f;
