@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import dataclasses
 import importlib.util
 import os
@@ -46,6 +47,7 @@ TRANSPORT_VARS = ("ADK_CODE_MODE_CONTROL_HTTP", "ADK_CODE_MODE_CONTROL_TCP",
 # `forkbox run`'s own failures (no sandbox, a broken sandbox), as docker run's
 # 125: not a status a block's sys.exit() is likely to choose.
 RUN_FAILED = 125
+LOGS_KEPT = 20
 
 
 class SandboxError(RuntimeError):
@@ -103,7 +105,8 @@ class Sandbox:
         self._writer: asyncio.StreamWriter | None = None
         self._write_lock: asyncio.Lock | None = None
         self._tmp: str | None = None
-        self._logs: list[dict] = []
+        # The sandbox's last log frames, for the message of a SandboxError.
+        self._logs: collections.deque[dict] = collections.deque(maxlen=LOGS_KEPT)
 
     # -- life cycle ---------------------------------------------------------
 
@@ -155,7 +158,6 @@ class Sandbox:
         while True:  # log frames may come before ready (a failed step says why)
             frame = await self._recv("ready")
             if frame["kind"] == "log":
-                self._logs.append(frame)
                 continue
             if frame["kind"] != "ready":
                 raise ProtocolFault(f"expected ready, got {frame['kind']}")
