@@ -28,7 +28,7 @@ static const char STANDIN[] =
     "fds = sorted(int(x) for x in os.listdir('/proc/self/fd'))\n"
     "st = dict(l.split(':\\t', 1) for l in open('/proc/self/status').read().splitlines()\n"
     "          if ':\\t' in l)\n"
-    "env = {k: v for k, v in os.environ.items() if k.startswith(('ADK_', 'FORKBOX'))}\n"
+    "env = {k: v for k, v in os.environ.items() if k.startswith('ADK_') or k == 'FORKBOX'}\n"
     "send({'kind': 'ready', 'argv': sys.argv[1:], 'fds': fds, 'env': env,\n"
     "      'sigign': int(st['SigIgn'], 16), 'sigblk': int(st['SigBlk'], 16),\n"
     "      'stdin': os.readlink('/proc/self/fd/0')})\n"
