@@ -33,10 +33,11 @@ import websockets.exceptions
 
 # Frames, stubs and tool dispatch are shared with the stream host
 # (forkbox_embed.py); re-exported here for the suites that use them as fc.*.
+import forkbox_host
 from forkbox_host import (  # noqa: F401
     GENERATED_MARKER, MAX_MESSAGE, PROTOCOL_VERSION, FrameError, ProtocolFault,
-    ProtocolVersionMismatch, Tool, ToolHandler, ToolParam, ToolRegistry, decode_frame,
-    encode_frame, json_safe, render_stub, render_tools_files, tool_from_callable)
+    ProtocolVersionMismatch, Tool, ToolHandler, ToolParam, decode_frame, encode_frame,
+    json_safe, render_stub, render_tools_files, tool_from_callable)
 
 MAX_DOWNLOAD_WORKSPACE = 100 * 1024 * 1024  # §4.5, host side
 
@@ -161,6 +162,13 @@ def tools_archive(tools: Iterable[Tool]) -> bytes:
     return make_tar(render_tools_files(tools))
 
 
+class ToolRegistry(forkbox_host.ToolRegistry):
+    """The shared registry plus the tools archive the WebSocket host sends (§5.1)."""
+
+    def archive(self) -> bytes:
+        return tools_archive(self.tools.values())
+
+
 # --------------------------------------------------------------------------
 # The turn (one WebSocket connection)
 # --------------------------------------------------------------------------
@@ -205,7 +213,7 @@ class Turn:
                       token: str | None = None, open_timeout: float = 10.0,
                       send_tools: bool = True, tools_bytes: bytes | None = None,
                       **ws_kwargs) -> "Turn":
-        registry = tools if isinstance(tools, ToolRegistry) else ToolRegistry(tools or {})
+        registry = tools if isinstance(tools, forkbox_host.ToolRegistry) else ToolRegistry(tools or {})
         headers = dict(ws_kwargs.pop("extra_headers", {}) or {})
         if token:
             headers["Authorization"] = f"Bearer {token}"
@@ -215,7 +223,8 @@ class Turn:
         turn = cls(ws, registry)
         if send_tools:
             try:
-                await ws.send(tools_bytes if tools_bytes is not None else tools_archive(registry.tools.values()))
+                await ws.send(tools_bytes if tools_bytes is not None
+                              else tools_archive(registry.tools.values()))
             except BaseException:
                 await ws.close()
                 raise
