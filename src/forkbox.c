@@ -3,6 +3,9 @@
  *   forkbox sandbox [forkboxd's flags]   one sandbox on a spec 8.2 stream
  *                                        (stream/relay.h, README "Without a
  *                                        server: forkbox sandbox")
+ *   forkbox run [...] FILE.py...         one turn, a block per file: execs the
+ *                                        Python host (embed/run_cmd.c, README
+ *                                        "Embedding forkbox")
  *
  * Like forkboxd it links no Python: the fork server is python3.11 running
  * forkbox-sandbox.so, started by sandbox/fsclient.c. Start-up order, as
@@ -28,6 +31,7 @@
 #include "config/config.h"
 #include "core/log.h"
 #include "core/util.h"
+#include "embed/run_cmd.h"
 #include "sandbox/forkserver.h"
 #include "stream/lease.h"
 #include "stream/relay.h"
@@ -42,7 +46,9 @@ static void usage(FILE *f)
                "  runs one sandbox speaking the stream transports (spec 8.2), chosen by\n"
                "  ADK_CODE_MODE_CONTROL_TCP / _SOCKET / _FD (default fd 3), with the host's\n"
                "  ADK_CODE_MODE_WORKDIR (default /workspace) bound read-write and\n"
-               "  ADK_CODE_MODE_TOOLS_DIR (default /tools) read-only\n");
+               "  ADK_CODE_MODE_TOOLS_DIR (default /tools) read-only\n"
+               "usage: forkbox run [--workspace DIR] [--tools host_tools.py] FILE.py...\n"
+               "  runs the files as the blocks of one turn in a local sandbox (forkbox run --help)\n");
 }
 
 static int sandbox_main(int argc, char **argv)
@@ -119,6 +125,8 @@ int main(int argc, char **argv)
     log_init("forkbox", LOG_LEVEL_INFO);
     if (argc >= 2 && strcmp(argv[1], "sandbox") == 0)
         return sandbox_main(argc - 1, argv + 1);
+    if (argc >= 2 && strcmp(argv[1], "run") == 0)  /* embed/run_cmd.c */
+        return run_cmd_main(argc - 1, argv + 1);
     if (argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
         usage(stdout);
         return 0;

@@ -47,6 +47,10 @@
 /* Supervisor <-> sandbox channel. */
 #define CHAN_MAX_MESSAGE_BYTES (256 * MiB)
 
+/* Embedding API (src/embed): one frame line from `forkbox sandbox`, as
+ * large as one WebSocket message may be. */
+#define EMBED_FRAME_MAX_BYTES WS_MAX_MESSAGE_BYTES
+
 /* Archives (spec 4). */
 #define ARCHIVE_DEFAULT_MAX_UPLOAD (100 * MiB)
 #define ARCHIVE_DEFAULT_MAX_UNPACKED (1024 * MiB)

@@ -1,0 +1,156 @@
+"""`forkbox run` (issue 17 item 2): Python files as the blocks of one turn in a
+local sandbox, no server, run as a user would from a shell: the build tree's
+forkbox binary, its stdout, stderr and exit status.
+
+The workspaces belong to an unprivileged owner (a user's directory): the
+sandbox's writes land as that owner (the stream mount's id mapping)."""
+import os
+import subprocess
+import textwrap
+
+import pytest
+
+FORKBOX = os.environ.get("FORKBOX") or os.path.join(
+    os.path.dirname(__file__), "..", "..", "build", "src", "forkbox")
+OWNER = 65534  # nobody: any non-root owner will do
+TIMEOUT = 120  # seconds for one `forkbox run`; a turn takes well under one on an idle machine
+
+
+def forkbox_run(*args, cwd=None, stdin=None):
+    env = {k: v for k, v in os.environ.items() if k != "FORKBOX"}
+    return subprocess.run([FORKBOX, "run", *map(str, args)], cwd=cwd, input=stdin,
+                          capture_output=True, text=True, timeout=TIMEOUT, env=env)
+
+
+@pytest.fixture
+def ws(tmp_path):
+    d = tmp_path / "ws"
+    d.mkdir()
+    os.chown(d, OWNER, OWNER)
+    return d
+
+
+def block(tmp_path, name, code):
+    p = tmp_path / name
+    p.write_text(textwrap.dedent(code))
+    return p
+
+
+def test_one_file_prints_like_python(tmp_path, ws):
+    f = block(tmp_path, "hello.py", """
+        import sys
+        print("hello from", sys.version_info[:2] >= (3, 11))
+        print("to stderr", file=sys.stderr)
+    """)
+    r = forkbox_run("--workspace", ws, f)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "hello from True\n"
+    assert r.stderr == "to stderr\n"
+
+
+def test_stdin_is_a_block(ws):
+    r = forkbox_run("--workspace", ws, "-", stdin="print(6 * 7)\n")
+    assert (r.returncode, r.stdout) == (0, "42\n"), r.stderr
+
+
+def test_two_files_share_globals_in_order(tmp_path, ws):
+    a = block(tmp_path, "a.py", "x = 41\nprint('a')\n")
+    b = block(tmp_path, "b.py", "print('b', x + 1)\n")
+    r = forkbox_run("--workspace", ws, a, "-", b, stdin="x += 0\nprint('stdin', x)\n")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "a\nstdin 41\nb 42\n"
+
+
+def test_tools_module_runs_on_the_host(tmp_path, ws):
+    marker = tmp_path / "host-side.txt"
+    tools = block(tmp_path, "host_tools.py", f"""
+        import os
+
+        def add(a, b):
+            '''Add two numbers.'''
+            with open({str(marker)!r}, "a") as f:   # a host path: the sandbox cannot see it
+                f.write(f"pid {{os.getpid()}}\\n")
+            return a + b
+
+        def divide(a, b):
+            return a / b
+
+        def _private():
+            return "not a tool"
+    """)
+    f = block(tmp_path, "use.py", f"""
+        import os
+        import tools
+        print(tools.add(a=2, b=40))
+        print(sorted(tools.__all__))
+        try:
+            tools.divide(a=1, b=0)
+        except Exception as e:
+            print(type(e).__name__, e)
+        print(os.path.exists({str(marker)!r}))
+    """)
+    r = forkbox_run("--workspace", ws, "--tools", tools, f)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == [
+        "42", "['add', 'divide']", "ToolError ZeroDivisionError: division by zero", "False"]
+    # Called in a host process (not the sandbox's): the host file has the line.
+    assert marker.read_text().startswith("pid ")
+
+
+def test_uncaught_tool_error_ends_the_block_with_a_traceback(tmp_path, ws):
+    tools = block(tmp_path, "t.py", "def boom():\n    raise ValueError('no luck')\n")
+    r = forkbox_run("--workspace", ws, "--tools", tools, "-", stdin="import tools\ntools.boom()\n")
+    assert r.returncode == 1
+    assert r.stderr.rstrip().splitlines()[-1] == \
+        "adk_code_mode_sandbox._rpc_client.ToolError: ValueError: no luck"
+
+
+@pytest.mark.parametrize("first, last, status", [
+    ("pass", "import sys; sys.exit(3)", 3),
+    ("raise SystemExit(4)", "print('fine')", 0),
+    ("pass", "1 / 0", 1),
+    ("pass", "import sys; sys.exit(300)", 300 & 0xFF),
+])
+def test_exit_status_is_the_last_blocks(tmp_path, ws, first, last, status):
+    a = block(tmp_path, "a.py", first + "\n")
+    b = block(tmp_path, "b.py", last + "\n")
+    r = forkbox_run("--workspace", ws, a, b)
+    assert r.returncode == status, r.stderr
+    if last == "1 / 0":
+        assert r.stderr.rstrip().endswith("ZeroDivisionError: division by zero")
+
+
+def test_written_file_lands_in_the_workspace(tmp_path, ws):
+    (ws / "in.txt").write_text("from the host\n")
+    f = block(tmp_path, "w.py", """
+        import os
+        print(open("in.txt").read().strip(), os.getcwd())
+        with open("out.txt", "w") as fh:
+            fh.write("from the block\\n")
+    """)
+    r = forkbox_run("--workspace", ws, f)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == f"from the host {ws}\n"
+    assert (ws / "out.txt").read_text() == "from the block\n"
+    assert os.stat(ws / "out.txt").st_uid == OWNER
+
+
+def test_default_workspace_is_the_current_directory(tmp_path, ws):
+    f = block(tmp_path, "cwd.py", """
+        import os
+        print(os.getcwd())
+        open("made-here.txt", "w").write("x")
+    """)
+    r = forkbox_run(f, cwd=ws)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == f"{ws}\n"
+    assert (ws / "made-here.txt").read_text() == "x"
+
+
+def test_failures_of_forkbox_run_itself_are_125(tmp_path, ws):
+    r = forkbox_run("--workspace", ws, tmp_path / "missing.py")
+    assert r.returncode == 125
+    assert "missing.py" in r.stderr
+    r = forkbox_run("--workspace", tmp_path / "no-such-dir", "-", stdin="print(1)\n")
+    assert r.returncode == 125
+    assert "no-such-dir" in r.stderr
