@@ -594,3 +594,45 @@ def test_concurrent_sandboxes_never_share_a_uid(tmp_path):
     finally:
         for s in boxes:
             s.close()
+
+
+def _fake_dist(site, version):
+    """A distribution `fbcacheprobe` of the given version in site (only it)."""
+    for old in site.glob("fbcacheprobe-*.dist-info"):
+        for f in old.iterdir():
+            f.unlink()
+        old.rmdir()
+    info = site / f"fbcacheprobe-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: fbcacheprobe\nVersion: {version}\n")
+    (info / "top_level.txt").write_text("fbcacheprobe\n")
+
+
+def test_ready_packages_cache_follows_the_distributions(tmp_path):
+    """ready.packages is cached in /run/forkbox/packages.json (root's) and
+    reused while no sys.path entry holding distributions changes; installing
+    or upgrading one is seen by the next sandbox."""
+    site = tmp_path / "site"
+    site.mkdir()
+    _fake_dist(site, "1.0")
+
+    def packages(n):
+        d = tmp_path / f"run{n}"
+        d.mkdir()
+        s = start("fd", d, args=("--site-packages", str(site)))
+        try:
+            return s.ready()["packages"]
+        finally:
+            s.send({"kind": "shutdown"})
+            s.wait()
+            s.close()
+
+    assert packages(1)["fbcacheprobe"] == {"fbcacheprobe": "1.0"}
+    cache = "/run/forkbox/packages.json"
+    st = os.stat(cache)
+    assert st.st_uid == 0 and st.st_mode & 0o022 == 0, st
+    assert packages(2)["fbcacheprobe"] == {"fbcacheprobe": "1.0"}
+    assert os.stat(cache).st_mtime_ns == st.st_mtime_ns  # served from the cache
+    _fake_dist(site, "2.0")
+    assert packages(3)["fbcacheprobe"] == {"fbcacheprobe": "2.0"}
+    assert os.stat(cache).st_mtime_ns != st.st_mtime_ns
