@@ -1,30 +1,10 @@
 """pytest fixtures for the forkboxd integration suite (see fbtest.py)."""
 
-import os
-import signal
-
 import pytest
 
 import fbtest  # tests/lib, on pythonpath by tests/pytest.ini
 
-# No test may hang: a hard per-test wall-clock limit on top of the per-call
-# asyncio/socket timeouts inside the tests.
-TEST_TIME_LIMIT = int(os.environ.get("FORKBOX_TEST_TIME_LIMIT", "90"))
-
-
-class TestHang(Exception):
-    pass
-
-
-@pytest.fixture(autouse=True)
-def _hard_time_limit():
-    def on_alarm(signum, frame):
-        raise TestHang(f"test exceeded {TEST_TIME_LIMIT}s")
-    old = signal.signal(signal.SIGALRM, on_alarm)
-    signal.alarm(TEST_TIME_LIMIT)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, old)
+_hard_time_limit = fbtest.hard_time_limit(90)
 
 
 @pytest.fixture(scope="module")

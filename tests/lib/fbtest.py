@@ -683,3 +683,29 @@ def _chan_fds():
             fds.append(fd)
     return fds
 '''
+
+
+# ---- a hard per-test wall-clock limit ---------------------------------------
+
+class TestHang(Exception):
+    pass
+
+
+def hard_time_limit(default_seconds: int):
+    """An autouse fixture for a suite's conftest.py: no test may hang, on top
+    of the per-call timeouts inside the tests. $FORKBOX_TEST_TIME_LIMIT
+    overrides the suite's default."""
+    import pytest
+
+    limit = int(os.environ.get("FORKBOX_TEST_TIME_LIMIT", str(default_seconds)))
+
+    @pytest.fixture(autouse=True)
+    def _hard_time_limit():
+        def on_alarm(signum, frame):
+            raise TestHang(f"test exceeded {limit}s")
+        old = signal.signal(signal.SIGALRM, on_alarm)
+        signal.alarm(limit)
+        yield
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    return _hard_time_limit
