@@ -15,6 +15,13 @@
 #include <stdlib.h>
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+/* Optional hooks (libFuzzer finds them by name): set-up once before the
+ * first input, and a custom mutator (fuzz/mutate-*.c) with its helper. */
+int LLVMFuzzerInitialize(int *argc, char ***argv);
+size_t LLVMFuzzerCustomMutator(uint8_t *data, size_t size, size_t max_size, unsigned int seed);
+size_t LLVMFuzzerCustomCrossOver(const uint8_t *d1, size_t n1, const uint8_t *d2, size_t n2,
+                                 uint8_t *out, size_t max_out, unsigned int seed);
+size_t LLVMFuzzerMutate(uint8_t *data, size_t size, size_t max_size);
 
 #define FUZZ_ASSERT(cond, ...)                                                  \
     do {                                                                        \

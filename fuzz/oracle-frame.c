@@ -282,17 +282,24 @@ static int lex_string(struct lex *lx, size_t *pi)
     }
 }
 
-/* RFC 8259 number at s[*pi]: -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)? */
+/* RFC 8259 number at s[*pi]: -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?
+ * An integer (no fraction, no exponent) has at most JSCAN_MAX_INT_DIGITS
+ * digits: added with that limit in proto/jscan.c (Python's json refuses
+ * longer ones; found by the frame-diff target). */
 static bool lex_number(const uint8_t *s, size_t n, size_t *pi)
 {
-    size_t i = *pi;
+    size_t i = *pi, first;
     if (i < n && s[i] == '-')
         i++;
     if (i >= n || !is_digit(s[i]))
         return false;
+    first = i;
     if (s[i++] != '0')
         while (i < n && is_digit(s[i]))
             i++;
+    if (i - first > JSCAN_MAX_INT_DIGITS &&
+        !(i < n && (s[i] == '.' || s[i] == 'e' || s[i] == 'E')))
+        return false;
     if (i < n && s[i] == '.') {
         if (++i >= n || !is_digit(s[i]))
             return false;

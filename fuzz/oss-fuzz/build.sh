@@ -25,7 +25,11 @@ build=$work/forkbox-build
 mkdir -p "$OUT"
 
 # Every target fuzz/meson.build knows (as tools/fuzz reads them).
-targets=${FUZZ_TARGETS:-$(sed -n "s/^  '\([a-z0-9_-]*\)': \[.*/\1/p" "$repo/fuzz/meson.build")}
+# Not the -sm variants (libFuzzer's custom mutator API; the engine is the
+# infrastructure's choice) nor frame-diff (its oracle is Python read from the
+# source tree at run time, and it embeds libpython3.11: neither is in $OUT).
+targets=${FUZZ_TARGETS:-$(sed -n "s/^  '\([a-z0-9_-]*\)': \[.*/\1/p" "$repo/fuzz/meson.build" |
+    grep -v -e '-sm$' -e '^frame-diff$')}
 
 # meson builds only what the targets link. CFLAGS go to the link too (the
 # sanitizer runtimes); the engine is a meson option because it may be a

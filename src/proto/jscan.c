@@ -121,6 +121,7 @@ static size_t value_begin(struct jscan *s, uint8_t c, size_t i)
     case JT_NUMBER:
         s->tok = TOK_NUMBER;
         s->sub = c == '-' ? N_MINUS : c == '0' ? N_ZERO : N_INT;
+        s->digits = c != '-';
         return i + 1;
     default:
         s->tok = TOK_LITERAL;
@@ -378,6 +379,10 @@ static void string_end(struct jscan *s, size_t end)
 
 /* ---------------------------------------------------------------- numbers */
 
+/* Python's json.loads raises ValueError past the int digit limit. */
+static const char too_many_digits[] = "integer of more than 4300 digits";
+_Static_assert(JSCAN_MAX_INT_DIGITS == 4300, "too_many_digits names the limit");
+
 static size_t scan_number(struct jscan *s, const uint8_t *buf, size_t len, size_t i)
 {
     while (i < len) {
@@ -397,15 +402,19 @@ static size_t scan_number(struct jscan *s, const uint8_t *buf, size_t len, size_
             if (!is_digit(c))
                 return fail(s, "invalid JSON token");
             s->sub = c == '0' ? N_ZERO : N_INT;
+            s->digits = 1;
             break;
         case N_ZERO:
         case N_INT:
         case N_FRAC:
         case N_EXP:
             if (is_digit(c) && s->sub != N_ZERO) {
+                size_t from = i;
                 do
                     i++;
                 while (i < len && is_digit(buf[i]));
+                if (s->sub == N_INT)
+                    s->digits += i - from;
                 continue;
             }
             if (c == '.' && s->sub <= N_INT)
@@ -414,6 +423,8 @@ static size_t scan_number(struct jscan *s, const uint8_t *buf, size_t len, size_
                 s->sub = N_E;
             else {
                 bool integer = s->sub <= N_INT;
+                if (integer && s->digits > JSCAN_MAX_INT_DIGITS)
+                    return fail(s, too_many_digits);
                 if (s->depth == 1 && top_is_object(s))
                     s->cur.integer = integer;
                 else if (s->depth == 0)
@@ -583,6 +594,10 @@ int jscan_finish(struct jscan *s, const uint8_t *buf, size_t len)
         return -EBADMSG;
     if (s->tok == TOK_NUMBER && s->sub != N_MINUS && s->sub != N_DOT && s->sub != N_E &&
         s->sub != N_ESIGN) {
+        if (s->sub <= N_INT && s->digits > JSCAN_MAX_INT_DIGITS) {
+            fail(s, too_many_digits);
+            return -EBADMSG;
+        }
         if (s->depth == 0)
             s->top.integer = s->sub <= N_INT;
         value_end(s, len);

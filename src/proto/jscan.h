@@ -10,7 +10,8 @@
  * stays the oracle this scanner is fuzzed against (fuzz/fuzz-frame.c).
  *
  * Grammar: RFC 8259 plus the tokens NaN, Infinity and -Infinity (spec 3.1),
- * numbers of any length, any \uXXXX escape (a lone surrogate included, as
+ * numbers of any length but integers of at most JSCAN_MAX_INT_DIGITS digits
+ * (what Python's json reads), any \uXXXX escape (a lone surrogate included, as
  * Python's json accepts), no raw control characters in strings, whitespace
  * only ' ', \t, \n, \r, nesting up to JSCAN_MAX_DEPTH (cJSON's limit).
  * Optionally strings are checked to be UTF-8 (bytes from a sandbox; text
@@ -26,6 +27,12 @@
 #include <stdint.h>
 
 #define JSCAN_MAX_DEPTH 1000 /* cJSON's CJSON_NESTING_LIMIT */
+/* The longest integer literal (digits, without the sign): Python's
+ * sys.int_info.default_max_str_digits. The reference's json.loads (and the
+ * host's) fails on a longer one, so such a message is not a frame (spec 3.2:
+ * a parse failure), and a sandbox must not make the host fail on one.
+ * Fractions and exponents are floats there: no limit. */
+#define JSCAN_MAX_INT_DIGITS 4300
 #define JSCAN_SHORT 24       /* decoded bytes kept of a top-level key or string */
 #define JSCAN_ORDER 8        /* top-level members whose order is recorded */
 
@@ -84,6 +91,7 @@ struct jscan {
     const char *lit;           /* literal being matched */
     uint8_t role;              /* what the current string is */
     uint32_t depth;
+    uint64_t digits;           /* of the integer part of the number being read */
     int key_slot;              /* slot of the current top-level key, -1 */
     struct jscan_value key;    /* the current top-level key (short_ only) */
     struct jscan_value cur;    /* the current top-level member's value */

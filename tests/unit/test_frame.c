@@ -548,6 +548,50 @@ static void test_nesting(void)
     free(want);
 }
 
+/* Python's json (the reference, the host) refuses an integer literal of more
+ * than 4300 digits (sys.int_info.default_max_str_digits); a float of any
+ * length is fine. Found by fuzz/fuzz-frame-diff.c: forkbox ended a turn on a
+ * shutdown the reference ignores as undecodable. */
+static void test_int_digits(void)
+{
+    static char m[6000];
+    const char *pre = "{\"kind\":\"shutdown\",\"x\":";
+    struct {
+        const char *sign;
+        int digits;
+        const char *tail;
+        int want;
+        const char *name;
+    } c[] = {
+        {"", 4300, "", 0, "4300-digit integer accepted"},
+        {"-", 4300, "", 0, "-4300-digit integer accepted (the sign is no digit)"},
+        {"", 4301, "", -EBADMSG, "4301-digit integer refused, as Python's json does"},
+        {"-", 4301, "", -EBADMSG, "-4301-digit integer refused"},
+        {"", 4301, ".5", 0, "4301 digits with a fraction is a float: accepted"},
+        {"", 4301, "e1", 0, "4301 digits with an exponent is a float: accepted"},
+    };
+    for (size_t k = 0; k < sizeof c / sizeof *c; k++) {
+        size_t n = (size_t)sprintf(m, "%s%s", pre, c[k].sign);
+        memset(m + n, '7', (size_t)c[k].digits);
+        sprintf(m + n + c[k].digits, "%s}", c[k].tail);
+        is_err(m, FRAME_FROM_CLIENT, c[k].want, c[k].name);
+        is_err(m, FRAME_FROM_CHILD, c[k].want == 0 ? -EPROTO : c[k].want, c[k].name);
+    }
+    /* in pieces: the count survives feeds that cut the number */
+    struct frame_scan fs;
+    const char *why = NULL;
+    size_t n = (size_t)sprintf(m, "%s", pre);
+    memset(m + n, '7', 4301);
+    strcpy(m + n + 4301, "}");
+    frame_scan_init(&fs, FRAME_FROM_CLIENT, 0);
+    int r = 0;
+    for (size_t have = 1; have <= strlen(m) && r == 0; have += 97)
+        r = frame_scan_feed(&fs, (const uint8_t *)m, have, &why);
+    if (r == 0)
+        r = frame_scan_feed(&fs, (const uint8_t *)m, strlen(m), &why);
+    ok(r == -EBADMSG, "4301 digits fed in pieces refused (%s)", why ? why : "accepted");
+}
+
 static void test_large(void)
 {
     /* Two 16 MiB strings in one output frame, through set/encode/decode. */
@@ -1018,6 +1062,7 @@ int main(void)
     test_client_types();
     test_escapes();
     test_nesting();
+    test_int_digits();
     test_large();
     test_encode_limits();
     test_encode_around();
