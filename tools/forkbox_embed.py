@@ -327,7 +327,10 @@ def load_tools_module(path: str) -> dict[str, Callable[..., Any]]:
     sys.path.insert(0, os.path.dirname(path))
     sys.modules[name] = module
     spec.loader.exec_module(module)
-    return tools_from_module(module)
+    try:
+        return tools_from_module(module)
+    except TypeError as e:
+        raise SandboxError(f"--tools {path}: {e}") from None
 
 
 def _read_block(path: str) -> str:

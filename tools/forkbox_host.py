@@ -304,8 +304,17 @@ def write_tools_package(tools: Iterable[Tool], parent: str) -> str:
 
 
 def tools_from_module(module: types.ModuleType) -> dict[str, Callable[..., Any]]:
-    """The public functions a module defines (not those it imports), by name:
-    what ``forkbox run --tools FILE`` offers the sandbox as ``tools``."""
+    """What ``forkbox run --tools FILE`` offers the sandbox as ``tools``: the
+    module's ``TOOLS`` mapping of tool names (dotted for a namespace:
+    ``"weather.get_forecast"`` is ``tools.weather.get_forecast``) to callables
+    when it has one, else the public functions it defines (not those it
+    imports), by name."""
+    table = getattr(module, "TOOLS", None)
+    if table is not None:
+        if not isinstance(table, dict) or not all(
+                isinstance(k, str) and callable(v) for k, v in table.items()):
+            raise TypeError(f"{module.__name__}.TOOLS: expected a dict of name -> callable")
+        return dict(sorted(table.items()))
     out = {}
     for name, obj in vars(module).items():
         if name.startswith("_") or not inspect.isfunction(obj):

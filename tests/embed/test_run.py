@@ -97,6 +97,24 @@ def test_tools_module_runs_on_the_host(tmp_path, ws):
     assert marker.read_text().startswith("pid ")
 
 
+def test_tools_dict_names_namespaced_tools(tmp_path, ws):
+    """A module's TOOLS dict replaces its public functions: dotted names are
+    namespaces (the demo tools of README's quick start)."""
+    demo = os.path.join(os.path.dirname(__file__), "..", "..", "tools", "demo", "demo_tools.py")
+    f = block(tmp_path, "use.py", """
+        import tools
+        from tools.weather import get_forecast
+        print(sorted(tools.__all__), get_forecast(city="Oslo")["city"])
+    """)
+    r = forkbox_run("--workspace", ws, "--tools", demo, f)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == ("['add', 'echo', 'list_files', 'load_file', 'save_file'] "
+                        "Oslo\n"), r.stdout
+    bad = block(tmp_path, "bad_tools.py", "TOOLS = {'x': 1}\n")
+    r = forkbox_run("--workspace", ws, "--tools", bad, f)
+    assert r.returncode == 125 and "TOOLS" in r.stderr, (r.returncode, r.stderr)
+
+
 def test_uncaught_tool_error_ends_the_block_with_a_traceback(tmp_path, ws):
     tools = block(tmp_path, "t.py", "def boom():\n    raise ValueError('no luck')\n")
     r = forkbox_run("--workspace", ws, "--tools", tools, "-", stdin="import tools\ntools.boom()\n")

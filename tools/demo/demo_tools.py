@@ -47,13 +47,17 @@ def list_files():
     return sorted(_FILES)
 
 
+# Dotted tool name -> callable: what `forkbox run --tools demo_tools.py` offers.
+TOOLS = {
+    "echo": echo,
+    "add": add,
+    "save_file": save_file,
+    "load_file": load_file,
+    "list_files": list_files,
+    "weather.get_forecast": get_forecast,
+}
+
+
 def demo_tools() -> dict:
     """Dotted tool name -> callable, ready for forkbox_client.ToolRegistry."""
-    return {
-        "echo": echo,
-        "add": add,
-        "save_file": save_file,
-        "load_file": load_file,
-        "list_files": list_files,
-        "weather.get_forecast": get_forecast,
-    }
+    return dict(TOOLS)
