@@ -250,7 +250,9 @@ int forkbox_sandbox_send(struct forkbox_sandbox *sb, const cJSON *frame, char *e
 /* A complete line at the front of buf: its length without the '\n', or -1. */
 static ssize_t find_line(struct forkbox_sandbox *sb)
 {
-    char *nl = memchr(sb->buf + sb->scanned, '\n', sb->len - sb->scanned);
+    /* Not memchr on an empty buffer: buf is NULL before the first read. */
+    char *nl = sb->len > sb->scanned ? memchr(sb->buf + sb->scanned, '\n', sb->len - sb->scanned)
+                                     : NULL;
     if (!nl) {
         sb->scanned = sb->len;
         return -1;

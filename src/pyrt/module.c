@@ -88,7 +88,8 @@ static void chan_send_snapshot_locked(const struct snapshot_iov *o)
     if (!all)
         _exit(3);
     all[0] = (struct iovec){hdr, sizeof hdr};
-    memcpy(all + 1, o->iov, o->n * sizeof *all);
+    if (o->n) /* none in stream mode's empty snapshots, where iov is NULL */
+        memcpy(all + 1, o->iov, o->n * sizeof *all);
     if (chan_writev(g_pyrt.chan_fd, all, o->n + 1) < 0)
         _exit(0);
     free(all);
