@@ -636,3 +636,18 @@ def test_ready_packages_cache_follows_the_distributions(tmp_path):
     _fake_dist(site, "2.0")
     assert packages(3)["fbcacheprobe"] == {"fbcacheprobe": "2.0"}
     assert os.stat(cache).st_mtime_ns != st.st_mtime_ns
+
+
+def test_memory_limit_ends_the_sandbox(tmp_path):
+    """The turn cgroup's limits hold as for a WebSocket turn: a block that
+    touches more than --memory ends the sandbox, and forkbox sandbox says
+    why and exits 1."""
+    s = start("fd", tmp_path, args=("--memory", "128M"))
+    try:
+        s.ready()
+        s.send({"code": "b = bytearray(400 * 1024 * 1024)\nprint('survived')", "kind": "run"})
+        assert s.recv() is None  # no done: the sandbox is gone
+        assert s.wait() == 1
+        assert "out of memory (--memory 134217728)" in s.stderr(), s.stderr()
+    finally:
+        s.close()
