@@ -13,6 +13,36 @@
 
 #include "core/limits.h"
 
+/* Only a block's tool_call (and a ready pipelined into it) may be large; an
+ * output frame holds two capped streams, each at most 6 bytes of JSON per
+ * byte (\u00XX). */
+uint64_t relay_frame_max(enum relay_phase p, uint64_t output_cap)
+{
+    switch (p) {
+    case RELAY_BETWEEN:
+        return SANDBOX_SMALL_FRAME_MAX; /* ready, log */
+    case RELAY_RUNNING:
+        return CHAN_MAX_MESSAGE_BYTES; /* tool_call, log, done, a late ready */
+    case RELAY_WANT_OUTPUT:
+        return 2 * 6 * (output_cap + OUTPUT_NOTE_ALLOWANCE) + 256;
+    case RELAY_WANT_SNAPSHOT:
+        return 0;
+    }
+    return 0;
+}
+
+uint64_t relay_items_max(enum relay_phase p)
+{
+    switch (p) {
+    case RELAY_RUNNING:
+        return FRAME_MAX_ITEMS;
+    case RELAY_WANT_OUTPUT:
+        return SANDBOX_OUTPUT_ITEMS;
+    default:
+        return SANDBOX_READY_ITEMS;
+    }
+}
+
 /* Structural limits per kind, once the kind is known (a log frame needs a
  * handful of items, not millions). NULL if f fits, else why not. */
 const char *relay_frame_misfit(const struct frame *f, uint64_t items)

@@ -1,10 +1,24 @@
 /* Checks every relay of a sandbox's frames applies (relay.c): the limits
- * per kind and the output cap. Used by forkboxd's session and by
- * `forkbox sandbox`. */
+ * per block phase and per kind, and the output cap. Used by forkboxd's
+ * session and by `forkbox sandbox`. */
 #pragma once
 #include <stdint.h>
 
 #include "proto/frame.h"
+
+/* Where the block stands, as far as the sandbox's frames are concerned. */
+enum relay_phase {
+    RELAY_BETWEEN,       /* no block runs */
+    RELAY_RUNNING,       /* run sent to the sandbox, its done not yet back */
+    RELAY_WANT_OUTPUT,   /* done relayed: output must come next */
+    RELAY_WANT_SNAPSHOT, /* output relayed: the workspace snapshot must come next */
+};
+
+/* The longest 'F' message legal from the sandbox in phase p, 0 if none is. */
+uint64_t relay_frame_max(enum relay_phase p, uint64_t output_cap);
+/* The most JSON items such a message may hold (bounded before the kind is
+ * known: "kind" may come last). */
+uint64_t relay_items_max(enum relay_phase p);
 
 /* Structural limits per kind, once the kind is known (items: what the
  * scanner counted in the message). NULL if f fits, else why not. */

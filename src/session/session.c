@@ -394,38 +394,18 @@ static void finish_block_for_timeout(struct session *s, const char *what, uint64
 
 /* ---------------------------------------------------------------- sandbox: limits */
 
-/* The longest 'F' message legal from the sandbox in the turn's state, 0 if
- * none is. Only a block's tool_call (and a ready pipelined into it) may be
- * large; an output frame holds two capped streams, each at most 6 bytes of
- * JSON per byte (\u00XX). */
-static uint64_t sandbox_frame_limit(const struct session *s)
+/* The turn's state as the sandbox-frame limits see it (proto/relay.h). */
+static enum relay_phase turn_phase(enum turn_state t)
 {
-    switch (s->turn) {
-    case TURN_TOOLS:
-    case TURN_BETWEEN:
-    case TURN_ARCHIVED:
-        return SANDBOX_SMALL_FRAME_MAX; /* ready, log */
+    switch (t) {
     case TURN_RUNNING:
-        return CHAN_MAX_MESSAGE_BYTES; /* tool_call, log, done, a late ready */
+        return RELAY_RUNNING;
     case TURN_WANT_OUTPUT:
-        return 2 * 6 * (s->env->cfg->output_cap + OUTPUT_NOTE_ALLOWANCE) + 256;
+        return RELAY_WANT_OUTPUT;
     case TURN_WANT_SNAPSHOT:
-        return 0;
-    }
-    return 0;
-}
-
-/* The most JSON items such a message may hold (cost bounded before the kind
- * is known: "kind" may come last). */
-static uint64_t sandbox_item_limit(const struct session *s)
-{
-    switch (s->turn) {
-    case TURN_RUNNING:
-        return FRAME_MAX_ITEMS;
-    case TURN_WANT_OUTPUT:
-        return SANDBOX_OUTPUT_ITEMS;
-    default:
-        return SANDBOX_READY_ITEMS;
+        return RELAY_WANT_SNAPSHOT;
+    default: /* TURN_TOOLS, TURN_BETWEEN, TURN_ARCHIVED */
+        return RELAY_BETWEEN;
     }
 }
 
@@ -644,7 +624,7 @@ static int on_sandbox_begin(void *ud, const struct chan_msg *m, struct buf **int
     uint64_t limit = 0;
     switch (m->type) {
     case CHAN_FRAME:
-        limit = sandbox_frame_limit(s);
+        limit = relay_frame_max(turn_phase(s->turn), s->env->cfg->output_cap);
         break;
     case CHAN_SNAPSHOT:
         limit = s->turn == TURN_WANT_SNAPSHOT ? CHAN_MAX_MESSAGE_BYTES : 0;
@@ -687,7 +667,7 @@ static int on_sandbox_begin(void *ud, const struct chan_msg *m, struct buf **int
     }
     *into = &s->in;
     if (m->type == CHAN_FRAME) {
-        frame_scan_init(s->sscan, FRAME_FROM_CHILD, sandbox_item_limit(s));
+        frame_scan_init(s->sscan, FRAME_FROM_CHILD, relay_items_max(turn_phase(s->turn)));
     } else if (m->type == CHAN_SNAPSHOT) {
         const struct config *cfg = s->env->cfg;
         const struct tarcheck_limits lim = {.max_data = cfg->snapshot_max,

@@ -56,12 +56,6 @@
 #define STREAM_FLUSH_AT_END_MS 2000      /* what is queued for the host, at the end */
 #define STREAM_SANDBOX_LOG_LINES 20      /* sandbox log lines between blocks, to stderr */
 
-enum stream_state {
-    ST_BETWEEN,       /* no block runs */
-    ST_RUNNING,       /* run sent to the sandbox, done not yet back */
-    ST_WANT_OUTPUT,   /* done relayed: output must come next */
-    ST_WANT_SNAPSHOT, /* output relayed: the (empty) 'S' must come next */
-};
 
 struct stream {
     const struct config *cfg;      /* borrowed */
@@ -82,7 +76,7 @@ struct stream {
     struct notify_turn notify;     /* the seccomp listener: counted refusals */
     struct buf in;                 /* the sandbox message being read */
     struct frame_scan scan;
-    enum stream_state state;
+    enum relay_phase state;
     bool ready_seen;
     bool run_queued;               /* the host's next run went while the 'S' was due */
     int64_t done_exit_code;
@@ -234,13 +228,13 @@ static void on_host_line(struct stream *s, const uint8_t *p, size_t n)
         /* The host sends its next run once it has read output, which may be
          * before the sandbox's (empty) snapshot that follows it has come in:
          * the channel keeps the order, so the block starts when it has. */
-        if (s->state != ST_BETWEEN && (s->state != ST_WANT_SNAPSHOT || s->run_queued))
+        if (s->state != RELAY_BETWEEN && (s->state != RELAY_WANT_SNAPSHOT || s->run_queued))
             break;
         /* The channel's order for a block: a workspace archive (empty: the
          * workspace is the host's own directory), then run. */
         if (sandbox_send(s, CHAN_WORKSPACE, NULL) == 0 && sandbox_send(s, CHAN_FRAME, &f) == 0) {
-            if (s->state == ST_BETWEEN) {
-                s->state = ST_RUNNING;
+            if (s->state == RELAY_BETWEEN) {
+                s->state = RELAY_RUNNING;
                 s->block_start_ms = now_ms();
             } else {
                 s->run_queued = true;
@@ -249,7 +243,7 @@ static void on_host_line(struct stream *s, const uint8_t *p, size_t n)
         ok = true;
         break;
     case FRAME_TOOL_RESULT:
-        if (s->state != ST_RUNNING)
+        if (s->state != RELAY_RUNNING)
             break;
         sandbox_send(s, CHAN_FRAME, &f);
         ok = true;
@@ -334,26 +328,11 @@ static void sandbox_error(struct stream *s, const char *what)
     stream_end(s, STREAM_EXIT_FAILED, "sandbox protocol error: %s", what);
 }
 
-static uint64_t frame_limit(const struct stream *s)
-{
-    switch (s->state) {
-    case ST_BETWEEN:
-        return SANDBOX_SMALL_FRAME_MAX; /* ready, log */
-    case ST_RUNNING:
-        return CHAN_MAX_MESSAGE_BYTES; /* tool_call, log, done, a late ready */
-    case ST_WANT_OUTPUT:
-        return 2 * 6 * (s->cfg->output_cap + OUTPUT_NOTE_ALLOWANCE) + 256;
-    case ST_WANT_SNAPSHOT:
-        return 0;
-    }
-    return 0;
-}
-
 static int on_sandbox_begin(void *ud, const struct chan_msg *m, struct buf **into)
 {
     struct stream *s = ud;
-    uint64_t limit = m->type == CHAN_FRAME      ? frame_limit(s)
-                     : m->type == CHAN_SNAPSHOT ? (s->state == ST_WANT_SNAPSHOT ? UINT32_MAX : 0)
+    uint64_t limit = m->type == CHAN_FRAME      ? relay_frame_max(s->state, s->cfg->output_cap)
+                     : m->type == CHAN_SNAPSHOT ? (s->state == RELAY_WANT_SNAPSHOT ? UINT32_MAX : 0)
                      : m->type == CHAN_NOTIFY   ? (m->first ? 1 : 0)
                                                 : 0;
     char what[120];
@@ -373,10 +352,7 @@ static int on_sandbox_begin(void *ud, const struct chan_msg *m, struct buf **int
         return -1;
     }
     *into = &s->in;
-    frame_scan_init(&s->scan, FRAME_FROM_CHILD,
-                    s->state == ST_RUNNING       ? FRAME_MAX_ITEMS
-                    : s->state == ST_WANT_OUTPUT ? SANDBOX_OUTPUT_ITEMS
-                                                 : SANDBOX_READY_ITEMS);
+    frame_scan_init(&s->scan, FRAME_FROM_CHILD, relay_items_max(s->state));
     return 0;
 }
 
@@ -411,30 +387,30 @@ static int handle_child_frame(struct stream *s, struct frame *f)
         return -1;
     }
     bool legal = false;
-    enum stream_state next = s->state;
+    enum relay_phase next = s->state;
     switch (f->kind) {
     case FRAME_READY:
         legal = !s->ready_seen;
         s->ready_seen = true;
         break;
     case FRAME_TOOL_CALL:
-        legal = s->state == ST_RUNNING && s->ready_seen;
+        legal = s->state == RELAY_RUNNING && s->ready_seen;
         break;
     case FRAME_LOG:
-        if (s->state != ST_RUNNING) {
+        if (s->state != RELAY_RUNNING) {
             sandbox_log_line(s, f);
             return 0;
         }
         legal = true;
         break;
     case FRAME_DONE:
-        legal = s->state == ST_RUNNING && s->ready_seen;
-        next = ST_WANT_OUTPUT;
+        legal = s->state == RELAY_RUNNING && s->ready_seen;
+        next = RELAY_WANT_OUTPUT;
         s->done_exit_code = f->exit_code;
         break;
     case FRAME_OUTPUT:
-        legal = s->state == ST_WANT_OUTPUT && f->exit_code == s->done_exit_code;
-        next = ST_WANT_SNAPSHOT;
+        legal = s->state == RELAY_WANT_OUTPUT && f->exit_code == s->done_exit_code;
+        next = RELAY_WANT_SNAPSHOT;
         break;
     default:
         break;
@@ -478,7 +454,7 @@ static int on_sandbox_end(void *ud, struct chan_msg *m)
     if (m->fd >= 0)
         close(m->fd);
     if (m->type == CHAN_SNAPSHOT) {
-        s->state = s->run_queued ? ST_RUNNING : ST_BETWEEN;
+        s->state = s->run_queued ? RELAY_RUNNING : RELAY_BETWEEN;
         s->block_start_ms = now_ms();
         s->run_queued = false;
         return 0;
@@ -535,7 +511,7 @@ static void sandbox_ended(struct stream *s)
     if (s->death_wait || s->ending)
         return;
     snprintf(s->death_what, sizeof s->death_what, "%s",
-             s->state == ST_BETWEEN ? "between blocks" : "while a block ran");
+             s->state == RELAY_BETWEEN ? "between blocks" : "while a block ran");
     s->death_wait = true;
     s->death_deadline_ms = now_ms() + STREAM_DEATH_WAIT_MS;
     loop_unwatch(s->loop, &s->chan_w);
@@ -642,7 +618,7 @@ static void on_tick(void *ud)
     if (s->cfg->turn_timeout_ms && now - s->turn_start_ms >= s->cfg->turn_timeout_ms) {
         what = "turn-timeout";
         limit = s->cfg->turn_timeout_ms;
-    } else if (s->state == ST_RUNNING && s->cfg->block_timeout_ms &&
+    } else if (s->state == RELAY_RUNNING && s->cfg->block_timeout_ms &&
                now - s->block_start_ms >= s->cfg->block_timeout_ms) {
         what = "block-timeout";
         limit = s->cfg->block_timeout_ms;
@@ -650,7 +626,7 @@ static void on_tick(void *ud)
     if (!what || s->death_wait)
         return;
     kill_sandbox(s);
-    if (s->state == ST_RUNNING) {
+    if (s->state == RELAY_RUNNING) {
         char msg[160];
         snprintf(msg, sizeof msg, "[forkbox: the block was stopped: --%s of %" PRIu64 " s]\n",
                  what, limit / 1000);
