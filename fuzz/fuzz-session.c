@@ -1,4 +1,4 @@
-/* One supervisor session (src/session/session.c, the production code) driven
+/* One supervisor session (src/session/, the production code) driven
  * by a hostile client and a hostile sandbox at once, over real sockets and the
  * real event loop: the client side writes an upgrade request and then
  * WebSocket frames, the sandbox side writes channel envelopes, and between

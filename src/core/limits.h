@@ -142,9 +142,9 @@
 #define TURN_BUFFER_DEFAULT (2 * WS_MAX_MESSAGE_BYTES + 4 * RELAY_HIGH_WATER)
 #define TOTAL_BUFFER_MIN (TURN_BUFFER_DEFAULT)
 
-/* What a sandbox may send, by state and kind (session.c). Between blocks only
- * ready and log frames are legal, and they are small; a block's tool_call may
- * be as large as any message. */
+/* What a sandbox may send, by state and kind (session/from_sandbox.c).
+ * Between blocks only ready and log frames are legal, and they are small; a
+ * block's tool_call may be as large as any message. */
 #define SANDBOX_SMALL_FRAME_MAX (4 * MiB)
 #define SANDBOX_READY_ITEMS (1u << 20)  /* ready.packages of a large site dir */
 #define SANDBOX_OUTPUT_ITEMS 16         /* done, output: a few scalars */

@@ -1,6 +1,6 @@
 /* Checks every relay of a sandbox's frames applies once a frame is
  * decoded (proto/frame.h), whoever relays it: forkboxd's session
- * (session/session.c) and `forkbox sandbox` (stream/relay.c). Runs in the
+ * (session/from_sandbox.c) and `forkbox sandbox` (stream/relay.c). Runs in the
  * process that holds the peer's connection, never in a sandbox. */
 #include "proto/relay.h"
 

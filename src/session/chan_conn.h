@@ -8,8 +8,8 @@
  * dropping it unread), and the one fd a sandbox may pass (its seccomp
  * listener, attached to the first byte of its first message; every other fd
  * is closed on arrival). What a message means, whether it may come in the
- * turn's state, and how large it may be are its handler's (session.c): the
- * handler decides at the header, before any body byte is read. */
+ * turn's state, and how large it may be are its handler's (from_sandbox.c):
+ * the handler decides at the header, before any body byte is read. */
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>

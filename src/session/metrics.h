@@ -13,9 +13,9 @@
  * format, version 0.0.4 (hand-written: Debian packages no C client library;
  * prometheus-cpp is C++). The HTTP side is metrics_http.h.
  *
- * Global rather than passed around: the counters are bumped from
- * session.c, notify.c and server.c (and the fork server's restart path),
- * which share nothing else; a single-threaded loop needs no locking. */
+ * Global rather than passed around: the counters are bumped from the
+ * session's files, notify.c and server.c (and the fork server's restart
+ * path), which share nothing else; a single-threaded loop needs no locking. */
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>
@@ -48,7 +48,7 @@ enum turn_end {
 };
 const char *turn_end_name(enum turn_end e);
 
-/* What one turn did, filled by its session (session.c). */
+/* What one turn did, filled by its session (session_int.h, turn.c). */
 struct turn_stats {
     uint64_t id;                  /* the turn's (connection's) id */
     char peer[64];                /* the client's address:port, as the socket says */

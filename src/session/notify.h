@@ -23,7 +23,7 @@ struct policy_notify;
 
 #define NOTIFY_BATCH 64
 
-/* One turn's listener, embedded in its session (session.c), which must not
+/* One turn's listener, embedded in its session (session_int.h), which must not
  * move it: everything this module uses, so it does not reach into the
  * session. flock.c gets what it needs as a struct flock_turn. */
 struct notify_turn {

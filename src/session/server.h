@@ -2,9 +2,9 @@
  * admission (token, capacity, single use) and the set of connections
  * (session.h). Runs in the supervisor.
  *
- * server.c drives session.c; session.c reaches the server only through the
- * callbacks it is given (struct session_env), so neither reads the other's
- * struct. */
+ * server.c drives the sessions (session.h); they reach the server only
+ * through the callbacks they are given (struct session_env), so neither
+ * reads the other's struct. */
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>

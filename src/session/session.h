@@ -3,9 +3,9 @@
  * sandbox. Runs in the supervisor.
  *
  * One way: server.c owns a `struct sessions` and drives it through this
- * API; session.c never calls server.c. What a session needs of the daemon
- * (admission, a sandbox) it asks through the callbacks in struct
- * session_env, which the server fills in.
+ * API; the session's files (session_int.h lists them) never call server.c.
+ * What a session needs of the daemon (admission, a sandbox) it asks through
+ * the callbacks in struct session_env, which the server fills in.
  *
  * Lifetime: a session is freed only by sessions_reap(), run from the loop's
  * before-sleep hook, after session_end() marked it dead (loop callbacks never

@@ -52,7 +52,7 @@
 #define STREAM_TICK_MS 250
 #define STREAM_READ_CHUNK (64 * KiB)     /* host bytes read per call */
 #define STREAM_READ_BUDGET (256 * KiB)   /* ... per wakeup */
-#define STREAM_DEATH_WAIT_MS 5000        /* as session.c's DEATH_REPORT_WAIT_MS */
+#define STREAM_DEATH_WAIT_MS 5000        /* as session/turn.c's DEATH_REPORT_WAIT_MS */
 #define STREAM_FLUSH_AT_END_MS 2000      /* what is queued for the host, at the end */
 #define STREAM_SANDBOX_LOG_LINES 20      /* sandbox log lines between blocks, to stderr */
 

@@ -1,0 +1,220 @@
+/* The client's WebSocket messages in an admitted turn (spec 2.3; the
+ * table is in docs/internals.md): which message may come in the turn's
+ * state and how large (on_msg_begin, so net/ws.c refuses the rest at its
+ * header), the scan of a text message as it arrives, and what a complete
+ * one does: an archive, run or a tool_result is queued for the sandbox,
+ * shutdown ends the turn. Runs in the supervisor.
+ *
+ * What the client sends is checked as from_sandbox.c checks the sandbox
+ * (limits at frame headers, budgets, incremental scan). A frame already in
+ * the supervisor's encoding is passed on as it came, and a large value is
+ * not copied (sandbox_send_frame). Relies on chan_conn.c for the channel's
+ * queue, on turn.c to end the turn and on session.c for what the sockets
+ * wait for (update_interest). */
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "core/buf.h"
+#include "core/limits.h"
+#include "core/util.h"
+#include "net/ws.h"
+#include "proto/chan.h"
+#include "proto/frame.h"
+#include "proto/relay.h"
+#include "session/chan_conn.h"
+#include "session/metrics.h"
+#include "session/session.h"
+#include "session/session_int.h"
+
+/* ---------------------------------------------------------------- to the sandbox */
+
+/* Queue one envelope for the sandbox whose body is *body, taken over. */
+static int sandbox_send(struct session *s, enum chan_type type, struct buf *body)
+{
+    int r = chan_conn_send(s->chan, type, body);
+    update_interest(s);
+    return r;
+}
+
+/* The field of f whose value is the largest text borrowed from msg, if it
+ * is worth sending from where it lies (RELAY_SLICE_MIN): its index, or -1. */
+static int big_borrowed_field(const struct frame *f, const struct buf *msg)
+{
+    int best = -1;
+    for (int i = 0; i < FRAME_MAX_FIELDS; i++) {
+        const struct frame_field *fld = &f->field[i];
+        uintptr_t p = (uintptr_t)fld->json, m = (uintptr_t)msg->data;
+        if (fld->owned || fld->len < RELAY_SLICE_MIN || !msg->data || p < m ||
+            p - m > msg->len || fld->len > msg->len - (p - m))
+            continue;
+        if (best < 0 || fld->len > f->field[best].len)
+            best = i;
+    }
+    return best;
+}
+
+/* Queue a frame the client sent, decoded from *msg: as it came if it is
+ * already in the supervisor's encoding (the sandbox's readers rely on that
+ * form, pyrt/shape.c), else re-encoded; a large value (a tool result) is
+ * not copied: the encoding is queued around it and the value is sent from
+ * msg. msg is consumed either way. */
+static int sandbox_send_frame(struct session *s, const struct frame *f, struct buf *msg)
+{
+    if (f->canonical)
+        return sandbox_send(s, CHAN_FRAME, msg);
+    struct buf head, tail;
+    buf_init_budget(&head, CHAN_MAX_MESSAGE_BYTES, &s->budget);
+    buf_init_budget(&tail, CHAN_MAX_MESSAGE_BYTES, &s->budget);
+    int big = big_borrowed_field(f, msg);
+    if (big < 0) {
+        int r = frame_encode(f, &head); /* f may point into msg: encode first */
+        buf_free(msg);
+        return r < 0 ? (buf_free(&head), r) : sandbox_send(s, CHAN_FRAME, &head);
+    }
+    /* Everything but the value is copied out of msg before msg is queued. */
+    const struct frame_field *v = &f->field[big];
+    size_t off = (size_t)((const uint8_t *)v->json - msg->data), len = v->len;
+    int r = frame_encode_around(f, (size_t)big, &head, &tail);
+    if (r == 0)
+        r = chan_conn_send_around(s->chan, CHAN_FRAME, &head, msg, off, len, &tail);
+    else
+        buf_free(msg);
+    buf_free(&head);
+    buf_free(&tail);
+    update_interest(s);
+    return r;
+}
+
+/* ---------------------------------------------------------------- client messages */
+
+/* End the turn normally (1000): the client's shutdown, or (end
+ * TURN_END_CLIENT_ERROR) a message the client should not have sent there. */
+static void end_turn(struct session *s, enum turn_end end)
+{
+    turn_stats_end(&s->stats, end);
+    session_end(s, 1000, NULL);
+}
+
+/* What a message from the client may be in the turn's state: its largest
+ * size, or 0 to drop it unread (ws.h). */
+static uint64_t on_msg_begin(void *ud, bool text)
+{
+    struct session *s = ud;
+    const struct config *cfg = s->env->cfg;
+    if (s->phase != PHASE_TURN)
+        return WS_MSG_DROP;
+    if (text) {
+        switch (s->turn) {
+        case TURN_TOOLS: /* text instead of the tools archive */
+            end_turn(s, TURN_END_CLIENT_ERROR);
+            return WS_MSG_DROP;
+        case TURN_BETWEEN:  /* only shutdown matters */
+        case TURN_ARCHIVED: /* run */
+        case TURN_RUNNING:  /* tool_result */
+            frame_scan_init(s->cscan, FRAME_FROM_CLIENT, 0);
+            s->cmsg_bad = false;
+            return WS_MAX_MESSAGE_BYTES;
+        default: /* after done: results are no longer wanted */
+            return WS_MSG_DROP;
+        }
+    }
+    s->cmsg_bad = true; /* an archive: not scanned */
+    switch (s->turn) {
+    case TURN_TOOLS:
+        return cfg->max_upload_tools;
+    case TURN_BETWEEN:
+        return cfg->max_upload_workspace;
+    case TURN_ARCHIVED: /* a second archive where run was due */
+        end_turn(s, TURN_END_CLIENT_ERROR);
+        return WS_MSG_DROP;
+    default: /* ignored while a block runs (spec 2.3) */
+        return WS_MSG_DROP;
+    }
+}
+
+static void on_msg_data(void *ud, const uint8_t *msg, size_t len)
+{
+    struct session *s = ud;
+    if (s->phase != PHASE_TURN || s->cmsg_bad || !s->cscan)
+        return;
+    const char *why;
+    if (frame_scan_feed(s->cscan, msg, len, &why) < 0) {
+        s->cmsg_bad = true;
+        if (s->turn == TURN_ARCHIVED) /* spec 2.3: undecodable text in R ends the turn */
+            end_turn(s, TURN_END_CLIENT_ERROR);
+    }
+}
+
+static void on_text(struct session *s, struct buf *msg)
+{
+    struct frame f;
+    const char *why = NULL;
+    bool ok = !s->cmsg_bad &&
+              frame_scan_finish(s->cscan, msg->data, msg->len, FRAME_FROM_CLIENT, &f, &why) == 0;
+
+    switch (s->turn) {
+    case TURN_BETWEEN: /* only shutdown matters; everything else is ignored */
+        if (ok && f.kind == FRAME_SHUTDOWN)
+            end_turn(s, TURN_END_OK);
+        break;
+    case TURN_ARCHIVED:
+        if (!ok || f.kind != FRAME_RUN) {
+            end_turn(s, TURN_END_CLIENT_ERROR);
+            break;
+        }
+        if (sandbox_send_frame(s, &f, msg) < 0) {
+            session_end(s, 1011, "cannot queue the block for the sandbox");
+            break;
+        }
+        s->turn = TURN_RUNNING;
+        s->block_started_ms = now_ms();
+        s->stats.blocks++;
+        s->stats.block_started_ns = now_ns();
+        break;
+    case TURN_RUNNING:
+        /* Results go to the sandbox; an undecodable message is dropped alone
+         * (spec 9.2 "channel poisoning"); other frames are ignored. */
+        if (ok && f.kind == FRAME_TOOL_RESULT && sandbox_send_frame(s, &f, msg) < 0)
+            session_end(s, 1011, "cannot queue a tool result for the sandbox");
+        break;
+    default:
+        break;
+    }
+    if (ok)
+        frame_free(&f);
+}
+
+static void on_msg_end(void *ud, bool text, struct buf *msg)
+{
+    struct session *s = ud;
+    if (s->phase != PHASE_TURN)
+        return;
+    if (text) {
+        on_text(s, msg);
+        return;
+    }
+    bool tools = s->turn == TURN_TOOLS;
+    if (!tools && s->turn != TURN_BETWEEN)
+        return;
+    if (sandbox_send(s, tools ? CHAN_TOOLS : CHAN_WORKSPACE, msg) < 0) {
+        session_end(s, 1011, "cannot queue the archive for the sandbox");
+        return;
+    }
+    s->tools_sent = s->tools_sent || tools;
+    s->turn = tools ? TURN_BETWEEN : TURN_ARCHIVED;
+    if (tools)
+        s->idle_since_ms = now_ms();
+}
+
+static void on_ws_pong(void *ud)
+{
+    struct session *s = ud;
+    s->ping_outstanding = false;
+}
+
+const struct ws_handlers client_handlers = {
+    .on_msg_begin = on_msg_begin,
+    .on_msg_data = on_msg_data,
+    .on_msg_end = on_msg_end,
+    .on_pong = on_ws_pong,
+};

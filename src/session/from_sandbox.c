@@ -1,0 +1,560 @@
+/* The sandbox's channel messages in a turn, and their relay to the client.
+ * Runs in the supervisor.
+ *
+ * The supervisor relays, it does not trust. Everything a sandbox sends is
+ * hostile, including envelopes written by user code:
+ *  - a message is refused at its envelope header unless its type is legal in
+ *    the turn's state and its announced length is within that state's limit
+ *    (a `log` between blocks is small; only a block's `tool_call` may be
+ *    large); its room is then reserved against the turn's and the daemon's
+ *    memory budgets, so nothing is held that was not paid for;
+ *  - its body is checked as it arrives, a bounded amount per loop round
+ *    (frames by the incremental JSON scanner with per-state item limits,
+ *    snapshots by tarcheck), so one turn cannot hold the loop;
+ *  - a frame is relayed only if its kind is legal in the state, its fields
+ *    have their spec types and its size fits its kind (output streams are
+ *    cut to --output-cap here, whatever the sandbox claims); a snapshot only
+ *    if it is in tarcheck's canonical subset (regular files and directories,
+ *    modes within 0755, owners 0, within --snapshot-max and --max-members);
+ *  - anything else ends this turn only, with a close reason from the
+ *    supervisor's own vocabulary: never text a sandbox wrote.
+ * Relayed bytes are not copied where they need not be: a frame already in
+ * canonical form is passed on as it came.
+ *
+ * Relies on chan_conn.c for envelopes and fds (these handlers,
+ * sandbox_handlers, decide what they mean), on turn.c to end the turn and
+ * to say why a sandbox that ended on its own ended (sandbox_gone), and on
+ * session.c for what the sockets wait for (update_interest). */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/buf.h"
+#include "core/limits.h"
+#include "core/log.h"
+#include "core/ratelimit.h"
+#include "core/util.h"
+#include "net/ws.h"
+#include "proto/chan.h"
+#include "proto/frame.h"
+#include "proto/relay.h"
+#include "proto/tarcheck.h"
+#include "session/chan_conn.h"
+#include "session/metrics.h"
+#include "session/notify.h"
+#include "session/session.h"
+#include "session/session_int.h"
+
+static const char *turn_state_name(enum turn_state t)
+{
+    static const char *const names[] = {
+        [TURN_TOOLS] = "T (awaiting tools)",
+        [TURN_BETWEEN] = "B (between blocks)",
+        [TURN_ARCHIVED] = "R (awaiting run)",
+        [TURN_RUNNING] = "X (block running)",
+        [TURN_WANT_OUTPUT] = "X (awaiting output)",
+        [TURN_WANT_SNAPSHOT] = "X (awaiting archive)",
+    };
+    return names[t];
+}
+
+/* ---------------------------------------------------------------- to the client */
+
+/* Send a frame to the client: body (consumed) holds its bytes when it is
+ * canonical and unchanged; otherwise it is encoded anew. */
+int client_send_frame(struct session *s, const struct frame *f, struct buf *body)
+{
+    if (body && f->canonical)
+        return ws_conn_send_buf(s->ws, true, body);
+    struct buf b;
+    buf_init_budget(&b, WS_MAX_MESSAGE_BYTES, &s->budget);
+    int r = frame_encode(f, &b);
+    if (body)
+        buf_free(body);
+    if (r < 0) {
+        buf_free(&b);
+        return r;
+    }
+    return ws_conn_send_buf(s->ws, true, &b);
+}
+
+/* ---------------------------------------------------------------- sandbox: limits */
+
+/* The turn's state as the sandbox-frame limits see it (proto/relay.h). */
+static enum relay_phase turn_phase(enum turn_state t)
+{
+    switch (t) {
+    case TURN_RUNNING:
+        return RELAY_RUNNING;
+    case TURN_WANT_OUTPUT:
+        return RELAY_WANT_OUTPUT;
+    case TURN_WANT_SNAPSHOT:
+        return RELAY_WANT_SNAPSHOT;
+    default: /* TURN_TOOLS, TURN_BETWEEN, TURN_ARCHIVED */
+        return RELAY_BETWEEN;
+    }
+}
+
+/* ---------------------------------------------------------------- sandbox: messages */
+
+/* What a sandbox's error report means, in words of ours (NULL if it is not
+ * one of the runtime's own reports): the text itself is the sandbox's (logged
+ * for the operator, never sent as a close reason). */
+static const char *child_error_class(const struct frame_field *msg)
+{
+    static const struct { const char *prefix, *meaning; } known[] = {
+        {"\"sandbox setup:", "sandbox setup failed"},
+        {"\"tools archive:", "the tools archive could not be extracted"},
+        {"\"workspace archive:", "the workspace archive could not be extracted"},
+        {"\"forkbox runtime: internal error", "the sandbox runtime failed"},
+    };
+    for (size_t i = 0; i < sizeof known / sizeof *known; i++)
+        if (msg->len >= strlen(known[i].prefix) &&
+            memcmp(msg->json, known[i].prefix, strlen(known[i].prefix)) == 0)
+            return known[i].meaning;
+    return NULL;
+}
+
+/* An error-level log names why the sandbox is about to exit (setup and
+ * archive errors arrive this way): what it means is kept for the close
+ * reason. While a block runs only the runtime's own reports count (the
+ * host sends the workspace archive and `run` back to back, so an archive
+ * that cannot be extracted is reported while the block counts as
+ * running); user code's error logs there are the host's business. */
+static void note_child_error(struct session *s, const struct frame *f, bool running)
+{
+    const struct frame_field *level = frame_get(f, "level");
+    if (level->len != 7 || memcmp(level->json, "\"error\"", 7) != 0)
+        return;
+    const char *meaning = child_error_class(frame_get(f, "msg"));
+    if (meaning || !running)
+        s->child_error = meaning ? meaning : "the sandbox reported an error";
+}
+
+/* A sandbox's log line in the operator log, as its JSON text (escaped: it
+ * cannot forge lines), cut to 300 bytes. Its token was taken when its
+ * envelope arrived (on_sandbox_begin): lines over the turn's rate were dropped
+ * unread, and the next line says how many. */
+static void log_sandbox_line(struct session *s, const struct frame_field *msg)
+{
+    uint64_t span_ns, dropped = ratelimit_take_report(&s->log_rl, now_ns(), &span_ns);
+    char more[96] = "";
+    if (dropped)
+        snprintf(more, sizeof more, " (%" PRIu64 " more sandbox log lines dropped in %.0f s)",
+                 dropped, (double)span_ns / 1e9);
+    LOG_I("turn %" PRIu64 ": sandbox log: %.*s%s", s->id, (int)(msg->len > 300 ? 300 : msg->len),
+          msg->json, more);
+}
+
+/* Relaying to the client failed: -EPIPE is a client connection that has
+ * already failed or closed (the client went away while the sandbox was
+ * sending), which ends the turn with nobody to tell; anything else is ours
+ * to explain. */
+static void relay_failed(struct session *s, int r, const char *what)
+{
+    if (r == -EPIPE) {
+        LOG_I("turn %" PRIu64 ": ended: the client is gone (closed or failed)", s->id);
+        turn_stats_end(&s->stats, TURN_END_CLIENT_CLOSED);
+        mark_dead(s);
+        return;
+    }
+    if (r == -ENOSPC)
+        turn_stats_end(&s->stats, TURN_END_OVERLOAD);
+    session_end(s, 1011, r == -ENOSPC ? "server memory budget exhausted" : what);
+}
+
+static void sandbox_protocol_error(struct session *s, const char *what)
+{
+    char reason[200];
+    snprintf(reason, sizeof reason, "sandbox protocol error: %s", what);
+    turn_stats_end(&s->stats, TURN_END_PROTOCOL_ERROR);
+    session_end(s, 1011, reason);
+}
+
+/* One complete frame from the sandbox; body holds its bytes (consumed).
+ * Returns 0, or -1 after failing the session. */
+static int handle_child_frame(struct session *s, struct frame *f, struct buf *body)
+{
+    const char *misfit = relay_frame_misfit(f, s->sscan->js.items);
+    if (misfit) {
+        buf_free(body);
+        sandbox_protocol_error(s, misfit);
+        return -1;
+    }
+
+    bool legal = false;
+    enum turn_state next = s->turn;
+    switch (f->kind) {
+    case FRAME_READY:
+        legal = s->tools_sent && !s->ready_seen;
+        s->ready_seen = s->ready_seen || legal;
+        if (legal && s->accept_ns) {
+            s->stats.ready_ns = now_ns();
+            metrics_turn_ready(s->stats.ready_ns - s->accept_ns);
+        }
+        if (legal && s->accept_ns)
+            LOG_D("turn %" PRIu64 ": ready %.3f ms after the upgrade (spawn %.3f ms)", s->id,
+                  (double)(now_ns() - s->accept_ns) / 1e6, (double)s->spawn_ns / 1e6);
+        break;
+    case FRAME_TOOL_CALL:
+        legal = s->turn == TURN_RUNNING && s->ready_seen;
+        if (legal) {
+            s->stats.tool_calls++;
+            metrics_tool_call();
+        }
+        break;
+    case FRAME_LOG:
+        if (s->turn != TURN_RUNNING) {
+            /* Logs are relayed only while a block runs (the host reads
+             * frames only then); otherwise they go to the operator log,
+             * rate-limited, and are dropped. */
+            if (s->in_token)
+                log_sandbox_line(s, frame_get(f, "msg"));
+            note_child_error(s, f, false);
+            buf_free(body);
+            return 0;
+        }
+        note_child_error(s, f, true);
+        legal = true;
+        break;
+    case FRAME_DONE:
+        legal = s->turn == TURN_RUNNING && s->ready_seen;
+        next = TURN_WANT_OUTPUT;
+        s->done_exit_code = f->exit_code;
+        break;
+    case FRAME_OUTPUT:
+        legal = s->turn == TURN_WANT_OUTPUT && f->exit_code == s->done_exit_code;
+        next = TURN_WANT_SNAPSHOT;
+        break;
+    default:
+        break;
+    }
+    if (!legal) {
+        char what[120];
+        snprintf(what, sizeof what, "unexpected %s frame in state %s", frame_kind_name(f->kind),
+                 turn_state_name(s->turn));
+        buf_free(body);
+        sandbox_protocol_error(s, what);
+        return -1;
+    }
+    if (f->kind == FRAME_OUTPUT) {
+        int a = relay_cap_stream(f, "stdout", s->env->cfg->output_cap);
+        int b = a < 0 ? a : relay_cap_stream(f, "stderr", s->env->cfg->output_cap);
+        if (a < 0 || b < 0) {
+            buf_free(body);
+            session_end(s, 1011, "out of memory");
+            return -1;
+        }
+        if (a || b) {
+            f->canonical = false; /* no longer the bytes in body */
+            LOG_W("turn %" PRIu64 ": output frame over --output-cap: cut by the supervisor", s->id);
+        }
+    }
+    int r = client_send_frame(s, f, body);
+    if (r < 0) {
+        relay_failed(s, r, "cannot relay a sandbox frame");
+        return -1;
+    }
+    s->turn = next;
+    return 0;
+}
+
+/* The workspace snapshot passed its check: relay it. */
+static void relay_snapshot(struct session *s)
+{
+    int r = ws_conn_send_buf(s->ws, false, &s->in);
+    if (r < 0) {
+        relay_failed(s, r, "cannot relay the workspace archive");
+        return;
+    }
+    s->turn = TURN_BETWEEN;
+    s->idle_since_ms = now_ms();
+    block_over(s);
+}
+
+/* The end of an 'S' check: relay, or end the turn. */
+static void snapshot_checked(struct session *s, int r)
+{
+    char reason[120];
+    if (r == TARCHECK_VALID) {
+        struct tarcheck_stats st;
+        tarcheck_get_stats(s->tc, &st);
+        LOG_D("turn %" PRIu64 ": snapshot of %" PRIu64 " members, %" PRIu64
+              " of them verified earlier in the turn (not inflated)",
+              s->id, st.members, st.cache_hits);
+        relay_snapshot(s);
+    } else {
+        snprintf(reason, sizeof reason, "sandbox workspace archive refused: %s",
+                 tarcheck_reason(s->tc));
+        LOG_W("turn %" PRIu64 ": %s", s->id, reason);
+        /* The host takes the message after output as the archive: a zero-
+         * length one leaves its files as they were (spec 4.4). */
+        ws_conn_send_binary(s->ws, (const uint8_t *)"", 0);
+        s->turn = TURN_BETWEEN;
+        block_over(s);
+        turn_stats_end(&s->stats, TURN_END_PROTOCOL_ERROR);
+        session_end(s, 1011, reason);
+    }
+    tarcheck_free(s->tc);
+    s->tc = NULL;
+    buf_free(&s->in);
+}
+
+/* A sandbox's header arrived (chan_conn.h): decide at once whether its
+ * message may come at all, and reserve its room. 0, or -1 after failing the
+ * session. */
+static int on_sandbox_begin(void *ud, const struct chan_msg *m, struct buf **into)
+{
+    struct session *s = ud;
+    char what[120];
+    uint64_t limit = 0;
+    switch (m->type) {
+    case CHAN_FRAME:
+        limit = relay_frame_max(turn_phase(s->turn), s->env->cfg->output_cap);
+        break;
+    case CHAN_SNAPSHOT:
+        limit = s->turn == TURN_WANT_SNAPSHOT ? CHAN_MAX_MESSAGE_BYTES : 0;
+        break;
+    case CHAN_NOTIFY:
+        limit = m->first ? 1 : 0; /* with no body: checked when complete */
+        break;
+    default:
+        break;
+    }
+    if (limit == 0) {
+        snprintf(what, sizeof what, "unexpected '%c' message in state %s", (int)m->type,
+                 turn_state_name(s->turn));
+        sandbox_protocol_error(s, what);
+        return -1;
+    }
+    if (m->len > limit) {
+        snprintf(what, sizeof what, "'%c' message of %" PRIu32 " bytes over the limit of %" PRIu64
+                 " in state %s", (int)m->type, m->len, limit, turn_state_name(s->turn));
+        sandbox_protocol_error(s, what);
+        return -1;
+    }
+    /* Between blocks only a log is legal, and logs there are only written to
+     * the operator log: once this turn's share of log lines is used up, such
+     * a message is read and dropped without being scanned or kept. */
+    s->in_token = false;
+    *into = NULL;
+    if (m->type == CHAN_FRAME && s->turn != TURN_RUNNING && s->turn != TURN_WANT_OUTPUT) {
+        s->in_token = ratelimit_take(&s->log_rl, now_ns());
+        if (!s->in_token && s->ready_seen)
+            return 0; /* dropped */
+    }
+    int r = m->len ? buf_reserve_exact(&s->in, m->len) : 0;
+    if (r < 0) {
+        session_end(s, r == -ENOSPC ? 1013 : 1011,
+                     r == -ENOSPC ? "server memory budget exhausted, try again later"
+                     : r == -ENOMEM ? "out of memory"
+                                    : "sandbox message over the turn's memory budget");
+        return -1;
+    }
+    *into = &s->in;
+    if (m->type == CHAN_FRAME) {
+        frame_scan_init(s->sscan, FRAME_FROM_CHILD, relay_items_max(turn_phase(s->turn)));
+    } else if (m->type == CHAN_SNAPSHOT) {
+        const struct config *cfg = s->env->cfg;
+        const struct tarcheck_limits lim = {.max_data = cfg->snapshot_max,
+                                            .max_members = cfg->max_members};
+        s->tc = tarcheck_new(&lim);
+        if (!s->tc) {
+            session_end(s, 1011, "out of memory");
+            return -1;
+        }
+        /* Members verified in this turn's earlier snapshots are recognised
+         * by their hash instead of inflated again (tarcheck.h); its memory
+         * is charged to the turn. Without one, everything is inflated. */
+        if (!s->tc_cache)
+            s->tc_cache = tarcheck_cache_new(TARCHECK_CACHE_MAX, &s->budget);
+        tarcheck_set_cache(s->tc, s->tc_cache);
+    }
+    return 0;
+}
+
+/* Check what arrived of the body so far. 0, or -1 after failing the session. */
+static int on_sandbox_data(void *ud, const struct chan_msg *m)
+{
+    struct session *s = ud;
+    const char *why = NULL;
+    if (m->type == CHAN_FRAME && frame_scan_feed(s->sscan, s->in.data, s->in.len, &why) < 0) {
+        sandbox_protocol_error(s, why);
+        return -1;
+    }
+    if (m->type == CHAN_SNAPSHOT) {
+        int r = tarcheck_feed(s->tc, s->in.data, s->in.len);
+        if (r < 0) {
+            snapshot_checked(s, r);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* The whole body is in. 0, or -1 after failing the session. */
+static int sandbox_message(struct session *s, struct chan_msg *m)
+{
+    int fd = m->fd;
+    if (m->type == CHAN_NOTIFY) {
+        /* Only as the sandbox's first message (sent in setup, before any
+         * untrusted code), with its fd and nothing else. */
+        if (!m->first || fd < 0 || m->len != 0) {
+            if (fd >= 0)
+                close(fd);
+            sandbox_protocol_error(s, "unexpected listener message");
+            return -1;
+        }
+        notify_adopt(&s->notify, fd);
+        return 0;
+    }
+    if (fd >= 0)
+        close(fd); /* an fd with a first message that is not the listener */
+    if (m->dropped)
+        return 0;
+    if (m->type == CHAN_SNAPSHOT) {
+        int r = tarcheck_finish(s->tc, s->in.data, s->in.len);
+        if (r == TARCHECK_AGAIN) {
+            /* More inflating than one step: the rest in later loop rounds
+             * (session_work), the channel unread meanwhile. */
+            s->in_complete = true;
+            s->set->n_working++;
+            return 0;
+        }
+        snapshot_checked(s, r);
+        return s->phase == PHASE_TURN ? 0 : -1;
+    }
+    struct frame f;
+    const char *why = NULL;
+    int r = frame_scan_finish(s->sscan, s->in.data, s->in.len, FRAME_FROM_CHILD, &f, &why);
+    if (r < 0) {
+        buf_free(&s->in);
+        sandbox_protocol_error(s, why ? why : "bad frame");
+        return -1;
+    }
+    struct buf body;
+    buf_init_budget(&body, SIZE_MAX, &s->budget);
+    buf_move(&body, &s->in);
+    r = handle_child_frame(s, &f, &body);
+    frame_free(&f);
+    return r;
+}
+
+/* 0 to read on, 1 to stop for now, -1 after failing the session. */
+static int on_sandbox_end(void *ud, struct chan_msg *m)
+{
+    struct session *s = ud;
+    if (sandbox_message(s, m) < 0)
+        return -1;
+    /* A check still running, or backpressure: the client is not keeping up. */
+    if (s->in_complete || (s->ws && ws_conn_queued(s->ws) > RELAY_HIGH_WATER))
+        return 1;
+    return 0;
+}
+
+const struct chan_conn_handlers sandbox_handlers = {
+    .on_begin = on_sandbox_begin,
+    .on_data = on_sandbox_data,
+    .on_end = on_sandbox_end,
+};
+
+/* Read what the sandbox sent, within the channel's budget. Returns 0 to
+ * continue, -1 if the session was failed, 1 when the sandbox's end is
+ * closed. */
+int sandbox_read(struct session *s)
+{
+    if (s->in_complete) /* its check first (session_work) */
+        return 0;
+    int r = chan_conn_read(s->chan);
+    if (r == -EMSGSIZE || r == -EBADMSG) {
+        sandbox_protocol_error(s, r == -EMSGSIZE ? "message too large" : "bad envelope");
+        return -1;
+    }
+    return r == -ECANCELED ? -1 : r == -EPIPE ? 1 : 0;
+}
+
+bool session_work(struct session *s)
+{
+    if (!s->in_complete)
+        return false;
+    int r = tarcheck_finish(s->tc, s->in.data, s->in.len);
+    if (r == TARCHECK_AGAIN)
+        return true;
+    s->in_complete = false;
+    s->set->n_working--;
+    snapshot_checked(s, r);
+    if (s->phase == PHASE_TURN) {
+        if (ws_conn_want_write(s->ws) && ws_conn_write(s->ws) < 0) {
+            mark_dead(s);
+            return false;
+        }
+        update_interest(s);
+    }
+    return false;
+}
+
+static void on_sandbox_io(struct loop_watch *w, uint32_t events)
+{
+    struct session *s = w->ud;
+    if ((events & EPOLLOUT) && chan_conn_flush(s->chan) < 0) {
+        sandbox_gone(s);
+        return;
+    }
+    if (events & (EPOLLIN | EPOLLHUP | EPOLLERR)) {
+        int r = sandbox_read(s);
+        if (r < 0)
+            return;
+        if (r == 1) {
+            sandbox_gone(s);
+            return;
+        }
+        /* Relay at once what the sandbox sent (the client's socket is almost
+         * always writable): waiting for EPOLLOUT costs two epoll_ctl and a
+         * loop pass per message, a tenth of a tool call's round trip. */
+        if (s->phase == PHASE_TURN && ws_conn_want_write(s->ws) && ws_conn_write(s->ws) < 0) {
+            mark_dead(s);
+            return;
+        }
+    }
+    update_interest(s);
+}
+
+static void on_pidfd(struct loop_watch *w, uint32_t events)
+{
+    struct session *s = w->ud;
+    loop_unwatch(s->env->loop, &s->pid_watch);
+    /* Take what the sandbox managed to send before it died, then end. */
+    if (s->chan_fd >= 0 && sandbox_read(s) < 0)
+        return;
+    sandbox_gone(s);
+}
+
+bool session_sandbox_ready(struct session *s, const struct fs_reply *rep, int chan_fd, int pidfd)
+{
+    bool wanted = s->spawn_pending && s->phase != PHASE_DEAD;
+    s->spawn_pending = false;
+    if (!wanted)
+        return false; /* the turn ended while its sandbox was being made */
+    if (rep->status < 0) {
+        char reason[120];
+        snprintf(reason, sizeof reason, "cannot start a sandbox: %s", strerror(-rep->status));
+        session_end(s, 1011, reason);
+        return true;
+    }
+    s->child_pid = rep->pid;
+    s->stats.sandbox = true;
+    metrics_sandbox_spawned();
+    s->chan_fd = chan_fd;
+    s->pidfd = pidfd;
+    s->spawn_ns = rep->spawn_ns;
+    fd_set_nonblock(chan_fd, true);
+    chan_conn_set_fd(s->chan, chan_fd);
+    s->chan_watch = (struct loop_watch){.fd = chan_fd, .cb = on_sandbox_io, .ud = s};
+    s->pid_watch = (struct loop_watch){.fd = pidfd, .cb = on_pidfd, .ud = s};
+    loop_watch(s->env->loop, &s->pid_watch, EPOLLIN);
+    LOG_D("turn %" PRIu64 ": sandbox pid %d", s->id, (int)rep->pid);
+    update_interest(s);
+    return true;
+}
