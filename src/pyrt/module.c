@@ -21,6 +21,7 @@
 
 #include "core/cleanup.h"
 #include "core/limits.h"
+#include "core/steptime.h"
 #include "proto/chan.h"
 #include "proto/shape.h"
 #include "pyrt/env_keep.h"
@@ -159,6 +160,8 @@ static PyObject *fb_next_message(PyObject *self, PyObject *unused)
     Py_BEGIN_ALLOW_THREADS
     reader_next(&type, &data, &len);
     Py_END_ALLOW_THREADS
+    if (type == CHAN_TOOLS)
+        steptime_mark(ST_R_TOOLS);
     if (type != CHAN_FRAME) {
         free(g_pyrt.archive);
         g_pyrt.archive = data;
@@ -173,6 +176,7 @@ static PyObject *fb_next_message(PyObject *self, PyObject *unused)
     PyObject *code = run_code(data, len);
     if (code) {
         free(data);
+        steptime_mark(ST_R_RUN);
         return Py_BuildValue("(iN)", PYRT_RUN, code);
     }
     PyObject *payload = PyBytes_FromStringAndSize((const char *)data, (Py_ssize_t)len);
@@ -313,6 +317,7 @@ static PyObject *fb_block_end(PyObject *self, PyObject *arg)
     pthread_mutex_unlock(&g_pyrt.send_lock);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&data);
+    steptime_mark(ST_R_DONE);
     Py_RETURN_NONE;
 }
 
@@ -482,6 +487,7 @@ static PyObject *fb_extract_tools(PyObject *self, PyObject *args)
     }
     PyObject *r = extract_into(args, g_pyrt.tools_fd, "|O:extract_tools");
     close_and_reset(&g_pyrt.tools_fd);
+    steptime_mark(ST_R_READY);
     return r;
 }
 
@@ -527,6 +533,8 @@ static PyObject *fb_send_snapshot(PyObject *self, PyObject *unused)
     pthread_mutex_unlock(&g_pyrt.send_lock);
     Py_END_ALLOW_THREADS
     snapshot_iov_free(&g_pyrt.snap);
+    steptime_mark(ST_R_SNAPSHOT);
+    steptime_send(); /* the first block's: the record is complete */
     Py_RETURN_NONE;
 }
 

@@ -17,6 +17,7 @@
 
 #include "core/cleanup.h"
 #include "core/limits.h"
+#include "core/steptime.h"
 #include "core/util.h"
 #include "proto/chan.h"
 #include "pyrt/pyrt_embedded.h"
@@ -357,6 +358,7 @@ _Noreturn void pyrt_serve(int chan_fd, int tools_fd, int warm_fd, const char *to
     int e = reader_start();
     if (e < 0)
         fail("channel reader thread", -e);
+    steptime_mark(ST_R_SERVE);
 
     PyObject *r = PyObject_CallMethod(g_pyrt.runtime, "serve", "sO", tools_dir,
                                       g_pyrt.warm_fd >= 0 ? Py_True : Py_False);

@@ -206,14 +206,16 @@ static int spawn_one(struct forkserver *fsv, unsigned flags, struct sbx_child *c
     uint32_t id;
     int r = ids_take(fsv->ids, &id);
     if (r < 0) {
-        *c = (struct sbx_child){.pidfd = -1, .chan_fd = -1, .warm_fd = -1, .go_fd = -1};
+        *c = (struct sbx_child){.pidfd = -1, .chan_fd = -1, .warm_fd = -1, .go_fd = -1,
+                                .times_fd = -1};
         return err_fmt(err, errlen, r, "no free host id: all %zu of --id-range are held by sandboxes "
                  "not yet reaped", ids_live(fsv->ids));
     }
     /* Stream mode: one sandbox, as the id its workdir's bind maps to. */
     if (fsv->cfg->workdir[0] && fsv->cfg->isolate && id != fsv->stream_id) {
         ids_put(fsv->ids, id);
-        *c = (struct sbx_child){.pidfd = -1, .chan_fd = -1, .warm_fd = -1, .go_fd = -1};
+        *c = (struct sbx_child){.pidfd = -1, .chan_fd = -1, .warm_fd = -1, .go_fd = -1,
+                                .times_fd = -1};
         return err_fmt(err, errlen, -EAGAIN, "stream mode runs one sandbox");
     }
     r = sbx_spawn(&fsv->plan, id, flags | SBX_SPAWN_DEFER_GO, c, err, errlen);
@@ -417,6 +419,8 @@ static void handle_spawn(struct forkserver *fsv, const struct fs_request *req)
         LOG_D("turn %llu: sandbox %d in %llu us", (unsigned long long)req->turn_id, (int)c.pid,
               (unsigned long long)(c.spawn_ns / 1000));
     int sr = send_reply(fsv->ctl_fd, &rep, c.chan_fd, c.pidfd);
+    if (c.times_fd >= 0)
+        steptime_mark_rec(&c.times, ST_P_HANDOFF);
     if (sr < 0 && r == 0) {
         errno = -sr;
         PLOG_E("reply for turn %llu", (unsigned long long)req->turn_id);
@@ -431,6 +435,60 @@ static void handle_spawn(struct forkserver *fsv, const struct fs_request *req)
     c.turn_id = r == 0 ? req->turn_id : 0;
     if (c.pid > 0 || c.turn_dir)
         fsv->kids[fsv->nkids++] = c; /* reaped and released on SIGCHLD */
+}
+
+/* One step: " name=WALL/CPU/FAULTS" (us, us, count) since the mark prev. */
+static void step_time(char *line, size_t len, size_t *off, const char *name,
+                      const struct steptime_rec *r, int m, const struct steptime_rec *rp,
+                      int prev)
+{
+    int64_t wall = prev < 0 ? 0 : (int64_t)(r->wall[m] - rp->wall[prev]);
+    int64_t cpu = (int64_t)r->cpu[m] - (rp == r && prev >= 0 ? (int64_t)rp->cpu[prev] : 0);
+    int64_t flt = (int64_t)r->flt[m] - (rp == r && prev >= 0 ? (int64_t)rp->flt[prev] : 0);
+    if (prev < 0 && rp == r)
+        cpu = flt = 0;
+    if (*off < len)
+        *off += (size_t)snprintf(line + *off, len - *off, " %s=%.1f/%.1f/%lld", name,
+                                 (double)wall / 1e3, (double)cpu / 1e3, (long long)flt);
+}
+
+/* --step-times: one debug line per fresh sandbox, when it is reaped: each
+ * step's wall time, CPU time and page faults since the mark before it in the
+ * same process (core/steptime.h), the child's from its record (if it sent
+ * one: it did if its first block ended; its first step, from the clone in
+ * the fork server), then its exit: the wall time from the first block's
+ * snapshot to the reap. Its CPU is not known: killing a pid namespace's init
+ * reaps the runtime without adding its CPU to init's rusage. */
+static void log_step_times(const struct sbx_child *c)
+{
+    struct steptime_rec rec;
+    ssize_t n = read(c->times_fd, &rec, sizeof rec);
+    if (n != (ssize_t)sizeof rec)
+        memset(&rec, 0, sizeof rec);
+    const struct steptime_rec *pt = &c->times;
+    char line[1600];
+    size_t off = 0;
+    int prev = -1;
+    for (int m = 0; m < ST_C_START; m++) {
+        if (!pt->wall[m])
+            continue;
+        step_time(line, sizeof line, &off, steptime_names[m], pt, m, pt, prev);
+        prev = m;
+    }
+    prev = -1;
+    for (int m = ST_C_START; m < ST_N; m++) {
+        if (!rec.wall[m])
+            continue;
+        if (prev < 0)
+            step_time(line, sizeof line, &off, steptime_names[m], &rec, m, pt, ST_P_CLONE);
+        else
+            step_time(line, sizeof line, &off, steptime_names[m], &rec, m, &rec, prev);
+        prev = m;
+    }
+    if (prev >= 0 && off < sizeof line)
+        snprintf(line + off, sizeof line - off, " exit=%.1f/nan/0",
+                 (double)(now_ns() - rec.wall[prev]) / 1e3);
+    LOG_D("sandbox %d steps:%s", (int)c->pid, off ? line : " none");
 }
 
 /* No zombies, ever: reap everything that has exited and release what each
@@ -471,6 +529,8 @@ static void reap(struct forkserver *fsv)
                 req.wait_status = status;
             }
             placer_send(fsv, &req, -1);
+            if (fsv->kids[i].times_fd >= 0)
+                log_step_times(&fsv->kids[i]);
             /* Reaped: its whole pid namespace is gone (init's exit waits for
              * the rest), so the id is free again. */
             ids_put(fsv->ids, fsv->kids[i].id);

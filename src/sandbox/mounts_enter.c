@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "config/config.h"
+#include "core/steptime.h"
 #include "core/util.h"
 #include "sandbox/mounts.h"
 #include "sandbox/mounts_int.h"
@@ -121,6 +122,7 @@ int mounts_enter(const struct config *cfg, const struct mount_plan *mp, int *too
         return err_errno(err, errlen, "chdir %s", ROOT_AT);
     if (syscall(SYS_pivot_root, ".", ".") < 0)
         return err_errno(err, errlen, "pivot_root %s", ROOT_AT);
+    steptime_mark(ST_C_ROOT);
 
     /* 4. One tmpfs for everything user code may write, so tmpfs_size bounds
      * the sum. /proc is the scratch's mountpoint until step 6 (the root is
@@ -132,6 +134,7 @@ int mounts_enter(const struct config *cfg, const struct mount_plan *mp, int *too
         return r;
     if (umount2("/proc", MNT_DETACH) < 0)
         return err_errno(err, errlen, "detach %s", "scratch");
+    steptime_mark(ST_C_SCRATCH);
 
     /* 5. /tools: read-only for user code; the runtime extracts the tools
      * archive through the fd, then closes it, and the writable mount is
@@ -161,6 +164,7 @@ int mounts_enter(const struct config *cfg, const struct mount_plan *mp, int *too
         errno = e;
         return err_errno(err, errlen, "bind read-only %s", cfg->tools_dir);
     }
+    steptime_mark(ST_C_TOOLS);
 
     /* 6. Our pid namespace's proc (the old root's proc, still in our
      * namespace, makes this permitted: see the comment at the top). No
@@ -176,6 +180,7 @@ proc:
         errno = e;
         return err_errno(err, errlen, "mount %s", "/proc");
     }
+    steptime_mark(ST_C_PROC);
     r = proc_covers(mp, err, errlen);
     if (r == 0 && mount(PROC_TMP, "/proc", NULL, MS_MOVE, NULL) < 0)
         r = err_errno(err, errlen, "move %s", "/proc");
@@ -183,6 +188,7 @@ proc:
         close(fd);
         return r;
     }
+    steptime_mark(ST_C_COVERS);
 
     /* 7. Lazily detach the whole host tree: the mount on top of "." is the
      * old root. The new root was read-only from the start. */
@@ -192,6 +198,7 @@ proc:
         errno = e;
         return err_errno(err, errlen, "detach %s", "the old root");
     }
+    steptime_mark(ST_C_DETACH);
     *tools_fd = fd;
     return 0;
 }

@@ -179,13 +179,15 @@ static void kill_child(struct sbx_child *c)
 
 static int spawn_forked(const struct sbx_plan *p, uint32_t id, unsigned spawn_flags,
                         struct sbx_child *out, int chan[2], int sync[2], int warm_child,
-                        char *err, size_t errlen)
+                        int times_child, char *err, size_t errlen)
 {
     int ack[2];
     if (pipe2(ack, O_CLOEXEC) < 0) {
         return err_fmt(err, errlen, -errno, "pipe: %s", strerror(errno));
     }
     uint64_t t0 = now_ns();
+    if (times_child >= 0)
+        steptime_mark_rec(&out->times, ST_P_CLONE);
     pid_t pid = fork();
     if (pid < 0) {
         int e = errno;
@@ -199,10 +201,14 @@ static int spawn_forked(const struct sbx_plan *p, uint32_t id, unsigned spawn_fl
         close(chan[0]);
         if (out->warm_fd >= 0)
             close(out->warm_fd);
+        if (out->times_fd >= 0)
+            close(out->times_fd);
         struct sbx_state st = {.chan_fd = chan[1], .sync_fd = sync[0], .tools_fd = -1,
-                               .warm_fd = warm_child, .id = id};
+                               .warm_fd = warm_child, .times_fd = times_child, .id = id};
         sbx_middle_main(p, &st, ack[1]);
     }
+    if (times_child >= 0)
+        steptime_mark_rec(&out->times, ST_P_CLONED);
     close(ack[1]);
     out->pid = pid;
     out->pidfd = pidfd_open(pid, 0);
@@ -217,6 +223,8 @@ static int spawn_forked(const struct sbx_plan *p, uint32_t id, unsigned spawn_fl
     }
     int ret = place_and_go(p, out, true, spawn_flags, &sync[1], err, errlen);
     out->spawn_ns = now_ns() - t0;
+    if (times_child >= 0)
+        steptime_mark_rec(&out->times, ST_P_MAPS);
     return ret;
 }
 
@@ -332,7 +340,7 @@ int sbx_spawn(const struct sbx_plan *p, uint32_t id, unsigned spawn_flags,
               struct sbx_child *out, char *err, size_t errlen)
 {
     *out = (struct sbx_child){.pid = 0, .id = id, .pidfd = -1, .chan_fd = -1, .warm_fd = -1,
-                              .go_fd = -1};
+                              .go_fd = -1, .times_fd = -1};
     const struct config *cfg = p->cfg;
     if (cfg->isolate && !p->mounts) {
         return err_fmt(err, errlen, -EINVAL, "no sandbox root (mounts_build)");
@@ -380,10 +388,19 @@ int sbx_spawn(const struct sbx_plan *p, uint32_t id, unsigned spawn_flags,
         return -e;
     }
     out->warm_fd = warm[0];
+    /* --step-times, fresh spawns: the child's record comes back on a pipe
+     * (core/steptime.h); without one (pipe2 failed) it just is not timed. */
+    int times[2] = {-1, -1};
+    if (cfg->step_times && !(spawn_flags & SBX_SPAWN_POOLED)) {
+        steptime_mark_rec(&out->times, ST_P_REQUEST);
+        if (pipe2(times, O_CLOEXEC | O_NONBLOCK) < 0)
+            times[0] = times[1] = -1;
+        out->times_fd = times[0];
+    }
 
     int ret;
     if (cfg->isolate && (!p->tid_addr || (p->flags & SBX_PLAN_FORCE_FORK))) {
-        ret = spawn_forked(p, id, spawn_flags, out, chan, sync, warm[1], err, errlen);
+        ret = spawn_forked(p, id, spawn_flags, out, chan, sync, warm[1], times[1], err, errlen);
     } else {
         /* ONE clone: every namespace at once is far cheaper than fork +
          * unshare + fork (ARCHITECTURE.md). CLONE_CHILD_SETTID repairs
@@ -396,6 +413,8 @@ int sbx_spawn(const struct sbx_plan *p, uint32_t id, unsigned spawn_flags,
             flags |= CLONE_CHILD_SETTID;
         int pidfd = -1, pdeath = 0, r;
         uint64_t t0 = now_ns();
+        if (times[1] >= 0)
+            steptime_mark_rec(&out->times, ST_P_CLONE);
         long pid;
         if (!cfg->isolate && !p->tid_addr) {
             /* Without the tid address only glibc's own fork is safe. */
@@ -418,11 +437,15 @@ int sbx_spawn(const struct sbx_plan *p, uint32_t id, unsigned spawn_flags,
             close(chan[0]);
             if (warm[0] >= 0)
                 close(warm[0]);
+            if (times[0] >= 0)
+                close(times[0]);
             struct sbx_state st = {.chan_fd = chan[1], .sync_fd = sync[0], .tools_fd = -1,
-                                   .warm_fd = warm[1], .id = id, .tools_dir = tools_dir,
-                                   .workspace_dir = workspace_dir};
+                                   .warm_fd = warm[1], .times_fd = times[1], .id = id,
+                                   .tools_dir = tools_dir, .workspace_dir = workspace_dir};
             sbx_child_main(p, &st);
         }
+        if (times[1] >= 0)
+            steptime_mark_rec(&out->times, ST_P_CLONED);
         if (pid < 0) {
             ret = -errno;
             snprintf(err, errlen, "clone as id %u: %s", id, strerror(errno));
@@ -431,8 +454,12 @@ int sbx_spawn(const struct sbx_plan *p, uint32_t id, unsigned spawn_flags,
             out->pidfd = pidfd;
             ret = place_and_go(p, out, cfg->isolate, spawn_flags, &sync[1], err, errlen);
             out->spawn_ns = now_ns() - t0;
+            if (times[1] >= 0)
+                steptime_mark_rec(&out->times, ST_P_MAPS);
         }
     }
+    if (times[1] >= 0)
+        close(times[1]);
     close(sync[0]);
     if (sync[1] >= 0)
         close(sync[1]);
@@ -443,6 +470,7 @@ int sbx_spawn(const struct sbx_plan *p, uint32_t id, unsigned spawn_flags,
         kill_child(out);
         close(chan[0]);
         close_and_reset(&out->warm_fd);
+        close_and_reset(&out->times_fd);
         if (out->pid <= 0)
             drop_turn_dir(out);
         return ret;
@@ -459,5 +487,6 @@ void sbx_child_release(const struct sbx_plan *p, struct sbx_child *c)
     close_and_reset(&c->chan_fd);
     close_and_reset(&c->warm_fd);
     close_and_reset(&c->go_fd);
+    close_and_reset(&c->times_fd);
     drop_turn_dir(c);
 }

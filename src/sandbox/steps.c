@@ -29,6 +29,7 @@
 #include "config/config.h"
 #include "core/cleanup.h"
 #include "core/limits.h"
+#include "core/steptime.h"
 #include "core/util.h"
 #include "proto/chan.h"
 #include "sandbox/arch.h"
@@ -127,6 +128,7 @@ static int wait_go(struct sbx_state *st)
         r += r2 > 0 ? r2 : 0;
     }
     close_and_reset(&st->sync_fd);
+    steptime_mark(ST_C_GO);
     if (r == 2 && c[0] == SBX_NO_GO) {
         errno = c[1] ? c[1] : EIO;
         return set_what(st, "cgroup placement (by the fork server)");
@@ -281,12 +283,13 @@ static int move_above_stdio(int *fd)
 static int step_fds(const struct sbx_plan *p, struct sbx_state *st)
 {
     if (move_above_stdio(&st->chan_fd) < 0 || move_above_stdio(&st->tools_fd) < 0 ||
-        move_above_stdio(&st->warm_fd) < 0)
+        move_above_stdio(&st->warm_fd) < 0 || move_above_stdio(&steptime_fd) < 0)
         return set_what(st, "move fds above stdio");
     /* The kept fds in ascending order; close every gap above stdio. */
-    int keep[3], n = 0;
-    for (int i = 0; i < 3; i++) {
-        int fd = i == 0 ? st->chan_fd : i == 1 ? st->tools_fd : st->warm_fd;
+    const int kept[] = {st->chan_fd, st->tools_fd, st->warm_fd, steptime_fd};
+    int keep[4], n = 0;
+    for (int i = 0; i < 4; i++) {
+        int fd = kept[i];
         if (fd < 0)
             continue;
         int j = n++;
@@ -500,6 +503,7 @@ static int step_init(const struct sbx_plan *p, struct sbx_state *st)
         return set_what(st, "clone");
     }
     /* The runtime (pid 2), on the original stack. */
+    steptime_split();
     void *rs = rseq_area();
     if (rs)
         syscall(SYS_rseq, rs, RSEQ_LEN, 0, RSEQ_SIG); /* best effort: sched_getcpu() only */
@@ -546,32 +550,36 @@ struct sbx_step_def {
     enum sbx_step id;
     const char *name;
     int (*fn)(const struct sbx_plan *, struct sbx_state *);
+    enum steptime_mark mark; /* --step-times: marked when the step is done (ST_N: the
+                                step marks itself, or is not timed) */
 };
 
 /* The order is the security property: see each step's comment. */
 static const struct sbx_step_def isolated_steps[] = {
-    {SBX_STEP_SIGNALS, "signals", step_signals},
-    {SBX_STEP_IDS, "ids", step_ids},
-    {SBX_STEP_MOUNTS, "mounts", step_mounts},
-    {SBX_STEP_NAMESPACES, "namespaces", step_namespaces},
-    {SBX_STEP_FDS, "fds", step_fds},
-    {SBX_STEP_PRIVS, "privileges", step_privs},
-    {SBX_STEP_SECCOMP, "seccomp", step_seccomp},
-    {SBX_STEP_RLIMITS, "rlimits", step_rlimits},
-    {SBX_STEP_INIT, "init", step_init},
+    {SBX_STEP_SIGNALS, "signals", step_signals, ST_N},
+    {SBX_STEP_IDS, "ids", step_ids, ST_C_IDS},
+    {SBX_STEP_MOUNTS, "mounts", step_mounts, ST_N},
+    {SBX_STEP_NAMESPACES, "namespaces", step_namespaces, ST_C_NAMESPACES},
+    {SBX_STEP_FDS, "fds", step_fds, ST_C_FDS},
+    {SBX_STEP_PRIVS, "privileges", step_privs, ST_C_PRIVS},
+    {SBX_STEP_SECCOMP, "seccomp", step_seccomp, ST_C_SECCOMP},
+    {SBX_STEP_RLIMITS, "rlimits", step_rlimits, ST_C_RLIMITS},
+    {SBX_STEP_INIT, "init", step_init, ST_N},
 };
 
 static const struct sbx_step_def plain_steps[] = {
-    {SBX_STEP_SIGNALS, "signals", step_signals},
-    {SBX_STEP_IDS, "ids", step_ids_plain},
-    {SBX_STEP_MOUNTS, "dirs", step_dirs_plain},
-    {SBX_STEP_RLIMITS, "rlimits", step_rlimits},
-    {SBX_STEP_FDS, "fds", step_fds},
-    {SBX_STEP_PRIVS, "session", step_session_plain},
+    {SBX_STEP_SIGNALS, "signals", step_signals, ST_N},
+    {SBX_STEP_IDS, "ids", step_ids_plain, ST_N},
+    {SBX_STEP_MOUNTS, "dirs", step_dirs_plain, ST_N},
+    {SBX_STEP_RLIMITS, "rlimits", step_rlimits, ST_N},
+    {SBX_STEP_FDS, "fds", step_fds, ST_N},
+    {SBX_STEP_PRIVS, "session", step_session_plain, ST_N},
 };
 
 _Noreturn void sbx_child_main(const struct sbx_plan *p, struct sbx_state *st)
 {
+    steptime_fd = st->times_fd;
+    steptime_mark(ST_C_START);
     /* The raw clone left glibc's cached tid as the fork server's unless
      * CLONE_CHILD_SETTID pointed at it; raise(), abort() and recursive
      * mutexes depend on it. Cheap enough to check in every child. */
@@ -588,6 +596,8 @@ _Noreturn void sbx_child_main(const struct sbx_plan *p, struct sbx_state *st)
         int r = steps[i].fn(p, st);
         if (r < 0)
             setup_failed(st->chan_fd, steps[i].id, steps[i].name, st->what, -r);
+        if (steps[i].mark != ST_N)
+            steptime_mark(steps[i].mark);
     }
     /* The interpreter is re-armed (PyOS_AfterFork_Child) only now, in the
      * runtime process (pid 2), after init forked off: no step touches it,
@@ -595,6 +605,7 @@ _Noreturn void sbx_child_main(const struct sbx_plan *p, struct sbx_state *st)
      * well (init's PSS per idle turn 0.70 -> 0.13 MB, measured). */
     if (p->hooks->after_fork)
         p->hooks->after_fork();
+    steptime_mark(ST_R_AFTERFORK);
     p->hooks->serve(st->chan_fd, st->tools_fd, st->warm_fd, st->tools_dir, st->workspace_dir);
     _exit(SBX_EXIT_STEP_BASE); /* not reached: serve never returns */
 }

@@ -26,6 +26,7 @@ struct sbx_state {
     int sync_fd;        /* read end of the parent's "go" pipe; -1 once consumed */
     int tools_fd;       /* writable tools dir (O_DIRECTORY), from step 3 */
     int warm_fd;        /* pooled spawns: the child's end of the warm socket, else -1 */
+    int times_fd;       /* --step-times, fresh spawns: the step-time pipe's write end, else -1 */
     uint32_t id;        /* the sandbox's host uid and gid */
     const char *tools_dir;     /* borrowed: /tools (isolated) or the turn dir's tools/ */
     const char *workspace_dir; /* borrowed: /workspace or the turn dir's workspace/ */

@@ -8,6 +8,7 @@
  *                  Pss, imports)
  *   measure_big.c  the bigdata group's measurements
  *   bigdata.c      the bigdata group's data and upload archives
+ *   steps.c        the step table of a fresh turn and the floor beside forkbox (../shared/bench)
  *   report.c       the row labels and the tables
  *   client.c       one turn's connection: HTTP upgrade, WebSocket (wslay), the protocol
  *   driver.c       the epoll loop that launches and runs turns
@@ -185,6 +186,7 @@ int server_start(struct server *s, const char *name, bool baseline, char *const 
                  char *why, size_t whylen);
 void server_stop(struct server *s);
 size_t server_log_mark(const struct server *s);
+char *server_log(const struct server *s, size_t from, size_t *len);
 void server_ready_times(const struct server *s, size_t mark, struct samples *ready,
                         struct samples *spawn);
 
@@ -295,6 +297,7 @@ struct bench {
     struct blob tools, empty;
     struct counts fb, bl; /* forkbox and baseline */
     const char *bench_dir, *python;
+    const char *floor_dir; /* --floor: a build of ../shared/bench/floor (bench_py); NULL: none */
     unsigned gap_ms;      /* idle time between sequential turn-start turns */
     unsigned groups;      /* G_* bits: which measurements run (--rows) */
     struct bigdata *big;  /* the bigdata group's data, made once (owned); NULL without it */
@@ -314,7 +317,9 @@ enum {
     G_POOL = 1 << 6,       /* the --pool rows */
     G_PRELOAD = 1 << 7,    /* the --preload numpy,pandas rows */
     G_BIG = 1 << 8,        /* big data: uploads, snapshots, big tool results, stdout, Python speed */
-    G_ALL = (1 << 9) - 1,
+    G_STEPS = 1 << 9,      /* the steps of a fresh turn, beside the floor's (--step-times) */
+    G_FLOOR = 1 << 10,     /* throughput and fresh start beside the floor's (--floor) */
+    G_ALL = (1 << 11) - 1,
 };
 
 void run_forkbox(struct bench *b, const char *daemon, bool iso, enum col col, const char *tag);
@@ -337,6 +342,11 @@ void measure_pss_after(struct bench *b, struct server *s, unsigned n, unsigned b
 void measure_pss(struct bench *b, struct server *s, unsigned n, double *per_turn_mb,
                  double *held, double *top_mb, double *kernel_mb);
 double measure_import(struct bench *b, struct server *s, const char *module, unsigned turns);
+
+/* steps.c */
+
+void measure_steps(struct bench *b, struct server *s, unsigned n);
+void measure_floor(struct bench *b, struct server *s, unsigned rounds);
 
 /* measure_big.c */
 

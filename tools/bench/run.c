@@ -94,6 +94,8 @@ static void measure_all(struct bench *b, struct server *s, enum col col, const s
     }
     if ((b->groups & G_BIG) && (col != COL_NOISO || b->big_noiso))
         measure_big(b, s, col);
+    if ((b->groups & G_FLOOR) && col == COL_ISO)
+        measure_floor(b, s, b->quick ? 2 : 3);
 }
 
 void run_forkbox(struct bench *b, const char *daemon, bool iso, enum col col,
@@ -109,6 +111,16 @@ void run_forkbox(struct bench *b, const char *daemon, bool iso, enum col col,
     measure_all(b, &s, col, &b->fb);
     server_stop(&s);
     close(s.log_fd);
+
+    if ((b->groups & G_STEPS) && iso) {
+        if (start_forkboxd(&s, "isolated steps", daemon, iso, "--step-times", NULL, 64, why,
+                           sizeof why) == 0) {
+            measure_steps(b, &s, b->fb.start_turns);
+            server_stop(&s);
+            close(s.log_fd);
+        } else
+            printf("note: --step-times not available: %s\n", why);
+    }
 
     snprintf(name, sizeof name, "%s pool", tag);
     if (!(b->groups & G_POOL))

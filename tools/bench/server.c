@@ -27,7 +27,7 @@ void on_fatal_signal(int sig)
 }
 
 /* The log from byte `from` to its current end, NUL-terminated. */
-static char *server_log(const struct server *s, size_t from, size_t *len)
+char *server_log(const struct server *s, size_t from, size_t *len)
 {
     struct stat st;
     size_t n = fstat(s->log_fd, &st) == 0 && (size_t)st.st_size > from ? (size_t)st.st_size - from
