@@ -179,6 +179,7 @@ struct server {
     pid_t infra[8];    /* forkboxd: the fork server's helpers, present before any turn */
     size_t ninfra;
     char cmd[1024];
+    char cg[256];      /* the cpuacct cgroup it runs in (cg_cpu_make), "" without one */
 };
 
 void on_fatal_signal(int sig);
@@ -223,6 +224,12 @@ double self_cpu_s(void);
 void loadavg(char *out, size_t n);
 void machine_jiffies(unsigned long long *busy, unsigned long long *total);
 void cpu_mark(const struct server *s, struct cpu_mark *m);
+/* A cgroup v1 cpuacct group of the bench's own for one server (or the floor's bench_py) and
+ * everything it starts: its usage counts their CPU however busy the rest of the machine is. */
+bool cg_cpu_make(char *path, size_t n);   /* false (path "") where there is no v1 cpuacct */
+void cg_cpu_enter(const char *path);      /* the calling process moves in (after fork) */
+double cg_cpu_ns(const char *path);       /* CPU used by its processes so far; NAN without */
+void cg_cpu_remove(const char *path);     /* once its processes are gone */
 void cpu_since(const struct server *s, struct cpu_mark *m, double *sup, double *all);
 
 /* bigdata.c */
@@ -263,7 +270,7 @@ enum row {
     R_PRE_SRV_P50, R_PRE_CLI_P50,
     R_RTT_P50, R_RTT_P99,
     R_TC_INSIDE, R_TC_CLIENT, R_TC_ADDED,
-    R_TP4, R_TP16, R_TP64, R_TP4x5, R_BP4x5, R_TP16x5, R_BP16x5, R_CPU1, R_CPU5,
+    R_TP4, R_TP16, R_TP64, R_TP4x5, R_BP4x5, R_TP16x5, R_BP16x5, R_CPU1, R_CPU5, R_CGCPU1,
     R_PSS_S, R_PSS_B, R_PSS_BLK, R_HELD_B, R_KMEM_B, R_TOP_PSS, R_PRE_PSS_S, R_PRE_PSS_B, R_PRE_TOP_PSS,
     R_NUMPY, R_PANDAS, R_NUMPY_PRE, R_PANDAS_PRE,
     /* bigdata, printed as a table of its own; [kind * NBIGSZ + size] where there are sizes */
@@ -336,7 +343,8 @@ void measure_rtt(struct bench *b, struct server *s, unsigned n, double *p50, dou
 void measure_tool_call(struct bench *b, struct server *s, unsigned calls, double *inside_us,
                        double *client_us);
 void measure_throughput(struct bench *b, struct server *s, unsigned conc, unsigned k,
-                        double secs, double *turns_s, double *blocks_s, double *cpu_ms);
+                        double secs, double *turns_s, double *blocks_s, double *cpu_ms,
+                        double *cg_ms);
 void measure_pss_after(struct bench *b, struct server *s, unsigned n, unsigned blocks,
                        double *per_turn_mb, double *held, double *top_mb, double *kernel_mb);
 void measure_pss(struct bench *b, struct server *s, unsigned n, double *per_turn_mb,

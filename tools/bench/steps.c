@@ -56,16 +56,24 @@ static const struct step_row {
 };
 #define NSTEPS (sizeof step_rows / sizeof *step_rows)
 
-/* Runs `dir`/bench_py with args (at most 240 s) and returns its stdout (malloc'd), or NULL. */
-static char *run_floor(const char *dir, const char *a1, const char *a2, const char *a3)
+/* Runs `dir`/bench_py with args (at most 240 s) and returns its stdout (malloc'd), or NULL;
+ * *cpu_ns (may be NULL): the CPU it and its children used, from a cpuacct cgroup of its own
+ * (NAN without one). */
+static char *run_floor(const char *dir, const char *a1, const char *a2, const char *a3,
+                       double *cpu_ns)
 {
-    char exe[512];
+    char exe[512], cg[256];
     snprintf(exe, sizeof exe, "%s/bench_py", dir);
+    if (cpu_ns)
+        *cpu_ns = NAN;
     int pfd[2];
     if (pipe2(pfd, O_CLOEXEC) < 0)
         return NULL;
+    cg_cpu_make(cg, sizeof cg);
     pid_t pid = fork();
     if (pid == 0) {
+        if (cg[0])
+            cg_cpu_enter(cg);
         dup2(pfd[1], 1);
         int null = open("/dev/null", O_WRONLY);
         dup2(null, 2);
@@ -76,6 +84,7 @@ static char *run_floor(const char *dir, const char *a1, const char *a2, const ch
     close(pfd[1]);
     if (pid < 0) {
         close(pfd[0]);
+        cg_cpu_remove(cg);
         return NULL;
     }
     size_t len = 0, cap = 1 << 16;
@@ -99,6 +108,9 @@ static char *run_floor(const char *dir, const char *a1, const char *a2, const ch
     close(pfd[0]);
     int status;
     waitpid(pid, &status, 0);
+    if (cpu_ns)
+        *cpu_ns = cg_cpu_ns(cg);
+    cg_cpu_remove(cg);
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
         progress("[floor] %s %s %s %s failed (status 0x%x)", exe, a1, a2, a3 ? a3 : "",
                  (unsigned)status);
@@ -179,7 +191,7 @@ void measure_steps(struct bench *b, struct server *s, unsigned n)
     char *floor_out = NULL, count[16];
     snprintf(count, sizeof count, "%u", n);
     if (b->floor_dir)
-        floor_out = run_floor(b->floor_dir, "turn", count, NULL);
+        floor_out = run_floor(b->floor_dir, "turn", count, NULL, NULL);
 
     struct driver d;
     driver_init(&d, s->port, &b->tools, &b->empty);
@@ -290,15 +302,18 @@ void measure_floor(struct bench *b, struct server *s, unsigned rounds)
         printf("note: --rows floor needs --floor DIR (a build of ../shared/bench/floor)\n");
         return;
     }
-    double ftp[16], fready[16], tp[16], srv[16], ratio_tp[16], ratio_start[16];
+    double ftp[16], fready[16], tp[16], srv[16], ratio_tp[16], ratio_start[16], fcpu[16],
+        cpu[16], ratio_cpu[16];
     unsigned k = 0;
     for (unsigned r = 0; r < rounds && r < 16; r++) {
-        char *o = run_floor(b->floor_dir, "tput", "1000", "8");
+        double ns;
+        char *o = run_floor(b->floor_dir, "tput", "1000", "8", &ns);
         ftp[k] = floor_value(o, "tput.conc8", "turns_per_second");
+        fcpu[k] = ns / 1e6 / 1000;
         free(o);
         double dummy;
-        measure_throughput(b, s, 16, 1, b->fb.tp_secs, &tp[k], &dummy, NULL);
-        o = run_floor(b->floor_dir, "turn", "200", NULL);
+        measure_throughput(b, s, 16, 1, b->fb.tp_secs, &tp[k], &dummy, NULL, &cpu[k]);
+        o = run_floor(b->floor_dir, "turn", "200", NULL, NULL);
         fready[k] = floor_result(o, "turn.T_t0_to_ready") / 1e3;
         free(o);
         struct samples cli = {0}, sv = {0}, sp = {0};
@@ -309,9 +324,12 @@ void measure_floor(struct bench *b, struct server *s, unsigned rounds)
         samples_free(&sp);
         ratio_tp[k] = tp[k] / ftp[k];
         ratio_start[k] = srv[k] / fready[k];
-        printf("floor round %u: floor %.0f turns/s at 8, forkbox %.0f at 16 (%.2fx); floor "
+        ratio_cpu[k] = fcpu[k] / cpu[k];
+        printf("floor round %u: floor %.0f turns/s at 8, forkbox %.0f at 16 (%.2fx); CPU per "
+               "turn (cgroups) floor %.2f ms, forkbox %.2f ms (floor/forkbox %.2fx); floor "
                "clone->ready %.3f ms, forkbox server-side start %.3f ms (%.2fx)\n", r + 1,
-               ftp[k], tp[k], ratio_tp[k], fready[k], srv[k], ratio_start[k]);
+               ftp[k], tp[k], ratio_tp[k], fcpu[k], cpu[k], ratio_cpu[k], fready[k], srv[k],
+               ratio_start[k]);
         fflush(stdout);
         k++;
     }
@@ -320,4 +338,8 @@ void measure_floor(struct bench *b, struct server *s, unsigned rounds)
            "%.3f ms = %.2f (goal <= 1.5)\n", k, median_of(tp, k), median_of(ftp, k),
            median_of(ratio_tp, k), median_of(srv, k), median_of(fready, k),
            median_of(ratio_start, k));
+    printf("floor CPU per turn, each from its own cgroup (the rest of the machine does not "
+           "count; neither do kernel threads): floor %.2f ms, forkbox %.2f ms: floor/forkbox "
+           "%.2f, the throughput ratio two CPUs busy with nothing else would give\n",
+           median_of(fcpu, k), median_of(cpu, k), median_of(ratio_cpu, k));
 }
