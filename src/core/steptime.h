@@ -5,8 +5,8 @@
  * Off (the default), steptime_mark() is one test of a static int. On, the
  * fork server keeps the read end of a pipe per spawn; the child marks its
  * steps (steps.c, mounts_enter.c) and the runtime its start and first block
- * (pyrt) in a static record, and writes the record to the pipe once, when the
- * first block's snapshot has gone (or never), then closes it. The fork
+ * (pyrt) in a static record, and writes the record to the pipe once, as the
+ * first block's snapshot is about to go (or never), then closes it. The fork
  * server reads it when it reaps the sandbox (one non-blocking read of exactly
  * one record, else nothing), adds its own marks and the reap, and logs one
  * debug line (forkserver.c). The record is numbers the sandbox wrote: the
@@ -51,7 +51,7 @@ enum steptime_mark {
     ST_R_READY,     /* tools extracted (ready is sent next) */
     ST_R_RUN,       /* the first run came (after its workspace archive) */
     ST_R_DONE,      /* its code ran, done sent */
-    ST_R_SNAPSHOT,  /* output and snapshot sent: the record goes */
+    ST_R_SNAPSHOT,  /* output sent, snapshot made: the record goes (then the snapshot) */
     ST_N
 };
 

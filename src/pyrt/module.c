@@ -527,14 +527,16 @@ static PyObject *fb_send_snapshot(PyObject *self, PyObject *unused)
 {
     if (refused_in_forked_copy())
         return NULL;
+    /* The first block's record is complete: it goes before the snapshot,
+     * which may end the turn (and kill us) at once. */
+    steptime_mark(ST_R_SNAPSHOT);
+    steptime_send();
     Py_BEGIN_ALLOW_THREADS
     pthread_mutex_lock(&g_pyrt.send_lock);
     chan_send_snapshot_locked(&g_pyrt.snap);
     pthread_mutex_unlock(&g_pyrt.send_lock);
     Py_END_ALLOW_THREADS
     snapshot_iov_free(&g_pyrt.snap);
-    steptime_mark(ST_R_SNAPSHOT);
-    steptime_send(); /* the first block's: the record is complete */
     Py_RETURN_NONE;
 }
 

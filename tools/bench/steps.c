@@ -51,7 +51,7 @@ static const struct step_row {
     {"ready", "runtime: tools extracted (ready next)", {NULL}},
     {"run_in", "runtime: workspace archive, run read", {NULL}},
     {"block", "runtime: print(1) ran, done sent", {"code"}},
-    {"snapshot", "runtime: output, snapshot sent", {NULL}},
+    {"snapshot", "runtime: output sent, snapshot made", {NULL}},
     {"exit", "snapshot -> reaped; CPU: exit + teardown", {"exit", "reaped"}},
 };
 #define NSTEPS (sizeof step_rows / sizeof *step_rows)
