@@ -44,6 +44,7 @@
 #include "sandbox/ids.h"
 #include "sandbox/cgroups.h"
 #include "sandbox/mounts.h"
+#include "sandbox/netns.h"
 #include "sandbox/placer.h"
 #include "sandbox/probe.h"
 #include "sandbox/seccomp.h"
@@ -74,6 +75,8 @@ struct forkserver {
     struct sbx_policy *policy;   /* owned */
     struct sbx_cgroups *cgroups; /* owned */
     struct mount_plan *mounts;   /* owned */
+    struct netns_spares *netns;  /* owned: network namespaces made ahead (isolating only) */
+    uint64_t netns_after_ns;     /* no spare made before this (after a failure) */
     struct sbx_child *kids;      /* owned: live (unreaped) sandboxes, pooled ones too */
     size_t nkids, capkids;
     struct pool_slot *pool;      /* owned: cfg->pool_size slots, oldest first */
@@ -96,6 +99,11 @@ struct forkserver {
  * Measured: request -> ready p50 2.2 ms without, 0.5 ms with. An empty pool
  * refills at once (between requests): the next request would be fresh. */
 #define POOL_QUIET_US 5000
+/* Network namespaces kept made (netns.h): ~350 us each here, ~30-180 KB of
+ * kernel memory. Bursts beyond them make theirs on the spot, as the clone
+ * did. Stream mode's one sandbox takes the one made at start. */
+#define NETNS_SPARES 4
+#define NETNS_RETRY_MS 1000
 
 
 static int send_ready(int ctl_fd, int status, uint64_t start_ns, const char *msg)
@@ -606,6 +614,31 @@ static uint64_t refill_time(const struct forkserver *fsv)
     return t;
 }
 
+/* When the next network namespace may be made, UINT64_MAX if none is due:
+ * as the pool, at once while there is no spare left (the next spawn would
+ * make it), else once requests have been quiet. */
+static uint64_t netns_time(const struct forkserver *fsv)
+{
+    if (!fsv->netns || netns_spares_ready(fsv->netns) >= netns_spares_max(fsv->netns))
+        return UINT64_MAX;
+    uint64_t t = fsv->netns_after_ns;
+    if (netns_spares_ready(fsv->netns) > 0 && fsv->quiet_until_ns > t)
+        t = fsv->quiet_until_ns;
+    return t;
+}
+
+static void netns_refill_one(struct forkserver *fsv)
+{
+    char err[256];
+    if (netns_refill(fsv->netns, err, sizeof err) == 0) {
+        fsv->netns_after_ns = 0;
+        return;
+    }
+    if (!fsv->netns_after_ns)
+        LOG_W("%s (spawns make theirs as they go; retrying every %d ms)", err, NETNS_RETRY_MS);
+    fsv->netns_after_ns = now_ns() + NETNS_RETRY_MS * 1000000ull;
+}
+
 static bool request_pending(int ctl_fd)
 {
     struct pollfd p = {.fd = ctl_fd, .events = POLLIN};
@@ -749,11 +782,16 @@ _Noreturn void forkserver_main(int ctl_fd)
     if (cfg->isolate && (r = mounts_build(cfg, fsv.mounts, err, sizeof err)) < 0)
         fail_start(ctl_fd, r, err);
 
+    if (cfg->isolate &&
+        (r = netns_spares_new(cfg->workdir[0] ? 1 : NETNS_SPARES, &fsv.netns, err, sizeof err)) < 0)
+        fail_start(ctl_fd, r, err);
+
     fsv.plan = (struct sbx_plan){
         .cfg = cfg,
         .policy = fsv.policy,
         .cgroups = NULL, /* placed and removed by the helper (placer_send) */
         .mounts = fsv.mounts,
+        .netns = fsv.netns,
         .hooks = &sbx_runtime_hooks,
         .tid_addr = tid_addr,
     };
@@ -785,11 +823,12 @@ _Noreturn void forkserver_main(int ctl_fd)
         _exit(1);
 
     for (;;) {
-        bool refill = fsv.npool < cfg->pool_size;
+        uint64_t when = netns_time(&fsv);
+        if (fsv.npool < cfg->pool_size && refill_time(&fsv) < when)
+            when = refill_time(&fsv);
         int timeout = -1;
-        if (refill) {
+        if (when != UINT64_MAX) {
             uint64_t now = now_ns();
-            uint64_t when = refill_time(&fsv);
             timeout = now >= when ? 0 : (int)((when - now + 999999) / 1000000);
         }
         struct pollfd *pfd = fsv.pfd;
@@ -826,9 +865,13 @@ _Noreturn void forkserver_main(int ctl_fd)
                 if (fsv.pool[i].warm_fd == pfd[k].fd)
                     pool_note_warm(&fsv, &fsv.pool[i]);
         }
-        /* One refill, and only if no request came in meanwhile. */
-        if (fsv.npool < cfg->pool_size && now_ns() >= refill_time(&fsv) &&
-            !request_pending(ctl_fd))
+        /* One refill, and only if no request came in meanwhile: a network
+         * namespace first (a pooled sandbox takes one too). */
+        uint64_t now = now_ns();
+        if (now >= netns_time(&fsv) && !request_pending(ctl_fd))
+            netns_refill_one(&fsv);
+        else if (fsv.npool < cfg->pool_size && now >= refill_time(&fsv) &&
+                 !request_pending(ctl_fd))
             pool_refill_one(&fsv);
     }
 }

@@ -2,11 +2,13 @@
  * the parent's half of spawning one sandbox (see spawn.h). sbx_child_go()
  * also runs in the fork server's cgroup helper (placer.c).
  *
- * socketpair + sync pipe (+ the warm socket for a pooled spawn) -> ONE
- * clone() with every namespace flag and CLONE_PIDFD, made as the sandbox's
- * own host id (clone_as) -> write setgroups/uid_map/gid_map -> cgroup
- * placement -> "go" byte (sync 1) -> hand the channel end and the pidfd to
- * the caller. What the child does from clone's return is steps.c. */
+ * socketpair + sync pipe (+ the warm socket for a pooled spawn) -> into the
+ * sandbox's network namespace, made ahead (netns.h) -> ONE clone() with
+ * every other namespace flag and CLONE_PIDFD, made as the sandbox's own host
+ * id (clone_as) -> back to our network namespace -> write
+ * setgroups/uid_map/gid_map -> cgroup placement -> "go" byte (sync 1) ->
+ * hand the channel end and the pidfd to the caller. What the child does from
+ * clone's return is steps.c. */
 #include "sandbox/spawn.h"
 
 #include <dirent.h>
@@ -31,6 +33,7 @@
 #include "core/util.h"
 #include "sandbox/arch.h"
 #include "sandbox/cgroups.h"
+#include "sandbox/netns.h"
 #include "sandbox/steps.h"
 
 
@@ -398,8 +401,12 @@ int sbx_spawn(const struct sbx_plan *p, uint32_t id, unsigned spawn_flags,
         out->times_fd = times[0];
     }
 
-    int ret;
-    if (cfg->isolate && (!p->tid_addr || (p->flags & SBX_PLAN_FORCE_FORK))) {
+    /* The sandbox's network namespace is the one we are in when we clone
+     * (or fork, on the fork path); we go home once the child exists. */
+    int ret = cfg->isolate ? netns_enter(p->netns, err, errlen) : 0;
+    if (ret < 0) {
+        ; /* nothing cloned */
+    } else if (cfg->isolate && (!p->tid_addr || (p->flags & SBX_PLAN_FORCE_FORK))) {
         ret = spawn_forked(p, id, spawn_flags, out, chan, sync, warm[1], times[1], err, errlen);
     } else {
         /* ONE clone: every namespace at once is far cheaper than fork +
@@ -407,8 +414,7 @@ int sbx_spawn(const struct sbx_plan *p, uint32_t id, unsigned spawn_flags,
          * glibc's cached tid in the child's copy of our TCB. */
         unsigned long flags = SIGCHLD | CLONE_PIDFD;
         if (cfg->isolate)
-            flags |= CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC |
-                     CLONE_NEWUTS;
+            flags |= CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS;
         if (p->tid_addr)
             flags |= CLONE_CHILD_SETTID;
         int pidfd = -1, pdeath = 0, r;
@@ -458,6 +464,8 @@ int sbx_spawn(const struct sbx_plan *p, uint32_t id, unsigned spawn_flags,
                 steptime_mark_rec(&out->times, ST_P_MAPS);
         }
     }
+    if (cfg->isolate)
+        netns_leave(p->netns); /* also where netns_enter failed: a no-op */
     if (times[1] >= 0)
         close(times[1]);
     close(sync[0]);

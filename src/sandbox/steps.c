@@ -12,13 +12,11 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <net/if.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/rseq.h>
 #include <sys/socket.h>
@@ -214,34 +212,19 @@ static int write_userns_caps(struct sbx_state *st)
     return 0;
 }
 
-/* 4. Namespace settings that need CAP_SYS_ADMIN/CAP_NET_ADMIN (or
- * CAP_SYS_RESOURCE) in ours, so before the privilege drop, and our /proc,
- * so after step 3:
+/* 4. Namespace settings that need CAP_SYS_ADMIN (or CAP_SYS_RESOURCE) in
+ * ours, so before the privilege drop, and our /proc, so after step 3:
  * - hostname;
- * - loopback up, so code that talks to itself over 127.0.0.1 works; the
- *   network namespace has no other interface and no route anywhere;
  * - the per-user-namespace caps above: no nested user namespaces, a small
- *   share of inotify. */
+ *   share of inotify.
+ * The network namespace came made, its loopback up (netns.c): code that
+ * talks to itself over 127.0.0.1 works; there is no other interface and no
+ * route anywhere, and the host's user namespace owns it, so we hold no
+ * capability over it. */
 static int step_namespaces(const struct sbx_plan *p, struct sbx_state *st)
 {
     if (sethostname(SBX_HOSTNAME, sizeof SBX_HOSTNAME - 1) < 0)
         return set_what(st, "sethostname");
-    int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-    if (s < 0)
-        return set_what(st, "socket");
-    struct ifreq ifr = {0};
-    snprintf(ifr.ifr_name, sizeof ifr.ifr_name, "lo");
-    int r = ioctl(s, SIOCGIFFLAGS, &ifr);
-    if (r == 0) {
-        ifr.ifr_flags |= IFF_UP;
-        r = ioctl(s, SIOCSIFFLAGS, &ifr);
-    }
-    int e = errno;
-    close(s);
-    if (r < 0) {
-        errno = e;
-        return set_what(st, "bring up lo");
-    }
     return write_userns_caps(st);
 }
 
@@ -627,8 +610,8 @@ _Noreturn void sbx_middle_main(const struct sbx_plan *p, struct sbx_state *st, i
         setup_failed(st->chan_fd, SBX_STEP_CLONE, "fork path", "become the sandbox's id", errno);
     if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0)
         setup_failed(st->chan_fd, SBX_STEP_CLONE, "fork path", "PR_SET_PDEATHSIG", errno);
-    if (unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC |
-                CLONE_NEWUTS) < 0)
+    /* The network namespace is the one we were forked in (netns.h). */
+    if (unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS) < 0)
         setup_failed(st->chan_fd, SBX_STEP_CLONE, "fork path", "unshare", errno);
     char c = SBX_UNSHARED;
     if (write(ack_fd, &c, 1) != 1)

@@ -4,6 +4,7 @@ record of what each step took (forkbox-bench --rows steps reads it).
 Outcomes only, never timings: which lines appear, with which steps, in which
 order, and that the default leaves them out."""
 
+import json
 import re
 
 from fbtest import run_blocks, wait_until
@@ -46,3 +47,70 @@ def test_step_times_one_line_per_fresh_sandbox(make_daemon):
     assert wait_until(lambda: "placed in" in plain.stderr(), 10)
     assert not step_lines(plain)
     assert "(cpu " not in plain.stderr()
+
+
+# A block run in each turn: what a sandbox can tell of its network namespace,
+# and what it leaves there for the next turn to find.
+NETNS_PROBE = r'''
+import errno, fcntl, json, os, socket
+fd = os.open("/proc/self/ns/net", os.O_RDONLY)
+try:  # NS_GET_USERNS: EPERM when the owner is outside our user namespace
+    os.close(fcntl.ioctl(fd, 0xb701))
+    owned = True
+except OSError as e:
+    owned = e.errno != errno.EPERM and e.errno
+stats = {l.split(":")[0].strip(): l.split(":")[1].split()
+         for l in open("/proc/net/dev").read().splitlines()[2:]}
+taken = []
+for port in (47011, 47012):
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", port))
+    except OSError:
+        taken.append(port)
+    s.close()
+try:
+    socket.socket(socket.AF_UNIX).bind("\0forkbox-test-abstract")
+    abstract_free = True
+except OSError:
+    abstract_free = False
+# Leave things behind: a listener and an abstract socket that outlive the block
+# (kept in a global of the turn), and traffic on lo.
+import builtins
+keep = [socket.socket(), socket.socket(socket.AF_UNIX)]
+keep[0].bind(("127.0.0.1", 47011)); keep[0].listen()
+keep[1].bind("\0forkbox-test-left-behind")
+c = socket.create_connection(("127.0.0.1", 47011)); a, _ = keep[0].accept()
+c.sendall(b"x" * 100000); a.recv(1 << 20)
+builtins._keep = (keep, c, a)
+try:
+    socket.socket(socket.AF_UNIX).bind("\0forkbox-test-left-behind")
+    left_free = True
+except OSError:
+    left_free = False
+print(json.dumps({"ino": os.fstat(fd).st_ino, "owned": owned, "lo_rx": int(stats["lo"][0]),
+                  "ifaces": sorted(stats), "taken": taken, "abstract_free": abstract_free,
+                  "left_free_here": left_free}))
+'''
+
+
+def test_network_namespace_made_ahead_fresh_per_turn(make_daemon):
+    """Each sandbox gets a network namespace of its own, made ahead by the
+    fork server (netns.c): only lo, up, owned by the host's user namespace
+    (so not by the sandbox's: it holds no capability over it), and nothing
+    one turn leaves there (a listener, an abstract socket, traffic counted
+    on lo) is in the next one's. Fresh and pooled sandboxes alike."""
+    for args in (["--pool", "0"], ["--pool", "2"]):
+        d = make_daemon(args)
+        seen = []
+        for _ in range(3):
+            _, res = run_blocks(d, NETNS_PROBE)
+            assert res[0].exit_code == 0, res[0].stderr
+            seen.append(json.loads(res[0].stdout))
+        for s in seen:
+            assert s["owned"] is False, (args, s)
+            assert s["ifaces"] == ["lo"], (args, s)
+            assert s["lo_rx"] == 0, (args, s)  # nothing counted before this block
+            assert s["taken"] == [] and s["abstract_free"], (args, s)
+            assert s["left_free_here"] is False, (args, s)  # the socket did bind
+        assert len({s["ino"] for s in seen}) == len(seen), (args, seen)

@@ -41,6 +41,7 @@
 #include "proto/chan.h"
 #include "sandbox/caps.h"
 #include "sandbox/mounts.h"
+#include "sandbox/netns.h"
 #include "sandbox/spawn.h"
 
 /* --- test-only globals: the serve hooks get no context argument --- */
@@ -761,7 +762,12 @@ int main(void)
     tap(r == 0 && tid_addr && *tid_addr == (pid_t)syscall(SYS_gettid),
         "tid probe finds glibc's cached tid");
 
-    struct sbx_plan plan = {.cfg = &cfg, .mounts = mp, .hooks = &hooks_checks,
+    struct netns_spares *netns = NULL;
+    r = netns_spares_new(2, &netns, err, sizeof err);
+    tap(r == 0, "netns_spares_new: %s", r ? err : "ok");
+    if (r)
+        return 1;
+    struct sbx_plan plan = {.cfg = &cfg, .mounts = mp, .netns = netns, .hooks = &hooks_checks,
                             .tid_addr = tid_addr, .flags = SBX_PLAN_NO_SECCOMP};
 
     /* 1. One clone, all checks from inside. */
