@@ -46,10 +46,11 @@ enum steptime_mark {
     ST_C_RLIMITS,   /* step 5 (runs after 8) */
     ST_C_INIT,      /* step 9: init split off; from here the runtime (pid 2) */
     ST_R_AFTERFORK, /* the interpreter re-armed (PyOS_AfterFork_Child) */
-    ST_R_SERVE,     /* pyrt_serve: stdio, workspace, reader thread; the loop starts */
-    ST_R_TOOLS,     /* the tools archive came */
+    ST_R_SERVE,     /* pyrt_serve: stdio, workspace */
+    ST_R_TOOLS,     /* the tools archive was read (pyrt_tools_and_ready) */
     ST_R_READY,     /* tools extracted (ready is sent next) */
-    ST_R_RUN,       /* the first run came (after its workspace archive) */
+    ST_R_RUN,       /* the first run came: reader thread, the interpreter's loop,
+                       the workspace archive */
     ST_R_DONE,      /* its code ran, done sent */
     ST_R_SNAPSHOT,  /* output sent, snapshot made: the record goes (then the snapshot) */
     ST_N
