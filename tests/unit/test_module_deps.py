@@ -6,6 +6,8 @@ exit unmaps. Checked on the built module's dynamic section."""
 import os
 import subprocess
 
+import pytest
+
 MODULE = os.environ["FORKBOX_SANDBOX_MODULE"]
 STATIC = {"archive": "libarchive", "cap": "libcap", "seccomp": "libseccomp",
           "nettle": "libnettle"}
@@ -19,9 +21,10 @@ def needed(path):
 
 def has_static(lib):
     return any(os.path.exists(os.path.join(d, f"lib{lib}.a"))
-               for d in ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib"))
+               for d in ("/usr/lib/x86_64-linux-gnu", "/usr/lib"))
 
 
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="static libraries on x86-64 only")
 def test_no_shared_copy_of_a_library_linked_statically():
     libs = needed(MODULE)
     for lib, soname in STATIC.items():
