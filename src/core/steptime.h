@@ -31,15 +31,16 @@ enum steptime_mark {
     ST_P_MAPS,      /* ... id maps written */
     ST_P_HANDOFF,   /* ... placement queued, channel and pidfd sent to the supervisor */
     ST_C_START,     /* child: clone returned in it */
-    ST_C_GO,        /* the placer's go read: cgroups in place (step 2 waits for it) */
-    ST_C_IDS,       /* step 2 done: ids, dumpable, cgroup namespace */
+    ST_C_IDS,       /* step 2 done: the id maps waited for, ids, dumpable */
     ST_C_ROOT,      /* step 3: the root bound and pivoted into */
     ST_C_SCRATCH,   /* ... the scratch tmpfs and its binds */
     ST_C_TOOLS,     /* ... the tools tmpfs and its read-only bind */
     ST_C_PROC,      /* ... a fresh proc */
     ST_C_COVERS,    /* ... its covers, moved to /proc */
     ST_C_DETACH,    /* ... the old root detached: step 3 done */
-    ST_C_NAMESPACES, /* step 4: hostname, lo, per-userns caps */
+    ST_C_GO,        /* step 4: hostname, per-userns caps, then the placer's go read
+                       (cgroups in place) */
+    ST_C_NAMESPACES, /* ... the cgroup namespace: step 4 done */
     ST_C_FDS,       /* step 6 */
     ST_C_PRIVS,     /* step 7: setsid, capabilities */
     ST_C_SECCOMP,   /* step 8: filter loaded, listener sent */

@@ -118,9 +118,8 @@ static int write_maps(pid_t pid, uint32_t id, char *err, size_t errlen)
     return r;
 }
 
-static int send_go(int fd)
+static int send_sync(int fd, char c)
 {
-    char c = SBX_GO;
     ssize_t w;
     do
         w = write(fd, &c, 1);
@@ -155,19 +154,24 @@ static int place_child(const struct sbx_plan *p, pid_t pid, uint32_t id, bool ma
     return r;
 }
 
-/* sync 1: maps and cgroups in place -> go. Deferred (SBX_SPAWN_DEFER_GO):
- * only the maps here; the go pipe's write end (*go_wr) moves to out->go_fd
- * and the caller places and releases the child (sbx_child_go). */
+/* Sync 1: maps in place -> "mapped"; sync 2: cgroups in place -> go.
+ * Deferred (SBX_SPAWN_DEFER_GO): only the maps here; the go pipe's write
+ * end (*go_wr) moves to out->go_fd and the caller places and releases the
+ * child (sbx_child_go) while it runs its steps 2-4. */
 static int place_and_go(const struct sbx_plan *p, struct sbx_child *out, bool maps,
                         unsigned spawn_flags, int *go_wr, char *err, size_t errlen)
 {
     bool defer = spawn_flags & SBX_SPAWN_DEFER_GO;
-    int ret = place_child(p, out->pid, out->id, maps, !defer, err, errlen);
+    int ret = place_child(p, out->pid, out->id, maps, false, err, errlen);
+    if (ret == 0 && (ret = send_sync(*go_wr, SBX_MAPPED)) < 0)
+        snprintf(err, errlen, "releasing the child: %s", strerror(-ret));
     if (ret == 0 && defer) {
         out->go_fd = *go_wr;
         *go_wr = -1;
-    } else if (ret == 0 && (ret = send_go(*go_wr)) < 0) {
-        snprintf(err, errlen, "releasing the child: %s", strerror(-ret));
+    } else if (ret == 0) {
+        ret = place_child(p, out->pid, out->id, false, true, err, errlen);
+        if (ret == 0 && (ret = send_sync(*go_wr, SBX_GO)) < 0)
+            snprintf(err, errlen, "releasing the child: %s", strerror(-ret));
     }
     return ret;
 }

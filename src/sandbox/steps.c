@@ -106,11 +106,25 @@ static int step_signals(const struct sbx_plan *p, struct sbx_state *st)
 
 /* 2. Before touching any file: until the parent has written the id maps we
  * run as our host id, unmapped in here, with host root only as saved ids
- * (see clone_as; the fork path has dropped even those). After "go", become
- * uid/gid 0 of the namespace, i.e. our host id for all of real, effective,
- * saved and fs ids: host root is gone from our credentials for good. The
- * cgroup namespace is created here rather than in clone() so that its root
- * is the turn's cgroup, which the parent has just attached. */
+ * (see clone_as; the fork path has dropped even those). Once they are
+ * (sync 1), become uid/gid 0 of the namespace, i.e. our host id for all of
+ * real, effective, saved and fs ids: host root is gone from our credentials
+ * for good. The cgroup placement goes on meanwhile (step 4 waits for it). */
+static int wait_mapped(struct sbx_state *st)
+{
+    unsigned char c = 0;
+    ssize_t r;
+    do
+        r = read(st->sync_fd, &c, 1);
+    while (r < 0 && errno == EINTR);
+    if (r != 1 || c != SBX_MAPPED) {
+        errno = r < 0 ? errno : ECHILD;
+        return set_what(st, "waiting for the fork server's id maps");
+    }
+    return 0;
+}
+
+/* Sync 2: the cgroups are in place, or the placement failed. */
 static int wait_go(struct sbx_state *st)
 {
     unsigned char c[2] = {0, 0};
@@ -138,9 +152,17 @@ static int wait_go(struct sbx_state *st)
     return 0;
 }
 
+/* Both syncs at once: the fork path's middle process and the non-isolated
+ * child, whose every step needs the placement done. */
+static int wait_mapped_and_go(struct sbx_state *st)
+{
+    int r = wait_mapped(st);
+    return r < 0 ? r : wait_go(st);
+}
+
 static int step_ids(const struct sbx_plan *p, struct sbx_state *st)
 {
-    int r = st->sync_fd >= 0 ? wait_go(st) : 0;
+    int r = st->sync_fd >= 0 ? wait_mapped(st) : 0;
     if (r < 0)
         return r;
     /* gid first: after setresuid we could no longer change it. Groups were
@@ -158,8 +180,6 @@ static int step_ids(const struct sbx_plan *p, struct sbx_state *st)
      * from host root it did not clear the parent-death signal of step 1. */
     if (prctl(PR_SET_DUMPABLE, 1, 0, 0, 0) < 0)
         return set_what(st, "PR_SET_DUMPABLE");
-    if (unshare(CLONE_NEWCGROUP) < 0)
-        return set_what(st, "unshare(CLONE_NEWCGROUP)");
     return 0;
 }
 
@@ -216,7 +236,11 @@ static int write_userns_caps(struct sbx_state *st)
  * ours, so before the privilege drop, and our /proc, so after step 3:
  * - hostname;
  * - the per-user-namespace caps above: no nested user namespaces, a small
- *   share of inotify.
+ *   share of inotify;
+ * - last, once the parent says our cgroups are in place (sync 2), a cgroup
+ *   namespace of our own, rooted at the turn's cgroup. Steps 2-4 ran while
+ *   the cgroup helper placed us (only our setup code: no turn code runs
+ *   before this), so its round trip overlaps them instead of preceding them.
  * The network namespace came made, its loopback up (netns.c): code that
  * talks to itself over 127.0.0.1 works; there is no other interface and no
  * route anywhere, and the host's user namespace owns it, so we hold no
@@ -225,7 +249,12 @@ static int step_namespaces(const struct sbx_plan *p, struct sbx_state *st)
 {
     if (sethostname(SBX_HOSTNAME, sizeof SBX_HOSTNAME - 1) < 0)
         return set_what(st, "sethostname");
-    return write_userns_caps(st);
+    int r = write_userns_caps(st);
+    if (r == 0 && st->sync_fd >= 0)
+        r = wait_go(st);
+    if (r == 0 && unshare(CLONE_NEWCGROUP) < 0)
+        r = set_what(st, "unshare(CLONE_NEWCGROUP)");
+    return r;
 }
 
 /* rlimits, after seccomp (the table's order, not this number, is the order):
@@ -501,7 +530,7 @@ static int step_init(const struct sbx_plan *p, struct sbx_state *st)
  * id when we are root, in its per-turn dir. */
 static int step_ids_plain(const struct sbx_plan *p, struct sbx_state *st)
 {
-    int r = st->sync_fd >= 0 ? wait_go(st) : 0;
+    int r = st->sync_fd >= 0 ? wait_mapped_and_go(st) : 0;
     if (r < 0)
         return r;
     if (geteuid() != 0)
@@ -617,8 +646,8 @@ _Noreturn void sbx_middle_main(const struct sbx_plan *p, struct sbx_state *st, i
     if (write(ack_fd, &c, 1) != 1)
         _exit(SBX_EXIT_STEP_BASE);
     close(ack_fd);
-    /* sync 1: maps written and cgroup joined; the sandbox inherits both. */
-    if (wait_go(st) < 0)
+    /* Both syncs: maps written and cgroup joined; the sandbox inherits both. */
+    if (wait_mapped_and_go(st) < 0)
         _exit(SBX_EXIT_STEP_BASE);
     int life[2];
     if (pipe2(life, O_CLOEXEC) < 0)

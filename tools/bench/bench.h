@@ -306,6 +306,7 @@ struct bench {
     const char *bench_dir, *python;
     const char *floor_dir; /* --floor: a build of ../shared/bench/floor (bench_py); NULL: none */
     unsigned gap_ms;      /* idle time between sequential turn-start turns */
+    bool gap_set;         /* --gap-ms given (the steps group's own default is 2 ms) */
     unsigned groups;      /* G_* bits: which measurements run (--rows) */
     struct bigdata *big;  /* the bigdata group's data, made once (owned); NULL without it */
     bool big_noiso;       /* bigdata also in the no-isolation column (--only noiso) */

@@ -135,7 +135,10 @@ int main(int argc, char **argv)
                 return 2;
             }
             break;
-        case O_GAP: b.gap_ms = (unsigned)strtoul(optarg, NULL, 10); break;
+        case O_GAP:
+            b.gap_ms = (unsigned)strtoul(optarg, NULL, 10);
+            b.gap_set = true;
+            break;
         case O_ROWS:
             if (parse_groups(optarg, &b.groups) < 0)
                 return 2;

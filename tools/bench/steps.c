@@ -29,8 +29,7 @@ static const struct step_row {
     {"handoff", "fork server: placement queued, reply sent", {NULL}},
     {"start", "clone -> child running", {"child_start"}},
     {"placed", "cgroup placer: attach (its own wall/CPU)", {NULL}},
-    {"go", "child: until the placer's go (maps, placement)", {"uid_gid_maps"}},
-    {"ids", "child: setresuid/gid, cgroup ns", {NULL}},
+    {"ids", "child: wait for the maps, setresuid/gid", {"uid_gid_maps"}},
     {"root", "mounts: bind root, pivot_root", {"mnt_rprivate", "root_tmpfs", "skeleton",
                                                "bind_usr_ro", "bind_etc_ro", "dev_nodes",
                                                "pivot_root"}},
@@ -39,7 +38,8 @@ static const struct step_row {
     {"proc", "mounts: fresh proc", {"mount_proc"}},
     {"covers", "mounts: /proc covers, move", {NULL}},
     {"detach", "mounts: detach the old root", {"umount_oldroot", "remount_root_ro"}},
-    {"namespaces", "hostname, lo up, userns caps", {"hostname"}},
+    {"go", "hostname, userns caps, wait for the placer", {"hostname"}},
+    {"namespaces", "cgroup namespace", {NULL}},
     {"fds", "close fds, stdio on /dev/null", {NULL}},
     {"privs", "setsid, drop capabilities", {"caps_drop", "no_new_privs"}},
     {"seccomp", "load the filter, send listener", {"seccomp_load"}},
@@ -204,7 +204,9 @@ void measure_steps(struct bench *b, struct server *s, unsigned n)
     server_wait_quiet(s, 2000);
     size_t mark = server_log_mark(s);
     d.to_launch = n;
-    d.gap_ns = 2000000; /* the last one reaped, as bench_py turn waits for it */
+    /* The last one reaped, as bench_py turn waits for it (--gap-ms: another gap). */
+    unsigned gap_ms = b->gap_set ? b->gap_ms : 2;
+    d.gap_ns = gap_ms * 1000000ull;
     uint64_t t0 = now_ns();
     driver_run(&d, now_ns() + 120ull * 1000000000u);
     server_wait_quiet(s, 2000);
@@ -235,12 +237,13 @@ void measure_steps(struct bench *b, struct server *s, unsigned n)
     free(log);
     server_ready_times(s, mark, &ready, &spawn);
 
-    printf("\nsteps of a fresh turn (--rows steps): %u turns one at a time (tools, one print(1) "
-           "block, shutdown) on forkboxd --pool 0 --step-times; p50 of each step's wall and CPU "
-           "time since the step before it in the same process (us). floor: %s/bench_py turn %u "
-           "(raw clone, maps, tmpfs root, pivot_root, caps, seccomp, print(1)), p50 of its "
-           "steps doing the same work (summed where several).\n\n",
-           n, b->floor_dir ? b->floor_dir : "(no --floor)", n);
+    printf("\nsteps of a fresh turn (--rows steps): %u turns one at a time, %u ms apart (tools, "
+           "one print(1) block, shutdown) on forkboxd --pool 0 --step-times; p50 of each step's "
+           "wall and CPU time since the step before it in the same process (us), and of its "
+           "page faults. floor: %s/bench_py turn %u (raw clone, maps, tmpfs root, pivot_root, "
+           "caps, seccomp, print(1)), p50 of its steps doing the same work (summed where "
+           "several).\n\n", n, gap_ms,
+           b->floor_dir ? b->floor_dir : "(no --floor)", n);
     printf("| %-11s | %-46s | %10s | %10s | %7s | %10s |\n", "step", "what", "wall [us]",
            "CPU [us]", "faults", "floor [us]");
     printf("|-------------|------------------------------------------------|------------|"
