@@ -49,6 +49,9 @@ double ms_since(uint64_t t0);
 const char *fmt_ms(char *buf, size_t n, double v);
 unsigned scale_u(unsigned v, double f);
 bool fd_readable(int fd, unsigned ms);
+/* What child pid writes on fd, until EOF or for at most secs (then it is killed), malloc'd and
+ * NUL-terminated; fd is closed and the child reaped (*status: its wait status). */
+char *child_output(pid_t pid, int fd, unsigned secs, int *status);
 
 /* stats.c */
 

@@ -73,34 +73,16 @@ double measure_py_turn_start(struct bench *b, struct server *s, unsigned n, unsi
     }
     close(pfd[1]);
     struct samples sm = {0};
-    char buf[8192];
-    size_t len = 0;
-    uint64_t deadline = now_ns() + 120ull * 1000000000u;
-    for (;;) {
-        if (now_ns() > deadline) {
-            kill(pid, SIGKILL);
-            break;
-        }
-        if (!fd_readable(pfd[0], 1000))
-            continue;
-        ssize_t r = read(pfd[0], buf + len, sizeof buf - 1 - len);
-        if (r <= 0)
-            break;
-        len += (size_t)r;
-        buf[len] = 0;
-        char *nl;
-        while ((nl = strchr(buf, '\n')) != NULL) {
-            *nl = 0;
-            samples_add(&sm, atof(buf));
-            len -= (size_t)(nl + 1 - buf);
-            memmove(buf, nl + 1, len + 1);
-        }
-        if (len == sizeof buf - 1)
-            len = 0;
-    }
-    close(pfd[0]);
     int status;
-    waitpid(pid, &status, 0);
+    char *out = child_output(pid, pfd[0], 120, &status);
+    for (char *line = out, *nl; *line; line = nl + 1) { /* one time per line */
+        nl = strchr(line, '\n');
+        if (!nl)
+            break;
+        *nl = 0;
+        samples_add(&sm, atof(line));
+    }
+    free(out);
     double p50 = samples_pct_from(&sm, 3, 50); /* the first three warm up */
     progress("[%s] Python client turn start: %zu turns, p50 %.3f ms", s->name,
              sm.n > 3 ? sm.n - 3 : 0, p50);

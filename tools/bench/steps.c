@@ -9,7 +9,6 @@
  * block and shutdown, as bench_py's `turn` mode runs its clones one at a time. */
 #include <fcntl.h>
 #include <math.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -87,27 +86,8 @@ static char *run_floor(const char *dir, const char *a1, const char *a2, const ch
         cg_cpu_remove(cg);
         return NULL;
     }
-    size_t len = 0, cap = 1 << 16;
-    char *out = xmalloc(cap);
-    uint64_t deadline = now_ns() + 240ull * 1000000000u;
-    for (;;) {
-        if (now_ns() > deadline) {
-            kill(pid, SIGKILL);
-            break;
-        }
-        if (!fd_readable(pfd[0], 1000))
-            continue;
-        if (len + 1 == cap)
-            out = xrealloc(out, cap *= 2);
-        ssize_t r = read(pfd[0], out + len, cap - 1 - len);
-        if (r <= 0)
-            break;
-        len += (size_t)r;
-    }
-    out[len] = 0;
-    close(pfd[0]);
     int status;
-    waitpid(pid, &status, 0);
+    char *out = child_output(pid, pfd[0], 240, &status);
     if (cpu_ns)
         *cpu_ns = cg_cpu_ns(cg);
     cg_cpu_remove(cg);
