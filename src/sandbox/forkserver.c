@@ -427,8 +427,8 @@ static void handle_spawn(struct forkserver *fsv, const struct fs_request *req)
         LOG_D("turn %llu: sandbox %d in %llu us", (unsigned long long)req->turn_id, (int)c.pid,
               (unsigned long long)(c.spawn_ns / 1000));
     int sr = send_reply(fsv->ctl_fd, &rep, c.chan_fd, c.pidfd);
-    if (c.times_fd >= 0)
-        steptime_mark_rec(&c.times, ST_P_HANDOFF);
+    if (c.times)
+        steptime_mark_rec(c.times, ST_P_HANDOFF);
     if (sr < 0 && r == 0) {
         errno = -sr;
         PLOG_E("reply for turn %llu", (unsigned long long)req->turn_id);
@@ -473,7 +473,7 @@ static void log_step_times(const struct sbx_child *c)
     ssize_t n = read(c->times_fd, &rec, sizeof rec);
     if (n != (ssize_t)sizeof rec)
         memset(&rec, 0, sizeof rec);
-    const struct steptime_rec *pt = &c->times;
+    const struct steptime_rec *pt = c->times;
     char line[1600];
     size_t off = 0;
     int prev = -1;
@@ -537,7 +537,7 @@ static void reap(struct forkserver *fsv)
                 req.wait_status = status;
             }
             placer_send(fsv, &req, -1);
-            if (fsv->kids[i].times_fd >= 0)
+            if (fsv->kids[i].times)
                 log_step_times(&fsv->kids[i]);
             /* Reaped: its whole pid namespace is gone (init's exit waits for
              * the rest), so the id is free again. */

@@ -194,7 +194,7 @@ static int spawn_forked(const struct sbx_plan *p, uint32_t id, unsigned spawn_fl
     }
     uint64_t t0 = now_ns();
     if (times_child >= 0)
-        steptime_mark_rec(&out->times, ST_P_CLONE);
+        steptime_mark_rec(out->times, ST_P_CLONE);
     pid_t pid = fork();
     if (pid < 0) {
         int e = errno;
@@ -215,7 +215,7 @@ static int spawn_forked(const struct sbx_plan *p, uint32_t id, unsigned spawn_fl
         sbx_middle_main(p, &st, ack[1]);
     }
     if (times_child >= 0)
-        steptime_mark_rec(&out->times, ST_P_CLONED);
+        steptime_mark_rec(out->times, ST_P_CLONED);
     close(ack[1]);
     out->pid = pid;
     out->pidfd = pidfd_open(pid, 0);
@@ -231,7 +231,7 @@ static int spawn_forked(const struct sbx_plan *p, uint32_t id, unsigned spawn_fl
     int ret = place_and_go(p, out, true, spawn_flags, &sync[1], err, errlen);
     out->spawn_ns = now_ns() - t0;
     if (times_child >= 0)
-        steptime_mark_rec(&out->times, ST_P_MAPS);
+        steptime_mark_rec(out->times, ST_P_MAPS);
     return ret;
 }
 
@@ -398,10 +398,14 @@ int sbx_spawn(const struct sbx_plan *p, uint32_t id, unsigned spawn_flags,
     /* --step-times, fresh spawns: the child's record comes back on a pipe
      * (core/steptime.h); without one (pipe2 failed) it just is not timed. */
     int times[2] = {-1, -1};
-    if (cfg->step_times && !(spawn_flags & SBX_SPAWN_POOLED)) {
-        steptime_mark_rec(&out->times, ST_P_REQUEST);
-        if (pipe2(times, O_CLOEXEC | O_NONBLOCK) < 0)
+    if (cfg->step_times && !(spawn_flags & SBX_SPAWN_POOLED) &&
+        (out->times = calloc(1, sizeof *out->times)) != NULL) {
+        steptime_mark_rec(out->times, ST_P_REQUEST);
+        if (pipe2(times, O_CLOEXEC | O_NONBLOCK) < 0) {
             times[0] = times[1] = -1;
+            free(out->times);
+            out->times = NULL;
+        }
         out->times_fd = times[0];
     }
 
@@ -424,7 +428,7 @@ int sbx_spawn(const struct sbx_plan *p, uint32_t id, unsigned spawn_flags,
         int pidfd = -1, pdeath = 0, r;
         uint64_t t0 = now_ns();
         if (times[1] >= 0)
-            steptime_mark_rec(&out->times, ST_P_CLONE);
+            steptime_mark_rec(out->times, ST_P_CLONE);
         long pid;
         if (!cfg->isolate && !p->tid_addr) {
             /* Without the tid address only glibc's own fork is safe. */
@@ -455,7 +459,7 @@ int sbx_spawn(const struct sbx_plan *p, uint32_t id, unsigned spawn_flags,
             sbx_child_main(p, &st);
         }
         if (times[1] >= 0)
-            steptime_mark_rec(&out->times, ST_P_CLONED);
+            steptime_mark_rec(out->times, ST_P_CLONED);
         if (pid < 0) {
             ret = -errno;
             snprintf(err, errlen, "clone as id %u: %s", id, strerror(errno));
@@ -465,7 +469,7 @@ int sbx_spawn(const struct sbx_plan *p, uint32_t id, unsigned spawn_flags,
             ret = place_and_go(p, out, cfg->isolate, spawn_flags, &sync[1], err, errlen);
             out->spawn_ns = now_ns() - t0;
             if (times[1] >= 0)
-                steptime_mark_rec(&out->times, ST_P_MAPS);
+                steptime_mark_rec(out->times, ST_P_MAPS);
         }
     }
     if (cfg->isolate)
@@ -483,6 +487,8 @@ int sbx_spawn(const struct sbx_plan *p, uint32_t id, unsigned spawn_flags,
         close(chan[0]);
         close_and_reset(&out->warm_fd);
         close_and_reset(&out->times_fd);
+        free(out->times);
+        out->times = NULL;
         if (out->pid <= 0)
             drop_turn_dir(out);
         return ret;
@@ -500,5 +506,7 @@ void sbx_child_release(const struct sbx_plan *p, struct sbx_child *c)
     close_and_reset(&c->warm_fd);
     close_and_reset(&c->go_fd);
     close_and_reset(&c->times_fd);
+    free(c->times);
+    c->times = NULL;
     drop_turn_dir(c);
 }

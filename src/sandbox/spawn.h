@@ -44,7 +44,7 @@ struct sbx_child {
     uint64_t turn_id;  /* fork server: the turn it was handed to; 0 while pooled */
     int times_fd;      /* owned, --step-times and fresh spawns only (else -1): the read
                           end of the child's step-time pipe (core/steptime.h) */
-    struct steptime_rec times; /* --step-times: the fork server's marks */
+    struct steptime_rec *times; /* owned, with times_fd: the fork server's marks (else NULL) */
 };
 
 /* Find glibc's cached thread id inside our struct pthread: the one int at
