@@ -205,6 +205,11 @@ static const struct opt opts[] = {
      * so a larger pool only helps bursts bigger than that. */
     {"pool", K_UINT, FIELD(pool_size), .def = 4, .max = 100000, .forkserver = true,
      .arg = "N", .help = "pre-forked sandboxes kept ready (4; 0 = always fresh)"},
+    /* forkbox-bench --rows steps: what each step of a fresh spawn costs. A
+     * pipe per spawn, which the first block's code can write to. */
+    {"step-times", K_FLAG, FIELD(step_times), .def = false, .forkserver = true,
+     .help = "log the time and CPU of each step of every fresh sandbox\n"
+             "at debug level (benchmarks only)"},
 
     /* resources and time */
     {"memory", K_SIZE, FIELD(memory_max), .def = 1024 * MiB, .max = 1ULL << 40, .forkserver = true,

@@ -55,6 +55,8 @@ struct config {
     unsigned n_site_dirs;
     char preload[1024];         /* comma-separated module names */
     unsigned pool_size;         /* pre-forked sandboxes (0 = none) */
+    bool step_times;            /* --step-times: log each fresh spawn's step times at
+                                   debug level (benchmarks; core/steptime.h) */
 
     /* resources and time */
     uint64_t memory_max;        /* bytes per turn */

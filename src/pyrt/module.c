@@ -21,6 +21,7 @@
 
 #include "core/cleanup.h"
 #include "core/limits.h"
+#include "core/steptime.h"
 #include "proto/chan.h"
 #include "proto/shape.h"
 #include "pyrt/env_keep.h"
@@ -146,9 +147,10 @@ static PyObject *run_code(const uint8_t *data, size_t len)
 /* next_message() -> (type, payload): the next message the channel reader
  * (reader.c) queued for the main loop, waited for without the GIL. A frame's
  * payload is bytes, or for a run frame in the supervisor's form the type is
- * PYRT_RUN and the payload its code (str). An archive stays in C (it can be
- * 100 MiB) until extract_tools() / extract_workspace() takes it; its payload
- * is None. */
+ * PYRT_RUN and the payload its code (str). A workspace archive stays in C (it
+ * can be 100 MiB) until extract_workspace() takes it; its payload is None,
+ * as a tools archive's (the turn's first was pyrt_tools_and_ready's: one
+ * more is ignored). */
 static PyObject *fb_next_message(PyObject *self, PyObject *unused)
 {
     if (refused_in_forked_copy())
@@ -161,18 +163,16 @@ static PyObject *fb_next_message(PyObject *self, PyObject *unused)
     Py_END_ALLOW_THREADS
     if (type != CHAN_FRAME) {
         free(g_pyrt.archive);
-        g_pyrt.archive = data;
-        g_pyrt.archive_len = len;
-        if (type == CHAN_TOOLS && g_pyrt.tools_fd < 0) { /* a second one: ignored, not kept */
+        g_pyrt.archive = type == CHAN_TOOLS ? NULL : data; /* a second tools archive: dropped */
+        g_pyrt.archive_len = type == CHAN_TOOLS ? 0 : len;
+        if (type == CHAN_TOOLS)
             free(data);
-            g_pyrt.archive = NULL;
-            g_pyrt.archive_len = 0;
-        }
         return Py_BuildValue("(iO)", (int)type, Py_None);
     }
     PyObject *code = run_code(data, len);
     if (code) {
         free(data);
+        steptime_mark(ST_R_RUN);
         return Py_BuildValue("(iN)", PYRT_RUN, code);
     }
     PyObject *payload = PyBytes_FromStringAndSize((const char *)data, (Py_ssize_t)len);
@@ -313,6 +313,7 @@ static PyObject *fb_block_end(PyObject *self, PyObject *arg)
     pthread_mutex_unlock(&g_pyrt.send_lock);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&data);
+    steptime_mark(ST_R_DONE);
     Py_RETURN_NONE;
 }
 
@@ -432,6 +433,58 @@ static PyObject *fb_output(PyObject *self, PyObject *args)
 
 /* ---- archives --------------------------------------------------------- */
 
+/* An incoming archive into dest_fd, within the turn's limits; msg says why
+ * it failed (always set on failure). 0 or -errno. */
+static int extract(const uint8_t *p, size_t n, int dest_fd, char *msg, size_t msglen)
+{
+    struct archive_limits lim = {.max_unpacked = g_pyrt.max_unpacked,
+                                 .max_members = g_pyrt.max_members};
+    struct extract_stats st = {0};
+    int r = archive_extract(p ? p : (const uint8_t *)"", n, dest_fd, &lim, &st, msg, msglen);
+    if (r < 0 && !msg[0])
+        snprintf(msg, msglen, "%s", strerror(-r));
+    return r;
+}
+
+/* The turn's first message is its tools archive (the supervisor sends it as
+ * soon as it has the channel): extracted and answered with ready here, in C,
+ * before the interpreter runs a frame and, in a fresh sandbox, before the
+ * reader thread exists. Both are then after ready, not in front of it: the
+ * thread's start, and the first frames' copy-on-write faults (~60 pages),
+ * put ~0.35 ms between a fresh sandbox's set-up and its ready (measured with
+ * --step-times). The tools fd is closed after: no writable path to the
+ * tools is left for user code. The supervisor always sends the tools first;
+ * anything else first is the stream out of step. */
+void pyrt_tools_and_ready(bool reader_running)
+{
+    enum chan_type type;
+    uint8_t *data;
+    size_t len;
+    if (reader_running)
+        reader_next(&type, &data, &len);
+    else
+        reader_read_first(&type, &data, &len);
+    steptime_mark(ST_R_TOOLS);
+    char msg[300] = "tools archive: ";
+    int r = -EPROTO;
+    if (type == CHAN_TOOLS)
+        r = extract(data, len, g_pyrt.tools_fd, msg + strlen(msg), sizeof msg - strlen(msg));
+    else
+        snprintf(msg, sizeof msg, "forkbox runtime: internal error: the channel did not start "
+                 "with the tools archive");
+    free(data);
+    close_and_reset(&g_pyrt.tools_fd);
+    steptime_mark(ST_R_READY);
+    if (r < 0) {
+        (void)chan_write_log(g_pyrt.chan_fd, "error", msg);
+        _exit(3);
+    }
+    pthread_mutex_lock(&g_pyrt.send_lock);
+    chan_send_locked(CHAN_FRAME, PyBytes_AS_STRING(g_pyrt.ready),
+                     (size_t)PyBytes_GET_SIZE(g_pyrt.ready));
+    pthread_mutex_unlock(&g_pyrt.send_lock);
+}
+
 /* Extract the archive given (bytes-like), or with none the one
  * next_message() held back, into dest_fd. */
 static PyObject *extract_into(PyObject *args, int dest_fd, const char *fmt)
@@ -444,13 +497,10 @@ static PyObject *extract_into(PyObject *args, int dest_fd, const char *fmt)
         return NULL;
     const uint8_t *p = arg ? data.buf : g_pyrt.archive;
     size_t n = arg ? (size_t)data.len : g_pyrt.archive_len;
-    struct archive_limits lim = {.max_unpacked = g_pyrt.max_unpacked,
-                                 .max_members = g_pyrt.max_members};
-    struct extract_stats st = {0};
     char msg[256] = "";
     int r;
     Py_BEGIN_ALLOW_THREADS
-    r = archive_extract(p ? p : (const uint8_t *)"", n, dest_fd, &lim, &st, msg, sizeof(msg));
+    r = extract(p, n, dest_fd, msg, sizeof(msg));
     Py_END_ALLOW_THREADS
     if (arg)
         PyBuffer_Release(&data);
@@ -460,8 +510,6 @@ static PyObject *extract_into(PyObject *args, int dest_fd, const char *fmt)
         g_pyrt.archive_len = 0;
     }
     if (r < 0) {
-        if (!msg[0])
-            snprintf(msg, sizeof(msg), "%s", strerror(-r));
         PyObject *e = Py_BuildValue("(is)", -r, msg);
         if (e) {
             PyErr_SetObject(PyExc_OSError, e);
@@ -470,19 +518,6 @@ static PyObject *extract_into(PyObject *args, int dest_fd, const char *fmt)
         return NULL;
     }
     Py_RETURN_NONE;
-}
-
-/* extract_tools([data]): into the tools fd, which is then closed (no
- * writable path to the tools is left for user code). */
-static PyObject *fb_extract_tools(PyObject *self, PyObject *args)
-{
-    if (g_pyrt.tools_fd < 0) {
-        errno = EBADF;
-        return PyErr_SetFromErrno(PyExc_OSError);
-    }
-    PyObject *r = extract_into(args, g_pyrt.tools_fd, "|O:extract_tools");
-    close_and_reset(&g_pyrt.tools_fd);
-    return r;
 }
 
 /* extract_workspace([data]): into the workspace. */
@@ -521,6 +556,10 @@ static PyObject *fb_send_snapshot(PyObject *self, PyObject *unused)
 {
     if (refused_in_forked_copy())
         return NULL;
+    /* The first block's record is complete: it goes before the snapshot,
+     * which may end the turn (and kill us) at once. */
+    steptime_mark(ST_R_SNAPSHOT);
+    steptime_send();
     Py_BEGIN_ALLOW_THREADS
     pthread_mutex_lock(&g_pyrt.send_lock);
     chan_send_snapshot_locked(&g_pyrt.snap);
@@ -681,7 +720,6 @@ static PyMethodDef fb_methods[] = {
     {"capture_begin", fb_capture_begin, METH_NOARGS, "Route fds 1 and 2 into capped buffers."},
     {"capture_end", fb_capture_end, METH_NOARGS, "Stop capturing; the output stays for output()."},
     {"output", fb_output, METH_VARARGS, "output(exit_code, stderr_notes, send): the output frame."},
-    {"extract_tools", fb_extract_tools, METH_VARARGS, "Extract the tools archive (default: the one held)."},
     {"extract_workspace", fb_extract_workspace, METH_VARARGS, "Extract a workspace archive (default: the one held)."},
     {"snapshot", fb_snapshot, METH_NOARGS,
      "Build the workspace snapshot: (over_cap, bad_names, error)."},

@@ -17,6 +17,7 @@
 
 #include "core/cleanup.h"
 #include "core/limits.h"
+#include "core/steptime.h"
 #include "core/util.h"
 #include "proto/chan.h"
 #include "pyrt/pyrt_embedded.h"
@@ -247,7 +248,7 @@ int pyrt_init(const struct config *cfg, char *err, size_t errlen)
         Py_DECREF(rt);
         return py_err(err, errlen, "pyrt_init");
     }
-    Py_DECREF(ready); /* the prepared turn holds it */
+    g_pyrt.ready = ready; /* sent from C (pyrt_tools_and_ready) */
     g_pyrt.runtime = rt;
     (void)archive_snapshot_prepare(); /* without it, empty snapshots take the long way */
 
@@ -354,12 +355,22 @@ _Noreturn void pyrt_serve(int chan_fd, int tools_fd, int warm_fd, const char *to
     if (chdir(workspace_dir) < 0)
         fail("chdir to the workspace", errno);
 
-    int e = reader_start();
+    steptime_mark(ST_R_SERVE);
+
+    /* A pooled sandbox warms up first (the reader drains the warm-up's
+     * capture), then waits for its tools; a fresh one reads them itself,
+     * and starts the reader once ready is sent (pyrt_tools_and_ready). */
+    bool warm = g_pyrt.warm_fd >= 0;
+    int e = warm ? reader_start() : 0;
     if (e < 0)
         fail("channel reader thread", -e);
-
-    PyObject *r = PyObject_CallMethod(g_pyrt.runtime, "serve", "sO", tools_dir,
-                                      g_pyrt.warm_fd >= 0 ? Py_True : Py_False);
+    PyObject *r = warm ? PyObject_CallMethod(g_pyrt.runtime, "warm", NULL) : NULL;
+    Py_XDECREF(r); /* warm() never fails: a warm-up is an optimisation */
+    PyErr_Clear();
+    pyrt_tools_and_ready(warm);
+    if (!warm && (e = reader_start()) < 0)
+        fail("channel reader thread", -e);
+    r = PyObject_CallMethod(g_pyrt.runtime, "serve", "s", tools_dir);
     /* serve() only comes back on an internal error. */
     Py_XDECREF(r);
     PyErr_Clear();

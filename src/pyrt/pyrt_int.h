@@ -115,6 +115,15 @@ int reader_start(void);
 #define PYRT_RUN 'R'
 
 void reader_next(enum chan_type *type, uint8_t **data, size_t *len);
+/* Before reader_start(): the channel's next message, read by the caller
+ * (pyrt_serve, for the turn's first). EOF ends the process, as in the
+ * reader. */
+void reader_read_first(enum chan_type *type, uint8_t **data, size_t *len);
+
+/* The turn's first message, its tools archive, extracted and answered with
+ * ready (module.c); read by the caller, or from the reader once it runs.
+ * Never returns on an error: the error frame goes, and the process exits 3. */
+void pyrt_tools_and_ready(bool reader_running);
 
 struct pyrt_state {
     /* from struct config, copied by pyrt_init() */
@@ -127,6 +136,7 @@ struct pyrt_state {
     uint64_t max_members;
 
     PyObject *runtime; /* the private forkbox_runtime module (owned) */
+    PyObject *ready;   /* the ready frame (bytes, owned), sent from C (pyrt_tools_and_ready) */
 
     /* the turn, in the sandbox child */
     int chan_fd;         /* borrowed from the caller of pyrt_serve; -1 in a forked copy */

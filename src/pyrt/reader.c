@@ -76,21 +76,35 @@ static bool offer_to_python(const uint8_t *data, size_t len)
     return taken;
 }
 
+/* One whole message from the channel (malloc'd data), waited for. */
+static void read_whole(enum chan_type *type, uint8_t **data, uint32_t *len)
+{
+    uint8_t hdr[CHAN_HDR_LEN];
+    if (chan_read(g_pyrt.chan_fd, hdr, sizeof hdr) < 0)
+        _exit(0); /* the supervisor closed the channel: the turn is over */
+    if (chan_hdr_decode(hdr, sizeof hdr, CHAN_MAX_MESSAGE_BYTES, type, len) != 1)
+        _exit(3); /* the supervisor never sends this: the stream is out of step */
+    *data = malloc(*len ? *len : 1);
+    if (!*data)
+        _exit(3); /* cannot keep the message, and must not lose it */
+    if (chan_read(g_pyrt.chan_fd, *data, *len) < 0)
+        _exit(0);
+}
+
+void reader_read_first(enum chan_type *type, uint8_t **data, size_t *len)
+{
+    uint32_t n;
+    read_whole(type, data, &n);
+    *len = n;
+}
+
 /* One whole message from the channel, which poll() found readable. */
 static void read_message(void)
 {
-    uint8_t hdr[CHAN_HDR_LEN];
     enum chan_type type;
     uint32_t len;
-    if (chan_read(g_pyrt.chan_fd, hdr, sizeof hdr) < 0)
-        _exit(0); /* the supervisor closed the channel: the turn is over */
-    if (chan_hdr_decode(hdr, sizeof hdr, CHAN_MAX_MESSAGE_BYTES, &type, &len) != 1)
-        _exit(3); /* the supervisor never sends this: the stream is out of step */
-    uint8_t *data = malloc(len ? len : 1);
-    if (!data)
-        _exit(3); /* cannot keep the message, and must not lose it */
-    if (chan_read(g_pyrt.chan_fd, data, len) < 0)
-        _exit(0);
+    uint8_t *data;
+    read_whole(&type, &data, &len);
     if (type == CHAN_FRAME) {
         enum calls_offer o = calls_deliver_frame(data, len);
         if (o == CALLS_TAKEN)

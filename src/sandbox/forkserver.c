@@ -44,6 +44,7 @@
 #include "sandbox/ids.h"
 #include "sandbox/cgroups.h"
 #include "sandbox/mounts.h"
+#include "sandbox/netns.h"
 #include "sandbox/placer.h"
 #include "sandbox/probe.h"
 #include "sandbox/seccomp.h"
@@ -74,6 +75,8 @@ struct forkserver {
     struct sbx_policy *policy;   /* owned */
     struct sbx_cgroups *cgroups; /* owned */
     struct mount_plan *mounts;   /* owned */
+    struct netns_spares *netns;  /* owned: network namespaces made ahead (isolating only) */
+    uint64_t netns_after_ns;     /* no spare made before this (after a failure) */
     struct sbx_child *kids;      /* owned: live (unreaped) sandboxes, pooled ones too */
     size_t nkids, capkids;
     struct pool_slot *pool;      /* owned: cfg->pool_size slots, oldest first */
@@ -96,6 +99,11 @@ struct forkserver {
  * Measured: request -> ready p50 2.2 ms without, 0.5 ms with. An empty pool
  * refills at once (between requests): the next request would be fresh. */
 #define POOL_QUIET_US 5000
+/* Network namespaces kept made (netns.h): ~350 us each here, ~30-180 KB of
+ * kernel memory. Bursts beyond them make theirs on the spot, as the clone
+ * did. Stream mode's one sandbox takes the one made at start. */
+#define NETNS_SPARES 4
+#define NETNS_RETRY_MS 1000
 
 
 static int send_ready(int ctl_fd, int status, uint64_t start_ns, const char *msg)
@@ -206,14 +214,16 @@ static int spawn_one(struct forkserver *fsv, unsigned flags, struct sbx_child *c
     uint32_t id;
     int r = ids_take(fsv->ids, &id);
     if (r < 0) {
-        *c = (struct sbx_child){.pidfd = -1, .chan_fd = -1, .warm_fd = -1, .go_fd = -1};
+        *c = (struct sbx_child){.pidfd = -1, .chan_fd = -1, .warm_fd = -1, .go_fd = -1,
+                                .times_fd = -1};
         return err_fmt(err, errlen, r, "no free host id: all %zu of --id-range are held by sandboxes "
                  "not yet reaped", ids_live(fsv->ids));
     }
     /* Stream mode: one sandbox, as the id its workdir's bind maps to. */
     if (fsv->cfg->workdir[0] && fsv->cfg->isolate && id != fsv->stream_id) {
         ids_put(fsv->ids, id);
-        *c = (struct sbx_child){.pidfd = -1, .chan_fd = -1, .warm_fd = -1, .go_fd = -1};
+        *c = (struct sbx_child){.pidfd = -1, .chan_fd = -1, .warm_fd = -1, .go_fd = -1,
+                                .times_fd = -1};
         return err_fmt(err, errlen, -EAGAIN, "stream mode runs one sandbox");
     }
     r = sbx_spawn(&fsv->plan, id, flags | SBX_SPAWN_DEFER_GO, c, err, errlen);
@@ -417,6 +427,8 @@ static void handle_spawn(struct forkserver *fsv, const struct fs_request *req)
         LOG_D("turn %llu: sandbox %d in %llu us", (unsigned long long)req->turn_id, (int)c.pid,
               (unsigned long long)(c.spawn_ns / 1000));
     int sr = send_reply(fsv->ctl_fd, &rep, c.chan_fd, c.pidfd);
+    if (c.times)
+        steptime_mark_rec(c.times, ST_P_HANDOFF);
     if (sr < 0 && r == 0) {
         errno = -sr;
         PLOG_E("reply for turn %llu", (unsigned long long)req->turn_id);
@@ -431,6 +443,60 @@ static void handle_spawn(struct forkserver *fsv, const struct fs_request *req)
     c.turn_id = r == 0 ? req->turn_id : 0;
     if (c.pid > 0 || c.turn_dir)
         fsv->kids[fsv->nkids++] = c; /* reaped and released on SIGCHLD */
+}
+
+/* One step: " name=WALL/CPU/FAULTS" (us, us, count) since the mark prev. */
+static void step_time(char *line, size_t len, size_t *off, const char *name,
+                      const struct steptime_rec *r, int m, const struct steptime_rec *rp,
+                      int prev)
+{
+    int64_t wall = prev < 0 ? 0 : (int64_t)(r->wall[m] - rp->wall[prev]);
+    int64_t cpu = (int64_t)r->cpu[m] - (rp == r && prev >= 0 ? (int64_t)rp->cpu[prev] : 0);
+    int64_t flt = (int64_t)r->flt[m] - (rp == r && prev >= 0 ? (int64_t)rp->flt[prev] : 0);
+    if (prev < 0 && rp == r)
+        cpu = flt = 0;
+    if (*off < len)
+        *off += (size_t)snprintf(line + *off, len - *off, " %s=%.1f/%.1f/%lld", name,
+                                 (double)wall / 1e3, (double)cpu / 1e3, (long long)flt);
+}
+
+/* --step-times: one debug line per fresh sandbox, when it is reaped: each
+ * step's wall time, CPU time and page faults since the mark before it in the
+ * same process (core/steptime.h), the child's from its record (if it sent
+ * one: it did if its first block ended; its first step, from the clone in
+ * the fork server), then its exit: the wall time from the first block's
+ * snapshot to the reap. Its CPU is not known: killing a pid namespace's init
+ * reaps the runtime without adding its CPU to init's rusage. */
+static void log_step_times(const struct sbx_child *c)
+{
+    struct steptime_rec rec;
+    ssize_t n = read(c->times_fd, &rec, sizeof rec);
+    if (n != (ssize_t)sizeof rec)
+        memset(&rec, 0, sizeof rec);
+    const struct steptime_rec *pt = c->times;
+    char line[1600];
+    size_t off = 0;
+    int prev = -1;
+    for (int m = 0; m < ST_C_START; m++) {
+        if (!pt->wall[m])
+            continue;
+        step_time(line, sizeof line, &off, steptime_names[m], pt, m, pt, prev);
+        prev = m;
+    }
+    prev = -1;
+    for (int m = ST_C_START; m < ST_N; m++) {
+        if (!rec.wall[m])
+            continue;
+        if (prev < 0)
+            step_time(line, sizeof line, &off, steptime_names[m], &rec, m, pt, ST_P_CLONE);
+        else
+            step_time(line, sizeof line, &off, steptime_names[m], &rec, m, &rec, prev);
+        prev = m;
+    }
+    if (prev >= 0 && off < sizeof line)
+        snprintf(line + off, sizeof line - off, " exit=%.1f/nan/0",
+                 (double)(now_ns() - rec.wall[prev]) / 1e3);
+    LOG_D("sandbox %d steps:%s", (int)c->pid, off ? line : " none");
 }
 
 /* No zombies, ever: reap everything that has exited and release what each
@@ -471,6 +537,8 @@ static void reap(struct forkserver *fsv)
                 req.wait_status = status;
             }
             placer_send(fsv, &req, -1);
+            if (fsv->kids[i].times)
+                log_step_times(&fsv->kids[i]);
             /* Reaped: its whole pid namespace is gone (init's exit waits for
              * the rest), so the id is free again. */
             ids_put(fsv->ids, fsv->kids[i].id);
@@ -544,6 +612,31 @@ static uint64_t refill_time(const struct forkserver *fsv)
     if (fsv->npool > 0 && fsv->quiet_until_ns > t)
         t = fsv->quiet_until_ns;
     return t;
+}
+
+/* When the next network namespace may be made, UINT64_MAX if none is due:
+ * as the pool, at once while there is no spare left (the next spawn would
+ * make it), else once requests have been quiet. */
+static uint64_t netns_time(const struct forkserver *fsv)
+{
+    if (!fsv->netns || netns_spares_ready(fsv->netns) >= netns_spares_max(fsv->netns))
+        return UINT64_MAX;
+    uint64_t t = fsv->netns_after_ns;
+    if (netns_spares_ready(fsv->netns) > 0 && fsv->quiet_until_ns > t)
+        t = fsv->quiet_until_ns;
+    return t;
+}
+
+static void netns_refill_one(struct forkserver *fsv)
+{
+    char err[256];
+    if (netns_refill(fsv->netns, err, sizeof err) == 0) {
+        fsv->netns_after_ns = 0;
+        return;
+    }
+    if (!fsv->netns_after_ns)
+        LOG_W("%s (spawns make theirs as they go; retrying every %d ms)", err, NETNS_RETRY_MS);
+    fsv->netns_after_ns = now_ns() + NETNS_RETRY_MS * 1000000ull;
 }
 
 static bool request_pending(int ctl_fd)
@@ -689,11 +782,16 @@ _Noreturn void forkserver_main(int ctl_fd)
     if (cfg->isolate && (r = mounts_build(cfg, fsv.mounts, err, sizeof err)) < 0)
         fail_start(ctl_fd, r, err);
 
+    if (cfg->isolate &&
+        (r = netns_spares_new(cfg->workdir[0] ? 1 : NETNS_SPARES, &fsv.netns, err, sizeof err)) < 0)
+        fail_start(ctl_fd, r, err);
+
     fsv.plan = (struct sbx_plan){
         .cfg = cfg,
         .policy = fsv.policy,
         .cgroups = NULL, /* placed and removed by the helper (placer_send) */
         .mounts = fsv.mounts,
+        .netns = fsv.netns,
         .hooks = &sbx_runtime_hooks,
         .tid_addr = tid_addr,
     };
@@ -725,11 +823,12 @@ _Noreturn void forkserver_main(int ctl_fd)
         _exit(1);
 
     for (;;) {
-        bool refill = fsv.npool < cfg->pool_size;
+        uint64_t when = netns_time(&fsv);
+        if (fsv.npool < cfg->pool_size && refill_time(&fsv) < when)
+            when = refill_time(&fsv);
         int timeout = -1;
-        if (refill) {
+        if (when != UINT64_MAX) {
             uint64_t now = now_ns();
-            uint64_t when = refill_time(&fsv);
             timeout = now >= when ? 0 : (int)((when - now + 999999) / 1000000);
         }
         struct pollfd *pfd = fsv.pfd;
@@ -766,9 +865,13 @@ _Noreturn void forkserver_main(int ctl_fd)
                 if (fsv.pool[i].warm_fd == pfd[k].fd)
                     pool_note_warm(&fsv, &fsv.pool[i]);
         }
-        /* One refill, and only if no request came in meanwhile. */
-        if (fsv.npool < cfg->pool_size && now_ns() >= refill_time(&fsv) &&
-            !request_pending(ctl_fd))
+        /* One refill, and only if no request came in meanwhile: a network
+         * namespace first (a pooled sandbox takes one too). */
+        uint64_t now = now_ns();
+        if (now >= netns_time(&fsv) && !request_pending(ctl_fd))
+            netns_refill_one(&fsv);
+        else if (fsv.npool < cfg->pool_size && now >= refill_time(&fsv) &&
+                 !request_pending(ctl_fd))
             pool_refill_one(&fsv);
     }
 }

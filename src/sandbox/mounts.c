@@ -23,10 +23,11 @@
  *      bind sources and the host's proc stay in the namespace until step 7;
  *   4. one size-limited "scratch" tmpfs, bound at /workspace, /tmp and
  *      /dev/shm, so cfg->tmpfs_size caps the three together (site dirs under
- *      /tmp bound again inside it);
+ *      /tmp bound again inside it); mounted on /dev/shm, whose bind then
+ *      covers the scratch's root;
  *   5. /tools: a tmpfs whose only writable path is an fd; the visible path
- *      is a read-only bind (4 and 5 use the still empty /proc as their
- *      temporary mountpoint: the root is read-only);
+ *      is a read-only bind of it over itself (4 and 5 unmount nothing: an
+ *      unmount waits for an RCU grace period);
  *   6. a fresh proc (must precede 7: the kernel only lets a user namespace
  *      mount proc while a fully visible proc is still in its mount
  *      namespace), first at /workspace, where its host-wide files are
@@ -34,8 +35,9 @@
  *      their path, the root's /proc directory, is still uncovered), then
  *      moved to /proc with its covers;
  *   7. detach the old root: from here on no host path is reachable.
- * A sandbox thus makes 14 mount calls plus one per covered /proc entry (19
- * on this kernel) and no directory or file outside its scratch; building
+ * A sandbox thus makes 12 mount calls and one unmount plus one mount per
+ * covered /proc entry (19 on this kernel) and no directory or file outside
+ * its scratch; building
  * the root itself (some 40 mount calls, 25 directories, 5 files and 9
  * symlinks) was most of a sandbox's filesystem set-up. */
 #include "sandbox/mounts.h"

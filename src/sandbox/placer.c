@@ -8,6 +8,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "core/log.h"
@@ -33,6 +34,13 @@ static void placer_report(int ctl_fd, const struct placer_req *req, const struct
     while (n < 0 && errno == EINTR);
     if (n < 0 && errno != EPIPE && errno != ECONNRESET)
         PLOG_W("death report for turn %llu", (unsigned long long)req->turn_id);
+}
+
+static uint64_t cpu_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
 _Noreturn void placer_main(const struct config *cfg, struct sbx_cgroups *cg, int fd, int ctl_fd)
@@ -75,7 +83,7 @@ _Noreturn void placer_main(const struct config *cfg, struct sbx_cgroups *cg, int
             continue;
         }
         if (req.op == PLACER_ATTACH && go_fd >= 0) {
-            uint64_t t0 = now_ns();
+            uint64_t t0 = now_ns(), c0 = cfg->step_times ? cpu_ns() : 0;
             int r = cgroups_attach(cg, req.pid, cfg);
             /* Gone already (killed as its client left, or failed before
              * its go): nothing to place, its cgroup stays a spare. Common
@@ -84,6 +92,10 @@ _Noreturn void placer_main(const struct config *cfg, struct sbx_cgroups *cg, int
                 LOG_D("sandbox %d was gone before its placement", (int)req.pid);
             else if (r < 0)
                 LOG_W("cgroup placement of %d: %s", (int)req.pid, strerror(-r));
+            else if (cfg->step_times) /* forkbox-bench --rows steps reads this */
+                LOG_D("sandbox %d placed in %llu us (cpu %llu us)", (int)req.pid,
+                      (unsigned long long)((now_ns() - t0) / 1000),
+                      (unsigned long long)((cpu_ns() - c0) / 1000));
             else
                 LOG_D("sandbox %d placed in %llu us", (int)req.pid,
                       (unsigned long long)((now_ns() - t0) / 1000));

@@ -12,6 +12,7 @@ struct config;
 struct sbx_policy;
 struct sbx_cgroups;
 struct mount_plan;
+struct netns_spares;
 
 /* What runs in the child around the isolation steps. */
 struct sbx_hooks {
@@ -40,6 +41,8 @@ struct sbx_plan {
     struct sbx_cgroups *cgroups;      /* NULL = no cgroup placement */
     const struct mount_plan *mounts;  /* isolating only: the plan the root was built
                                          from, by mounts_build() in this process */
+    struct netns_spares *netns;       /* isolating only: the network namespaces
+                                         sandboxes are cloned into (netns.h) */
     const struct sbx_hooks *hooks;
     pid_t *tid_addr;   /* glibc's cached tid in our TCB (sbx_tid_probe), or NULL */
     void *robust_head; /* glibc's robust mutex list of our thread (get_robust_list) */

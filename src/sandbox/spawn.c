@@ -2,11 +2,13 @@
  * the parent's half of spawning one sandbox (see spawn.h). sbx_child_go()
  * also runs in the fork server's cgroup helper (placer.c).
  *
- * socketpair + sync pipe (+ the warm socket for a pooled spawn) -> ONE
- * clone() with every namespace flag and CLONE_PIDFD, made as the sandbox's
- * own host id (clone_as) -> write setgroups/uid_map/gid_map -> cgroup
- * placement -> "go" byte (sync 1) -> hand the channel end and the pidfd to
- * the caller. What the child does from clone's return is steps.c. */
+ * socketpair + sync pipe (+ the warm socket for a pooled spawn) -> into the
+ * sandbox's network namespace, made ahead (netns.h) -> ONE clone() with
+ * every other namespace flag and CLONE_PIDFD, made as the sandbox's own host
+ * id (clone_as) -> back to our network namespace -> write
+ * setgroups/uid_map/gid_map -> cgroup placement -> "go" byte (sync 1) ->
+ * hand the channel end and the pidfd to the caller. What the child does from
+ * clone's return is steps.c. */
 #include "sandbox/spawn.h"
 
 #include <dirent.h>
@@ -31,6 +33,7 @@
 #include "core/util.h"
 #include "sandbox/arch.h"
 #include "sandbox/cgroups.h"
+#include "sandbox/netns.h"
 #include "sandbox/steps.h"
 
 
@@ -115,9 +118,8 @@ static int write_maps(pid_t pid, uint32_t id, char *err, size_t errlen)
     return r;
 }
 
-static int send_go(int fd)
+static int send_sync(int fd, char c)
 {
-    char c = SBX_GO;
     ssize_t w;
     do
         w = write(fd, &c, 1);
@@ -152,19 +154,24 @@ static int place_child(const struct sbx_plan *p, pid_t pid, uint32_t id, bool ma
     return r;
 }
 
-/* sync 1: maps and cgroups in place -> go. Deferred (SBX_SPAWN_DEFER_GO):
- * only the maps here; the go pipe's write end (*go_wr) moves to out->go_fd
- * and the caller places and releases the child (sbx_child_go). */
+/* Sync 1: maps in place -> "mapped"; sync 2: cgroups in place -> go.
+ * Deferred (SBX_SPAWN_DEFER_GO): only the maps here; the go pipe's write
+ * end (*go_wr) moves to out->go_fd and the caller places and releases the
+ * child (sbx_child_go) while it runs its steps 2-4. */
 static int place_and_go(const struct sbx_plan *p, struct sbx_child *out, bool maps,
                         unsigned spawn_flags, int *go_wr, char *err, size_t errlen)
 {
     bool defer = spawn_flags & SBX_SPAWN_DEFER_GO;
-    int ret = place_child(p, out->pid, out->id, maps, !defer, err, errlen);
+    int ret = place_child(p, out->pid, out->id, maps, false, err, errlen);
+    if (ret == 0 && (ret = send_sync(*go_wr, SBX_MAPPED)) < 0)
+        snprintf(err, errlen, "releasing the child: %s", strerror(-ret));
     if (ret == 0 && defer) {
         out->go_fd = *go_wr;
         *go_wr = -1;
-    } else if (ret == 0 && (ret = send_go(*go_wr)) < 0) {
-        snprintf(err, errlen, "releasing the child: %s", strerror(-ret));
+    } else if (ret == 0) {
+        ret = place_child(p, out->pid, out->id, false, true, err, errlen);
+        if (ret == 0 && (ret = send_sync(*go_wr, SBX_GO)) < 0)
+            snprintf(err, errlen, "releasing the child: %s", strerror(-ret));
     }
     return ret;
 }
@@ -179,13 +186,15 @@ static void kill_child(struct sbx_child *c)
 
 static int spawn_forked(const struct sbx_plan *p, uint32_t id, unsigned spawn_flags,
                         struct sbx_child *out, int chan[2], int sync[2], int warm_child,
-                        char *err, size_t errlen)
+                        int times_child, char *err, size_t errlen)
 {
     int ack[2];
     if (pipe2(ack, O_CLOEXEC) < 0) {
         return err_fmt(err, errlen, -errno, "pipe: %s", strerror(errno));
     }
     uint64_t t0 = now_ns();
+    if (times_child >= 0)
+        steptime_mark_rec(out->times, ST_P_CLONE);
     pid_t pid = fork();
     if (pid < 0) {
         int e = errno;
@@ -199,10 +208,14 @@ static int spawn_forked(const struct sbx_plan *p, uint32_t id, unsigned spawn_fl
         close(chan[0]);
         if (out->warm_fd >= 0)
             close(out->warm_fd);
+        if (out->times_fd >= 0)
+            close(out->times_fd);
         struct sbx_state st = {.chan_fd = chan[1], .sync_fd = sync[0], .tools_fd = -1,
-                               .warm_fd = warm_child, .id = id};
+                               .warm_fd = warm_child, .times_fd = times_child, .id = id};
         sbx_middle_main(p, &st, ack[1]);
     }
+    if (times_child >= 0)
+        steptime_mark_rec(out->times, ST_P_CLONED);
     close(ack[1]);
     out->pid = pid;
     out->pidfd = pidfd_open(pid, 0);
@@ -217,6 +230,8 @@ static int spawn_forked(const struct sbx_plan *p, uint32_t id, unsigned spawn_fl
     }
     int ret = place_and_go(p, out, true, spawn_flags, &sync[1], err, errlen);
     out->spawn_ns = now_ns() - t0;
+    if (times_child >= 0)
+        steptime_mark_rec(out->times, ST_P_MAPS);
     return ret;
 }
 
@@ -332,7 +347,7 @@ int sbx_spawn(const struct sbx_plan *p, uint32_t id, unsigned spawn_flags,
               struct sbx_child *out, char *err, size_t errlen)
 {
     *out = (struct sbx_child){.pid = 0, .id = id, .pidfd = -1, .chan_fd = -1, .warm_fd = -1,
-                              .go_fd = -1};
+                              .go_fd = -1, .times_fd = -1};
     const struct config *cfg = p->cfg;
     if (cfg->isolate && !p->mounts) {
         return err_fmt(err, errlen, -EINVAL, "no sandbox root (mounts_build)");
@@ -380,22 +395,40 @@ int sbx_spawn(const struct sbx_plan *p, uint32_t id, unsigned spawn_flags,
         return -e;
     }
     out->warm_fd = warm[0];
+    /* --step-times, fresh spawns: the child's record comes back on a pipe
+     * (core/steptime.h); without one (pipe2 failed) it just is not timed. */
+    int times[2] = {-1, -1};
+    if (cfg->step_times && !(spawn_flags & SBX_SPAWN_POOLED) &&
+        (out->times = calloc(1, sizeof *out->times)) != NULL) {
+        steptime_mark_rec(out->times, ST_P_REQUEST);
+        if (pipe2(times, O_CLOEXEC | O_NONBLOCK) < 0) {
+            times[0] = times[1] = -1;
+            free(out->times);
+            out->times = NULL;
+        }
+        out->times_fd = times[0];
+    }
 
-    int ret;
-    if (cfg->isolate && (!p->tid_addr || (p->flags & SBX_PLAN_FORCE_FORK))) {
-        ret = spawn_forked(p, id, spawn_flags, out, chan, sync, warm[1], err, errlen);
+    /* The sandbox's network namespace is the one we are in when we clone
+     * (or fork, on the fork path); we go home once the child exists. */
+    int ret = cfg->isolate ? netns_enter(p->netns, err, errlen) : 0;
+    if (ret < 0) {
+        ; /* nothing cloned */
+    } else if (cfg->isolate && (!p->tid_addr || (p->flags & SBX_PLAN_FORCE_FORK))) {
+        ret = spawn_forked(p, id, spawn_flags, out, chan, sync, warm[1], times[1], err, errlen);
     } else {
         /* ONE clone: every namespace at once is far cheaper than fork +
          * unshare + fork (ARCHITECTURE.md). CLONE_CHILD_SETTID repairs
          * glibc's cached tid in the child's copy of our TCB. */
         unsigned long flags = SIGCHLD | CLONE_PIDFD;
         if (cfg->isolate)
-            flags |= CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC |
-                     CLONE_NEWUTS;
+            flags |= CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS;
         if (p->tid_addr)
             flags |= CLONE_CHILD_SETTID;
         int pidfd = -1, pdeath = 0, r;
         uint64_t t0 = now_ns();
+        if (times[1] >= 0)
+            steptime_mark_rec(out->times, ST_P_CLONE);
         long pid;
         if (!cfg->isolate && !p->tid_addr) {
             /* Without the tid address only glibc's own fork is safe. */
@@ -418,11 +451,15 @@ int sbx_spawn(const struct sbx_plan *p, uint32_t id, unsigned spawn_flags,
             close(chan[0]);
             if (warm[0] >= 0)
                 close(warm[0]);
+            if (times[0] >= 0)
+                close(times[0]);
             struct sbx_state st = {.chan_fd = chan[1], .sync_fd = sync[0], .tools_fd = -1,
-                                   .warm_fd = warm[1], .id = id, .tools_dir = tools_dir,
-                                   .workspace_dir = workspace_dir};
+                                   .warm_fd = warm[1], .times_fd = times[1], .id = id,
+                                   .tools_dir = tools_dir, .workspace_dir = workspace_dir};
             sbx_child_main(p, &st);
         }
+        if (times[1] >= 0)
+            steptime_mark_rec(out->times, ST_P_CLONED);
         if (pid < 0) {
             ret = -errno;
             snprintf(err, errlen, "clone as id %u: %s", id, strerror(errno));
@@ -431,8 +468,14 @@ int sbx_spawn(const struct sbx_plan *p, uint32_t id, unsigned spawn_flags,
             out->pidfd = pidfd;
             ret = place_and_go(p, out, cfg->isolate, spawn_flags, &sync[1], err, errlen);
             out->spawn_ns = now_ns() - t0;
+            if (times[1] >= 0)
+                steptime_mark_rec(out->times, ST_P_MAPS);
         }
     }
+    if (cfg->isolate)
+        netns_leave(p->netns); /* also where netns_enter failed: a no-op */
+    if (times[1] >= 0)
+        close(times[1]);
     close(sync[0]);
     if (sync[1] >= 0)
         close(sync[1]);
@@ -443,6 +486,9 @@ int sbx_spawn(const struct sbx_plan *p, uint32_t id, unsigned spawn_flags,
         kill_child(out);
         close(chan[0]);
         close_and_reset(&out->warm_fd);
+        close_and_reset(&out->times_fd);
+        free(out->times);
+        out->times = NULL;
         if (out->pid <= 0)
             drop_turn_dir(out);
         return ret;
@@ -459,5 +505,8 @@ void sbx_child_release(const struct sbx_plan *p, struct sbx_child *c)
     close_and_reset(&c->chan_fd);
     close_and_reset(&c->warm_fd);
     close_and_reset(&c->go_fd);
+    close_and_reset(&c->times_fd);
+    free(c->times);
+    c->times = NULL;
     drop_turn_dir(c);
 }

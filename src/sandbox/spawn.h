@@ -15,6 +15,7 @@
 #include <sys/types.h>
 
 #include "config/config.h"
+#include "core/steptime.h"
 #include "sandbox/plan.h"
 
 enum sbx_spawn_flags {
@@ -41,6 +42,9 @@ struct sbx_child {
     char *turn_dir;    /* owned; non-isolated mode: per-turn dir to remove at reap */
     uint64_t spawn_ns; /* clone until the child was released */
     uint64_t turn_id;  /* fork server: the turn it was handed to; 0 while pooled */
+    int times_fd;      /* owned, --step-times and fresh spawns only (else -1): the read
+                          end of the child's step-time pipe (core/steptime.h) */
+    struct steptime_rec *times; /* owned, with times_fd: the fork server's marks (else NULL) */
 };
 
 /* Find glibc's cached thread id inside our struct pthread: the one int at

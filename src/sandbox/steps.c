@@ -12,13 +12,11 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <net/if.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/rseq.h>
 #include <sys/socket.h>
@@ -29,6 +27,7 @@
 #include "config/config.h"
 #include "core/cleanup.h"
 #include "core/limits.h"
+#include "core/steptime.h"
 #include "core/util.h"
 #include "proto/chan.h"
 #include "sandbox/arch.h"
@@ -107,11 +106,25 @@ static int step_signals(const struct sbx_plan *p, struct sbx_state *st)
 
 /* 2. Before touching any file: until the parent has written the id maps we
  * run as our host id, unmapped in here, with host root only as saved ids
- * (see clone_as; the fork path has dropped even those). After "go", become
- * uid/gid 0 of the namespace, i.e. our host id for all of real, effective,
- * saved and fs ids: host root is gone from our credentials for good. The
- * cgroup namespace is created here rather than in clone() so that its root
- * is the turn's cgroup, which the parent has just attached. */
+ * (see clone_as; the fork path has dropped even those). Once they are
+ * (sync 1), become uid/gid 0 of the namespace, i.e. our host id for all of
+ * real, effective, saved and fs ids: host root is gone from our credentials
+ * for good. The cgroup placement goes on meanwhile (step 4 waits for it). */
+static int wait_mapped(struct sbx_state *st)
+{
+    unsigned char c = 0;
+    ssize_t r;
+    do
+        r = read(st->sync_fd, &c, 1);
+    while (r < 0 && errno == EINTR);
+    if (r != 1 || c != SBX_MAPPED) {
+        errno = r < 0 ? errno : ECHILD;
+        return set_what(st, "waiting for the fork server's id maps");
+    }
+    return 0;
+}
+
+/* Sync 2: the cgroups are in place, or the placement failed. */
 static int wait_go(struct sbx_state *st)
 {
     unsigned char c[2] = {0, 0};
@@ -127,6 +140,7 @@ static int wait_go(struct sbx_state *st)
         r += r2 > 0 ? r2 : 0;
     }
     close_and_reset(&st->sync_fd);
+    steptime_mark(ST_C_GO);
     if (r == 2 && c[0] == SBX_NO_GO) {
         errno = c[1] ? c[1] : EIO;
         return set_what(st, "cgroup placement (by the fork server)");
@@ -138,9 +152,17 @@ static int wait_go(struct sbx_state *st)
     return 0;
 }
 
+/* Both syncs at once: the fork path's middle process and the non-isolated
+ * child, whose every step needs the placement done. */
+static int wait_mapped_and_go(struct sbx_state *st)
+{
+    int r = wait_mapped(st);
+    return r < 0 ? r : wait_go(st);
+}
+
 static int step_ids(const struct sbx_plan *p, struct sbx_state *st)
 {
-    int r = st->sync_fd >= 0 ? wait_go(st) : 0;
+    int r = st->sync_fd >= 0 ? wait_mapped(st) : 0;
     if (r < 0)
         return r;
     /* gid first: after setresuid we could no longer change it. Groups were
@@ -158,8 +180,6 @@ static int step_ids(const struct sbx_plan *p, struct sbx_state *st)
      * from host root it did not clear the parent-death signal of step 1. */
     if (prctl(PR_SET_DUMPABLE, 1, 0, 0, 0) < 0)
         return set_what(st, "PR_SET_DUMPABLE");
-    if (unshare(CLONE_NEWCGROUP) < 0)
-        return set_what(st, "unshare(CLONE_NEWCGROUP)");
     return 0;
 }
 
@@ -212,35 +232,29 @@ static int write_userns_caps(struct sbx_state *st)
     return 0;
 }
 
-/* 4. Namespace settings that need CAP_SYS_ADMIN/CAP_NET_ADMIN (or
- * CAP_SYS_RESOURCE) in ours, so before the privilege drop, and our /proc,
- * so after step 3:
+/* 4. Namespace settings that need CAP_SYS_ADMIN (or CAP_SYS_RESOURCE) in
+ * ours, so before the privilege drop, and our /proc, so after step 3:
  * - hostname;
- * - loopback up, so code that talks to itself over 127.0.0.1 works; the
- *   network namespace has no other interface and no route anywhere;
  * - the per-user-namespace caps above: no nested user namespaces, a small
- *   share of inotify. */
+ *   share of inotify;
+ * - last, once the parent says our cgroups are in place (sync 2), a cgroup
+ *   namespace of our own, rooted at the turn's cgroup. Steps 2-4 ran while
+ *   the cgroup helper placed us (only our setup code: no turn code runs
+ *   before this), so its round trip overlaps them instead of preceding them.
+ * The network namespace came made, its loopback up (netns.c): code that
+ * talks to itself over 127.0.0.1 works; there is no other interface and no
+ * route anywhere, and the host's user namespace owns it, so we hold no
+ * capability over it. */
 static int step_namespaces(const struct sbx_plan *p, struct sbx_state *st)
 {
     if (sethostname(SBX_HOSTNAME, sizeof SBX_HOSTNAME - 1) < 0)
         return set_what(st, "sethostname");
-    int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-    if (s < 0)
-        return set_what(st, "socket");
-    struct ifreq ifr = {0};
-    snprintf(ifr.ifr_name, sizeof ifr.ifr_name, "lo");
-    int r = ioctl(s, SIOCGIFFLAGS, &ifr);
-    if (r == 0) {
-        ifr.ifr_flags |= IFF_UP;
-        r = ioctl(s, SIOCSIFFLAGS, &ifr);
-    }
-    int e = errno;
-    close(s);
-    if (r < 0) {
-        errno = e;
-        return set_what(st, "bring up lo");
-    }
-    return write_userns_caps(st);
+    int r = write_userns_caps(st);
+    if (r == 0 && st->sync_fd >= 0)
+        r = wait_go(st);
+    if (r == 0 && unshare(CLONE_NEWCGROUP) < 0)
+        r = set_what(st, "unshare(CLONE_NEWCGROUP)");
+    return r;
 }
 
 /* rlimits, after seccomp (the table's order, not this number, is the order):
@@ -281,12 +295,13 @@ static int move_above_stdio(int *fd)
 static int step_fds(const struct sbx_plan *p, struct sbx_state *st)
 {
     if (move_above_stdio(&st->chan_fd) < 0 || move_above_stdio(&st->tools_fd) < 0 ||
-        move_above_stdio(&st->warm_fd) < 0)
+        move_above_stdio(&st->warm_fd) < 0 || move_above_stdio(&steptime_fd) < 0)
         return set_what(st, "move fds above stdio");
     /* The kept fds in ascending order; close every gap above stdio. */
-    int keep[3], n = 0;
-    for (int i = 0; i < 3; i++) {
-        int fd = i == 0 ? st->chan_fd : i == 1 ? st->tools_fd : st->warm_fd;
+    const int kept[] = {st->chan_fd, st->tools_fd, st->warm_fd, steptime_fd};
+    int keep[4], n = 0;
+    for (int i = 0; i < 4; i++) {
+        int fd = kept[i];
         if (fd < 0)
             continue;
         int j = n++;
@@ -500,6 +515,7 @@ static int step_init(const struct sbx_plan *p, struct sbx_state *st)
         return set_what(st, "clone");
     }
     /* The runtime (pid 2), on the original stack. */
+    steptime_split();
     void *rs = rseq_area();
     if (rs)
         syscall(SYS_rseq, rs, RSEQ_LEN, 0, RSEQ_SIG); /* best effort: sched_getcpu() only */
@@ -514,7 +530,7 @@ static int step_init(const struct sbx_plan *p, struct sbx_state *st)
  * id when we are root, in its per-turn dir. */
 static int step_ids_plain(const struct sbx_plan *p, struct sbx_state *st)
 {
-    int r = st->sync_fd >= 0 ? wait_go(st) : 0;
+    int r = st->sync_fd >= 0 ? wait_mapped_and_go(st) : 0;
     if (r < 0)
         return r;
     if (geteuid() != 0)
@@ -546,32 +562,36 @@ struct sbx_step_def {
     enum sbx_step id;
     const char *name;
     int (*fn)(const struct sbx_plan *, struct sbx_state *);
+    enum steptime_mark mark; /* --step-times: marked when the step is done (ST_N: the
+                                step marks itself, or is not timed) */
 };
 
 /* The order is the security property: see each step's comment. */
 static const struct sbx_step_def isolated_steps[] = {
-    {SBX_STEP_SIGNALS, "signals", step_signals},
-    {SBX_STEP_IDS, "ids", step_ids},
-    {SBX_STEP_MOUNTS, "mounts", step_mounts},
-    {SBX_STEP_NAMESPACES, "namespaces", step_namespaces},
-    {SBX_STEP_FDS, "fds", step_fds},
-    {SBX_STEP_PRIVS, "privileges", step_privs},
-    {SBX_STEP_SECCOMP, "seccomp", step_seccomp},
-    {SBX_STEP_RLIMITS, "rlimits", step_rlimits},
-    {SBX_STEP_INIT, "init", step_init},
+    {SBX_STEP_SIGNALS, "signals", step_signals, ST_N},
+    {SBX_STEP_IDS, "ids", step_ids, ST_C_IDS},
+    {SBX_STEP_MOUNTS, "mounts", step_mounts, ST_N},
+    {SBX_STEP_NAMESPACES, "namespaces", step_namespaces, ST_C_NAMESPACES},
+    {SBX_STEP_FDS, "fds", step_fds, ST_C_FDS},
+    {SBX_STEP_PRIVS, "privileges", step_privs, ST_C_PRIVS},
+    {SBX_STEP_SECCOMP, "seccomp", step_seccomp, ST_C_SECCOMP},
+    {SBX_STEP_RLIMITS, "rlimits", step_rlimits, ST_C_RLIMITS},
+    {SBX_STEP_INIT, "init", step_init, ST_N},
 };
 
 static const struct sbx_step_def plain_steps[] = {
-    {SBX_STEP_SIGNALS, "signals", step_signals},
-    {SBX_STEP_IDS, "ids", step_ids_plain},
-    {SBX_STEP_MOUNTS, "dirs", step_dirs_plain},
-    {SBX_STEP_RLIMITS, "rlimits", step_rlimits},
-    {SBX_STEP_FDS, "fds", step_fds},
-    {SBX_STEP_PRIVS, "session", step_session_plain},
+    {SBX_STEP_SIGNALS, "signals", step_signals, ST_N},
+    {SBX_STEP_IDS, "ids", step_ids_plain, ST_N},
+    {SBX_STEP_MOUNTS, "dirs", step_dirs_plain, ST_N},
+    {SBX_STEP_RLIMITS, "rlimits", step_rlimits, ST_N},
+    {SBX_STEP_FDS, "fds", step_fds, ST_N},
+    {SBX_STEP_PRIVS, "session", step_session_plain, ST_N},
 };
 
 _Noreturn void sbx_child_main(const struct sbx_plan *p, struct sbx_state *st)
 {
+    steptime_fd = st->times_fd;
+    steptime_mark(ST_C_START);
     /* The raw clone left glibc's cached tid as the fork server's unless
      * CLONE_CHILD_SETTID pointed at it; raise(), abort() and recursive
      * mutexes depend on it. Cheap enough to check in every child. */
@@ -588,6 +608,8 @@ _Noreturn void sbx_child_main(const struct sbx_plan *p, struct sbx_state *st)
         int r = steps[i].fn(p, st);
         if (r < 0)
             setup_failed(st->chan_fd, steps[i].id, steps[i].name, st->what, -r);
+        if (steps[i].mark != ST_N)
+            steptime_mark(steps[i].mark);
     }
     /* The interpreter is re-armed (PyOS_AfterFork_Child) only now, in the
      * runtime process (pid 2), after init forked off: no step touches it,
@@ -595,6 +617,7 @@ _Noreturn void sbx_child_main(const struct sbx_plan *p, struct sbx_state *st)
      * well (init's PSS per idle turn 0.70 -> 0.13 MB, measured). */
     if (p->hooks->after_fork)
         p->hooks->after_fork();
+    steptime_mark(ST_R_AFTERFORK);
     p->hooks->serve(st->chan_fd, st->tools_fd, st->warm_fd, st->tools_dir, st->workspace_dir);
     _exit(SBX_EXIT_STEP_BASE); /* not reached: serve never returns */
 }
@@ -616,15 +639,15 @@ _Noreturn void sbx_middle_main(const struct sbx_plan *p, struct sbx_state *st, i
         setup_failed(st->chan_fd, SBX_STEP_CLONE, "fork path", "become the sandbox's id", errno);
     if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0)
         setup_failed(st->chan_fd, SBX_STEP_CLONE, "fork path", "PR_SET_PDEATHSIG", errno);
-    if (unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC |
-                CLONE_NEWUTS) < 0)
+    /* The network namespace is the one we were forked in (netns.h). */
+    if (unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS) < 0)
         setup_failed(st->chan_fd, SBX_STEP_CLONE, "fork path", "unshare", errno);
     char c = SBX_UNSHARED;
     if (write(ack_fd, &c, 1) != 1)
         _exit(SBX_EXIT_STEP_BASE);
     close(ack_fd);
-    /* sync 1: maps written and cgroup joined; the sandbox inherits both. */
-    if (wait_go(st) < 0)
+    /* Both syncs: maps written and cgroup joined; the sandbox inherits both. */
+    if (wait_mapped_and_go(st) < 0)
         _exit(SBX_EXIT_STEP_BASE);
     int life[2];
     if (pipe2(life, O_CLOEXEC) < 0)

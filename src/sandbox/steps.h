@@ -12,10 +12,13 @@
  * SBX_EXIT_STEP_BASE + step. */
 #define SBX_EXIT_STEP_BASE 70
 
-/* The sync pipe, fork server -> child (sync 1): SBX_GO releases the child;
- * SBX_NO_GO plus one byte (the errno of the failed cgroup placement) makes
- * it fail its setup. SBX_UNSHARED: the fork path's middle process tells the
- * fork server its namespaces exist (the id maps can be written). */
+/* The sync pipe, fork server -> child: SBX_MAPPED once the id maps are
+ * written (sync 1: step 2 goes on), then SBX_GO once the child's cgroups are
+ * in place (sync 2, at the end of step 4), or SBX_NO_GO plus one byte (the
+ * errno of the failed cgroup placement), which makes it fail its setup.
+ * SBX_UNSHARED: the fork path's middle process tells the fork server its
+ * namespaces exist (the id maps can be written). */
+#define SBX_MAPPED 'M'
 #define SBX_GO 'G'
 #define SBX_NO_GO 'E'
 #define SBX_UNSHARED 'U'
@@ -26,6 +29,7 @@ struct sbx_state {
     int sync_fd;        /* read end of the parent's "go" pipe; -1 once consumed */
     int tools_fd;       /* writable tools dir (O_DIRECTORY), from step 3 */
     int warm_fd;        /* pooled spawns: the child's end of the warm socket, else -1 */
+    int times_fd;       /* --step-times, fresh spawns: the step-time pipe's write end, else -1 */
     uint32_t id;        /* the sandbox's host uid and gid */
     const char *tools_dir;     /* borrowed: /tools (isolated) or the turn dir's tools/ */
     const char *workspace_dir; /* borrowed: /workspace or the turn dir's workspace/ */

@@ -83,6 +83,22 @@ def test_tools_archive_error_logs_and_exits_3(make_sandbox):
     assert sb.proc.wait(10) == 3
 
 
+def test_channel_must_start_with_the_tools_archive(make_sandbox):
+    """The runtime reads the turn's first message itself, in C, before its
+    reader thread and its Python loop exist (pyrt_tools_and_ready): it must be
+    the tools archive, as the supervisor always sends it. Anything else is
+    the stream out of step: an error log and exit 3, no ready."""
+    sb = make_sandbox(tools=False)
+    sb.send(b"W", b"")
+    t, payload = sb.recv()
+    f = compact_ok(payload)
+    assert f["kind"] == "log" and f["level"] == "error"
+    assert f["msg"] == ("forkbox runtime: internal error: the channel did not start with "
+                        "the tools archive")
+    assert sb.recv() is None
+    assert sb.proc.wait(10) == 3
+
+
 def test_zero_length_tools_archive(make_sandbox):
     sb = make_sandbox(tools={})
     assert sb.ready["kind"] == "ready"

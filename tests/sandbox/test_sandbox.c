@@ -41,6 +41,7 @@
 #include "proto/chan.h"
 #include "sandbox/caps.h"
 #include "sandbox/mounts.h"
+#include "sandbox/netns.h"
 #include "sandbox/spawn.h"
 
 /* --- test-only globals: the serve hooks get no context argument --- */
@@ -761,7 +762,12 @@ int main(void)
     tap(r == 0 && tid_addr && *tid_addr == (pid_t)syscall(SYS_gettid),
         "tid probe finds glibc's cached tid");
 
-    struct sbx_plan plan = {.cfg = &cfg, .mounts = mp, .hooks = &hooks_checks,
+    struct netns_spares *netns = NULL;
+    r = netns_spares_new(2, &netns, err, sizeof err);
+    tap(r == 0, "netns_spares_new: %s", r ? err : "ok");
+    if (r)
+        return 1;
+    struct sbx_plan plan = {.cfg = &cfg, .mounts = mp, .netns = netns, .hooks = &hooks_checks,
                             .tid_addr = tid_addr, .flags = SBX_PLAN_NO_SECCOMP};
 
     /* 1. One clone, all checks from inside. */
@@ -915,7 +921,7 @@ int main(void)
     }
 
     /* 7. Deferred go: the child waits until sbx_child_go(); an error there
-     * makes it fail step 2 with the reason. */
+     * makes it fail step 4 with the reason. */
     plan.hooks = &hooks_ready;
     r = sbx_spawn(&plan, next_id(), SBX_SPAWN_DEFER_GO, &c, err, sizeof err);
     tap(r == 0 && c.go_fd >= 0, "spawn (deferred go): %s", r ? err : "ok");
@@ -938,10 +944,10 @@ int main(void)
         slurp(c.chan_fd, text, sizeof text);
         bool pidfd_ok;
         int st = await_exit(&c, &pidfd_ok);
-        tap(strstr(text + 8, "sandbox setup: ids: cgroup placement (by the fork server): "
+        tap(strstr(text + 8, "sandbox setup: namespaces: cgroup placement (by the fork server): "
                              "Operation not permitted") != NULL,
             "refused go: the log frame names the placement: %s", text + 8);
-        tap(WIFEXITED(st) && WEXITSTATUS(st) == 72, "refused go: exits 72 (status 0x%x)", st);
+        tap(WIFEXITED(st) && WEXITSTATUS(st) == 74, "refused go: exits 74 (status 0x%x)", st);
         sbx_child_release(&plan, &c);
     } else {
         tap(false, "spawn for the refused-go test: %s", err);

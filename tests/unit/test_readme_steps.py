@@ -22,7 +22,7 @@ def code_steps():
     ids = {m[0]: int(m[1]) for m in re.findall(r"(SBX_STEP_\w+)\s*=\s*(\d+)", enum)}
     table = c[c.index("isolated_steps[] = {"):]
     table = table[:table.index("};")]
-    rows = re.findall(r'\{(SBX_STEP_\w+),\s*"([^"]+)",\s*\w+\}', table)
+    rows = re.findall(r'\{(SBX_STEP_\w+),\s*"([^"]+)",\s*\w+(?:,\s*\w+)?\}', table)
     assert rows, "no isolated step table found"
     return [(ids[e], name) for e, name in rows], ids
 

@@ -8,6 +8,7 @@
  *                  Pss, imports)
  *   measure_big.c  the bigdata group's measurements
  *   bigdata.c      the bigdata group's data and upload archives
+ *   steps.c        the step table of a fresh turn and the floor beside forkbox (../shared/bench)
  *   report.c       the row labels and the tables
  *   client.c       one turn's connection: HTTP upgrade, WebSocket (wslay), the protocol
  *   driver.c       the epoll loop that launches and runs turns
@@ -48,6 +49,9 @@ double ms_since(uint64_t t0);
 const char *fmt_ms(char *buf, size_t n, double v);
 unsigned scale_u(unsigned v, double f);
 bool fd_readable(int fd, unsigned ms);
+/* What child pid writes on fd, until EOF or for at most secs (then it is killed), malloc'd and
+ * NUL-terminated; fd is closed and the child reaped (*status: its wait status). */
+char *child_output(pid_t pid, int fd, unsigned secs, int *status);
 
 /* stats.c */
 
@@ -178,6 +182,7 @@ struct server {
     pid_t infra[8];    /* forkboxd: the fork server's helpers, present before any turn */
     size_t ninfra;
     char cmd[1024];
+    char cg[256];      /* the cpuacct cgroup it runs in (cg_cpu_make), "" without one */
 };
 
 void on_fatal_signal(int sig);
@@ -185,6 +190,7 @@ int server_start(struct server *s, const char *name, bool baseline, char *const 
                  char *why, size_t whylen);
 void server_stop(struct server *s);
 size_t server_log_mark(const struct server *s);
+char *server_log(const struct server *s, size_t from, size_t *len);
 void server_ready_times(const struct server *s, size_t mark, struct samples *ready,
                         struct samples *spawn);
 
@@ -221,6 +227,12 @@ double self_cpu_s(void);
 void loadavg(char *out, size_t n);
 void machine_jiffies(unsigned long long *busy, unsigned long long *total);
 void cpu_mark(const struct server *s, struct cpu_mark *m);
+/* A cgroup v1 cpuacct group of the bench's own for one server (or the floor's bench_py) and
+ * everything it starts: its usage counts their CPU however busy the rest of the machine is. */
+bool cg_cpu_make(char *path, size_t n);   /* false (path "") where there is no v1 cpuacct */
+void cg_cpu_enter(const char *path);      /* the calling process moves in (after fork) */
+double cg_cpu_ns(const char *path);       /* CPU used by its processes so far; NAN without */
+void cg_cpu_remove(const char *path);     /* once its processes are gone */
 void cpu_since(const struct server *s, struct cpu_mark *m, double *sup, double *all);
 
 /* bigdata.c */
@@ -261,7 +273,7 @@ enum row {
     R_PRE_SRV_P50, R_PRE_CLI_P50,
     R_RTT_P50, R_RTT_P99,
     R_TC_INSIDE, R_TC_CLIENT, R_TC_ADDED,
-    R_TP4, R_TP16, R_TP64, R_TP4x5, R_BP4x5, R_TP16x5, R_BP16x5, R_CPU1, R_CPU5,
+    R_TP4, R_TP16, R_TP64, R_TP4x5, R_BP4x5, R_TP16x5, R_BP16x5, R_CPU1, R_CPU5, R_CGCPU1,
     R_PSS_S, R_PSS_B, R_PSS_BLK, R_HELD_B, R_KMEM_B, R_TOP_PSS, R_PRE_PSS_S, R_PRE_PSS_B, R_PRE_TOP_PSS,
     R_NUMPY, R_PANDAS, R_NUMPY_PRE, R_PANDAS_PRE,
     /* bigdata, printed as a table of its own; [kind * NBIGSZ + size] where there are sizes */
@@ -295,7 +307,9 @@ struct bench {
     struct blob tools, empty;
     struct counts fb, bl; /* forkbox and baseline */
     const char *bench_dir, *python;
+    const char *floor_dir; /* --floor: a build of ../shared/bench/floor (bench_py); NULL: none */
     unsigned gap_ms;      /* idle time between sequential turn-start turns */
+    bool gap_set;         /* --gap-ms given (the steps group's own default is 2 ms) */
     unsigned groups;      /* G_* bits: which measurements run (--rows) */
     struct bigdata *big;  /* the bigdata group's data, made once (owned); NULL without it */
     bool big_noiso;       /* bigdata also in the no-isolation column (--only noiso) */
@@ -314,7 +328,9 @@ enum {
     G_POOL = 1 << 6,       /* the --pool rows */
     G_PRELOAD = 1 << 7,    /* the --preload numpy,pandas rows */
     G_BIG = 1 << 8,        /* big data: uploads, snapshots, big tool results, stdout, Python speed */
-    G_ALL = (1 << 9) - 1,
+    G_STEPS = 1 << 9,      /* the steps of a fresh turn, beside the floor's (--step-times) */
+    G_FLOOR = 1 << 10,     /* throughput and fresh start beside the floor's (--floor) */
+    G_ALL = (1 << 11) - 1,
 };
 
 void run_forkbox(struct bench *b, const char *daemon, bool iso, enum col col, const char *tag);
@@ -331,12 +347,18 @@ void measure_rtt(struct bench *b, struct server *s, unsigned n, double *p50, dou
 void measure_tool_call(struct bench *b, struct server *s, unsigned calls, double *inside_us,
                        double *client_us);
 void measure_throughput(struct bench *b, struct server *s, unsigned conc, unsigned k,
-                        double secs, double *turns_s, double *blocks_s, double *cpu_ms);
+                        double secs, double *turns_s, double *blocks_s, double *cpu_ms,
+                        double *cg_ms);
 void measure_pss_after(struct bench *b, struct server *s, unsigned n, unsigned blocks,
                        double *per_turn_mb, double *held, double *top_mb, double *kernel_mb);
 void measure_pss(struct bench *b, struct server *s, unsigned n, double *per_turn_mb,
                  double *held, double *top_mb, double *kernel_mb);
 double measure_import(struct bench *b, struct server *s, const char *module, unsigned turns);
+
+/* steps.c */
+
+void measure_steps(struct bench *b, struct server *s, unsigned n);
+void measure_floor(struct bench *b, struct server *s, unsigned rounds);
 
 /* measure_big.c */
 

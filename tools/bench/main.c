@@ -40,8 +40,9 @@
 #endif
 
 /* The --rows names, in the order of the G_* bits (bench.h). */
-static const char *const group_names[] = {"start", "rtt",  "tool", "throughput", "pss",
-                                          "import", "pool", "preload", "bigdata"};
+static const char *const group_names[] = {"start",   "rtt",     "tool",    "throughput",
+                                          "pss",     "import",  "pool",    "preload",
+                                          "bigdata", "steps",   "floor"};
 
 static int parse_groups(const char *list, unsigned *out)
 {
@@ -78,15 +79,19 @@ static void usage(FILE *f)
             "  --only WHICH      iso, noiso or baseline: measure only that column\n"
             "  --gap-ms N        idle time between the sequential turn-start turns (0)\n"
             "  --rows LIST       measure only these groups (comma-separated): start, rtt, tool,\n"
-            "                    throughput, pss, import, pool, preload, bigdata (default: all;\n"
-            "                    bigdata is measured for the isolated column and the baseline,\n"
-            "                    and for no isolation only with --only noiso)\n",
+            "                    throughput, pss, import, pool, preload, bigdata, steps, floor\n"
+            "                    (default: all; bigdata is measured for the isolated column and\n"
+            "                    the baseline, and for no isolation only with --only noiso;\n"
+            "                    steps and floor for the isolated column only)\n"
+            "  --floor DIR       a build of ../shared/bench/floor: its bench_py runs beside\n"
+            "                    forkboxd in the steps and floor groups\n",
             FORKBOX_DAEMON_PATH, FORKBOX_BENCH_DIR);
 }
 
 int main(int argc, char **argv)
 {
-    enum { O_DAEMON = 256, O_DIR, O_PY, O_QUICK, O_SCALE, O_NOBASE, O_ONLY, O_GAP, O_ROWS, O_HELP };
+    enum { O_DAEMON = 256, O_DIR, O_PY, O_QUICK, O_SCALE, O_NOBASE, O_ONLY, O_GAP, O_ROWS, O_FLOOR,
+           O_HELP };
     static const struct option opts[] = {
         {"forkboxd", required_argument, NULL, O_DAEMON},
         {"bench-dir", required_argument, NULL, O_DIR},
@@ -97,6 +102,7 @@ int main(int argc, char **argv)
         {"only", required_argument, NULL, O_ONLY},
         {"gap-ms", required_argument, NULL, O_GAP},
         {"rows", required_argument, NULL, O_ROWS},
+        {"floor", required_argument, NULL, O_FLOOR},
         {"help", no_argument, NULL, O_HELP},
         {NULL, 0, NULL, 0},
     };
@@ -105,7 +111,8 @@ int main(int argc, char **argv)
     bool quick = false, baseline = true;
     double scale = 1;
     struct bench b = {.bench_dir = FORKBOX_BENCH_DIR, .python = "/usr/bin/python3",
-                      .groups = G_ALL};
+                      .groups = G_ALL & ~G_FLOOR};
+    bool rows_given = false;
     int o;
     while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (o) {
@@ -128,11 +135,16 @@ int main(int argc, char **argv)
                 return 2;
             }
             break;
-        case O_GAP: b.gap_ms = (unsigned)strtoul(optarg, NULL, 10); break;
+        case O_GAP:
+            b.gap_ms = (unsigned)strtoul(optarg, NULL, 10);
+            b.gap_set = true;
+            break;
         case O_ROWS:
             if (parse_groups(optarg, &b.groups) < 0)
                 return 2;
+            rows_given = true;
             break;
+        case O_FLOOR: b.floor_dir = optarg; break;
         case O_HELP: usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -141,6 +153,8 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
+    if (b.floor_dir && !rows_given)
+        b.groups |= G_FLOOR;
 
     /* counts: forkbox / baseline (the baseline spends ~100 ms of CPU per turn) */
     b.fb = (struct counts){.start_turns = 200, .py_turns = 50, .rtt_blocks = 500, .calls = 2000,
@@ -180,12 +194,12 @@ int main(int argc, char **argv)
     if (make_tools_targz(&b.tools) < 0 || make_targz(NULL, 0, &b.empty) < 0)
         return 1;
     rows_init(&b.fb);
+    b.quick = quick;
     struct bigdata bd;
     if (b.groups & G_BIG) {
         bigdata_init(&bd, quick, scale);
         b.big = &bd;
         b.big_noiso = only && !strcmp(only, "noiso");
-        b.quick = quick;
     }
 
     printf("command:");
@@ -212,7 +226,7 @@ int main(int argc, char **argv)
         run_baseline(&b);
 
     printf("\n");
-    if (b.groups & ~G_BIG)
+    if (b.groups & ~(G_BIG | G_STEPS | G_FLOOR))
         print_table(0, R_BIG_FIRST);
     printf("\nforkbox counts: %u turns for turn start (%u with the Python client), %u empty "
            "blocks, %u tool calls, throughput %.1f s per row, Pss at %u and %u idle turns, "

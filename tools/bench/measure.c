@@ -73,34 +73,16 @@ double measure_py_turn_start(struct bench *b, struct server *s, unsigned n, unsi
     }
     close(pfd[1]);
     struct samples sm = {0};
-    char buf[8192];
-    size_t len = 0;
-    uint64_t deadline = now_ns() + 120ull * 1000000000u;
-    for (;;) {
-        if (now_ns() > deadline) {
-            kill(pid, SIGKILL);
-            break;
-        }
-        if (!fd_readable(pfd[0], 1000))
-            continue;
-        ssize_t r = read(pfd[0], buf + len, sizeof buf - 1 - len);
-        if (r <= 0)
-            break;
-        len += (size_t)r;
-        buf[len] = 0;
-        char *nl;
-        while ((nl = strchr(buf, '\n')) != NULL) {
-            *nl = 0;
-            samples_add(&sm, atof(buf));
-            len -= (size_t)(nl + 1 - buf);
-            memmove(buf, nl + 1, len + 1);
-        }
-        if (len == sizeof buf - 1)
-            len = 0;
-    }
-    close(pfd[0]);
     int status;
-    waitpid(pid, &status, 0);
+    char *out = child_output(pid, pfd[0], 120, &status);
+    for (char *line = out, *nl; *line; line = nl + 1) { /* one time per line */
+        nl = strchr(line, '\n');
+        if (!nl)
+            break;
+        *nl = 0;
+        samples_add(&sm, atof(line));
+    }
+    free(out);
     double p50 = samples_pct_from(&sm, 3, 50); /* the first three warm up */
     progress("[%s] Python client turn start: %zu turns, p50 %.3f ms", s->name,
              sm.n > 3 ? sm.n - 3 : 0, p50);
@@ -190,7 +172,8 @@ void measure_tool_call(struct bench *b, struct server *s, unsigned calls, double
  * archive and run back to back), a new turn as soon as one ends; new turns for `secs`, then the
  * ones in flight finish. Rates are over the time to the last completed turn. */
 void measure_throughput(struct bench *b, struct server *s, unsigned conc, unsigned k,
-                        double secs, double *turns_s, double *blocks_s, double *cpu_ms)
+                        double secs, double *turns_s, double *blocks_s, double *cpu_ms,
+                        double *cg_ms)
 {
     struct driver d;
     driver_init(&d, s->port, &b->tools, &b->empty);
@@ -204,6 +187,7 @@ void measure_throughput(struct bench *b, struct server *s, unsigned conc, unsign
     double cpu0 = self_cpu_s();
     unsigned long long busy0, total0, busy1, total1;
     machine_jiffies(&busy0, &total0);
+    double cg0 = cg_cpu_ns(s->cg);
     d.t_first = t0;
     d.launch_until = t0 + (uint64_t)(secs * 1e9);
     driver_run(&d, d.launch_until + 60ull * 1000000000u);
@@ -229,8 +213,14 @@ void measure_throughput(struct bench *b, struct server *s, unsigned conc, unsign
     double per = d.turns_ok ? (busy_s - (self_cpu_s() - cpu0)) * 1e3 / (double)d.turns_ok : NAN;
     if (cpu_ms)
         *cpu_ms = per;
+    /* The server's own processes, from its cgroup: other work on the machine does not count. */
+    double cg = d.turns_ok ? (cg_cpu_ns(s->cg) - cg0) / 1e6 / (double)d.turns_ok : NAN;
+    if (cg_ms)
+        *cg_ms = cg;
+    char f[32];
     progress("[%s] throughput %ux%u: CPU %.2f ms per turn (whole machine, less the load "
-             "generator)", s->name, conc, k, per);
+             "generator), %s ms in the server's cgroup", s->name, conc, k, per,
+             fmt_ms(f, sizeof f, cg));
     driver_free(&d);
 }
 

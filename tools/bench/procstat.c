@@ -1,15 +1,17 @@
 /* forkbox-bench: what /proc (and getrusage) says: the processes below a server (its turns, its
  * fork server and helper), their Pss and CPU time (stat, task schedstat), the machine's busy
- * jiffies, MemAvailable, the load average, and whether cgroups run with favordynmods. Runs in
- * the forkbox-bench process. */
+ * jiffies, MemAvailable, the load average, whether cgroups run with favordynmods, and the
+ * cpuacct cgroups the servers run in. Runs in the forkbox-bench process. */
 #include <ctype.h>
 #include <dirent.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -346,4 +348,67 @@ void cpu_since(const struct server *s, struct cpu_mark *m, double *sup, double *
     free(now.ns);
     free(m->pid);
     free(m->ns);
+}
+
+/* Where cgroup v1's cpuacct is mounted, "" when it is not (cgroup v2 alone, or no cgroups). */
+static void cpuacct_root(char *out, size_t n)
+{
+    out[0] = 0;
+    FILE *f = fopen("/proc/self/mountinfo", "re");
+    if (!f)
+        return;
+    char line[4096];
+    while (fgets(line, sizeof line, f)) {
+        char *sep = strstr(line, " - cgroup ");
+        char mnt[1024];
+        if (!sep || !strstr(sep, "cpuacct") || sscanf(line, "%*s %*s %*s %*s %1023s", mnt) != 1)
+            continue;
+        snprintf(out, n, "%s", mnt);
+        break;
+    }
+    fclose(f);
+}
+
+bool cg_cpu_make(char *path, size_t n)
+{
+    static unsigned seq;
+    char root[1024];
+    cpuacct_root(root, sizeof root);
+    path[0] = 0;
+    if (!root[0])
+        return false;
+    snprintf(path, n, "%s/forkbox-bench-%d-%u", root, (int)getpid(), seq++);
+    if (mkdir(path, 0755) < 0) {
+        path[0] = 0;
+        return false;
+    }
+    return true;
+}
+
+void cg_cpu_enter(const char *path)
+{
+    char f[300];
+    snprintf(f, sizeof f, "%s/cgroup.procs", path);
+    int fd = open(f, O_WRONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        (void)!write(fd, "0\n", 2);
+        close(fd);
+    }
+}
+
+double cg_cpu_ns(const char *path)
+{
+    if (!path || !path[0])
+        return NAN;
+    char f[300], buf[64];
+    snprintf(f, sizeof f, "%s/cpuacct.usage", path);
+    return read_proc(f, buf, sizeof buf) > 0 ? strtod(buf, NULL) : NAN;
+}
+
+void cg_cpu_remove(const char *path)
+{
+    if (!path || !path[0])
+        return;
+    for (int i = 0; i < 200 && rmdir(path) < 0 && errno == EBUSY; i++)
+        sleep_ms(10); /* the last sandboxes are still exiting */
 }

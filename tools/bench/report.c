@@ -72,6 +72,7 @@ void rows_init(const struct counts *fb)
     row_def(R_BP16x5, "throughput 16 x 5 blocks [blocks/s]", 1, "", 0, 0, 0);
     row_def(R_CPU1, "CPU per 1-block turn, machine less client (16x1) [ms]", 0, "", 0, 0, 2);
     row_def(R_CPU5, "CPU per 5-block turn, machine less client (16x5) [ms]", 0, "", 0, 0, 2);
+    row_def(R_CGCPU1, "CPU per 1-block turn, server's cgroup (16x1) [ms]", 0, "", 0, 0, 2);
     snprintf(n1, sizeof n1, "Pss per idle turn, %u open [MB]", fb->pss_small);
     snprintf(n2, sizeof n2, "Pss per idle turn, %u open [MB]", fb->pss_big);
     snprintf(n3, sizeof n3, "idle turns held (of %u)", fb->pss_big);

@@ -72,13 +72,14 @@ static void measure_all(struct bench *b, struct server *s, enum col col, const s
 
     double dummy;
     if (b->groups & G_THROUGHPUT) {
-        measure_throughput(b, s, 4, 1, n->tp_secs, &val[R_TP4][col], &dummy, NULL);
+        measure_throughput(b, s, 4, 1, n->tp_secs, &val[R_TP4][col], &dummy, NULL, NULL);
         measure_throughput(b, s, 16, 1, n->tp_secs, &val[R_TP16][col], &dummy,
-                           &val[R_CPU1][col]);
-        measure_throughput(b, s, 64, 1, n->tp_secs, &val[R_TP64][col], &dummy, NULL);
-        measure_throughput(b, s, 4, 5, n->tp_secs, &val[R_TP4x5][col], &val[R_BP4x5][col], NULL);
+                           &val[R_CPU1][col], &val[R_CGCPU1][col]);
+        measure_throughput(b, s, 64, 1, n->tp_secs, &val[R_TP64][col], &dummy, NULL, NULL);
+        measure_throughput(b, s, 4, 5, n->tp_secs, &val[R_TP4x5][col], &val[R_BP4x5][col], NULL,
+                           NULL);
         measure_throughput(b, s, 16, 5, n->tp_secs, &val[R_TP16x5][col], &val[R_BP16x5][col],
-                           &val[R_CPU5][col]);
+                           &val[R_CPU5][col], NULL);
     }
     if (b->groups & G_PSS) {
         double held, kmem;
@@ -94,6 +95,8 @@ static void measure_all(struct bench *b, struct server *s, enum col col, const s
     }
     if ((b->groups & G_BIG) && (col != COL_NOISO || b->big_noiso))
         measure_big(b, s, col);
+    if ((b->groups & G_FLOOR) && col == COL_ISO)
+        measure_floor(b, s, b->quick ? 2 : 3);
 }
 
 void run_forkbox(struct bench *b, const char *daemon, bool iso, enum col col,
@@ -109,6 +112,16 @@ void run_forkbox(struct bench *b, const char *daemon, bool iso, enum col col,
     measure_all(b, &s, col, &b->fb);
     server_stop(&s);
     close(s.log_fd);
+
+    if ((b->groups & G_STEPS) && iso) {
+        if (start_forkboxd(&s, "isolated steps", daemon, iso, "--step-times", NULL, 64, why,
+                           sizeof why) == 0) {
+            measure_steps(b, &s, b->fb.start_turns);
+            server_stop(&s);
+            close(s.log_fd);
+        } else
+            printf("note: --step-times not available: %s\n", why);
+    }
 
     snprintf(name, sizeof name, "%s pool", tag);
     if (!(b->groups & G_POOL))

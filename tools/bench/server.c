@@ -27,7 +27,7 @@ void on_fatal_signal(int sig)
 }
 
 /* The log from byte `from` to its current end, NUL-terminated. */
-static char *server_log(const struct server *s, size_t from, size_t *len)
+char *server_log(const struct server *s, size_t from, size_t *len)
 {
     struct stat st;
     size_t n = fstat(s->log_fd, &st) == 0 && (size_t)st.st_size > from ? (size_t)st.st_size - from
@@ -64,6 +64,8 @@ void server_stop(struct server *s)
     kill(-s->pid, SIGKILL);
     if (!gone)
         waitpid(s->pid, &status, 0);
+    cg_cpu_remove(s->cg);
+    s->cg[0] = 0;
     for (size_t i = 0; i < sizeof live_servers / sizeof *live_servers; i++)
         if (live_servers[i] == s)
             live_servers[i] = NULL;
@@ -82,17 +84,22 @@ int server_start(struct server *s, const char *name, bool baseline, char *const 
     size_t off = 0;
     for (size_t i = 0; argv[i] && off < sizeof s->cmd; i++)
         off += (size_t)snprintf(s->cmd + off, sizeof s->cmd - off, "%s%s", i ? " " : "", argv[i]);
+    cg_cpu_make(s->cg, sizeof s->cg);
     s->log_fd = memfd_create("forkbox-bench-log", MFD_CLOEXEC);
     if (s->log_fd < 0) {
         snprintf(why, whylen, "memfd_create: %s", strerror(errno));
+        cg_cpu_remove(s->cg);
         return -1;
     }
     pid_t pid = fork();
     if (pid < 0) {
         snprintf(why, whylen, "fork: %s", strerror(errno));
+        cg_cpu_remove(s->cg);
         return -1;
     }
     if (pid == 0) {
+        if (s->cg[0])
+            cg_cpu_enter(s->cg);
         setpgid(0, 0);
         int null = open("/dev/null", O_RDONLY);
         dup2(null, 0);

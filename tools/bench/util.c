@@ -1,14 +1,17 @@
 /* forkbox-bench: small helpers: the monotonic clock, sleeping, allocation that exits on
- * failure, the progress lines on stderr, the scaling of counts (--scale), and waiting for a
- * child's pipe. Runs in the forkbox-bench process. */
+ * failure, the progress lines on stderr, the scaling of counts (--scale), and waiting for and
+ * reading a child's pipe. Runs in the forkbox-bench process. */
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/select.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "bench.h"
 
@@ -87,4 +90,30 @@ bool fd_readable(int fd, unsigned ms)
     FD_SET(fd, &rs);
     struct timeval tv = {ms / 1000, (long)(ms % 1000) * 1000};
     return select(fd + 1, &rs, NULL, NULL, &tv) > 0;
+}
+
+char *child_output(pid_t pid, int fd, unsigned secs, int *status)
+{
+    size_t len = 0, cap = 1 << 16;
+    char *out = xmalloc(cap);
+    uint64_t deadline = now_ns() + (uint64_t)secs * 1000000000u;
+    for (;;) {
+        if (now_ns() > deadline) {
+            kill(pid, SIGKILL);
+            break;
+        }
+        if (!fd_readable(fd, 1000))
+            continue;
+        if (len + 1 == cap)
+            out = xrealloc(out, cap *= 2);
+        ssize_t r = read(fd, out + len, cap - 1 - len);
+        if (r <= 0)
+            break;
+        len += (size_t)r;
+    }
+    out[len] = 0;
+    close(fd);
+    while (waitpid(pid, status, 0) < 0 && errno == EINTR)
+        ;
+    return out;
 }

@@ -29,7 +29,6 @@ import types
 import _forkbox as _fb
 
 _CHAN_FRAME = ord("F")
-_CHAN_TOOLS = ord("T")
 _CHAN_WORKSPACE = ord("W")
 _CHAN_SNAPSHOT = ord("S")
 _RUN = ord("R")  # from _forkbox.next_message: a run frame's code, decoded in C
@@ -351,7 +350,7 @@ def init(sources, site_dirs, preload):
     compile("pass", _FILENAME, "exec", _COMPILE_FLAGS, True)
     traceback.format_exception_only(ValueError, ValueError("x"))
     global _next_turn
-    _next_turn = _prepare_turn(ready)
+    _next_turn = _prepare_turn()
     # Everything allocated so far is shared with every sandbox: keep the
     # children's collector from touching (and un-sharing) it.
     gc.collect()
@@ -374,7 +373,7 @@ def _sanitize_environ():
                 pass
 
 
-def _prepare_turn(ready):
+def _prepare_turn():
     """What every turn starts from, built once in the fork server: the
     environment reduced to the allowlist, the runtime's signal dispositions,
     the `tools` finder and a _Turn (RPC client, __main__, stdio). None of it
@@ -389,7 +388,7 @@ def _prepare_turn(ready):
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     finder = ToolsFinder(None)  # its directory is the sandbox's: set by serve()
     sys.meta_path.insert(0, finder)
-    turn = _Turn(finder, ready)
+    turn = _Turn(finder)
     turn.stdio = _stdio_as_in_a_block()
     # The runtime's stdio for the whole life of every sandbox (see
     # _Turn.reset_stdio), and the fork server's own too (it prints nothing
@@ -444,11 +443,10 @@ def _stdio_as_in_a_block():
 
 
 class _Turn:
-    def __init__(self, finder, ready):
+    def __init__(self, finder):
         from adk_code_mode_sandbox import _rpc_client, protocol
         self.protocol = protocol
         self.finder = finder
-        self.ready = ready
         self.rpc = _rpc_client.RpcClient(_fb.call)
         _rpc_client.install(self.rpc)
         self.main = types.ModuleType("__main__")  # __name__, __doc__, __package__, __loader__, __spec__
@@ -472,23 +470,15 @@ class _Turn:
     def loop(self):
         """Messages in the order the supervisor sent them, but for tool
         results: the channel reader (reader.c, a C thread) hands those to
-        their calls itself, also while a block runs."""
-        got_tools = False
+        their calls itself, also while a block runs. The tools archive and
+        ready were C's (pyrt_tools_and_ready): another tools archive is
+        dropped."""
         while True:
             try:
                 typ, payload = _fb.next_message()  # archives stay in C: payload None
             except KeyboardInterrupt:
                 continue
-            if typ == _CHAN_TOOLS:
-                if got_tools:
-                    continue
-                got_tools = True
-                try:
-                    _fb.extract_tools()
-                except OSError as e:
-                    self.log_error_and_exit(f"tools archive: {e.strerror or e}")
-                _fb.send(_CHAN_FRAME, self.ready)
-            elif typ == _CHAN_WORKSPACE:
+            if typ == _CHAN_WORKSPACE:
                 try:
                     _fb.extract_workspace()
                 except OSError as e:
@@ -752,17 +742,22 @@ def _reader_offer(payload):
     return True
 
 
-def serve(tools_dir, warm):
-    """Called by pyrt_serve(); never returns. warm: a pooled sandbox, to be
-    warmed up (and to say so) before it waits for its tools."""
+def warm():
+    """Called by pyrt_serve() in a pooled sandbox, before it waits for its
+    tools: warm up, and say so."""
+    _next_turn.pid = os.getpid()
+    sys.modules["__main__"] = _next_turn.main
+    _next_turn.warm_up()
+    _fb.warm_done()
+
+
+def serve(tools_dir):
+    """Called by pyrt_serve() once ready is sent; never returns."""
     try:
         turn = _next_turn
         turn.finder._dir = tools_dir
         turn.pid = os.getpid()
         sys.modules["__main__"] = turn.main
-        if warm:
-            turn.warm_up()
-            _fb.warm_done()
         turn.loop()
     except BaseException as e:
         try:
