@@ -10,7 +10,9 @@
  *      or anything else the supervisor will learn;
  *   3. only then read the token (file or environment) and scrub it from this
  *      process's environment block;
- *   4. listen, tell systemd READY=1 (when started by it), and serve. */
+ *   4. listen, tell systemd READY=1 (when started by it), and serve.
+ * The supervisor's thread (loop/closer.h) starts after step 2: it only
+ * closes fds, and holds nothing of a turn's. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,9 +24,11 @@
 #include "core/log.h"
 #include "core/sdnotify.h"
 #include "core/util.h"
+#include "loop/closer.h"
 #include "loop/loop.h"
 #include "net/auth.h"
 #include "sandbox/forkserver.h"
+#include "session/chan_conn.h"
 #include "session/server.h"
 
 #define TOKEN_ENV "ADK_CODE_MODE_AUTH_TOKEN"
@@ -94,6 +98,16 @@ int main(int argc, char **argv)
         LOG_E("cannot start the fork server: %s", err);
         return 1;
     }
+
+    /* Threads only now: the fork server's first start forked a process
+     * with none (later restarts fork only async-signal-safe calls before
+     * their exec: fs_client_launch). */
+    if (closer_start(err, sizeof err) < 0) {
+        LOG_E("%s", err);
+        fs_client_stop(&fs);
+        return 1;
+    }
+    chan_conn_init();
 
     struct tokens *tokens;
     if (read_tokens(&cfg, &tokens, err, sizeof err) < 0) {

@@ -275,6 +275,42 @@ void raise_nofile(void)
     }
 }
 
+static struct {
+    bool kept;          /* a reserve is kept */
+    bool lending;       /* the soft limit is raised: lent holds the one to put back */
+    struct rlimit lent;
+} fd_reserve;
+
+int fd_reserve_keep(unsigned n)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) < 0)
+        return -errno;
+    if (rl.rlim_max != RLIM_INFINITY && rl.rlim_max < 4 * (rlim_t)n)
+        return -ERANGE;
+    rlim_t soft = rl.rlim_max == RLIM_INFINITY ? rl.rlim_cur : rl.rlim_max - n;
+    if (soft < rl.rlim_cur) {
+        rl.rlim_cur = soft;
+        if (setrlimit(RLIMIT_NOFILE, &rl) < 0)
+            return -errno;
+    }
+    fd_reserve.kept = true;
+    return 0;
+}
+
+void fd_reserve_lend(bool on)
+{
+    if (on && fd_reserve.kept && !fd_reserve.lending &&
+        getrlimit(RLIMIT_NOFILE, &fd_reserve.lent) == 0) {
+        struct rlimit all = {.rlim_cur = fd_reserve.lent.rlim_max,
+                             .rlim_max = fd_reserve.lent.rlim_max};
+        fd_reserve.lending = setrlimit(RLIMIT_NOFILE, &all) == 0;
+    } else if (!on && fd_reserve.lending) {
+        setrlimit(RLIMIT_NOFILE, &fd_reserve.lent);
+        fd_reserve.lending = false;
+    }
+}
+
 pid_t fork_helper(const char *what, int *fd, char *err, size_t errlen)
 {
     int sv[2];

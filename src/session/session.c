@@ -41,6 +41,7 @@
 #include "core/log.h"
 #include "core/ratelimit.h"
 #include "core/util.h"
+#include "loop/closer.h"
 #include "net/http.h"
 #include "net/ws.h"
 #include "proto/chan.h"
@@ -714,16 +715,18 @@ static int sandbox_message(struct session *s, struct chan_msg *m)
         /* Only as the sandbox's first message (sent in setup, before any
          * untrusted code), with its fd and nothing else. */
         if (!m->first || fd < 0 || m->len != 0) {
-            if (fd >= 0)
-                close(fd);
+            closer_close(fd, CLOSER_ABORT | CLOSER_DRAIN);
             sandbox_protocol_error(s, "unexpected listener message");
             return -1;
         }
         notify_adopt(&s->notify, fd);
         return 0;
     }
-    if (fd >= 0)
-        close(fd); /* an fd with a first message that is not the listener */
+    if (fd >= 0) { /* an fd with a first message that is not the listener */
+        closer_close(fd, CLOSER_ABORT | CLOSER_DRAIN);
+        sandbox_protocol_error(s, chan_conn_error(-EPERM));
+        return -1;
+    }
     if (m->dropped)
         return 0;
     if (m->type == CHAN_SNAPSHOT) {
@@ -780,8 +783,8 @@ static int sandbox_read(struct session *s)
     if (s->in_complete) /* its check first (session_work) */
         return 0;
     int r = chan_conn_read(s->chan);
-    if (r == -EMSGSIZE || r == -EBADMSG) {
-        sandbox_protocol_error(s, r == -EMSGSIZE ? "message too large" : "bad envelope");
+    if (chan_conn_error(r)) {
+        sandbox_protocol_error(s, chan_conn_error(r));
         return -1;
     }
     return r == -ECANCELED ? -1 : r == -EPIPE ? 1 : 0;
@@ -989,15 +992,15 @@ static void kill_sandbox(struct session *s)
         loop_unwatch(l, &s->pid_watch);
         close_and_reset(&s->pidfd);
     }
-    if (s->chan_fd >= 0) {
+    if (s->chan_fd >= 0)
         loop_unwatch(l, &s->chan_watch);
-        close_and_reset(&s->chan_fd);
-    }
     notify_close(&s->notify);
     if (s->in_complete)
         s->set->n_working--;
     s->in_complete = false;
     chan_conn_close(s->chan); /* its queue, a pending fd, a partial message */
+    if (s->chan_fd >= 0)
+        chan_conn_close_fd(steal_fd(&s->chan_fd));
     tarcheck_free(s->tc);
     s->tc = NULL;
     tarcheck_cache_free(s->tc_cache);
