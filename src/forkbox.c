@@ -102,7 +102,7 @@ static int sandbox_main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
 
     struct fs_client fs;
-    if (fs_client_start(&cfg, &fs, err, sizeof err) < 0) {
+    if (fs_client_start(&cfg, -1, &fs, err, sizeof err) < 0) {
         fprintf(stderr, "forkbox sandbox: cannot start the sandbox: %s\n", err);
         transport_close(&t);
         id_lease_release(&lease);

@@ -11,8 +11,8 @@
  *   3. only then read the token (file or environment) and scrub it from this
  *      process's environment block;
  *   4. listen, tell systemd READY=1 (when started by it), and serve.
- * The supervisor's thread (loop/closer.h) starts after step 2: it only
- * closes fds, and holds nothing of a turn's. */
+ * The supervisor's threads (loop/closer.h, loop/logq.h) start after step
+ * 2: they only close fds and write stderr, and hold nothing of a turn's. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,6 +25,7 @@
 #include "core/sdnotify.h"
 #include "core/util.h"
 #include "loop/closer.h"
+#include "loop/logq.h"
 #include "loop/loop.h"
 #include "net/auth.h"
 #include "sandbox/forkserver.h"
@@ -93,8 +94,15 @@ int main(int argc, char **argv)
     if (sdnotify_open(&sd, err, sizeof err) < 0)
         LOG_W("%s: not notifying systemd", err);
 
+    /* The fork server's stderr is a pipe we read (loop/logq.h): its log
+     * lines never wait for our stderr's reader, nor do ours. */
+    int fs_log_fd;
+    if (logq_open(&fs_log_fd, err, sizeof err) < 0) {
+        LOG_E("%s", err);
+        return 1;
+    }
     struct fs_client fs;
-    if (fs_client_start(&cfg, &fs, err, sizeof err) < 0) {
+    if (fs_client_start(&cfg, fs_log_fd, &fs, err, sizeof err) < 0) {
         LOG_E("cannot start the fork server: %s", err);
         return 1;
     }
@@ -102,7 +110,7 @@ int main(int argc, char **argv)
     /* Threads only now: the fork server's first start forked a process
      * with none (later restarts fork only async-signal-safe calls before
      * their exec: fs_client_launch). */
-    if (closer_start(err, sizeof err) < 0) {
+    if (closer_start(err, sizeof err) < 0 || logq_start(err, sizeof err) < 0) {
         LOG_E("%s", err);
         fs_client_stop(&fs);
         return 1;
@@ -118,7 +126,8 @@ int main(int argc, char **argv)
 
     struct loop *loop = loop_new();
     struct server srv;
-    if (!loop || server_init(&srv, loop, &cfg, tokens, &fs, err, sizeof err) < 0) {
+    if (!loop || logq_watch(loop) < 0 ||
+        server_init(&srv, loop, &cfg, tokens, &fs, err, sizeof err) < 0) {
         LOG_E("%s", err[0] ? err : "out of memory");
         return 1;
     }

@@ -181,6 +181,17 @@
  * thread) what arrives: room for two messages' worth. */
 #define FD_RESERVE (2 * FDPASS_MAX_FDS + 6)
 
+/* The operator log (loop/logq.h): the supervisor's queue of lines waiting
+ * for stderr (about a thousand lines; one more is dropped and counted), the
+ * longest line (one atomic pipe write), the fork server's pipe, how many
+ * reads of it per wakeup, how long exit waits for the queue to drain. */
+#define LOGQ_BYTES (256 * KiB)
+#define LOGQ_LINE_MAX 4096
+#define LOGQ_PIPE_BYTES (1 * MiB)
+#define LOGQ_READS_PER_WAKEUP 4
+#define LOGQ_EXIT_FLUSH_MS 2000
+#define LOGQ_STACK_BYTES (64 * KiB)
+
 /* The fork server (session/server.c, sandbox/fsclient.c): how long a start
  * may take to its ready record; after it dies, the next start is at once,
  * then after RESTART_MIN doubling to RESTART_MAX while starts fail or it

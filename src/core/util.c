@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -309,6 +310,26 @@ void fd_reserve_lend(bool on)
         setrlimit(RLIMIT_NOFILE, &fd_reserve.lent);
         fd_reserve.lending = false;
     }
+}
+
+int thread_start(const char *name, size_t stack, void *(*fn)(void *), void *arg, char *err,
+                 size_t errlen)
+{
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setstacksize(&attr, stack);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    pthread_sigmask(SIG_SETMASK, &all, &old); /* the new thread starts with this mask */
+    pthread_t t;
+    int r = pthread_create(&t, &attr, fn, arg);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    pthread_attr_destroy(&attr);
+    if (r != 0)
+        return err_fmt(err, errlen, -r, "cannot start the %s thread: %s", name, strerror(r));
+    pthread_setname_np(t, name);
+    return 0;
 }
 
 pid_t fork_helper(const char *what, int *fd, char *err, size_t errlen)

@@ -87,6 +87,14 @@ void raise_nofile(void);
  * For one thread: the supervisor's loop. */
 int fd_reserve_keep(unsigned n);
 void fd_reserve_lend(bool on);
+/* A detached thread running fn(arg), named name (15 characters at most),
+ * with a stack of stack bytes and every signal blocked (so none is ever
+ * delivered there instead of to the loop's signalfd). For the supervisor's
+ * helpers (loop/closer.h, loop/logq.h); never in the fork
+ * server, which clone(CLONE_NEWUSER) needs single-threaded. 0, or -errno
+ * with a reason. */
+int thread_start(const char *name, size_t stack, void *(*fn)(void *), void *arg, char *err,
+                 size_t errlen);
 /* A helper process joined to us by a SEQPACKET socketpair. In the child
  * (returns 0) its end is fd 3 with close-on-exec off, and it dies with us;
  * only async-signal-safe calls are made, so the child may exec. The parent

@@ -5,7 +5,6 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
-#include <signal.h>
 #include <stdbool.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -101,23 +100,9 @@ static void *closer_main(void *arg)
 
 int closer_start(char *err, size_t errlen)
 {
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_attr_t attr;
-    pthread_attr_init(&attr);
-    pthread_attr_setstacksize(&attr, CLOSER_STACK_BYTES);
-    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    /* The thread starts with the mask it is created under: every signal
-     * blocked, so none is ever delivered to it instead of the loop's
-     * signalfd. */
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    pthread_t t;
-    int r = pthread_create(&t, &attr, closer_main, NULL);
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
-    pthread_attr_destroy(&attr);
-    if (r != 0)
-        return err_fmt(err, errlen, -r, "cannot start the closer thread: %s", strerror(r));
-    pthread_setname_np(t, "forkbox-closer");
+    int r = thread_start("forkbox-closer", CLOSER_STACK_BYTES, closer_main, NULL, err, errlen);
+    if (r < 0)
+        return r;
     pthread_mutex_lock(&q.mu);
     q.started = true;
     pthread_mutex_unlock(&q.mu);
