@@ -11,8 +11,9 @@
  *   3. only then read the token (file or environment) and scrub it from this
  *      process's environment block;
  *   4. listen, tell systemd READY=1 (when started by it), and serve.
- * The supervisor's threads (loop/closer.h, loop/logq.h) start after step
- * 2: they only close fds and write stderr, and hold nothing of a turn's. */
+ * The supervisor's threads (loop/closer.h, loop/logq.h, the loop's
+ * watchdog) start after step 2: they only close fds, write stderr and
+ * watch the loop, and hold nothing of a turn's. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,6 +28,7 @@
 #include "loop/closer.h"
 #include "loop/logq.h"
 #include "loop/loop.h"
+#include "loop/watchdog.h"
 #include "net/auth.h"
 #include "sandbox/forkserver.h"
 #include "session/chan_conn.h"
@@ -131,6 +133,8 @@ int main(int argc, char **argv)
         LOG_E("%s", err[0] ? err : "out of memory");
         return 1;
     }
+    if (loop_watchdog_start(loop, err, sizeof err) < 0)
+        LOG_W("%s: a stuck event loop will not be noticed", err);
     server_notify_ready(&srv, &sd);
     r = loop_run(loop);
     int status = r < 0 ? 1 : server_exit_status(&srv);

@@ -192,6 +192,14 @@
 #define LOGQ_EXIT_FLUSH_MS 2000
 #define LOGQ_STACK_BYTES (64 * KiB)
 
+/* The event loop (loop/loop.h, loop/watchdog.h): an iteration this long is
+ * logged; a loop stuck in one call this long is logged, and exits the
+ * process when a stop signal has waited that long too (the loop reads
+ * signals through a signalfd, so a stuck loop never sees them). */
+#define LOOP_SLOW_MS 100
+#define LOOP_STUCK_LOG_S 2
+#define LOOP_STUCK_EXIT_S 5
+
 /* The fork server (session/server.c, sandbox/fsclient.c): how long a start
  * may take to its ready record; after it dies, the next start is at once,
  * then after RESTART_MIN doubling to RESTART_MAX while starts fail or it

@@ -90,7 +90,7 @@ void fd_reserve_lend(bool on);
 /* A detached thread running fn(arg), named name (15 characters at most),
  * with a stack of stack bytes and every signal blocked (so none is ever
  * delivered there instead of to the loop's signalfd). For the supervisor's
- * helpers (loop/closer.h, loop/logq.h); never in the fork
+ * helpers (loop/closer.h, loop/logq.h, loop/watchdog.h); never in the fork
  * server, which clone(CLONE_NEWUSER) needs single-threaded. 0, or -errno
  * with a reason. */
 int thread_start(const char *name, size_t stack, void *(*fn)(void *), void *arg, char *err,

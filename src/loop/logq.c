@@ -184,7 +184,8 @@ int logq_watch(struct loop *l)
 {
     if (fs.fd < 0)
         return -EBADF;
-    fs.watch = (struct loop_watch){.fd = fs.fd, .cb = on_fs_log, .ud = NULL};
+    fs.watch = (struct loop_watch){.fd = fs.fd, .cb = on_fs_log, .ud = NULL,
+                                   .name = "fork server's log"};
     return loop_watch(l, &fs.watch, EPOLLIN);
 }
 

@@ -253,7 +253,8 @@ static struct flock_state *parking(struct flock_state *f)
     f->timer_fd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
     if (f->timer_fd < 0)
         return NULL;
-    f->timer_watch = (struct loop_watch){.fd = f->timer_fd, .cb = on_timer, .ud = f};
+    f->timer_watch = (struct loop_watch){.fd = f->timer_fd, .cb = on_timer, .ud = f,
+                                         .name = "flock retry timer", .turn = f->turn.turn_id};
     if (loop_watch(f->turn.loop, &f->timer_watch, EPOLLIN) < 0) {
         close(f->timer_fd);
         return NULL;

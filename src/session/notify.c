@@ -132,7 +132,8 @@ void notify_adopt(struct notify_turn *t, int fd)
         return;
     }
     t->fd = fd;
-    t->watch = (struct loop_watch){.fd = fd, .cb = on_notify, .ud = t};
+    t->watch = (struct loop_watch){.fd = fd, .cb = on_notify, .ud = t,
+                                   .name = "seccomp listener", .turn = t->turn_id};
     if (loop_watch(t->loop, &t->watch, EPOLLIN) < 0) {
         LOG_W("turn %" PRIu64 ": cannot watch the seccomp listener: refused calls fail with "
               "ENOSYS and are not counted", t->turn_id);

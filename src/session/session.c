@@ -976,8 +976,10 @@ bool session_sandbox_ready(struct session *s, const struct fs_reply *rep, int ch
     s->spawn_ns = rep->spawn_ns;
     fd_set_nonblock(chan_fd, true);
     chan_conn_set_fd(s->chan, chan_fd);
-    s->chan_watch = (struct loop_watch){.fd = chan_fd, .cb = on_sandbox_io, .ud = s};
-    s->pid_watch = (struct loop_watch){.fd = pidfd, .cb = on_pidfd, .ud = s};
+    s->chan_watch = (struct loop_watch){.fd = chan_fd, .cb = on_sandbox_io, .ud = s,
+                                        .name = "sandbox channel", .turn = s->id};
+    s->pid_watch = (struct loop_watch){.fd = pidfd, .cb = on_pidfd, .ud = s,
+                                       .name = "sandbox pidfd", .turn = s->id};
     loop_watch(s->env->loop, &s->pid_watch, EPOLLIN);
     LOG_D("turn %" PRIu64 ": sandbox pid %d", s->id, (int)rep->pid);
     update_interest(s);
@@ -1398,7 +1400,8 @@ struct session *session_new(struct sessions *set, int fd, const uint8_t key[PREA
     buf_init(&s->out, 64 * KiB);
     buf_init_budget(&s->in, CHAN_MAX_MESSAGE_BYTES, &s->budget);
     s->deadline_ms = now_ms() + HTTP_REQUEST_TIMEOUT_MS;
-    s->watch = (struct loop_watch){.fd = fd, .cb = on_client_io, .ud = s};
+    s->watch = (struct loop_watch){.fd = fd, .cb = on_client_io, .ud = s, .name = "client",
+                                   .turn = s->id};
     if (loop_watch(env->loop, &s->watch, EPOLLIN) < 0) {
         buf_free(&s->out);
         buf_free(&s->in);
