@@ -41,10 +41,14 @@ static struct {
     size_t part_len;
 } fs = {.fd = -1};
 
+/* Set on the writer thread: what it logs itself (the count of dropped
+ * lines) it writes at once, rather than into a queue that may be full. */
+static __thread bool on_writer;
+
 void logq_push(const char *line, size_t len)
 {
     pthread_mutex_lock(&q.mu);
-    if (!q.started) { /* start-up, or an early exit: nothing to queue behind */
+    if (!q.started || on_writer) { /* start-up, an early exit, or the writer itself */
         pthread_mutex_unlock(&q.mu);
         (void)write_all(STDERR_FILENO, line, len);
         return;
@@ -68,6 +72,7 @@ void logq_push(const char *line, size_t len)
 static void *writer_main(void *arg)
 {
     (void)arg;
+    on_writer = true;
     pthread_mutex_lock(&q.mu);
     for (;;) {
         while (q.n == 0) {
