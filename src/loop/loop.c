@@ -232,15 +232,19 @@ int loop_run_once(struct loop *l, int timeout_ms)
 
 int loop_run(struct loop *l)
 {
-    while (!l->stop) {
+    int r = 0;
+    while (!l->stop && r == 0) {
         int n = loop_run_once(l, -1);
         if (n < 0) {
             errno = -n;
             PLOG_E("epoll_wait");
-            return n;
+            r = n;
         }
     }
-    return 0;
+    /* Not running, so not stuck: what follows (the fork server's stop,
+     * with its own bound) is no stall for the watchdog. */
+    set_waiting(l, true);
+    return r;
 }
 
 void loop_stop(struct loop *l) { l->stop = true; }

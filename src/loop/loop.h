@@ -57,8 +57,9 @@ void loop_set_stats(struct loop *l, void (*stats)(void *ud, uint64_t busy_ns), v
 
 /* For a thread watching the loop (loop/watchdog.h), safe from any thread:
  * a count that moves at every entry to and return from epoll_wait,
- * whether it is waiting there now, and what it is running when it is not
- * (*name static, "?" before the first callback; *turn 0 for none). */
+ * whether it is waiting there now (or loop_run has returned), and what it
+ * is running when it is not (*name static, "?" before the first callback;
+ * *turn 0 for none). */
 uint64_t loop_progress(const struct loop *l, bool *waiting, const char **name, uint64_t *turn);
 
 /* Run until loop_stop(). 0, or -errno if epoll fails. */
