@@ -108,6 +108,7 @@ int main(int argc, char **argv)
         LOG_E("cannot start the fork server: %s", err);
         return 1;
     }
+    logq_drain();
 
     /* Threads only now: the fork server's first start forked a process
      * with none (later restarts fork only async-signal-safe calls before

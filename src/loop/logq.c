@@ -139,12 +139,17 @@ static void on_fs_log(struct loop_watch *w, uint32_t events)
     read_fs_log(LOGQ_READS_PER_WAKEUP);
 }
 
+void logq_drain(void)
+{
+    read_fs_log(LOGQ_PIPE_BYTES / (64 * 1024) + 1);
+}
+
 /* At exit (however main ends): what the fork server wrote last (it has
  * exited, or failed to start), then the queue, written if stderr takes it
  * within LOGQ_EXIT_FLUSH_MS. */
 static void flush_at_exit(void)
 {
-    read_fs_log(LOGQ_PIPE_BYTES / (64 * 1024) + 1);
+    logq_drain();
     struct timespec until;
     clock_gettime(CLOCK_REALTIME, &until);
     until.tv_sec += LOGQ_EXIT_FLUSH_MS / 1000;

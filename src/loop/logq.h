@@ -39,6 +39,9 @@ int logq_start(char *err, size_t errlen);
 /* Read the fork server's pipe in loop l (borrowed, must outlive the
  * process's logging). 0 or -errno. */
 int logq_watch(struct loop *l);
+/* Take what is in the fork server's pipe now (its start-up lines, right
+ * after its ready record: they come before ours, as they were written). */
+void logq_drain(void);
 
 /* One whole line (ending in '\n', at most LOGQ_LINE_MAX bytes) into the
  * queue, or dropped and counted when it does not fit; before logq_start,

@@ -24,14 +24,14 @@ Now the kernel refuses a sandbox's fds where it can (SO_PASSRIGHTS, Linux
 `fallback` daemon runs under tests/lib/no_passrights.c, as on Debian 12's 6.1)
 the turn ends as a protocol error, and every fd the supervisor did not make
 is closed on its closer thread. Either way /health keeps answering (p99 under
-50 ms, probed every 10 ms whether or not the previous probe has returned, so
-a stall shows in every probe it holds up), the supervisor's fd table comes
-back to its size, and a fresh turn runs.
+50 ms, probed every 10 ms whether or not the previous probe has returned),
+the supervisor's fd table comes back to its size, and a fresh turn runs.
 """
 
-import asyncio
+import json
 import os
-import threading
+import subprocess
+import sys
 import time
 
 import pytest
@@ -161,45 +161,57 @@ print(json.dumps({"tries": tries, "won": won}), flush=True)
 }
 
 
+# The prober runs in a process of its own: in this one, the turn's client
+# (decoding the frames the attack relays) would hold the GIL and its delays
+# would be taken for the daemon's.
+PROBER = r"""
+import asyncio, json, sys, time
+port, every, timeout = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
+samples = []
+async def one():
+    t0 = time.monotonic()
+    try:
+        r, w = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), timeout)
+        w.write(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        data = await asyncio.wait_for(r.read(), timeout)
+        w.close()
+        ok = data.startswith(b"HTTP/1.1 200")
+    except (OSError, asyncio.TimeoutError):
+        ok = False
+    samples.append(time.monotonic() - t0 if ok else timeout)
+async def main():
+    loop = asyncio.get_running_loop()
+    stop = loop.run_in_executor(None, sys.stdin.read)   # EOF: stop
+    tasks, nxt = [], time.monotonic()
+    while not stop.done():
+        tasks.append(asyncio.ensure_future(one()))
+        nxt += every
+        await asyncio.sleep(max(0.0, nxt - time.monotonic()))
+    await asyncio.gather(*tasks)
+asyncio.run(main())
+print(json.dumps(samples))
+"""
+
+
 class HealthProbe:
-    """GET /health every PROBE_EVERY s on its own thread and event loop, each
-    probe on a fresh connection and timed from its scheduled start, without
-    waiting for the previous one."""
+    """GET /health every PROBE_EVERY s from a process of its own, each probe
+    on a fresh connection and timed from its own start, without waiting for
+    the previous one: a stall of the supervisor shows in every probe it
+    holds up."""
 
     def __init__(self, port: int):
         self.port = port
         self.samples: list[float] = []
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
-
-    async def _one(self, t0: float):
-        try:
-            r, w = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", self.port),
-                                          PROBE_TIMEOUT)
-            w.write(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
-            data = await asyncio.wait_for(r.read(), PROBE_TIMEOUT)
-            w.close()
-            ok = data.startswith(b"HTTP/1.1 200")
-        except (OSError, asyncio.TimeoutError):
-            ok = False
-        self.samples.append(time.monotonic() - t0 if ok else PROBE_TIMEOUT)
-
-    async def _run(self):
-        tasks = []
-        nxt = time.monotonic()
-        while not self.stop.is_set():
-            tasks.append(asyncio.ensure_future(self._one(nxt)))
-            nxt += PROBE_EVERY
-            await asyncio.sleep(max(0.0, nxt - time.monotonic()))
-        await asyncio.gather(*tasks)
 
     def __enter__(self):
-        self.thread.start()
+        self.proc = subprocess.Popen([sys.executable, "-c", PROBER, str(self.port),
+                                      str(PROBE_EVERY), str(PROBE_TIMEOUT)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         return self
 
     def __exit__(self, *exc):
-        self.stop.set()
-        self.thread.join(PROBE_TIMEOUT + 5)
+        out, _ = self.proc.communicate(b"", timeout=PROBE_TIMEOUT + 10)
+        self.samples = json.loads(out)
 
     def p99(self) -> float:
         xs = sorted(self.samples)
