@@ -32,7 +32,9 @@
 #include "core/log.h"
 #include "core/util.h"
 #include "embed/run_cmd.h"
+#include "loop/closer.h"
 #include "sandbox/forkserver.h"
+#include "session/chan_conn.h"
 #include "stream/lease.h"
 #include "stream/relay.h"
 #include "stream/transport.h"
@@ -100,12 +102,20 @@ static int sandbox_main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
 
     struct fs_client fs;
-    if (fs_client_start(&cfg, &fs, err, sizeof err) < 0) {
+    if (fs_client_start(&cfg, -1, &fs, err, sizeof err) < 0) {
         fprintf(stderr, "forkbox sandbox: cannot start the sandbox: %s\n", err);
         transport_close(&t);
         id_lease_release(&lease);
         return STREAM_EXIT_USAGE;
     }
+    if (closer_start(err, sizeof err) < 0) { /* threads only once the fork server runs */
+        fprintf(stderr, "forkbox sandbox: %s\n", err);
+        fs_client_stop(&fs);
+        transport_close(&t);
+        id_lease_release(&lease);
+        return STREAM_EXIT_USAGE;
+    }
+    chan_conn_init();
     if (transport_connect(&t, err, sizeof err) < 0) {
         fprintf(stderr, "forkbox sandbox: %s\n", err);
         fs_client_stop(&fs);

@@ -10,7 +10,10 @@
  *      or anything else the supervisor will learn;
  *   3. only then read the token (file or environment) and scrub it from this
  *      process's environment block;
- *   4. listen, tell systemd READY=1 (when started by it), and serve. */
+ *   4. listen, tell systemd READY=1 (when started by it), and serve.
+ * The supervisor's threads (loop/closer.h, loop/logq.h, the loop's
+ * watchdog) start after step 2: they only close fds, write stderr and
+ * watch the loop, and hold nothing of a turn's. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,9 +25,13 @@
 #include "core/log.h"
 #include "core/sdnotify.h"
 #include "core/util.h"
+#include "loop/closer.h"
+#include "loop/logq.h"
 #include "loop/loop.h"
+#include "loop/watchdog.h"
 #include "net/auth.h"
 #include "sandbox/forkserver.h"
+#include "session/chan_conn.h"
 #include "session/server.h"
 
 #define TOKEN_ENV "ADK_CODE_MODE_AUTH_TOKEN"
@@ -89,11 +96,29 @@ int main(int argc, char **argv)
     if (sdnotify_open(&sd, err, sizeof err) < 0)
         LOG_W("%s: not notifying systemd", err);
 
+    /* The fork server's stderr is a pipe we read (loop/logq.h): its log
+     * lines never wait for our stderr's reader, nor do ours. */
+    int fs_log_fd;
+    if (logq_open(&fs_log_fd, err, sizeof err) < 0) {
+        LOG_E("%s", err);
+        return 1;
+    }
     struct fs_client fs;
-    if (fs_client_start(&cfg, &fs, err, sizeof err) < 0) {
+    if (fs_client_start(&cfg, fs_log_fd, &fs, err, sizeof err) < 0) {
         LOG_E("cannot start the fork server: %s", err);
         return 1;
     }
+    logq_drain();
+
+    /* Threads only now: the fork server's first start forked a process
+     * with none (later restarts fork only async-signal-safe calls before
+     * their exec: fs_client_launch). */
+    if (closer_start(err, sizeof err) < 0 || logq_start(err, sizeof err) < 0) {
+        LOG_E("%s", err);
+        fs_client_stop(&fs);
+        return 1;
+    }
+    chan_conn_init();
 
     struct tokens *tokens;
     if (read_tokens(&cfg, &tokens, err, sizeof err) < 0) {
@@ -104,10 +129,13 @@ int main(int argc, char **argv)
 
     struct loop *loop = loop_new();
     struct server srv;
-    if (!loop || server_init(&srv, loop, &cfg, tokens, &fs, err, sizeof err) < 0) {
+    if (!loop || logq_watch(loop) < 0 ||
+        server_init(&srv, loop, &cfg, tokens, &fs, err, sizeof err) < 0) {
         LOG_E("%s", err[0] ? err : "out of memory");
         return 1;
     }
+    if (loop_watchdog_start(loop, err, sizeof err) < 0)
+        LOG_W("%s: a stuck event loop will not be noticed", err);
     server_notify_ready(&srv, &sd);
     r = loop_run(loop);
     int status = r < 0 ? 1 : server_exit_status(&srv);

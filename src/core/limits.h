@@ -159,9 +159,46 @@
 
 /* fds one fd_recv() takes (core/util.h): the control buffer's room. The
  * largest legitimate message carries two (the fork server's reply: channel
- * and pidfd); session.c took up to 8 from a sandbox so that they could be
- * closed, and the kernel drops what does not fit (MSG_CTRUNC). */
-#define FDPASS_MAX_FDS 8
+ * and pidfd), but a sandbox may attach the kernel's most, SCM_MAX_FD (253),
+ * and what does not fit is dropped by the kernel (MSG_CTRUNC) with its last
+ * close on the receiving thread: the channel's reads take them all and hand
+ * them to the closer (loop/closer.h). */
+#define FDPASS_MAX_FDS 253
+
+/* The closer thread (loop/closer.h): fds waiting to be closed at most (one
+ * more is left open for good), a close that took this long is logged, and
+ * the draining of a unix socket's queued fds before its close: rounds of
+ * recvmsg per socket and levels of sockets inside sockets. */
+#define CLOSER_QUEUE_MAX 16384
+#define CLOSER_SLOW_MS 100
+#define CLOSER_DRAIN_ROUNDS 64
+#define CLOSER_DRAIN_DEPTH 3
+#define CLOSER_STACK_BYTES (128 * KiB)
+/* Where the kernel has no SO_PASSRIGHTS, any read of a channel can bring a
+ * sandbox's fds: the supervisor keeps this many fd slots free under its
+ * hard RLIMIT_NOFILE (the soft one is lowered) and lends them for the read,
+ * so a full fd table never makes the kernel drop (and close, on the loop
+ * thread) what arrives: room for two messages' worth. */
+#define FD_RESERVE (2 * FDPASS_MAX_FDS + 6)
+
+/* The operator log (loop/logq.h): the supervisor's queue of lines waiting
+ * for stderr (about a thousand lines; one more is dropped and counted), the
+ * longest line (one atomic pipe write), the fork server's pipe, how many
+ * reads of it per wakeup, how long exit waits for the queue to drain. */
+#define LOGQ_BYTES (256 * KiB)
+#define LOGQ_LINE_MAX 4096
+#define LOGQ_PIPE_BYTES (1 * MiB)
+#define LOGQ_READS_PER_WAKEUP 4
+#define LOGQ_EXIT_FLUSH_MS 2000
+#define LOGQ_STACK_BYTES (64 * KiB)
+
+/* The event loop (loop/loop.h, loop/watchdog.h): an iteration this long is
+ * logged; a loop stuck in one call this long is logged, and exits the
+ * process when a stop signal has waited that long too (the loop reads
+ * signals through a signalfd, so a stuck loop never sees them). */
+#define LOOP_SLOW_MS 100
+#define LOOP_STUCK_LOG_S 2
+#define LOOP_STUCK_EXIT_S 5
 
 /* The fork server (session/server.c, sandbox/fsclient.c): how long a start
  * may take to its ready record; after it dies, the next start is at once,

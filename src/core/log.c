@@ -5,13 +5,14 @@
  * and, when stderr is the journal, starts with sd-daemon.h's priority
  * prefix ("<3>" .. "<7>") and carries no timestamp (journald adds one).
  *
- * Each line is formatted into a stack buffer and written with one write(2),
- * so lines from several processes sharing stderr (supervisor, fork server)
- * do not interleave as long as they stay under PIPE_BUF. Long messages are
- * cut rather than split. */
+ * Each line is formatted into a stack buffer and written with one write(2)
+ * (or handed whole to the sink: the supervisor's queue, loop/logq.h), so
+ * lines from several processes sharing stderr do not interleave as long as
+ * they stay under PIPE_BUF. Long messages are cut rather than split. */
 #include "core/log.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -35,6 +36,10 @@ static char log_ident[32] = "forkbox";
 static enum log_level log_min = LOG_LEVEL_INFO;
 static enum log_format log_fmt = LOG_FORMAT_TEXT;
 static bool log_journal; /* stderr is the journal: priority prefixes, no timestamps */
+/* Set at start (atomically: threads may be logging): the supervisor's queue. */
+static void (*log_sink)(const char *line, size_t len);
+/* Lines a non-blocking stderr refused (EAGAIN), not reported yet. */
+static uint64_t log_refused;
 
 static const char *const log_level_names[] = {
     [LOG_LEVEL_DEBUG] = "DEBUG",
@@ -51,6 +56,11 @@ void log_init(const char *ident, enum log_level min)
 }
 
 enum log_level log_min_level(void) { return log_min; }
+
+void log_set_sink(void (*sink)(const char *line, size_t len))
+{
+    __atomic_store_n(&log_sink, sink, __ATOMIC_RELEASE);
+}
 
 void log_set_format(enum log_format fmt, bool journal)
 {
@@ -252,12 +262,28 @@ void log_vwrite(enum log_level lvl, const char *func, int line, int errnum, cons
         msg[len++] = '\n';
     }
 
-    /* One write; a short write or EINTR just loses the rest of the line:
-     * logging must never block or fail the caller. */
+    void (*sink)(const char *, size_t) = __atomic_load_n(&log_sink, __ATOMIC_ACQUIRE);
+    if (sink) {
+        sink(out, len);
+        errno = saved;
+        return;
+    }
+    /* Lines refused earlier are reported first (the report is a line of its
+     * own; the count is taken, so it is reported once). */
+    uint64_t refused = __atomic_exchange_n(&log_refused, 0, __ATOMIC_RELAXED);
+    if (refused)
+        log_write(LOG_LEVEL_WARN, __func__, __LINE__, 0,
+                  "%" PRIu64 " log line%s dropped: stderr was full", refused,
+                  refused == 1 ? "" : "s");
+    /* One write; a short write or EINTR just loses the rest of the line. A
+     * full non-blocking stderr loses the line (counted): logging must never
+     * block or fail the caller. */
     ssize_t w;
     do
         w = write(STDERR_FILENO, out, len);
     while (w < 0 && errno == EINTR);
+    if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+        __atomic_add_fetch(&log_refused, 1, __ATOMIC_RELAXED);
     errno = saved;
 }
 

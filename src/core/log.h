@@ -1,6 +1,8 @@
 /* Leveled logging with function:line; one sink per process.
  *
- * The supervisor and the fork server log to stderr. A sandbox child must not
+ * The supervisor and the fork server log to stderr (the supervisor through
+ * a queue and a writer thread, the fork server through a pipe the
+ * supervisor reads: loop/logq.h). A sandbox child must not
  * write to fds it does not own, so it never calls these (it reports through
  * `log` frames instead). */
 #pragma once
@@ -21,6 +23,13 @@ void log_set_format(enum log_format fmt, bool journal);
 /* True if journal_stream ($JOURNAL_STREAM, "DEV:INO" in decimal; NULL ok)
  * names the file open on fd: systemd's own test for "stderr is the journal". */
 bool log_journal_stream_matches(const char *journal_stream, int fd);
+/* Where finished lines go: by default one write(2) each to stderr; sink
+ * (NULL: back to that) gets every line instead, whole and ending in '\n',
+ * at most PIPE_BUF bytes (the supervisor's queue: loop/logq.h). Without a
+ * sink a line that stderr refuses with EAGAIN (a non-blocking pipe: the
+ * fork server's) is dropped and counted, and the count is logged before
+ * the next line that goes through. Safe from any thread. */
+void log_set_sink(void (*sink)(const char *line, size_t len));
 
 /* Escapers for bytes a peer chose, cut before an escape that does not fit.
  * log_json_escape: the inside of a JSON string (", \, control bytes escaped;

@@ -139,6 +139,20 @@ int outq_send(struct outq *q, int fd)
     return 0;
 }
 
+void outq_splice(struct outq *q, struct outq *from)
+{
+    if (!from->head)
+        return;
+    if (q->tail)
+        q->tail->next = from->head;
+    else
+        q->head = from->head;
+    q->tail = from->tail;
+    q->bytes += from->bytes;
+    from->head = from->tail = NULL;
+    from->bytes = 0;
+}
+
 void outq_free(struct outq *q)
 {
     while (q->head)

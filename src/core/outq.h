@@ -33,4 +33,8 @@ int outq_take_slice(struct outq *q, struct buf *b, size_t off, size_t len);
 /* Write what the socket takes: 0 when the queue is empty, 1 when bytes
  * remain (the socket is full), -errno on a fatal socket error. */
 int outq_send(struct outq *q, int fd);
+/* Move everything queued in from to the end of q (no copy; the runs keep
+ * their budget charges: both queues must share one budget). from is left
+ * empty. */
+void outq_splice(struct outq *q, struct outq *from);
 void outq_free(struct outq *q); /* drops what is queued; safe twice */

@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -273,6 +274,62 @@ void raise_nofile(void)
         rl.rlim_cur = rl.rlim_max;
         setrlimit(RLIMIT_NOFILE, &rl);
     }
+}
+
+static struct {
+    bool kept;          /* a reserve is kept */
+    bool lending;       /* the soft limit is raised: lent holds the one to put back */
+    struct rlimit lent;
+} fd_reserve;
+
+int fd_reserve_keep(unsigned n)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) < 0)
+        return -errno;
+    if (rl.rlim_max != RLIM_INFINITY && rl.rlim_max < 4 * (rlim_t)n)
+        return -ERANGE;
+    rlim_t soft = rl.rlim_max == RLIM_INFINITY ? rl.rlim_cur : rl.rlim_max - n;
+    if (soft < rl.rlim_cur) {
+        rl.rlim_cur = soft;
+        if (setrlimit(RLIMIT_NOFILE, &rl) < 0)
+            return -errno;
+    }
+    fd_reserve.kept = true;
+    return 0;
+}
+
+void fd_reserve_lend(bool on)
+{
+    if (on && fd_reserve.kept && !fd_reserve.lending &&
+        getrlimit(RLIMIT_NOFILE, &fd_reserve.lent) == 0) {
+        struct rlimit all = {.rlim_cur = fd_reserve.lent.rlim_max,
+                             .rlim_max = fd_reserve.lent.rlim_max};
+        fd_reserve.lending = setrlimit(RLIMIT_NOFILE, &all) == 0;
+    } else if (!on && fd_reserve.lending) {
+        setrlimit(RLIMIT_NOFILE, &fd_reserve.lent);
+        fd_reserve.lending = false;
+    }
+}
+
+int thread_start(const char *name, size_t stack, void *(*fn)(void *), void *arg, char *err,
+                 size_t errlen)
+{
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setstacksize(&attr, stack);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    pthread_sigmask(SIG_SETMASK, &all, &old); /* the new thread starts with this mask */
+    pthread_t t;
+    int r = pthread_create(&t, &attr, fn, arg);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    pthread_attr_destroy(&attr);
+    if (r != 0)
+        return err_fmt(err, errlen, -r, "cannot start the %s thread: %s", name, strerror(r));
+    pthread_setname_np(t, name);
+    return 0;
 }
 
 pid_t fork_helper(const char *what, int *fd, char *err, size_t errlen)

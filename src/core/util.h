@@ -79,6 +79,22 @@ int grow_array(void *pp, size_t *cap, size_t need, size_t elem, size_t first, si
     grow_array(&(arr), (cap), (need), sizeof *(arr), (first), (max))
 /* Raise RLIMIT_NOFILE as far as allowed (util.c says how far and why). */
 void raise_nofile(void);
+/* An fd reserve: keep the soft RLIMIT_NOFILE n below the hard one (0, or
+ * -ERANGE when the limit is too low for that, or -errno); then
+ * fd_reserve_lend(true) raises it to the hard one for one call that must not
+ * run out of fds and fd_reserve_lend(false) puts back what it was (an
+ * operator's prlimit meanwhile included). Nothing happens without a reserve.
+ * For one thread: the supervisor's loop. */
+int fd_reserve_keep(unsigned n);
+void fd_reserve_lend(bool on);
+/* A detached thread running fn(arg), named name (15 characters at most),
+ * with a stack of stack bytes and every signal blocked (so none is ever
+ * delivered there instead of to the loop's signalfd). For the supervisor's
+ * helpers (loop/closer.h, loop/logq.h, loop/watchdog.h); never in the fork
+ * server, which clone(CLONE_NEWUSER) needs single-threaded. 0, or -errno
+ * with a reason. */
+int thread_start(const char *name, size_t stack, void *(*fn)(void *), void *arg, char *err,
+                 size_t errlen);
 /* A helper process joined to us by a SEQPACKET socketpair. In the child
  * (returns 0) its end is fd 3 with close-on-exec off, and it dies with us;
  * only async-signal-safe calls are made, so the child may exec. The parent

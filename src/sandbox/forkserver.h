@@ -15,6 +15,8 @@ struct fs_client {
     int exe_fd;  /* owned: python3.11, opened and checked once (fs_client_open);
                     every start, restarts too, execs this very file */
     int mod_fd;  /* owned: forkbox-sandbox.so, likewise: every start loads this very file */
+    int log_fd;  /* borrowed: every start's stderr (forkboxd's log pipe, loop/logq.h),
+                    or -1 to share ours */
 };
 
 /* The fork server is Debian's python3.11 running forkbox-sandbox.so
@@ -56,7 +58,8 @@ struct fs_client {
 int fs_client_open(const struct config *cfg, struct fs_client *fs, char *err, size_t errlen);
 /* Start a fork server from fs->exe_fd and fs->mod_fd: fork, execveat with
  * FS_ARGV and a fixed minimal environment (no fd but the program on a pipe
- * as 0, 1-2, the control socket as 3 and the module as 4, no ignored
+ * as 0, 1-2 (2: fs->log_fd if set), the control socket as 3 and the module
+ * as 4, no ignored
  * signal, no blocked one cross), then send it
  * config_for_forkserver(cfg). Does not wait: fs->ctl_fd (non-blocking) is
  * readable once the ready record is there (fs_client_ready). 0, or -errno
@@ -69,8 +72,10 @@ int fs_client_launch(const struct config *cfg, struct fs_client *fs, char *err, 
 int fs_client_ready(struct fs_client *fs, char *err, size_t errlen);
 /* fs_client_open + fs_client_launch + wait (at most 30 s) for
  * fs_client_ready: the supervisor's first start, before it reads the
- * token. 0, or -errno with a reason (fs then holds nothing). */
-int fs_client_start(const struct config *cfg, struct fs_client *fs, char *err, size_t errlen);
+ * token. log_fd is fs->log_fd (-1: our stderr). 0, or -errno with a reason
+ * (fs then holds nothing). */
+int fs_client_start(const struct config *cfg, int log_fd, struct fs_client *fs, char *err,
+                    size_t errlen);
 /* Queue one spawn request; 0, -EAGAIN if the socket is full, or -errno. */
 int fs_client_request(struct fs_client *fs, uint64_t turn_id);
 /* Read one reply. 1 with *rep filled (and, when rep->status == 0, the

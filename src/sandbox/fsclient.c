@@ -126,6 +126,7 @@ int fs_client_open(const struct config *cfg, struct fs_client *fs, char *err, si
     fs->pid = 0;
     fs->exe_fd = -1;
     fs->mod_fd = -1;
+    fs->log_fd = -1;
     stdio_hold();
     int fd = open_checked(FORKBOX_PYTHON, "the fork server's interpreter", NULL, err, errlen);
     if (fd < 0)
@@ -206,7 +207,8 @@ int fs_client_launch(const struct config *cfg, struct fs_client *fs, char *err, 
          * turns' sockets and buffers: only these fds and the fresh address
          * space of execve cross, as at the first start. */
         int boot[2];
-        if (dup2(fs->mod_fd, FS_MODULE_FD) < 0 || pipe2(boot, O_CLOEXEC) < 0 ||
+        if ((fs->log_fd >= 0 && dup2(fs->log_fd, 2) < 0) ||
+            dup2(fs->mod_fd, FS_MODULE_FD) < 0 || pipe2(boot, O_CLOEXEC) < 0 ||
             write(boot[1], FS_BOOT, sizeof FS_BOOT - 1) != sizeof FS_BOOT - 1 ||
             dup2(boot[0], 0) < 0 || fcntl(0, F_SETFD, 0) < 0)
             _exit(127);
@@ -284,9 +286,11 @@ int fs_client_ready(struct fs_client *fs, char *err, size_t errlen)
     return 1;
 }
 
-int fs_client_start(const struct config *cfg, struct fs_client *fs, char *err, size_t errlen)
+int fs_client_start(const struct config *cfg, int log_fd, struct fs_client *fs, char *err,
+                    size_t errlen)
 {
     int r = fs_client_open(cfg, fs, err, errlen);
+    fs->log_fd = log_fd;
     if (r == 0)
         r = fs_client_launch(cfg, fs, err, errlen);
     uint64_t deadline = now_ms() + FS_READY_TIMEOUT_MS;

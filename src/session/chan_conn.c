@@ -1,25 +1,35 @@
 /* The supervisor's end of a sandbox's channel (see chan_conn.h). Runs in the
  * supervisor. Everything read here comes from a sandbox, which is hostile:
  * nothing is kept that its handler did not reserve room for at the header,
- * and at most one fd (the first message's) outlives the read that brought it. */
+ * and at most one fd (the first message's) outlives the read that brought it;
+ * the loop thread never closes one (loop/closer.h). */
 #include "session/chan_conn.h"
 
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include "core/cleanup.h"
 #include "core/limits.h"
+#include "core/log.h"
 #include "core/outq.h"
 #include "core/util.h"
+#include "loop/closer.h"
+
+#ifndef SO_PASSRIGHTS
+#define SO_PASSRIGHTS 83 /* Linux 6.16, asm-generic/socket.h; Debian 12's headers predate it */
+#endif
 
 struct chan_conn {
     int fd;                           /* borrowed: the sandbox's channel, -1 */
     const struct chan_conn_handlers *h; /* borrowed */
     void *ud;                         /* borrowed: the handlers' argument */
     struct outq out;                  /* owned: envelopes queued for the sandbox */
+    struct outq held;                 /* owned: what waits for the first message
+                                         (a frame and what came after it) */
 
     /* the sandbox's message being read */
     uint8_t hdr[CHAN_HDR_LEN];        /* its envelope header, as far as it came */
@@ -29,8 +39,38 @@ struct chan_conn {
     uint32_t got;                     /* body bytes read */
     struct buf *into;                 /* borrowed: where the body goes; NULL = dropped */
     int fd_pending;                   /* owned: an fd that came with the first message, -1 */
-    bool first_done;                  /* the sandbox's first message is complete */
+    bool first_done;                  /* the sandbox's first message is complete (and,
+                                         where the kernel has it, SO_PASSRIGHTS is off) */
 };
+
+/* Whether this kernel has SO_PASSRIGHTS (Linux 6.16): 1 yes, -1 no, 0 not
+ * asked yet (chan_conn_init). */
+static int rights_state;
+
+static bool rights_supported(void)
+{
+    return rights_state > 0;
+}
+
+void chan_conn_init(void)
+{
+    int sv[2], on = 1;
+    if (rights_state)
+        return;
+    rights_state = -1;
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0) {
+        if (setsockopt(sv[0], SOL_SOCKET, SO_PASSRIGHTS, &on, sizeof on) == 0)
+            rights_state = 1;
+        close(sv[0]);
+        close(sv[1]);
+    }
+    if (rights_supported())
+        return;
+    int r = fd_reserve_keep(FD_RESERVE);
+    LOG_I("the kernel has no SO_PASSRIGHTS (Linux 6.16): an fd a sandbox sends on its channel "
+          "reaches the supervisor, which ends the turn and closes it off its event loop%s",
+          r == 0 ? "" : " (no fd reserve: the fd limit is too low to keep one)");
+}
 
 struct chan_conn *chan_conn_new(int fd, struct budget *budget, const struct chan_conn_handlers *h,
                                 void *ud)
@@ -43,6 +83,7 @@ struct chan_conn *chan_conn_new(int fd, struct budget *budget, const struct chan
     c->ud = ud;
     c->fd_pending = -1;
     outq_init(&c->out, budget);
+    outq_init(&c->held, budget);
     return c;
 }
 
@@ -56,10 +97,33 @@ void chan_conn_close(struct chan_conn *c)
     if (!c)
         return;
     c->fd = -1;
-    close_and_reset(&c->fd_pending);
+    closer_close(steal_fd(&c->fd_pending), CLOSER_ABORT | CLOSER_DRAIN);
     c->active = false;
     c->into = NULL;
     outq_free(&c->out);
+    outq_free(&c->held);
+}
+
+void chan_conn_close_fd(int fd)
+{
+    if (rights_supported())
+        close(fd);
+    else
+        closer_close(fd, CLOSER_DRAIN);
+}
+
+const char *chan_conn_error(int r)
+{
+    switch (r) {
+    case -EMSGSIZE:
+        return "message too large";
+    case -EBADMSG:
+        return "bad envelope";
+    case -EPERM:
+        return "sandbox sent a file descriptor";
+    default:
+        return NULL;
+    }
 }
 
 void chan_conn_free(struct chan_conn *c)
@@ -72,6 +136,18 @@ void chan_conn_free(struct chan_conn *c)
 
 /* ---------------------------------------------------------------- to the sandbox */
 
+/* Where a message for the sandbox goes. User code starts only when the
+ * sandbox reads a frame (`run`), so until its first message (the one that
+ * may carry its listener) has been read and SO_PASSRIGHTS turned off, no
+ * frame is written, nor anything queued after one (the channel keeps the
+ * order): no code of the turn can send an fd before the kernel refuses it.
+ * The archives before it go at once (a sandbox without a listener sends
+ * `ready`, its first message, only after the tools archive). */
+static struct outq *queue_for(struct chan_conn *c, enum chan_type type)
+{
+    return !c->first_done && (type == CHAN_FRAME || c->held.head) ? &c->held : &c->out;
+}
+
 int chan_conn_send(struct chan_conn *c, enum chan_type type, struct buf *body)
 {
     uint8_t hdr[CHAN_HDR_LEN];
@@ -79,10 +155,11 @@ int chan_conn_send(struct chan_conn *c, enum chan_type type, struct buf *body)
         buf_free(body);
         return -EMSGSIZE;
     }
+    struct outq *q = queue_for(c, type);
     chan_hdr_encode(hdr, type, (uint32_t)body->len);
-    int r = outq_append(&c->out, hdr, sizeof hdr);
+    int r = outq_append(q, hdr, sizeof hdr);
     if (r == 0)
-        r = outq_take(&c->out, body);
+        r = outq_take(q, body);
     else
         buf_free(body);
     return r;
@@ -93,17 +170,18 @@ int chan_conn_send_around(struct chan_conn *c, enum chan_type type, const struct
 {
     uint64_t total = (uint64_t)head->len + len + tail->len;
     int r = total > CHAN_MAX_MESSAGE_BYTES ? -EMSGSIZE : 0;
+    struct outq *q = queue_for(c, type);
     uint8_t hdr[CHAN_HDR_LEN];
     if (r == 0) {
         chan_hdr_encode(hdr, type, (uint32_t)total);
-        r = outq_append(&c->out, hdr, sizeof hdr);
+        r = outq_append(q, hdr, sizeof hdr);
     }
     if (r == 0)
-        r = outq_append(&c->out, head->data, head->len);
+        r = outq_append(q, head->data, head->len);
     if (r == 0)
-        r = outq_take_slice(&c->out, msg, off, len);
+        r = outq_take_slice(q, msg, off, len);
     if (r == 0)
-        r = outq_append(&c->out, tail->data, tail->len);
+        r = outq_append(q, tail->data, tail->len);
     buf_free(msg);
     return r;
 }
@@ -123,23 +201,36 @@ size_t chan_conn_queued(const struct chan_conn *c)
 /* recvmsg() on the channel: the only fd a sandbox may send is its seccomp
  * listener, attached to the first byte of its first message (CHAN_NOTIFY).
  * Such an fd is kept in fd_pending until that message is complete (then its
- * handler adopts or closes it); every other fd is closed at once.
- * MSG_CMSG_CLOEXEC: none may leak into a process we start. */
+ * handler adopts it or hands it to the closer); any other fd marks the
+ * sandbox as having broken the protocol, and goes to the closer at once
+ * (abortive, drained: the sandbox chose what it is). Room for the most the
+ * kernel attaches to one message, so it never drops (and closes here) what
+ * did not fit; where fds can still come (no SO_PASSRIGHTS), the fd reserve
+ * is lent for the call so that a full fd table does not make it drop them
+ * either. MSG_CMSG_CLOEXEC: none may leak into a process we start. */
 static ssize_t recv_with_fds(struct chan_conn *c, void *p, size_t len)
 {
-    int fds[CHAN_CONN_MAX_FDS];
+    int fds[FDPASS_MAX_FDS];
     size_t nfds;
     bool at_start = !c->first_done && !c->active && c->hdr_got == 0;
-    ssize_t n = fd_recv(c->fd, p, len, fds, CHAN_CONN_MAX_FDS, &nfds, MSG_DONTWAIT, NULL);
-    if (n < 0) {
-        errno = (int)-n;
-        return -1;
-    }
+    bool lend = !rights_supported();
+    if (lend)
+        fd_reserve_lend(true);
+    ssize_t n = fd_recv(c->fd, p, len, fds, FDPASS_MAX_FDS, &nfds, MSG_DONTWAIT, NULL);
+    if (lend)
+        fd_reserve_lend(false);
+    bool stray = false;
     for (size_t i = 0; i < nfds; i++) {
-        if (at_start && nfds == 1 && c->fd_pending < 0)
+        if (at_start && nfds == 1 && c->fd_pending < 0) {
             c->fd_pending = fds[i];
-        else
-            close(fds[i]);
+        } else {
+            closer_close(fds[i], CLOSER_ABORT | CLOSER_DRAIN);
+            stray = true;
+        }
+    }
+    if (n < 0 || stray) {
+        errno = stray ? EPERM : (int)-n;
+        return -1;
     }
     return n;
 }
@@ -172,7 +263,17 @@ static int end_message(struct chan_conn *c)
 {
     c->msg.fd = c->fd_pending;
     c->fd_pending = -1;
-    c->first_done = true;
+    if (!c->first_done) {
+        /* No fd is legitimate after this one: have the kernel refuse them
+         * (EPERM to the sender; it was on by default), then let the frames
+         * held back go. */
+        int off = 0;
+        if (rights_supported() &&
+            setsockopt(c->fd, SOL_SOCKET, SO_PASSRIGHTS, &off, sizeof off) < 0)
+            PLOG_W("setsockopt(SO_PASSRIGHTS) on a sandbox's channel");
+        c->first_done = true;
+        outq_splice(&c->out, &c->held);
+    }
     c->active = false;
     c->into = NULL;
     return c->h->on_end(c->ud, &c->msg);
@@ -216,7 +317,7 @@ int chan_conn_read(struct chan_conn *c)
             }
         }
         if (n < 0)
-            return (errno == EAGAIN || errno == EINTR) ? 0 : -EPIPE;
+            return errno == EAGAIN || errno == EINTR ? 0 : errno == EPERM ? -EPERM : -EPIPE;
         if (n == 0)
             return -EPIPE;
         if (c->active && c->got < c->msg.len)

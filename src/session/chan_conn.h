@@ -6,10 +6,16 @@
  * without blocking), the reassembly of incoming envelope headers, the read
  * budget per wakeup, reading a body into the room its handler reserved (or
  * dropping it unread), and the one fd a sandbox may pass (its seccomp
- * listener, attached to the first byte of its first message; every other fd
- * is closed on arrival). What a message means, whether it may come in the
- * turn's state, and how large it may be are its handler's (from_sandbox.c):
- * the handler decides at the header, before any body byte is read. */
+ * listener, attached to the first byte of its first message). Once that
+ * message is in, SO_PASSRIGHTS is turned off on our end (Linux 6.16: the
+ * kernel refuses the sandbox's SCM_RIGHTS with EPERM), and no frame goes to
+ * the sandbox before that (user code runs only after `run`). Where the
+ * kernel lacks it, any other fd that comes ends the turn (chan_conn_read's
+ * -EPERM) and, like every fd from a sandbox, is closed by the closer thread
+ * (loop/closer.h), never by the loop. What a message means, whether it may
+ * come in the turn's state, and how large it may be are its handler's
+ * (from_sandbox.c): the handler decides at the header, before any body byte is
+ * read. */
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>
@@ -20,7 +26,6 @@
 #include "proto/chan.h"
 
 #define CHAN_CONN_READ_BUDGET (256 * KiB) /* bytes read from a sandbox per wakeup */
-#define CHAN_CONN_MAX_FDS 8 /* fds taken (and closed) per read; the kernel drops the rest */
 
 struct chan_conn;
 
@@ -31,7 +36,7 @@ struct chan_msg {
     bool first;    /* the sandbox's first message */
     bool dropped;  /* its body is read and dropped (on_begin gave no buffer) */
     int fd;        /* on_end only: the fd sent with the first message, or -1;
-                      owned by on_end */
+                      owned by on_end (which closes it with closer_close) */
 };
 
 struct chan_conn_handlers {
@@ -48,6 +53,11 @@ struct chan_conn_handlers {
     int (*on_end)(void *ud, struct chan_msg *m);
 };
 
+/* Once per process, before the first turn: learn whether the kernel has
+ * SO_PASSRIGHTS; without it, keep an fd reserve (core/util.h) for the
+ * channel's reads and say so in the log. */
+void chan_conn_init(void);
+
 /* fd (borrowed) may be -1 until the sandbox exists: what is queued waits.
  * Queued bytes are charged to budget (borrowed). NULL on ENOMEM. */
 struct chan_conn *chan_conn_new(int fd, struct budget *budget, const struct chan_conn_handlers *h,
@@ -60,6 +70,12 @@ void chan_conn_set_fd(struct chan_conn *c, int fd);
 void chan_conn_close(struct chan_conn *c);
 /* chan_conn_close, then free. NULL is fine. */
 void chan_conn_free(struct chan_conn *c);
+/* Close the sandbox's end of a channel (fd, taken by its owner after
+ * chan_conn_close). Without SO_PASSRIGHTS, fds the sandbox sent may still be
+ * queued in it, and its release would be their last close: the closer does
+ * it, draining them first. With it, only the setup's listener can ever have
+ * been queued there: closed at once. */
+void chan_conn_close_fd(int fd);
 
 /* Queue one envelope whose body is *body, taken over (no copy; consumed on
  * error too). 0, -EMSGSIZE (over CHAN_MAX_MESSAGE_BYTES), -ENOMEM or the
@@ -80,6 +96,10 @@ size_t chan_conn_queued(const struct chan_conn *c);
  * the handlers. 0 to continue (the socket is drained, the budget is spent
  * or on_end asked to stop); -EPIPE: end of file or a socket error (the
  * sandbox's end is closed); -EMSGSIZE: a header announced more than
- * CHAN_MAX_MESSAGE_BYTES; -EBADMSG: an unknown envelope type; -ECANCELED: a
- * handler ended the turn (it may have closed c, not freed it). */
+ * CHAN_MAX_MESSAGE_BYTES; -EBADMSG: an unknown envelope type; -EPERM: an fd
+ * came that is not the first message's one; -ECANCELED: a handler ended the
+ * turn (it may have closed c, not freed it). */
 int chan_conn_read(struct chan_conn *c);
+/* The protocol error a chan_conn_read result stands for, in words for a
+ * close reason ("bad envelope"...), or NULL when r is not one. */
+const char *chan_conn_error(int r);

@@ -23,6 +23,7 @@
 #include "core/limits.h"
 #include "core/log.h"
 #include "core/util.h"
+#include "loop/closer.h"
 #include "sandbox/seccomp_notify.h"
 
 #ifndef LOCK_MAND
@@ -198,7 +199,7 @@ static void arm(struct flock_state *f)
 
 static void drop(struct flock_state *f, unsigned i)
 {
-    close(f->w[i].fd);
+    closer_close(f->w[i].fd, 0);
     f->w[i] = f->w[--f->n];
 }
 
@@ -252,7 +253,8 @@ static struct flock_state *parking(struct flock_state *f)
     f->timer_fd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
     if (f->timer_fd < 0)
         return NULL;
-    f->timer_watch = (struct loop_watch){.fd = f->timer_fd, .cb = on_timer, .ud = f};
+    f->timer_watch = (struct loop_watch){.fd = f->timer_fd, .cb = on_timer, .ud = f,
+                                         .name = "flock retry timer", .turn = f->turn.turn_id};
     if (loop_watch(f->turn.loop, &f->timer_watch, EPOLLIN) < 0) {
         close(f->timer_fd);
         return NULL;
@@ -266,7 +268,7 @@ static struct flock_state *parking(struct flock_state *f)
 static int park(struct flock_state *f, const struct seccomp_notif *req, int fd, unsigned cmd)
 {
     if (!parking(f) || f->n >= FLOCK_MAX_PARKED) {
-        close(fd);
+        closer_close(fd, 0);
         log_call(f, (int)req->pid, (int)req->data.args[0], cmd, "too many waiting: ENOLCK");
         int r = reply(f, req->id, ENOLCK);
         return r < 0 ? r : 0;
@@ -321,12 +323,11 @@ int flock_handle(struct flock_state *f, const struct seccomp_notif *req)
     }
     /* O_PATH files cannot be locked (the kernel's flock does not see them). */
     if (fd == -EBADF || (fcntl(fd, F_GETFL) & O_PATH)) {
-        if (fd >= 0)
-            close(fd);
+        closer_close(fd, 0);
         return (r = reply(f, req->id, EBADF)) < 0 ? r : 0;
     }
     if (!lock_is_private(f, fd)) {
-        close(fd);
+        closer_close(fd, 0);
         if (op == LOCK_UN) /* no lock can be held there */
             return (r = reply(f, req->id, 0)) < 0 ? r : 0;
         f->turn.count_refusal(f->turn.owner, SYS_flock);
@@ -336,7 +337,7 @@ int flock_handle(struct flock_state *f, const struct seccomp_notif *req)
     r = try_lock(f, req->id, fd, cmd);
     if (r == 0 && !(cmd & LOCK_NB))
         return park(f, req, fd, op);
-    close(fd);
+    closer_close(fd, 0);
     if (r > 0)
         return 0;
     /* Would block under LOCK_NB (EWOULDBLOCK), or flock's own error. */

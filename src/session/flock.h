@@ -19,7 +19,10 @@
  * refused with ENOLCK (as a filesystem without locks does) and counted as a
  * refusal; LOCK_UN there succeeds, since no lock can be held.
  *
- * The event loop never blocks: locks are tried with LOCK_NB. A blocking call
+ * The event loop never blocks: locks are tried with LOCK_NB, and the copies
+ * are closed by the closer thread (loop/closer.h: the caller may have closed
+ * its own fd meanwhile, and then ours is the last reference, whose close can
+ * wait on the object, e.g. a lingering socket). A blocking call
  * that would block is parked and retried on a timer (FLOCK_RETRY_MIN_MS
  * doubling to FLOCK_RETRY_MAX_MS) until it is granted or its request is no
  * longer pending (the caller was interrupted by a signal or died); at most

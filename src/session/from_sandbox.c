@@ -36,6 +36,7 @@
 #include "core/log.h"
 #include "core/ratelimit.h"
 #include "core/util.h"
+#include "loop/closer.h"
 #include "net/ws.h"
 #include "proto/chan.h"
 #include "proto/frame.h"
@@ -402,16 +403,18 @@ static int sandbox_message(struct session *s, struct chan_msg *m)
         /* Only as the sandbox's first message (sent in setup, before any
          * untrusted code), with its fd and nothing else. */
         if (!m->first || fd < 0 || m->len != 0) {
-            if (fd >= 0)
-                close(fd);
+            closer_close(fd, CLOSER_ABORT | CLOSER_DRAIN);
             sandbox_protocol_error(s, "unexpected listener message");
             return -1;
         }
         notify_adopt(&s->notify, fd);
         return 0;
     }
-    if (fd >= 0)
-        close(fd); /* an fd with a first message that is not the listener */
+    if (fd >= 0) { /* an fd with a first message that is not the listener */
+        closer_close(fd, CLOSER_ABORT | CLOSER_DRAIN);
+        sandbox_protocol_error(s, chan_conn_error(-EPERM));
+        return -1;
+    }
     if (m->dropped)
         return 0;
     if (m->type == CHAN_SNAPSHOT) {
@@ -468,8 +471,8 @@ int sandbox_read(struct session *s)
     if (s->in_complete) /* its check first (session_work) */
         return 0;
     int r = chan_conn_read(s->chan);
-    if (r == -EMSGSIZE || r == -EBADMSG) {
-        sandbox_protocol_error(s, r == -EMSGSIZE ? "message too large" : "bad envelope");
+    if (chan_conn_error(r)) {
+        sandbox_protocol_error(s, chan_conn_error(r));
         return -1;
     }
     return r == -ECANCELED ? -1 : r == -EPIPE ? 1 : 0;
@@ -551,8 +554,10 @@ bool session_sandbox_ready(struct session *s, const struct fs_reply *rep, int ch
     s->spawn_ns = rep->spawn_ns;
     fd_set_nonblock(chan_fd, true);
     chan_conn_set_fd(s->chan, chan_fd);
-    s->chan_watch = (struct loop_watch){.fd = chan_fd, .cb = on_sandbox_io, .ud = s};
-    s->pid_watch = (struct loop_watch){.fd = pidfd, .cb = on_pidfd, .ud = s};
+    s->chan_watch = (struct loop_watch){.fd = chan_fd, .cb = on_sandbox_io, .ud = s,
+                                        .name = "sandbox channel", .turn = s->id};
+    s->pid_watch = (struct loop_watch){.fd = pidfd, .cb = on_pidfd, .ud = s,
+                                       .name = "sandbox pidfd", .turn = s->id};
     loop_watch(s->env->loop, &s->pid_watch, EPOLLIN);
     LOG_D("turn %" PRIu64 ": sandbox pid %d", s->id, (int)rep->pid);
     update_interest(s);

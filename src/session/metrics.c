@@ -53,7 +53,8 @@ static struct metrics {
     uint64_t tool_calls, blocks;
     uint64_t bytes_in, bytes_out;     /* client <-> supervisor, counted as turns end */
     uint64_t forkserver_restarts;
-    struct hist ready, block, peak;
+    uint64_t close_pending, close_slow, close_leaked, log_dropped; /* metrics_helpers */
+    struct hist ready, block, peak, loop;
     struct pending *pending;          /* owned: end lines waiting for a death report */
     size_t n_pending, cap_pending;
 } m;
@@ -112,6 +113,11 @@ void metrics_reset(void)
     static const uint64_t block_le[] = {
         1 * MS, 5 * MS, 10 * MS, 50 * MS, 100 * MS, 500 * MS, 1 * SEC, 5 * SEC, 10 * SEC,
         30 * SEC, 60 * SEC, 300 * SEC, 900 * SEC, 3600 * SEC};
+    /* An iteration of the event loop: tens of microseconds usually; from
+     * LOOP_SLOW_MS on it is logged, and everything waited that long. */
+    static const uint64_t loop_le[] = {
+        MS / 20, MS / 10, MS / 4, MS / 2, 1 * MS, 2 * MS + MS / 2, 5 * MS, 10 * MS, 25 * MS,
+        50 * MS, 100 * MS, 250 * MS, 500 * MS, 1 * SEC, 5 * SEC};
     /* Powers of 4 from 1 MiB to 64 GiB, whatever --memory is. */
     static const uint64_t peak_le[] = {
         MiB, 4 * MiB, 16 * MiB, 64 * MiB, 256 * MiB, 1024 * MiB, 4096 * MiB,
@@ -126,6 +132,9 @@ void metrics_reset(void)
     hist_init(&m.peak, "forkbox_turn_peak_memory_bytes",
               "Most memory a turn's cgroup held during the turn (turns whose peak is known).",
               1, peak_le, N(peak_le));
+    hist_init(&m.loop, "forkbox_loop_iteration_seconds",
+              "Busy time of one event-loop iteration (everything waits while it runs).", 1e-9,
+              loop_le, N(loop_le));
 #undef N
 }
 
@@ -145,6 +154,16 @@ void turn_stats_end(struct turn_stats *st, enum turn_end e)
 
 void metrics_turn_begin(void) { m.turns_active++; }
 void metrics_turn_ready(uint64_t latency_ns) { hist_observe(&m.ready, latency_ns); }
+void metrics_loop_iteration(uint64_t busy_ns) { hist_observe(&m.loop, busy_ns); }
+
+void metrics_helpers(uint64_t close_pending, uint64_t close_slow, uint64_t close_leaked,
+                     uint64_t log_dropped)
+{
+    m.close_pending = close_pending;
+    m.close_slow = close_slow;
+    m.close_leaked = close_leaked;
+    m.log_dropped = log_dropped;
+}
 void metrics_sandbox_spawned(void) { m.spawned++; }
 void metrics_tool_call(void) { m.tool_calls++; }
 void metrics_forkserver_restart(void) { m.forkserver_restarts++; }
@@ -405,6 +424,7 @@ int metrics_write(struct buf *out)
     r = r ? r : histogram(out, &m.ready);
     r = r ? r : histogram(out, &m.block);
     r = r ? r : histogram(out, &m.peak);
+    r = r ? r : histogram(out, &m.loop);
     r = r ? r : counter(out, "forkbox_blocks_total", "Blocks ended.", m.blocks);
     r = r ? r : gauge(out, "forkbox_pool_size",
                       "Sandboxes the fork server is configured to keep warm (--pool; the "
@@ -433,5 +453,16 @@ int metrics_write(struct buf *out)
     r = r ? r : counter(out, "forkbox_forkserver_restarts_total",
                         "Times the fork server was started again after it died.",
                         m.forkserver_restarts);
+    r = r ? r : gauge(out, "forkbox_closer_pending",
+                      "fds a sandbox chose (or could have) waiting for the closer thread.",
+                      m.close_pending);
+    r = r ? r : counter(out, "forkbox_closer_slow_total",
+                        "Closes on the closer thread that took 100 ms or more.", m.close_slow);
+    r = r ? r : counter(out, "forkbox_closer_leaked_total",
+                        "fds left open for good: the closer thread's queue was full.",
+                        m.close_leaked);
+    r = r ? r : counter(out, "forkbox_log_lines_dropped_total",
+                        "Operator log lines dropped: stderr was not read fast enough.",
+                        m.log_dropped);
     return r;
 }

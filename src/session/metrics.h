@@ -96,6 +96,13 @@ void metrics_seccomp_refusal(int nr);   /* a counted refusal of native syscall n
 /* The fork server was started again after it died (the restart path calls
  * this; nothing else does). */
 void metrics_forkserver_restart(void);
+/* One event-loop iteration's busy time (loop_set_stats). */
+void metrics_loop_iteration(uint64_t busy_ns);
+/* The supervisor's helper threads' counts, copied in by the server's tick
+ * (loop/closer.h, loop/logq.h): fds waiting to be closed, closes that took
+ * long, fds left open for good, log lines dropped. */
+void metrics_helpers(uint64_t close_pending, uint64_t close_slow, uint64_t close_leaked,
+                     uint64_t log_dropped);
 
 /* Append the exposition text (format 0.0.4) of every metric to out. 0 or
  * buf_append's error (-ENOBUFS past out's ceiling, -ENOMEM). */

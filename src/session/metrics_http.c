@@ -153,7 +153,8 @@ static void on_accept(struct loop_watch *w, uint32_t events)
         *c = (struct metrics_conn){.mh = mh, .fd = fd,
                                    .deadline_ms = now_ms() + METRICS_CONN_TIMEOUT_MS};
         buf_init(&c->out, METRICS_MAX_RESPONSE_BYTES + 4 * KiB);
-        c->watch = (struct loop_watch){.fd = fd, .cb = on_conn, .ud = c};
+        c->watch = (struct loop_watch){.fd = fd, .cb = on_conn, .ud = c,
+                                       .name = "metrics connection"};
         c->req = http_req_new();
         if (!c->req || loop_watch(mh->loop, &c->watch, EPOLLIN) < 0)
             conn_close(c);
@@ -178,7 +179,8 @@ int metrics_http_start(struct metrics_http *mh, struct loop *loop, const char *h
         return err_fmt(err, errlen, fd, "--metrics-listen %s:%u: %s", host, port,
                        fd == -EINVAL ? "not a numeric address" : strerror(-fd));
     mh->fd = fd;
-    mh->watch = (struct loop_watch){.fd = fd, .cb = on_accept, .ud = mh};
+    mh->watch = (struct loop_watch){.fd = fd, .cb = on_accept, .ud = mh,
+                                    .name = "metrics listener"};
     int r = loop_watch(loop, &mh->watch, EPOLLIN);
     if (r < 0) {
         close_and_reset(&mh->fd);

@@ -11,6 +11,7 @@
 
 #include "core/cleanup.h"
 #include "core/log.h"
+#include "loop/closer.h"
 #include "sandbox/policy.h"
 #include "sandbox/seccomp_notify.h"
 #include "session/flock.h"
@@ -59,7 +60,7 @@ static void listener_failed(struct notify_turn *t, int err)
     LOG_W("turn %" PRIu64 ": seccomp listener: %s; refused and supervised calls now fail "
           "with ENOSYS and are not counted", t->turn_id, strerror(err));
     stop_watching(t);
-    close_and_reset(&t->fd);
+    closer_close(steal_fd(&t->fd), 0);
     flock_close(&t->flock);
 }
 
@@ -127,15 +128,16 @@ void notify_adopt(struct notify_turn *t, int fd)
     if (t->fd >= 0 || !t->table) {
         LOG_W("turn %" PRIu64 ": %s seccomp listener dropped: refused calls fail with ENOSYS "
               "and are not counted", t->turn_id, t->fd >= 0 ? "a second" : "unexpected");
-        close(fd);
+        closer_close(fd, 0);
         return;
     }
     t->fd = fd;
-    t->watch = (struct loop_watch){.fd = fd, .cb = on_notify, .ud = t};
+    t->watch = (struct loop_watch){.fd = fd, .cb = on_notify, .ud = t,
+                                   .name = "seccomp listener", .turn = t->turn_id};
     if (loop_watch(t->loop, &t->watch, EPOLLIN) < 0) {
         LOG_W("turn %" PRIu64 ": cannot watch the seccomp listener: refused calls fail with "
               "ENOSYS and are not counted", t->turn_id);
-        close_and_reset(&t->fd);
+        closer_close(steal_fd(&t->fd), 0);
     }
 }
 
@@ -183,7 +185,7 @@ void notify_close(struct notify_turn *t)
     flock_close(&t->flock);
     if (t->fd >= 0) {
         stop_watching(t);
-        close_and_reset(&t->fd);
+        closer_close(steal_fd(&t->fd), 0);
         if (!t->refused)
             LOG_D("turn %" PRIu64 ": no system call refused by the policy", t->turn_id);
     }

@@ -21,6 +21,8 @@
 #include "core/ratelimit.h"
 #include "core/sdnotify.h"
 #include "core/util.h"
+#include "loop/closer.h"
+#include "loop/logq.h"
 #include "net/auth.h"
 #include "net/http.h"
 #include "sandbox/seccomp_notify.h"
@@ -292,7 +294,8 @@ static void fs_launch(struct server *srv, uint64_t now)
     }
     srv->fs_state = FS_STARTING;
     srv->fs_start_ms = now;
-    srv->fs_watch = (struct loop_watch){.fd = srv->fs.ctl_fd, .cb = on_forkserver, .ud = srv};
+    srv->fs_watch = (struct loop_watch){.fd = srv->fs.ctl_fd, .cb = on_forkserver, .ud = srv,
+                                        .name = "fork server"};
     r = loop_watch(srv->loop, &srv->fs_watch, EPOLLIN);
     if (r < 0) {
         LOG_E("fork server: epoll: %s", strerror(-r));
@@ -472,11 +475,28 @@ int server_exit_status(const struct server *srv)
     return srv->exit_code;
 }
 
+/* What the helper threads count, for /metrics. */
+static void helpers_counts(void)
+{
+    struct closer_counts c;
+    struct logq_counts g;
+    closer_get_counts(&c);
+    logq_get_counts(&g);
+    metrics_helpers(c.pending, c.slow, c.dropped, g.dropped);
+}
+
+static void loop_stats(void *ud, uint64_t busy_ns)
+{
+    (void)ud;
+    metrics_loop_iteration(busy_ns);
+}
+
 static void server_tick(void *ud)
 {
     struct server *srv = ud;
     uint64_t now = now_ms();
     sessions_tick(srv->sessions, now);
+    helpers_counts();
     metrics_tick(now_ns());
     metrics_http_tick(&srv->metrics, now);
     ratelimit_flush_sites(now_ns());
@@ -590,7 +610,8 @@ int server_init(struct server *srv, struct loop *loop, const struct config *cfg,
                  fd == -EINVAL ? "not a numeric address" : strerror(-fd));
     }
     srv->listen_fd = fd;
-    srv->listen_watch = (struct loop_watch){.fd = fd, .cb = on_accept, .ud = srv};
+    srv->listen_watch = (struct loop_watch){.fd = fd, .cb = on_accept, .ud = srv,
+                                            .name = "listener"};
 
     sigset_t mask;
     sigemptyset(&mask);
@@ -603,8 +624,10 @@ int server_init(struct server *srv, struct loop *loop, const struct config *cfg,
     if (srv->signal_fd < 0) {
         return err_fmt(err, errlen, -errno, "signalfd: %s", strerror(errno));
     }
-    srv->signal_watch = (struct loop_watch){.fd = srv->signal_fd, .cb = on_signal, .ud = srv};
-    srv->fs_watch = (struct loop_watch){.fd = srv->fs.ctl_fd, .cb = on_forkserver, .ud = srv};
+    srv->signal_watch = (struct loop_watch){.fd = srv->signal_fd, .cb = on_signal, .ud = srv,
+                                            .name = "signals"};
+    srv->fs_watch = (struct loop_watch){.fd = srv->fs.ctl_fd, .cb = on_forkserver, .ud = srv,
+                                        .name = "fork server"};
 
     int r = 0;
     r = r ? r : loop_watch(loop, &srv->listen_watch, EPOLLIN);
@@ -626,6 +649,7 @@ int server_init(struct server *srv, struct loop *loop, const struct config *cfg,
     loop_set_tick(loop, SERVER_TICK_MS, server_tick, srv);
     loop_set_before_sleep(loop, server_reap, srv);
     loop_set_work(loop, server_work, srv);
+    loop_set_stats(loop, loop_stats, NULL);
 
     const char *h = cfg->listen_host;
     bool v6 = strchr(h, ':') != NULL;

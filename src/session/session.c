@@ -160,7 +160,8 @@ struct session *session_new(struct sessions *set, int fd, const uint8_t key[PREA
     buf_init(&s->out, 64 * KiB);
     buf_init_budget(&s->in, CHAN_MAX_MESSAGE_BYTES, &s->budget);
     s->deadline_ms = now_ms() + HTTP_REQUEST_TIMEOUT_MS;
-    s->watch = (struct loop_watch){.fd = fd, .cb = on_client_io, .ud = s};
+    s->watch = (struct loop_watch){.fd = fd, .cb = on_client_io, .ud = s, .name = "client",
+                                   .turn = s->id};
     if (loop_watch(env->loop, &s->watch, EPOLLIN) < 0) {
         buf_free(&s->out);
         buf_free(&s->in);

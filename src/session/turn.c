@@ -216,15 +216,15 @@ void kill_sandbox(struct session *s)
         loop_unwatch(l, &s->pid_watch);
         close_and_reset(&s->pidfd);
     }
-    if (s->chan_fd >= 0) {
+    if (s->chan_fd >= 0)
         loop_unwatch(l, &s->chan_watch);
-        close_and_reset(&s->chan_fd);
-    }
     notify_close(&s->notify);
     if (s->in_complete)
         s->set->n_working--;
     s->in_complete = false;
     chan_conn_close(s->chan); /* its queue, a pending fd, a partial message */
+    if (s->chan_fd >= 0)
+        chan_conn_close_fd(steal_fd(&s->chan_fd));
     tarcheck_free(s->tc);
     s->tc = NULL;
     tarcheck_cache_free(s->tc_cache);

@@ -40,6 +40,7 @@
 #include "core/log.h"
 #include "core/utf8.h"
 #include "core/util.h"
+#include "loop/closer.h"
 #include "loop/loop.h"
 #include "proto/chan.h"
 #include "proto/frame.h"
@@ -112,7 +113,7 @@ static void kill_sandbox(struct stream *s)
     if (s->chan_fd >= 0) {
         loop_unwatch(s->loop, &s->chan_w);
         chan_conn_close(s->chan);
-        close_and_reset(&s->chan_fd);
+        chan_conn_close_fd(steal_fd(&s->chan_fd));
     }
     notify_close(&s->notify); /* logs the refused calls' count */
 }
@@ -443,16 +444,18 @@ static int on_sandbox_end(void *ud, struct chan_msg *m)
     struct stream *s = ud;
     if (m->type == CHAN_NOTIFY) {
         if (m->fd < 0 || m->len != 0) {
-            if (m->fd >= 0)
-                close(m->fd);
+            closer_close(m->fd, CLOSER_ABORT | CLOSER_DRAIN);
             sandbox_error(s, "unexpected listener message");
             return -1;
         }
         notify_adopt(&s->notify, m->fd);
         return 0;
     }
-    if (m->fd >= 0)
-        close(m->fd);
+    if (m->fd >= 0) { /* an fd with a first message that is not the listener */
+        closer_close(m->fd, CLOSER_ABORT | CLOSER_DRAIN);
+        sandbox_error(s, chan_conn_error(-EPERM));
+        return -1;
+    }
     if (m->type == CHAN_SNAPSHOT) {
         s->state = s->run_queued ? RELAY_RUNNING : RELAY_BETWEEN;
         s->block_start_ms = now_ms();
@@ -527,8 +530,8 @@ static void on_chan(struct loop_watch *w, uint32_t events)
     }
     if (events & (EPOLLIN | EPOLLHUP | EPOLLERR)) {
         int r = chan_conn_read(s->chan);
-        if (r == -EMSGSIZE || r == -EBADMSG) {
-            sandbox_error(s, r == -EMSGSIZE ? "message too large" : "bad envelope");
+        if (chan_conn_error(r)) {
+            sandbox_error(s, chan_conn_error(r));
             return;
         }
         if (r == -EPIPE) {

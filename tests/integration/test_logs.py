@@ -302,3 +302,72 @@ def test_sighup_with_the_environment_token(make_daemon):
     d = make_daemon(env={"ADK_CODE_MODE_AUTH_TOKEN": TOKEN})
     sighup(d, "nothing to reload")
     assert d.alive() and turn_works(d, TOKEN) and unauthorized(d, WRONG)
+
+
+# ---- a log reader that stops (issue 25, item 2) -----------------------------
+
+def test_a_stalled_log_reader_stalls_nothing(tmp_path):
+    """stderr is a pipe its reader stops reading (a stuck log shipper): the
+    daemon keeps serving /health and turns (on d4bf581 it stopped at its
+    first write to the full pipe). Lines that do not fit the supervisor's
+    queue are dropped; when the reader comes back, the lines it reads are
+    whole (JSON, one a line, the fork server's too) and one says how many
+    were dropped."""
+    import fcntl
+    import subprocess
+    from types import SimpleNamespace
+
+    from fbtest import FORKBOXD, POLICY, http_get
+
+    r, w = os.pipe()
+    fcntl.fcntl(w, 1031, 4096)   # F_SETPIPE_SZ: one page, full at once
+    argv = [FORKBOXD, "--listen", "127.0.0.1:0", "--policy", POLICY, "--pool", "0",
+            "--log-level", "debug", "--log-format", "json"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ADK_CODE_MODE_")}
+    env["ADK_CODE_MODE_AUTH_TOKEN"] = TOKEN
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=w,
+                            env=env, start_new_session=True)
+    os.close(w)
+    try:
+        got = b""
+        deadline = time.monotonic() + 20
+        while (m := re.search(rb"listening on 127\.0\.0\.1:(\d+)", got)) is None:
+            assert time.monotonic() < deadline and proc.poll() is None, got[-2000:]
+            got += os.read(r, 65536)
+        d = SimpleNamespace(port=int(m.group(1)))
+        # From here on nobody reads. Each refused call is a debug line: far
+        # more than the pipe and the queue (256 KiB) hold.
+        flood = ("import os\nn = 0\nfor _ in range(20000):\n    try:\n        os.setuid(0)\n"
+                 "    except PermissionError:\n        n += 1\nprint(n)")
+        res = arun(one_block(d, flood, token=TOKEN), 30)
+        assert (res.stdout, res.exit_code) == ("20000\n", 0), res
+        t0 = time.monotonic()
+        assert http_get(d.port, "/health", timeout=5)[0] == 200
+        assert time.monotonic() - t0 < 1.0
+        assert turn_works(d, TOKEN)
+        # The reader comes back.
+        os.set_blocking(r, False)
+        text, dropped = b"", None
+        deadline = time.monotonic() + 10
+        while dropped is None and time.monotonic() < deadline:
+            try:
+                text += os.read(r, 1 << 20)
+            except BlockingIOError:
+                time.sleep(0.05)
+            dropped = re.search(rb"(\d+) log lines? dropped", text)
+        assert dropped, text[-3000:]
+        # Every refused call is a line, read or counted as dropped (the count
+        # itself must not be dropped for want of room).
+        n_dropped = int(dropped.group(1))
+        assert text.count(b"refused setuid") + n_dropped >= 20000, (n_dropped, text[-2000:])
+        text = got + text
+        objs = [json.loads(ln) for ln in text[:text.rindex(b"\n")].split(b"\n")]  # all whole
+        assert any(o["proc"] == "forkserver" for o in objs), text[:2000]
+        assert any("log lines dropped" in o["msg"] and o["level"] == "warn" for o in objs)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(10)
+        os.close(r)

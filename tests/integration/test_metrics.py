@@ -124,6 +124,16 @@ def test_counters_move_as_turns_run(make_daemon):
     assert delta(before, after, "forkbox_turn_peak_memory_bytes_sum") >= 100 << 20
     assert delta(before, after, "forkbox_client_received_bytes_total") > 0
     assert delta(before, after, "forkbox_client_sent_bytes_total") > 0
+    # Every iteration of the event loop is timed (issue 25, item 5); those
+    # turns took many, and none of them anywhere near a second.
+    iterations = delta(before, after, "forkbox_loop_iteration_seconds_count")
+    assert iterations > 20, iterations
+    assert delta(before, after, "forkbox_loop_iteration_seconds_bucket", le="1") == iterations
+    assert delta(before, after, "forkbox_loop_iteration_seconds_sum") > 0
+    # The helper threads: nothing left to close, nothing lost (stderr is read).
+    assert wait_until(lambda: val(scrape(port), "forkbox_closer_pending") == 0, 3)
+    assert val(after, "forkbox_closer_leaked_total") == 0
+    assert val(after, "forkbox_log_lines_dropped_total") == 0
 
     lines = end_lines(d)
     ends = sorted(m.group(2) for m in lines.values())

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import subprocess
 import time
 import uuid
@@ -42,6 +43,22 @@ def _under_asan(path: str) -> bool:
         return False
     return "libasan" in out
 
+
+def _kernel_has_passrights() -> bool:
+    """Whether this kernel has SO_PASSRIGHTS (Linux 6.16): then the supervisor
+    has it refuse the fds a sandbox sends (the sender gets EPERM)."""
+    a, b = socket.socketpair()
+    try:
+        a.setsockopt(socket.SOL_SOCKET, 83, 1)   # SO_PASSRIGHTS
+        return True
+    except OSError:
+        return False
+    finally:
+        a.close()
+        b.close()
+
+
+KERNEL_PASSRIGHTS = _kernel_has_passrights()
 
 # Checks of memory size and whole-address-space scans mean little under ASan:
 # its quarantine keeps freed memory resident and its shadow maps terabytes.

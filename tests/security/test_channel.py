@@ -51,10 +51,14 @@ ATTACKS = {
     "tools_archive_from_child": 'send("T", b"")',
     # the listener message is legal only as the first message, from setup
     "late_listener_message": 'send("N", b"")',
+    # Where the kernel refuses a sandbox's fds (SO_PASSRIGHTS), the message alone.
     "late_listener_message_with_fd": (
         'import socket\n'
-        'socket.send_fds(socket.socket(fileno=os.dup(CHAN)), [b"N\\0\\0\\0" + struct.pack("<I", 0)],'
-        ' [os.open("/dev/null", os.O_RDONLY)])'),
+        'try:\n'
+        '    socket.send_fds(socket.socket(fileno=os.dup(CHAN)), [b"N\\0\\0\\0" + struct.pack("<I", 0)],'
+        ' [os.open("/dev/null", os.O_RDONLY)])\n'
+        'except PermissionError:\n'
+        '    send("N", b"")'),
 }
 
 
@@ -72,7 +76,8 @@ ATTACK_REASONS = {
     "snapshot_before_done": "unexpected 'S' message in state X (block running)",
     "tools_archive_from_child": "unexpected 'T' message in state X (block running)",
     "late_listener_message": "unexpected 'N' message in state X (block running)",
-    "late_listener_message_with_fd": "unexpected 'N' message in state X (block running)",
+    "late_listener_message_with_fd": ("unexpected 'N' message in state X (block running)"
+                                      if sbx.KERNEL_PASSRIGHTS else "sandbox sent a file descriptor"),
 }
 
 
@@ -179,34 +184,5 @@ def test_frame_flood_with_a_stalled_client_is_bounded(daemon, kind):
     if not sbx.UNDER_ASAN:  # ASan's quarantine keeps freed memory resident
         assert peak - base < 64, f"supervisor RSS grew from {base} MB to {peak} MB: {samples}"
     assert b.completed and b.done_exit == 0 and b.stdout.startswith("sent "), repr(b)
-    ok, why = daemon.fresh_turn_ok()
-    assert ok, why
-
-
-def _fd_count(pid):
-    return len(os.listdir(f"/proc/{pid}/fd"))
-
-
-def test_fds_sent_on_the_channel_are_closed(daemon):
-    """Only the seccomp listener, attached to the sandbox's first message in setup,
-    is taken from the channel. fds that user code attaches to later messages
-    (here 3 x 50 with legal tool_call frames) are closed by the supervisor at
-    once: the turn goes on and the supervisor's fd table does not grow."""
-    base = _fd_count(daemon.pid)
-    code = sbx.prelude(FIND_CHAN + r'''
-import socket
-s = socket.socket(fileno=os.dup(CHAN))
-fd = os.open("/dev/null", os.O_RDONLY)
-for i in range(3):
-    body = ('{"id":"fd-%d","name":"echo","args":{"message":"x"},"timeout":null,"kind":"tool_call"}\n' % i).encode()
-    socket.send_fds(s, [b"F\0\0\0" + struct.pack("<I", len(body)) + body], [fd] * 50)
-time.sleep(1)
-print("ok")
-''')
-    r = daemon.run(code, timeout=60)
-    b = r.last
-    assert b.completed and b.stdout == "ok\n", repr(r)
-    assert [c["id"] for c in b.tool_calls] == ["fd-0", "fd-1", "fd-2"], b.tool_calls
-    assert sbx.wait_until(lambda: _fd_count(daemon.pid) <= base, 5), (base, _fd_count(daemon.pid))
     ok, why = daemon.fresh_turn_ok()
     assert ok, why

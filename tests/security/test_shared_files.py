@@ -25,6 +25,7 @@ cannot be evicted, which would make the page-cache checks vacuous; the first
 check proves eviction works there from the host).
 """
 
+import asyncio
 import ctypes
 import fcntl
 import mmap
@@ -136,6 +137,61 @@ def run_blocks(daemon, *steps, timeout=90.0):
 
 def one_block(daemon, code, timeout=90.0):
     return run_blocks(daemon, (0, code), timeout=timeout)[0]
+
+
+# --------------------------------------------------------------------------
+# futex keys (issue 25, item 6: documented, not closed)
+# --------------------------------------------------------------------------
+
+# A shared (not FUTEX_PRIVATE_FLAG) futex on a file mapping is keyed by the
+# inode and offset, not by the address space: two turns that map the same
+# root file can wake each other. seccomp sees futex's op, not what backs the
+# address, and refusing shared futexes would break multiprocessing's
+# semaphores (sem_open: shared futexes on a /dev/shm mapping), so README
+# ("What a sandbox can still see") lists it beside the timing channels. This
+# test documents the behaviour: if it starts failing, the channel closed and
+# the README must say so.
+FUTEX = r'''
+import ctypes, mmap, os, time
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                       ctypes.c_int, ctypes.c_long]
+fd = os.open(%r, os.O_RDONLY)
+ADDR = _libc.mmap(None, 4096, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+WORD = ctypes.c_uint32.from_address(ADDR).value
+class timespec(ctypes.Structure):
+    _fields_ = [("s", ctypes.c_long), ("ns", ctypes.c_long)]
+'''
+FUTEX_WAITER = FUTEX + r'''
+t0 = time.monotonic()
+r = sc(202, ADDR, 0, WORD, ctypes.addressof(timespec(8, 0)), 0, 0)   # FUTEX_WAIT, shared
+report({"wait": r, "after": round(time.monotonic() - t0, 2)})
+'''
+FUTEX_WAKER = FUTEX + r'''
+woken, end = 0, time.monotonic() + 6
+while not woken and time.monotonic() < end:
+    woken = sc(202, ADDR, 1, 1, 0, 0, 0)["ret"]     # FUTEX_WAKE, shared
+    time.sleep(0.01)
+report({"woken": woken})
+'''
+
+
+def test_futex_on_a_shared_file_wakes_another_turn(daemon):
+    """Turn A waits on a shared futex in its read-only mapping of a root file;
+    turn B, in its own mapping of the same file, wakes it (1 bit per wake)."""
+    async def go():
+        a, b = await sbx.Turn.open(daemon), await sbx.Turn.open(daemon)
+        try:
+            ra = asyncio.ensure_future(a.run(sbx.PRELUDE + FUTEX_WAITER % USR_FILE))
+            await asyncio.sleep(1.0)   # A is waiting
+            rb = await b.run(sbx.PRELUDE + FUTEX_WAKER % USR_FILE)
+            return (await ra).report(), rb.report()
+        finally:
+            await a.close()
+            await b.close()
+    wait, wake = sbx.arun(go(), 60)
+    assert wake["woken"] == 1, (wait, wake)
+    assert wait["wait"] == {"ret": 0, "errno": None} and wait["after"] < 7, (wait, wake)
 
 
 # --------------------------------------------------------------------------
