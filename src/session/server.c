@@ -409,7 +409,7 @@ static int server_may_admit(void *host, const char *authorization)
         return -ESHUTDOWN;
     if (srv->n_turns >= srv->cfg->capacity || srv->single_use_admitted)
         return -EBUSY;
-    if (srv->tokens && !tokens_match(srv->tokens, authorization))
+    if (srv->tokens && tokens_match(srv->tokens, authorization) < 0)
         return -EACCES;
     return 0;
 }
