@@ -124,6 +124,11 @@ static const struct opt opts[] = {
                                  "$PORT set: 0.0.0.0:$PORT). Port 0 picks a free port."},
     {"capacity", K_UINT, FIELD(capacity), .def = 64, .min = 1, .max = 1000000, .forkserver = true,
      .arg = "N", .help = "concurrent turns (default 64); more get 503 Busy"},
+    /* Tenants are the token file's names (net/auth.h); a tenant's turn
+     * beyond this gets 429, while others are still admitted. */
+    {"tenant-capacity", K_UINT, FIELD(tenant_capacity), .def = 0, .max = 1000000,
+     .arg = "N", .help = "of them, one tenant's at most (0 = no such limit, the\n"
+                         "default); more get 429 Too Many Requests"},
     {"single-use", K_FLAG, FIELD(single_use), .def = false,
      .help = "one turn, then exit 0 (the reference's behaviour)"},
     {"token-file", K_PATH, FIELD(token_file), .sdef = "",
@@ -243,6 +248,8 @@ static const struct opt opts[] = {
     {"turn-buffer", K_SIZE, FIELD(turn_buffer), .def = TURN_BUFFER_DEFAULT, .min = MiB,
      .max = 1ULL << 40,
      .arg = "SIZE", .help = "supervisor memory one turn's messages may hold (528M)"},
+    {"tenant-buffer", K_SIZE, FIELD(tenant_buffer), .def = 0, .max = 1ULL << 44,
+     .arg = "SIZE", .help = "... all turns of one tenant together (0 = no such limit)"},
     {"total-buffer", K_SIZE, FIELD(total_buffer), .def_fn = default_total_buffer,
      .max = 1ULL << 44,
      .arg = "SIZE", .help = "... all turns together (a quarter of RAM, >= 528M)"},
@@ -608,6 +615,15 @@ static int check(const struct config *cfg, char *err, size_t errlen)
         return err_fmt(err, errlen, -EINVAL,
                        "--total-buffer (%s) must be at least --turn-buffer (%s)",
                        fmt_size(a, sizeof a, cfg->total_buffer),
+                       fmt_size(b, sizeof b, cfg->turn_buffer));
+    /* Between the two: below a turn's, one turn would meet its tenant's
+     * ceiling (1013, try later) before its own (1009); above the total's,
+     * it would limit nothing. */
+    if (cfg->tenant_buffer && (cfg->tenant_buffer < cfg->turn_buffer ||
+                               cfg->tenant_buffer > cfg->total_buffer))
+        return err_fmt(err, errlen, -EINVAL,
+                       "--tenant-buffer (%s) must be 0 or between --turn-buffer (%s) and "
+                       "--total-buffer", fmt_size(a, sizeof a, cfg->tenant_buffer),
                        fmt_size(b, sizeof b, cfg->turn_buffer));
     int r = check_metrics(cfg, err, errlen);
     return r < 0 ? r : check_id_range(cfg, err, errlen);

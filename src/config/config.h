@@ -22,6 +22,7 @@ struct config {
     char listen_host[64];       /* numeric IPv4/IPv6 address */
     uint16_t listen_port;       /* 0 = ephemeral */
     unsigned capacity;          /* concurrent turns (default 64) */
+    unsigned tenant_capacity;   /* of them, held by one tenant at most (0 = no such limit) */
     bool single_use;            /* capacity 1; exit 0 when the turn ends */
     char token_file[256];       /* "" = use ADK_CODE_MODE_AUTH_TOKEN */
     unsigned preauth_max;       /* connections not yet admitted, at most (1024) */
@@ -69,6 +70,7 @@ struct config {
     uint64_t drain_timeout_ms;  /* SIGTERM: running turns' grace; default 30 s; 0 = close at once */
     uint64_t drain_admit_ms;    /* SIGTERM: new turns still admitted this long (/ready 503); 0 */
     uint64_t turn_buffer;       /* bytes of messages one turn may make the supervisor hold */
+    uint64_t tenant_buffer;     /* ... all turns of one tenant together (0 = no such limit) */
     uint64_t total_buffer;      /* ... all turns together */
 
     enum log_level log_level;
