@@ -67,7 +67,7 @@ static void test_names(void)
     strcpy(name65 + 65, " tok\n");
     is_int(parse(name64, &t, err), 0, "a name of 64 characters");
     tokens_free(t);
-    const char *bad[] = {"ok-tok\nt\xc3\xa9am secret-xyz\n", name65, "a/b secret-xyz\n",
+    const char *bad[] = {"ok-tok\nt\xc3\xa9" "am secret-xyz\n", name65, "a/b secret-xyz\n",
                          "a:b secret-xyz\n"};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
         ok(parse(bad[i], &t, err) == -EINVAL && t == NULL && strstr(err, "tenant name") &&
