@@ -91,6 +91,7 @@ static uint64_t default_total_buffer(void)
 
 static const char *const level_names[] = {"debug", "info", "warn", "error", NULL};
 static const char *const log_format_names[] = {"text", "json", NULL};
+static const char *const cpu_share_names[] = {"turn", "tenant", NULL}; /* enum cpu_share */
 
 #ifndef FORKBOX_BUILD_TOOL      /* the build tree's forkbox (`forkbox sandbox`) */
 #define FORKBOX_BUILD_TOOL ""
@@ -222,6 +223,12 @@ static const struct opt opts[] = {
      .arg = "N", .help = "CPU weight of all sandboxes together against the host's\n"
                          "processes (1-10000; a process has 100; 0 = 100 per running\n"
                          "turn, the default)"},
+    /* The cgroup helper puts a serving sandbox's CPU under a cgroup of its
+     * tenant (cgroups.c): each tenant with a busy turn weighs alike. */
+    {"cpu-share", K_ENUM, FIELD(cpu_share), .sdef = "turn", .forkserver = true,
+     .names = cpu_share_names, .arg = "BY",
+     .help = "turn: every busy turn gets a like share of the CPU (turn);\n"
+             "tenant: every tenant with a busy turn does"},
     {"tmpfs-size", K_SIZE, FIELD(tmpfs_size), .def = 512 * MiB, .max = 1ULL << 40,
      .forkserver = true,
      .arg = "SIZE", .help = "/workspace and /tmp size each (512M)"},

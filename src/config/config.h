@@ -15,6 +15,13 @@
 
 #define CONFIG_MAX_SITE_DIRS 16
 
+/* --cpu-share: what the scheduler weighs alike when sandboxes contend. */
+enum cpu_share {
+    CPU_SHARE_TURN,   /* every busy turn (its cgroup), whoever runs it */
+    CPU_SHARE_TENANT, /* every tenant with a busy turn (a cgroup per tenant above its turns'),
+                         so ten busy turns of one get what one of another gets */
+};
+
 struct config {
     char config_file[256];      /* --config: the file read (supervisor only; "" = none) */
 
@@ -63,6 +70,7 @@ struct config {
     uint64_t cpu_millis;        /* CPU per second of wall time, in ms (1000 = 1 CPU) */
     unsigned cpu_weight;        /* the sandboxes' parent cgroup's CPU weight (cgroup v2 units,
                                    1..10000); 0 = 100 per turn running (cgroups.c) */
+    enum cpu_share cpu_share;   /* --cpu-share turn|tenant (cgroups.c) */
     uint64_t tmpfs_size;        /* bytes for /workspace and /tmp together */
     uint64_t block_timeout_ms;  /* default 900 s; 0 = none */
     uint64_t turn_timeout_ms;   /* default 7200 s; 0 = none */

@@ -458,7 +458,7 @@ static int server_request_sandbox(void *host, uint64_t turn_id, const struct ten
     struct server *srv = host;
     if (srv->fs_state != FS_UP)
         return srv->stopping ? -ESHUTDOWN : -EAGAIN; /* asked again once one is ready */
-    return fs_client_request(&srv->fs, turn_id);
+    return fs_client_request(&srv->fs, turn_id, t->id);
 }
 
 /* GET /ready (the 503's body), and server_ready(). */

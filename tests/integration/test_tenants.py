@@ -11,6 +11,7 @@
 * --tenant-buffer: a tenant's turns together hold at most that much of the
   supervisor's buffers; a turn over it is closed with 1013, another tenant's
   is not.
+* --cpu-share tenant: a turn's sandbox runs under its tenant's cgroup.
 """
 
 import asyncio
@@ -270,3 +271,47 @@ def test_tenant_buffer_ends_only_that_tenants_turn(make_daemon, tmp_path):
     assert a2 == (1013, "server memory budget exhausted, try again later"), a2
     assert b.exit_code == 0 and b.stdout == "sent\n", b
     assert a1.exit_code == 0 and a1.stdout == "sent\n", a1
+
+
+TENANT_CG = re.compile(r"^(?:\d+:(?:[^:]*,)?cpu(?:,[^:]*)?|0:):.*/tenant-\d+-(\d+)/turn-\d+-\d+$",
+                       re.M)
+
+
+def tenants_running(d) -> list:
+    """The tenant numbers of the cgroups the daemon's processes' CPU is in."""
+    found = []
+    for pid in d.descendants():
+        try:
+            with open(f"/proc/{pid}/cgroup") as fh:
+                found += TENANT_CG.findall(fh.read())
+        except OSError:
+            pass
+    return sorted(found)
+
+
+def test_cpu_share_tenant_puts_turns_under_their_tenant(make_daemon, tmp_path):
+    """--cpu-share tenant: each turn's sandbox (pooled or fresh) runs in a cgroup
+    under its tenant's, named by the tenant's number, never its name; a turn
+    that ended leaves none behind."""
+    f = token_file(tmp_path, f"team-a {TOK['team-a']}\nteam-b {TOK['team-b']}\n")
+    d = make_daemon(["--token-file", str(f), "--cpu-share", "tenant", "--pool", "1"])
+
+    async def during(tokens) -> list:
+        """The tenants seen while turns of tokens run a block."""
+        turns = [await connect(d, token=t) for t in tokens]
+        try:
+            blocks = [asyncio.create_task(t.run("import time; time.sleep(4)")) for t in turns]
+            # the sandbox's init and runtime, for each turn
+            want = len(tokens) * 2
+            await asyncio.to_thread(wait_until, lambda: len(tenants_running(d)) >= want, 10)
+            seen = tenants_running(d)
+            for b in blocks:
+                await b
+            return seen
+        finally:
+            for t in turns:
+                await t.shutdown()
+    assert arun(during([TOK["team-a"]]), T) == ["1", "1"]
+    assert arun(during([TOK["team-b"], TOK["team-a"], TOK["team-a"]]), T) == ["1"] * 4 + ["2"] * 2
+    assert wait_until(lambda: tenants_running(d) == [], 10), tenants_running(d)
+    assert "team-" not in "".join(open(f"/proc/{p}/cgroup").read() for p in d.descendants())
