@@ -344,6 +344,9 @@ static void test_cgroups(void)
         printf("ok %d - # SKIP cgroup limits need root\n", ++tap_n);
         return;
     }
+    /* First, with its own helper state: both name turn cgroups by our pid
+     * from 1 on, and the later one's would replace the earlier's spares. */
+    test_tenant_cpu();
     struct config cfg = { .memory_max = 32 << 20, .pids_max = 16, .cpu_millis = 500,
                           .tmpfs_size = 512 << 20, .isolate = true };
     struct sbx_cgroups *cg = NULL;
@@ -351,7 +354,6 @@ static void test_cgroups(void)
     is_int(cgroups_init(&cfg, &cg, err, sizeof err), 0, "cgroups probed %s", err);
     test_cgroup_leftovers(cg, &cfg);
     test_cpu_weight(cg, &cfg);
-    test_tenant_cpu();
 
     /* memory: allocate 256 MiB in a turn limited to 32 MiB */
     int go;
