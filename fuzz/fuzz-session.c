@@ -55,8 +55,10 @@
 #include "proto/chan.h"
 #include "proto/frame.h"
 #include "proto/tarcheck.h"
+#include "net/auth.h"
 #include "session/notify.h"
 #include "session/session.h"
+#include "session/tenants.h"
 #include "stage/archive.h"
 
 #include <archive.h>
@@ -70,18 +72,23 @@
 static uint64_t spawn_wanted; /* the turn whose sandbox was asked for, 0 */
 static unsigned n_turns;
 
-static int may_admit(void *host, const char *authorization)
+static struct tenants tenants; /* the default tenant alone, as without auth */
+
+static int may_admit(void *host, const char *authorization, struct tenant **tenant)
 {
+    *tenant = tenants_find(&tenants, TENANT_DEFAULT);
     return 0;
 }
 
-static unsigned admit(void *host)
+static unsigned admit(void *host, struct tenant *tenant)
 {
+    tenant->turns++;
     return ++n_turns;
 }
 
-static void release(void *host)
+static void release(void *host, struct tenant *tenant)
 {
+    tenant->turns--;
     n_turns--;
 }
 
@@ -90,7 +97,7 @@ static const char *not_ready(void *host)
     return NULL;
 }
 
-static int request_sandbox(void *host, uint64_t turn_id)
+static int request_sandbox(void *host, uint64_t turn_id, const struct tenant *tenant)
 {
     spawn_wanted = turn_id;
     return 0;
@@ -510,8 +517,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     struct budget total = {.max = cfg.total_buffer};
     struct preauth_pool preauth;
     FUZZ_ASSERT(preauth_init(&preauth, 8, 0) == 0, "preauth_init");
+    tenants_init(&tenants, &total, 0);
+    FUZZ_ASSERT(tenants_sync(&tenants, NULL) == 0, "tenants_sync");
     const struct session_env env = {.loop = loop, .cfg = &cfg, .budget = &total,
-                                    .preauth = &preauth, .may_admit = may_admit,
+                                    .preauth = &preauth, .tenants = &tenants,
+                                    .may_admit = may_admit,
                                     .admit = admit, .release = release,
                                     .request_sandbox = request_sandbox,
                                     .not_ready = not_ready};
@@ -650,6 +660,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     FUZZ_ASSERT(!dead || n_turns == 0, "a dead session still holds its turn slot");
     sessions_free(set);
     preauth_free(&preauth);
+    tenants_free(&tenants);
     FUZZ_ASSERT(total.used == 0, "%llu bytes still charged after the session was freed",
                 (unsigned long long)total.used);
 

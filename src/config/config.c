@@ -91,6 +91,7 @@ static uint64_t default_total_buffer(void)
 
 static const char *const level_names[] = {"debug", "info", "warn", "error", NULL};
 static const char *const log_format_names[] = {"text", "json", NULL};
+static const char *const cpu_share_names[] = {"turn", "tenant", NULL}; /* enum cpu_share */
 
 #ifndef FORKBOX_BUILD_TOOL      /* the build tree's forkbox (`forkbox sandbox`) */
 #define FORKBOX_BUILD_TOOL ""
@@ -124,6 +125,11 @@ static const struct opt opts[] = {
                                  "$PORT set: 0.0.0.0:$PORT). Port 0 picks a free port."},
     {"capacity", K_UINT, FIELD(capacity), .def = 64, .min = 1, .max = 1000000, .forkserver = true,
      .arg = "N", .help = "concurrent turns (default 64); more get 503 Busy"},
+    /* Tenants are the token file's names (net/auth.h); a tenant's turn
+     * beyond this gets 429, while others are still admitted. */
+    {"tenant-capacity", K_UINT, FIELD(tenant_capacity), .def = 0, .max = 1000000,
+     .arg = "N", .help = "of them, one tenant's at most (0 = no such limit, the\n"
+                         "default); more get 429 Too Many Requests"},
     {"single-use", K_FLAG, FIELD(single_use), .def = false,
      .help = "one turn, then exit 0 (the reference's behaviour)"},
     {"token-file", K_PATH, FIELD(token_file), .sdef = "",
@@ -222,6 +228,12 @@ static const struct opt opts[] = {
      .arg = "N", .help = "CPU weight of all sandboxes together against the host's\n"
                          "processes (1-10000; a process has 100; 0 = 100 per running\n"
                          "turn, the default)"},
+    /* The cgroup helper puts a serving sandbox's CPU under a cgroup of its
+     * tenant (cgroups.c): each tenant with a busy turn weighs alike. */
+    {"cpu-share", K_ENUM, FIELD(cpu_share), .sdef = "turn", .forkserver = true,
+     .names = cpu_share_names, .arg = "BY",
+     .help = "turn: every busy turn gets a like share of the CPU (turn);\n"
+             "tenant: every tenant with a busy turn does"},
     {"tmpfs-size", K_SIZE, FIELD(tmpfs_size), .def = 512 * MiB, .max = 1ULL << 40,
      .forkserver = true,
      .arg = "SIZE", .help = "/workspace and /tmp size each (512M)"},
@@ -248,6 +260,8 @@ static const struct opt opts[] = {
     {"turn-buffer", K_SIZE, FIELD(turn_buffer), .def = TURN_BUFFER_DEFAULT, .min = MiB,
      .max = 1ULL << 40,
      .arg = "SIZE", .help = "supervisor memory one turn's messages may hold (528M)"},
+    {"tenant-buffer", K_SIZE, FIELD(tenant_buffer), .def = 0, .max = 1ULL << 44,
+     .arg = "SIZE", .help = "... all turns of one tenant together (0 = no such limit)"},
     {"total-buffer", K_SIZE, FIELD(total_buffer), .def_fn = default_total_buffer,
      .max = 1ULL << 44,
      .arg = "SIZE", .help = "... all turns together (a quarter of RAM, >= 528M)"},
@@ -613,6 +627,15 @@ static int check(const struct config *cfg, char *err, size_t errlen)
         return err_fmt(err, errlen, -EINVAL,
                        "--total-buffer (%s) must be at least --turn-buffer (%s)",
                        fmt_size(a, sizeof a, cfg->total_buffer),
+                       fmt_size(b, sizeof b, cfg->turn_buffer));
+    /* Between the two: below a turn's, one turn would meet its tenant's
+     * ceiling (1013, try later) before its own (1009); above the total's,
+     * it would limit nothing. */
+    if (cfg->tenant_buffer && (cfg->tenant_buffer < cfg->turn_buffer ||
+                               cfg->tenant_buffer > cfg->total_buffer))
+        return err_fmt(err, errlen, -EINVAL,
+                       "--tenant-buffer (%s) must be 0 or between --turn-buffer (%s) and "
+                       "--total-buffer", fmt_size(a, sizeof a, cfg->tenant_buffer),
                        fmt_size(b, sizeof b, cfg->turn_buffer));
     int r = check_metrics(cfg, err, errlen);
     return r < 0 ? r : check_id_range(cfg, err, errlen);

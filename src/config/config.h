@@ -15,6 +15,13 @@
 
 #define CONFIG_MAX_SITE_DIRS 16
 
+/* --cpu-share: what the scheduler weighs alike when sandboxes contend. */
+enum cpu_share {
+    CPU_SHARE_TURN,   /* every busy turn (its cgroup), whoever runs it */
+    CPU_SHARE_TENANT, /* every tenant with a busy turn (a cgroup per tenant above its turns'),
+                         so ten busy turns of one get what one of another gets */
+};
+
 struct config {
     char config_file[256];      /* --config: the file read (supervisor only; "" = none) */
 
@@ -22,6 +29,7 @@ struct config {
     char listen_host[64];       /* numeric IPv4/IPv6 address */
     uint16_t listen_port;       /* 0 = ephemeral */
     unsigned capacity;          /* concurrent turns (default 64) */
+    unsigned tenant_capacity;   /* of them, held by one tenant at most (0 = no such limit) */
     bool single_use;            /* capacity 1; exit 0 when the turn ends */
     char token_file[256];       /* "" = use ADK_CODE_MODE_AUTH_TOKEN */
     unsigned preauth_max;       /* connections not yet admitted, at most (1024) */
@@ -64,6 +72,7 @@ struct config {
     uint64_t cpu_millis;        /* CPU per second of wall time, in ms (1000 = 1 CPU) */
     unsigned cpu_weight;        /* the sandboxes' parent cgroup's CPU weight (cgroup v2 units,
                                    1..10000); 0 = 100 per turn running (cgroups.c) */
+    enum cpu_share cpu_share;   /* --cpu-share turn|tenant (cgroups.c) */
     uint64_t tmpfs_size;        /* bytes for /workspace and /tmp together */
     uint64_t block_timeout_ms;  /* default 900 s; 0 = none */
     uint64_t turn_timeout_ms;   /* default 7200 s; 0 = none */
@@ -71,6 +80,7 @@ struct config {
     uint64_t drain_timeout_ms;  /* SIGTERM: running turns' grace; default 30 s; 0 = close at once */
     uint64_t drain_admit_ms;    /* SIGTERM: new turns still admitted this long (/ready 503); 0 */
     uint64_t turn_buffer;       /* bytes of messages one turn may make the supervisor hold */
+    uint64_t tenant_buffer;     /* ... all turns of one tenant together (0 = no such limit) */
     uint64_t total_buffer;      /* ... all turns together */
 
     enum log_level log_level;

@@ -216,3 +216,7 @@
  * every SIGHUP; 64 tokens leave room for any rotation. */
 #define TOKEN_FILE_MAX_BYTES (64 * KiB)
 #define TOKENS_MAX 64
+/* A tenant's name (net/auth.h: "NAME TOKEN" lines), at most. Tenants are
+ * therefore at most TOKENS_MAX at a time, which bounds the metrics' tenant
+ * label (session/tenants.h). */
+#define TENANT_NAME_MAX 64

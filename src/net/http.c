@@ -505,13 +505,14 @@ static int write_response(struct buf *out, int status, const char *reason,
      * 6455 4.2.2 / 4.4 (the versions we speak). Connection stays "close"
      * alone, as spec 1.1 and the reference (python websockets) have it:
      * the socket is closed after the response whatever a proxy does. */
-    /* A 503 (at capacity, draining, /ready not ready) says when to ask
-     * again (RFC 9110 10.2.3): the host retries 503s anyway (spec 7.1), a
-     * load balancer or a plain client learns to. */
-    const char *upgrade = status == 426   ? "Upgrade: websocket\r\n"
-                                            "Sec-WebSocket-Version: 13\r\n"
-                          : status == 503 ? "Retry-After: 1\r\n"
-                                          : "";
+    /* A 503 (at capacity, draining, /ready not ready) and a 429 (a tenant
+     * at its share) say when to ask again (RFC 9110 10.2.3, RFC 6585 4):
+     * the host retries them anyway (spec 7.1), a load balancer or a plain
+     * client learns to. */
+    const char *upgrade = status == 426                   ? "Upgrade: websocket\r\n"
+                                                            "Sec-WebSocket-Version: 13\r\n"
+                          : status == 503 || status == 429 ? "Retry-After: 1\r\n"
+                                                           : "";
     ret = buf_printf(out,
                      "HTTP/1.1 %d %s\r\n"
                      "Content-Type: %s\r\n"

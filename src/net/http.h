@@ -50,8 +50,8 @@ int http_ws_accept(const char *key, char out[29]);
 
 /* Append a complete non-101 response: status line, Content-Type: text/plain;
  * charset=utf-8, Content-Length, Date, Server: forkbox, (for 426 only:
- * Upgrade: websocket, Sec-WebSocket-Version: 13; for 503 only: Retry-After:
- * 1,) Connection: close, blank
+ * Upgrade: websocket, Sec-WebSocket-Version: 13; for 503 and 429 only:
+ * Retry-After: 1,) Connection: close, blank
  * line, body (byte exact). */
 int http_write_response(struct buf *out, int status, const char *reason, const char *body);
 /* The same with another Content-Type and a body of body_len bytes (the

@@ -18,6 +18,8 @@
  * least 1, at most 10000), rewritten as turns start and end, so that a busy
  * sandbox gets what a plain busy process would; pooled sandboxes, idle until
  * a turn takes them, do not count. --cpu-weight fixes it instead.
+ * --cpu-share tenant adds a level between the parent and the turns: a
+ * cgroup per tenant (see "tenants" below).
  *
  * (The rlimits a sandbox sets on itself are rlimits.c.)
  *
@@ -43,6 +45,7 @@
  * memory. */
 #include "sandbox/cgroups.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -74,6 +77,7 @@ struct sbx_cgroups {
     bool swap_file;           /* v1 memory.memsw.limit_in_bytes / v2 memory.swap.max exists */
     size_t spare_max;         /* spares kept (see the top) */
     unsigned cpu_weight;      /* --cpu-weight, or 0: 100 per sandbox serving a turn */
+    bool per_tenant;          /* --cpu-share tenant (and a cpu controller): see "tenants" */
     unsigned weight_set;      /* the parent's weight last written (0: none yet) */
     bool weight_failed;       /* writing it failed once (logged once) */
     uint64_t next_seq;        /* last turn cgroup number handed out */
@@ -82,6 +86,8 @@ struct sbx_cgroups {
         uint64_t seq;         /* its cgroup number */
         bool complete;        /* every directory made, limited and entered: reusable */
         bool serving;         /* its sandbox serves a turn (counted in the CPU weight) */
+        uint32_t tenant;      /* per_tenant: the tenant whose cgroup its CPU moved under (the
+                                 tenant's turn directory is removed at its release); 0: none */
         struct cg_events base; /* its counters when the sandbox in it was placed (they
                                   only grow, and survive reuse) */
     } *live, *busy, *spare;   /* owned: placed turns; released, tasks still exiting;
@@ -421,7 +427,7 @@ static bool turn_empty(const struct sbx_cgroups *cg, uint64_t seq)
 /* The value of "key N" in a flat-keyed cgroup file; 0 if absent. */
 static uint32_t read_key(const char *dir, const char *file, const char *key)
 {
-    char path[PATH_MAX + 64], buf[1024];
+    char path[PATH_MAX + 128], buf[1024];
     snprintf(path, sizeof path, "%s/%s", dir, file);
     if (read_file(path, buf, sizeof buf) < 0)
         return 0;
@@ -435,7 +441,7 @@ static uint32_t read_key(const char *dir, const char *file, const char *key)
 /* A file holding one number; 0 if absent. */
 static uint64_t read_u64(const char *dir, const char *file)
 {
-    char path[PATH_MAX + 96], buf[32];
+    char path[PATH_MAX + 128], buf[32];
     snprintf(path, sizeof path, "%s/%s", dir, file);
     if (read_file(path, buf, sizeof buf) < 0)
         return 0;
@@ -566,10 +572,112 @@ static int make_turn_dir(const struct sbx_cgroups *cg, int c, const char *dir)
     return 0;
 }
 
+/* --- tenants (--cpu-share tenant) ----------------------------------------
+ *
+ * The scheduler shares the CPU between sibling cgroups by weight. With every
+ * turn cgroup a child of the sandboxes' parent, a tenant with ten busy turns
+ * had ten shares to another's one. Per tenant, the helper moves a sandbox
+ * that starts serving one level down, into
+ *     <parent>/tenant-<helper pid>-<tenant>/turn-<helper pid>-<seq>
+ * of the hierarchy with the cpu controller. Tenants' cgroups keep the
+ * default weight: every tenant with a busy turn weighs alike, and its busy
+ * turns share its part (an idle turn takes nothing). On v1 only the cpu
+ * hierarchy moves (memory and pids stay in the turn's own cgroups); on v2
+ * the one directory does, so the tenant's turn directory gets every limit,
+ * and what the sandbox charged before (its warm-up in the pool: nothing of
+ * a turn) stays charged to the directory it left, which is kept until its
+ * release. The move happens at serving because a pooled sandbox's tenant is
+ * not known before; until the helper gets to it, the sandbox runs in its
+ * own turn cgroup, with every limit: only its weight is not yet its
+ * tenant's. A tenant is a number (session/tenants.h): names never reach the
+ * fork server, whose memory every sandbox starts from. Tenant directories
+ * stay until the helper exits. */
+
+static void tenant_dir(const struct sbx_cgroups *cg, uint32_t tenant, char *out, size_t len)
+{
+    snprintf(out, len, "%s/tenant-%d-%u", cg->dir[CG_CPU], (int)getpid(), (unsigned)tenant);
+}
+
+static void tenant_turn_dir(const struct sbx_cgroups *cg, const struct cg_turn *t, char *out,
+                            size_t len)
+{
+    snprintf(out, len, "%s/tenant-%d-%u/turn-%d-%llu", cg->dir[CG_CPU], (int)getpid(),
+             (unsigned)t->tenant, (int)getpid(), (unsigned long long)t->seq);
+}
+
+/* Remove t's turn directory under its tenant; -EBUSY while a task of it is
+ * still exiting. */
+static int tenant_leave(const struct sbx_cgroups *cg, const struct cg_turn *t)
+{
+    char dir[PATH_MAX + 96];
+    if (!t->tenant)
+        return 0;
+    tenant_turn_dir(cg, t, dir, sizeof dir);
+    if (rmdir(dir) == 0 || errno == ENOENT)
+        return 0;
+    if (errno != EBUSY)
+        LOG_W("cgroup: cannot remove %s: %s", dir, strerror(errno));
+    return errno == EBUSY ? -EBUSY : 0;
+}
+
+/* Move every task of t's own cpu directory into a new one under its
+ * tenant's, limited as the one it leaves. Tasks exit or fork meanwhile:
+ * until none is left (pids.max bounds them; a few rounds at most). */
+static int tenant_enter(struct sbx_cgroups *cg, struct cg_turn *t, uint32_t tenant,
+                        const struct config *cfg)
+{
+    char tdir[PATH_MAX + 48], dir[PATH_MAX + 96], home[PATH_MAX + 48], path[PATH_MAX + 112];
+    tenant_dir(cg, tenant, tdir, sizeof tdir);
+    if (mkdir(tdir, 0755) == 0) {
+        char ctls[64];
+        v2_ctls(cg, ctls, sizeof ctls);
+        int rc = cg->v2 ? v2_enable(tdir, ctls, NULL, 0) : 0;
+        if (rc < 0)
+            return rc;
+    } else if (errno != EEXIST) {
+        return -errno;
+    }
+    t->tenant = tenant; /* from here on, its release removes what is made */
+    tenant_turn_dir(cg, t, dir, sizeof dir);
+    if (mkdir(dir, 0755) < 0 && (errno != EEXIST || rmdir(dir) < 0 || mkdir(dir, 0755) < 0))
+        return -errno;
+    for (int c = 0; c < CG_N; c++) {
+        int rc = (cg->v2 ? cg->dir[c][0] != '\0' : c == CG_CPU)
+                     ? set_limits(cg, c, dir, cfg, NULL, 0) : 0;
+        if (rc < 0)
+            return rc;
+    }
+    turn_dir(cg, CG_CPU, t->seq, home, sizeof home);
+    snprintf(path, sizeof path, "%s/cgroup.procs", home);
+    snprintf(dir + strlen(dir), sizeof dir - strlen(dir), "/cgroup.procs");
+    for (int round = 0; round < 16; round++) {
+        FILE *f = fopen(path, "re");
+        if (!f)
+            return -errno;
+        char pid[32];
+        bool any = false;
+        while (fgets(pid, sizeof pid, f)) {
+            int rc = write_file(dir, pid);
+            if (rc < 0 && rc != -ESRCH) {
+                fclose(f);
+                return rc;
+            }
+            any = true;
+        }
+        fclose(f);
+        if (!any)
+            return 0;
+    }
+    return -EAGAIN;
+}
+
 /* A released turn cgroup: spare if it is empty and there is room, else
  * removed; -EBUSY while a task of it is still exiting. */
 static int recycle_turn(struct sbx_cgroups *cg, struct cg_turn t)
 {
+    if (tenant_leave(cg, &t) == -EBUSY)
+        return -EBUSY;
+    t.tenant = 0;
     if (t.complete && cg->n_spare < cg->spare_max && turn_empty(cg, t.seq) &&
         turn_push(&cg->spare, &cg->n_spare, &cg->cap_spare, t) == 0)
         return 0;
@@ -690,7 +798,7 @@ static bool wanted(const struct config *cfg, int c)
     case CG_PIDS:
         return cfg->pids_max != 0;
     default:
-        return cfg->cpu_millis != 0 || cfg->cpu_weight != 0;
+        return cfg->cpu_millis != 0 || cfg->cpu_weight != 0 || cfg->cpu_share == CPU_SHARE_TENANT;
     }
 }
 
@@ -774,9 +882,10 @@ static void probe_turn(struct sbx_cgroups *cg, const struct config *cfg,
 /* The one line that stops the start: what is missing, and the ways out. */
 static int refuse(int c, const char *why, char *err, size_t errlen)
 {
-    static const char *const flag[CG_N] = {"--memory", "--pids", "--cpu/--cpu-weight"};
+    static const char *const flag[CG_N] = {"--memory", "--pids",
+                                           "--cpu/--cpu-weight/--cpu-share tenant"};
     static const char *const off[CG_N] = {"--memory 0", "--pids 0",
-                                          "--cpu 0 without --cpu-weight"};
+                                          "--cpu 0 without --cpu-weight or --cpu-share tenant"};
     return err_fmt(err, errlen, -EOPNOTSUPP,
                    "cgroup controller '%s' is not usable (%s): the per-turn %s limit cannot be "
                    "enforced; mount the controller or make its hierarchy writable (systemd: "
@@ -835,6 +944,7 @@ int cgroups_init(const struct config *cfg, struct sbx_cgroups **out, char *err, 
         LOG_W("cgroup: cannot set the sandboxes' CPU weight: %s", wwhy);
     }
 
+    cg->per_tenant = cfg->cpu_share == CPU_SHARE_TENANT && cg->dir[CG_CPU][0];
     char what[128] = "";
     for (int c = 0; c < CG_N; c++)
         if (cg->dir[c][0])
@@ -843,10 +953,11 @@ int cgroups_init(const struct config *cfg, struct sbx_cgroups **out, char *err, 
     if (!what[0])
         LOG_I("cgroups: none used (no per-turn limit asked for, or --allow-no-cgroups)");
     else
-        LOG_I("cgroups: %s %s under %s (memory %llu bytes%s, pids %llu, cpu %llu ms/s)",
+        LOG_I("cgroups: %s %s under %s (memory %llu bytes%s, pids %llu, cpu %llu ms/s%s)",
               cg->v2 ? "v2" : "v1", what, cg->dir[CG_MEMORY][0] ? cg->dir[CG_MEMORY] : cg->dir[CG_PIDS],
               (unsigned long long)cfg->memory_max, cg->swap_file ? ", no swap" : "",
-              (unsigned long long)cfg->pids_max, (unsigned long long)cfg->cpu_millis);
+              (unsigned long long)cfg->pids_max, (unsigned long long)cfg->cpu_millis,
+              cg->per_tenant ? ", shared per tenant" : "");
     char mnt[PATH_MAX];
     if (what[0] && cgroup_mount("", mnt, sizeof mnt) < 0)
         LOG_I("cgroups: moving a sandbox into its cgroups waits for an RCU grace period "
@@ -919,7 +1030,15 @@ void cgroups_events(struct sbx_cgroups *cg, pid_t pid, struct cg_events *ev)
          * it is the cgroup's since mkdir, so this sandbox's only if it rose
          * while this sandbox ran; in a reused cgroup that stayed below an
          * earlier sandbox's peak it is unknown (0). */
-        if (cg->v2) {
+        if (cg->v2 && t->tenant) {
+            /* Moved (see "tenants"): the turn ran in its tenant's turn
+             * directory, made for it alone; add what that one counted. */
+            char dir[PATH_MAX + 96];
+            tenant_turn_dir(cg, t, dir, sizeof dir);
+            ev->oom_kills += read_key(dir, "memory.events", "oom_kill");
+            ev->pids_max += read_key(dir, "pids.events", "max");
+            ev->mem_peak = read_u64(dir, "memory.peak");
+        } else if (cg->v2) {
             ev->mem_peak = now.mem_peak > t->base.mem_peak ? now.mem_peak : 0;
         } else if (now.mem_peak) {
             char dir[PATH_MAX + 48];
@@ -945,14 +1064,21 @@ unsigned cgroups_cpu_weight(const struct sbx_cgroups *cg)
     return cg ? cg->weight_set : 0;
 }
 
-void cgroups_serving(struct sbx_cgroups *cg, pid_t pid)
+void cgroups_serving(struct sbx_cgroups *cg, pid_t pid, uint32_t tenant, const struct config *cfg)
 {
-    for (size_t i = 0; cg && i < cg->n_live; i++)
-        if (cg->live[i].pid == pid && !cg->live[i].serving) {
-            cg->live[i].serving = true;
-            set_parent_weight(cg, NULL, 0);
-            return;
-        }
+    for (size_t i = 0; cg && i < cg->n_live; i++) {
+        struct cg_turn *t = &cg->live[i];
+        if (t->pid != pid || t->serving)
+            continue;
+        t->serving = true;
+        set_parent_weight(cg, NULL, 0);
+        int rc = cg->per_tenant && tenant && t->complete ? tenant_enter(cg, t, tenant, cfg) : 0;
+        /* It stays where it is, limits and all: only the weight is off. */
+        if (rc < 0)
+            LOG_W("cgroup: sandbox %d stays out of its tenant's cgroup (tenant %u): %s",
+                  (int)pid, (unsigned)tenant, strerror(-rc));
+        return;
+    }
 }
 
 size_t cgroups_retry(struct sbx_cgroups *cg)
@@ -965,6 +1091,25 @@ size_t cgroups_retry(struct sbx_cgroups *cg)
             cg->busy[kept++] = cg->busy[i];
     cg->n_busy = kept;
     return kept;
+}
+
+/* Every tenant directory of ours (empty now, unless a turn directory in it
+ * was still busy: then it stays, as that one does). */
+static void tenant_dirs_remove(const struct sbx_cgroups *cg)
+{
+    char prefix[32], path[PATH_MAX + 320];
+    DIR *d = cg->per_tenant ? opendir(cg->dir[CG_CPU]) : NULL;
+    if (!d)
+        return;
+    snprintf(prefix, sizeof prefix, "tenant-%d-", (int)getpid());
+    for (struct dirent *e; (e = readdir(d));) {
+        if (strncmp(e->d_name, prefix, strlen(prefix)) != 0)
+            continue;
+        snprintf(path, sizeof path, "%s/%s", cg->dir[CG_CPU], e->d_name);
+        if (rmdir(path) < 0)
+            LOG_W("cgroup: cannot remove %s: %s", path, strerror(errno));
+    }
+    closedir(d);
 }
 
 void cgroups_free(struct sbx_cgroups *cg)
@@ -988,6 +1133,7 @@ void cgroups_free(struct sbx_cgroups *cg)
         nanosleep(&(struct timespec){.tv_nsec = 10 * 1000 * 1000}, NULL);
     if (cg->n_busy)
         LOG_W("cgroup: %zu turn cgroups still busy at exit", cg->n_busy);
+    tenant_dirs_remove(cg);
     free(cg->live);
     free(cg->busy);
     free(cg->spare);

@@ -39,10 +39,11 @@ void cgroups_events(struct sbx_cgroups *cg, pid_t pid, struct cg_events *ev);
  * spare. Never blocks: a cgroup whose tasks are still exiting is kept for
  * cgroups_retry(). */
 void cgroups_release(struct sbx_cgroups *cg, pid_t pid);
-/* pid's sandbox now serves a turn: it counts in the sandboxes' CPU weight
- * (cgroups.c) until it is released. Unknown pids (gone before placement)
- * are ignored. */
-void cgroups_serving(struct sbx_cgroups *cg, pid_t pid);
+/* pid's sandbox now serves a turn of tenant number tenant (0: none): it
+ * counts in the sandboxes' CPU weight (cgroups.c) until it is released, and
+ * with --cpu-share tenant its CPU moves under its tenant's cgroup (limits
+ * from cfg). Unknown pids (gone before placement) are ignored. */
+void cgroups_serving(struct sbx_cgroups *cg, pid_t pid, uint32_t tenant, const struct config *cfg);
 /* The CPU weight last written to the sandboxes' parent (cgroup v2 units; 0
  * if none was: no cpu controller, or the write failed). */
 unsigned cgroups_cpu_weight(const struct sbx_cgroups *cg);

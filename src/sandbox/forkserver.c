@@ -373,11 +373,13 @@ static bool pool_take(struct forkserver *fsv, struct pool_slot *out)
     return false;
 }
 
-/* A sandbox was handed to a turn: tell the cgroup helper (CPU weight). */
-static void serving(struct forkserver *fsv, pid_t pid)
+/* A sandbox was handed to a turn of tenant: tell the cgroup helper (CPU
+ * weight, the tenant's cgroup). */
+static void serving(struct forkserver *fsv, pid_t pid, uint32_t tenant)
 {
     if (fsv->placer_fd >= 0)
-        placer_send(fsv, &(struct placer_req){.op = PLACER_SERVING, .pid = pid}, -1);
+        placer_send(fsv, &(struct placer_req){.op = PLACER_SERVING, .pid = pid, .tenant = tenant},
+                    -1);
 }
 
 static void handle_spawn(struct forkserver *fsv, const struct fs_request *req)
@@ -400,7 +402,7 @@ static void handle_spawn(struct forkserver *fsv, const struct fs_request *req)
             PLOG_E("reply for turn %llu", (unsigned long long)req->turn_id);
             kill(sl.pid, SIGKILL); /* reaped and released on SIGCHLD */
         } else {
-            serving(fsv, sl.pid);
+            serving(fsv, sl.pid, req->tenant);
         }
         LOG_D("turn %llu: pooled sandbox %d (%s, %llu ms old) in %llu us",
               (unsigned long long)req->turn_id, (int)sl.pid, warm ? "warm" : "still warming up",
@@ -434,7 +436,7 @@ static void handle_spawn(struct forkserver *fsv, const struct fs_request *req)
         PLOG_E("reply for turn %llu", (unsigned long long)req->turn_id);
         kill(c.pid, SIGKILL); /* nobody will talk to it */
     } else if (r == 0) {
-        serving(fsv, c.pid);
+        serving(fsv, c.pid, req->tenant);
     }
     /* Handed off (or failed): our copies go, so no later sandbox inherits
      * them and the supervisor alone decides when the channel closes. */

@@ -76,8 +76,9 @@ int fs_client_ready(struct fs_client *fs, char *err, size_t errlen);
  * (fs then holds nothing). */
 int fs_client_start(const struct config *cfg, int log_fd, struct fs_client *fs, char *err,
                     size_t errlen);
-/* Queue one spawn request; 0, -EAGAIN if the socket is full, or -errno. */
-int fs_client_request(struct fs_client *fs, uint64_t turn_id);
+/* Queue one spawn request for turn_id of tenant number tenant (0: none;
+ * --cpu-share tenant); 0, -EAGAIN if the socket is full, or -errno. */
+int fs_client_request(struct fs_client *fs, uint64_t turn_id, uint32_t tenant);
 /* Read one reply. 1 with *rep filled (and, when rep->status == 0, the
  * caller owns *chan_fd and *pidfd), 0 if none is ready, or -errno if the fork
  * server is gone or broke the protocol (the supervisor then restarts it). */

@@ -315,9 +315,9 @@ int fs_client_start(const struct config *cfg, int log_fd, struct fs_client *fs, 
     return 0;
 }
 
-int fs_client_request(struct fs_client *fs, uint64_t turn_id)
+int fs_client_request(struct fs_client *fs, uint64_t turn_id, uint32_t tenant)
 {
-    struct fs_request req = {.op = FS_OP_SPAWN, .turn_id = turn_id};
+    struct fs_request req = {.op = FS_OP_SPAWN, .tenant = tenant, .turn_id = turn_id};
     ssize_t n;
     do
         n = send(fs->ctl_fd, &req, sizeof req, MSG_DONTWAIT | MSG_NOSIGNAL);

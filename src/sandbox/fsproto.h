@@ -37,7 +37,8 @@ enum fs_op { FS_OP_SPAWN = 1 };
 
 struct fs_request {
     uint32_t op;      /* enum fs_op */
-    uint32_t reserved;
+    uint32_t tenant;  /* the turn's tenant's number (session/tenants.h), never its name;
+                         0 = none. Only the cgroup helper uses it (--cpu-share tenant) */
     uint64_t turn_id; /* echoed in the reply */
 };
 

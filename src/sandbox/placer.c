@@ -114,7 +114,7 @@ _Noreturn void placer_main(const struct config *cfg, struct sbx_cgroups *cg, int
                 cgroups_release(cg, req.pid);
                 busy = cgroups_retry(cg);
             } else if (req.op == PLACER_SERVING) {
-                cgroups_serving(cg, req.pid);
+                cgroups_serving(cg, req.pid, req.tenant, cfg);
             }
         }
     }

@@ -24,7 +24,8 @@ enum placer_op {
     PLACER_ATTACH = 1,
     PLACER_RELEASE = 2,
     PLACER_RELEASE_REPORT = 3,
-    PLACER_SERVING = 4, /* the sandbox was handed to a turn: it counts in the CPU weight */
+    PLACER_SERVING = 4, /* the sandbox was handed to a turn: it counts in the CPU weight,
+                           and its CPU goes under its tenant's cgroup (--cpu-share tenant) */
 };
 
 struct placer_req {
@@ -32,7 +33,7 @@ struct placer_req {
     int32_t pid;         /* ATTACH carries the child's go fd by SCM_RIGHTS */
     uint64_t turn_id;    /* RELEASE_REPORT: the turn the reaped sandbox served */
     int32_t wait_status; /* RELEASE_REPORT: its init's wait status */
-    int32_t reserved;
+    uint32_t tenant;     /* SERVING: the turn's tenant's number (fsproto.h), 0 = none */
 };
 
 /* The helper's loop, in the child of fork_helper (core/util.h): requests on fd, death

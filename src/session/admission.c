@@ -29,6 +29,7 @@
 #include "session/preauth.h"
 #include "session/session.h"
 #include "session/session_int.h"
+#include "session/tenants.h"
 
 #define REPLY_LINGER_MS 1000   /* after a non-101 reply: wait for the peer's EOF */
 
@@ -126,7 +127,8 @@ int flush_out(struct session *s)
 
 /* ---------------------------------------------------------------- HTTP */
 
-static void admit(struct session *s, const uint8_t *rest, size_t rest_len)
+static void admit(struct session *s, struct tenant *tenant, const uint8_t *rest,
+                  size_t rest_len)
 {
     const struct session_env *env = s->env;
     const char *key = http_req_header(s->req, "Sec-WebSocket-Key");
@@ -135,6 +137,10 @@ static void admit(struct session *s, const uint8_t *rest, size_t rest_len)
         mark_dead(s);
         return;
     }
+    /* The turn's buffers count for its tenant from the first one on
+     * (nothing is charged before admission). */
+    s->tenant = tenant_hold(tenant);
+    s->budget.up = &tenant->budget;
     s->cscan = malloc(sizeof *s->cscan);
     s->sscan = malloc(sizeof *s->sscan);
     s->ws = ws_conn_new(s->fd, &s->budget, rest, rest_len, &client_handlers, s);
@@ -147,13 +153,13 @@ static void admit(struct session *s, const uint8_t *rest, size_t rest_len)
     s->req = NULL;
     preauth_remove(env->preauth, &s->pa); /* a turn now: counted by capacity */
     s->holds_slot = true;
-    unsigned n_turns = env->admit(env->host);
+    unsigned n_turns = env->admit(env->host, tenant);
     s->phase = PHASE_TURN;
     s->turn = TURN_TOOLS;
     s->accept_ns = now_ns();
     turn_stats_begin(s);
     s->turn_started_ms = s->last_ping_ms = s->idle_since_ms = now_ms();
-    int r = env->request_sandbox(env->host, s->id);
+    int r = env->request_sandbox(env->host, s->id, tenant);
     if (r == 0)
         s->spawn_pending = true;
     else if (r == -EAGAIN)
@@ -167,7 +173,8 @@ static void admit(struct session *s, const uint8_t *rest, size_t rest_len)
         mark_dead(s);
         return;
     }
-    LOG_D("turn %" PRIu64 ": admitted (%u/%u)", s->id, n_turns, env->cfg->capacity);
+    LOG_D("turn %" PRIu64 ": admitted for tenant %s (%u/%u, the tenant's %u)", s->id,
+          tenant->name, n_turns, env->cfg->capacity, tenant->turns);
     update_interest(s);
 }
 
@@ -176,7 +183,8 @@ static void admit(struct session *s, const uint8_t *rest, size_t rest_len)
  * a repeated Authorization or other once-only header among them (http.c),
  * even for /health. A wrong Sec-WebSocket-Version is not an upgrade, so it
  * meets 503 and 401 first and then gets 426, which the response writer
- * gives Sec-WebSocket-Version: 13. */
+ * gives Sec-WebSocket-Version: 13. A tenant's own limit (429) comes after
+ * the token that names the tenant, and before 426, as 503 does. */
 static void route(struct session *s, const uint8_t *rest, size_t rest_len)
 {
     const char *target = http_req_target(s->req);
@@ -195,13 +203,25 @@ static void route(struct session *s, const uint8_t *rest, size_t rest_len)
         return;
     }
     const char *auth = http_req_header(s->req, "Authorization");
-    int ok = s->env->may_admit(s->env->host, auth);
+    struct tenant *tenant = NULL;
+    int ok = s->env->may_admit(s->env->host, auth, &tenant);
     if (ok == -EBUSY) {
         refuse(s, 503, "Service Unavailable", "Busy\n", "busy: no turn slot free (--capacity)");
         return;
     }
     if (ok == -ESHUTDOWN) {
         refuse(s, 503, "Service Unavailable", "Shutting down\n", "draining: the daemon is stopping");
+        return;
+    }
+    if (ok == -EUSERS) {
+        char body[96], why[160];
+        unsigned cap = s->env->cfg->tenant_capacity;
+        snprintf(body, sizeof body, "Tenant busy: at most %u turns at once (tenant-capacity)\n",
+                 cap);
+        snprintf(why, sizeof why, "tenant %s holds %u turns (--tenant-capacity)", tenant->name,
+                 cap);
+        metrics_tenant_refused(&tenant->metrics);
+        refuse(s, 429, "Too Many Requests", body, why);
         return;
     }
     if (ok < 0) {
@@ -214,7 +234,7 @@ static void route(struct session *s, const uint8_t *rest, size_t rest_len)
                "not a WebSocket upgrade (RFC 6455 4.2.1 headers)");
         return;
     }
-    admit(s, rest, rest_len);
+    admit(s, tenant, rest, rest_len);
 }
 
 void request_read(struct session *s)

@@ -43,8 +43,8 @@ static const char *const kill_cause_name[KILL_COUNT] = {"timeout", "memory", "pi
 
 static struct metrics {
     unsigned pool_size;               /* --pool: what the fork server is asked to keep */
-    uint64_t turns_active;            /* admitted, not ended */
-    uint64_t turns[TURN_END_COUNT];   /* ended, by how */
+    struct metrics_tenant *tenants;   /* borrowed: the rows of the tenant label (turns) */
+    struct metrics_tenant *tenants_tail;
     uint64_t http_refusals[HTTP_STATUS_MAX]; /* by status */
     uint64_t spawned;                 /* sandboxes handed to turns */
     uint64_t killed[KILL_COUNT];      /* sandboxes killed, by cause */
@@ -104,7 +104,7 @@ static void hist_observe(struct hist *h, uint64_t v)
 void metrics_reset(void)
 {
     free(m.pending);
-    memset(&m, 0, sizeof m);
+    memset(&m, 0, sizeof m); /* the tenants' rows are theirs: forgotten, not freed */
     /* From 1 ms (a pooled sandbox's ready) to a minute (a fresh clone on a
      * host thrashing); blocks up to the default --block-timeout and past. */
     static const uint64_t ready_le[] = {
@@ -152,7 +152,31 @@ void turn_stats_end(struct turn_stats *st, enum turn_end e)
         st->end = e;
 }
 
-void metrics_turn_begin(void) { m.turns_active++; }
+void metrics_tenant_add(struct metrics_tenant *mt, const char *name)
+{
+    *mt = (struct metrics_tenant){.name = name, .prev = m.tenants_tail};
+    if (m.tenants_tail)
+        m.tenants_tail->next = mt;
+    else
+        m.tenants = mt;
+    m.tenants_tail = mt;
+}
+
+void metrics_tenant_remove(struct metrics_tenant *mt)
+{
+    if (mt->prev)
+        mt->prev->next = mt->next;
+    else if (m.tenants == mt)
+        m.tenants = mt->next;
+    if (mt->next)
+        mt->next->prev = mt->prev;
+    else if (m.tenants_tail == mt)
+        m.tenants_tail = mt->prev;
+    mt->prev = mt->next = NULL;
+}
+
+void metrics_turn_begin(struct metrics_tenant *mt) { mt->active++; }
+void metrics_tenant_refused(struct metrics_tenant *mt) { mt->refused++; }
 void metrics_turn_ready(uint64_t latency_ns) { hist_observe(&m.ready, latency_ns); }
 void metrics_loop_iteration(uint64_t busy_ns) { hist_observe(&m.loop, busy_ns); }
 
@@ -189,16 +213,19 @@ void metrics_seccomp_refusal(int nr)
 }
 
 /* The end line (item 6 of issue 15): one per turn, at info, with the same
- * end value as the label. Never the token, nor anything a peer wrote: the
- * peer is the socket's address. */
+ * end and tenant values as the labels. Never the token, nor anything a peer
+ * wrote: the peer is the socket's address, the tenant a name from the token
+ * file. */
 static void log_turn_end(const struct turn_stats *st)
 {
     char peak[32] = "unknown";
     if (st->peak_known && st->mem_peak)
         snprintf(peak, sizeof peak, "%" PRIu64, st->mem_peak);
-    LOG_I("turn %" PRIu64 ": end=%s peer=%s duration=%.3fs blocks=%" PRIu64 " tool_calls=%" PRIu64
-          " peak_memory=%s refused_syscalls=%" PRIu64 " bytes_in=%" PRIu64 " bytes_out=%" PRIu64,
-          st->id, turn_end_name(st->end), st->peer[0] ? st->peer : "unknown",
+    LOG_I("turn %" PRIu64 ": end=%s tenant=%s peer=%s duration=%.3fs blocks=%" PRIu64
+          " tool_calls=%" PRIu64 " peak_memory=%s refused_syscalls=%" PRIu64 " bytes_in=%" PRIu64
+          " bytes_out=%" PRIu64,
+          st->id, turn_end_name(st->end), st->tenant[0] ? st->tenant : "unknown",
+          st->peer[0] ? st->peer : "unknown",
           (double)(now_ns() - st->started_ns) / 1e9, st->blocks, st->tool_calls, peak,
           st->refusals, st->bytes_in, st->bytes_out);
 }
@@ -210,14 +237,14 @@ static void peak_done(struct turn_stats *st)
     log_turn_end(st);
 }
 
-void metrics_turn_end(const struct turn_stats *in)
+void metrics_turn_end(const struct turn_stats *in, struct metrics_tenant *mt)
 {
     struct turn_stats st = *in;
     if (st.end == TURN_END_NONE)
         st.end = TURN_END_ERROR;
-    if (m.turns_active)
-        m.turns_active--;
-    m.turns[st.end]++;
+    if (mt->active)
+        mt->active--;
+    mt->turns[st.end]++;
     m.bytes_in += st.bytes_in;
     m.bytes_out += st.bytes_out;
     if (st.sandbox) {
@@ -330,18 +357,25 @@ static int family(struct buf *out, const char *name, const char *type, const cha
     return r ? r : buf_printf(out, "\n# TYPE %s %s\n", name, type);
 }
 
-/* One sample: name, an optional label (key, value: escaped), a value. */
-static int sample(struct buf *out, const char *name, const char *key, const char *val, double v)
+/* One sample: name, n label pairs kv[0..2n) (key, value: escaped), a value. */
+static int sample_kv(struct buf *out, const char *name, const char *const *kv, size_t n, double v)
 {
     char num[32];
     prom_float(num, v);
     int r = buf_printf(out, "%s", name);
-    if (key) {
-        r = r ? r : buf_printf(out, "{%s=\"", key);
-        r = r ? r : prom_escape(out, val, true);
-        r = r ? r : buf_printf(out, "\"}");
+    for (size_t i = 0; i < n && r == 0; i++) {
+        r = buf_printf(out, "%s%s=\"", i ? "," : "{", kv[2 * i]);
+        r = r ? r : prom_escape(out, kv[2 * i + 1], true);
+        r = r ? r : buf_printf(out, "\"%s", i + 1 == n ? "}" : "");
     }
     return r ? r : buf_printf(out, " %s\n", num);
+}
+
+/* One sample with one label (key NULL: none). */
+static int sample(struct buf *out, const char *name, const char *key, const char *val, double v)
+{
+    const char *kv[2] = {key, val};
+    return sample_kv(out, name, kv, key ? 1 : 0, v);
 }
 
 static int counter(struct buf *out, const char *name, const char *help, uint64_t v)
@@ -375,11 +409,6 @@ static int histogram(struct buf *out, const struct hist *h)
 }
 
 /* Label texts of the labelled families: NULL to leave index i out. */
-static const char *end_label(size_t i, char *tmp, size_t len)
-{
-    return i == TURN_END_NONE ? NULL : end_names[i];
-}
-
 static const char *status_label(size_t i, char *tmp, size_t len)
 {
     snprintf(tmp, len, "%zu", i);
@@ -413,11 +442,31 @@ static int labelled(struct buf *out, const char *name, const char *help, const c
     return r;
 }
 
+/* The turn families, a row per tenant (bounded by the token file's
+ * TOKENS_MAX, and the tenants removed from it that still run turns). */
+static int tenant_families(struct buf *out)
+{
+    const struct metrics_tenant *t;
+    int r = family(out, "forkbox_turns_active", "gauge", "Turns admitted and not ended, by tenant.");
+    for (t = m.tenants; t && r == 0; t = t->next)
+        r = sample(out, "forkbox_turns_active", "tenant", t->name, (double)t->active);
+    r = r ? r : family(out, "forkbox_turns_total", "counter",
+                       "Turns ended, by tenant and how they ended.");
+    for (t = m.tenants; t && r == 0; t = t->next)
+        for (size_t e = TURN_END_NONE + 1; e < TURN_END_COUNT && r == 0; e++) {
+            const char *kv[4] = {"tenant", t->name, "end", end_names[e]};
+            r = sample_kv(out, "forkbox_turns_total", kv, 2, (double)t->turns[e]);
+        }
+    r = r ? r : family(out, "forkbox_tenant_refusals_total", "counter",
+                       "Upgrades refused with 429 at --tenant-capacity, by tenant.");
+    for (t = m.tenants; t && r == 0; t = t->next)
+        r = sample(out, "forkbox_tenant_refusals_total", "tenant", t->name, (double)t->refused);
+    return r;
+}
+
 int metrics_write(struct buf *out)
 {
-    int r = gauge(out, "forkbox_turns_active", "Turns admitted and not ended.", m.turns_active);
-    r = r ? r : labelled(out, "forkbox_turns_total", "Turns ended, by how they ended.", "end",
-                         m.turns, TURN_END_COUNT, true, end_label);
+    int r = tenant_families(out);
     r = r ? r : labelled(out, "forkbox_http_refusals_total",
                          "Requests on the public port answered with an error status.", "status",
                          m.http_refusals, HTTP_STATUS_MAX, false, status_label);

@@ -3,7 +3,8 @@
  * One process-wide struct (metrics.c) holds every counter: what the
  * supervisor itself sees (turns, refusals, bytes, tool calls, seccomp
  * refusals it answers) and what the fork server's death reports tell (peak
- * memory). A session fills a struct turn_stats while its turn runs and hands
+ * memory); the turn counters are by tenant, in rows each tenant's record
+ * holds (session/tenants.h) and the struct lists. A session fills a struct turn_stats while its turn runs and hands
  * it over when the turn ends (metrics_turn_end); the totals are bumped at
  * once, and the turn's log line is written when its sandbox's death report
  * has arrived (it carries the peak memory), or after METRICS_PENDING_WAIT_MS
@@ -22,6 +23,7 @@
 #include <stdint.h>
 
 #include "core/buf.h"
+#include "core/limits.h"
 
 struct policy_notify;
 
@@ -48,10 +50,22 @@ enum turn_end {
 };
 const char *turn_end_name(enum turn_end e);
 
+/* One tenant's row of the `tenant` label: its turn counters, embedded in
+ * its record (session/tenants.h), which adds it when made and removes it
+ * when it goes; /metrics shows the rows there are, in that order. */
+struct metrics_tenant {
+    const char *name;             /* borrowed: the record's */
+    uint64_t active;              /* turns admitted and not ended */
+    uint64_t turns[TURN_END_COUNT]; /* turns ended, by how */
+    uint64_t refused;             /* upgrades refused 429 at --tenant-capacity */
+    struct metrics_tenant *prev, *next; /* in the rows shown */
+};
+
 /* What one turn did, filled by its session (session_int.h, turn.c). */
 struct turn_stats {
     uint64_t id;                  /* the turn's (connection's) id */
     char peer[64];                /* the client's address:port, as the socket says */
+    char tenant[TENANT_NAME_MAX + 1]; /* its tenant's name (tenants.h), for the end line */
     uint64_t started_ns;          /* upgrade accepted */
     uint64_t ready_ns;            /* its sandbox's ready frame (0: none) */
     uint64_t block_started_ns;    /* the block running now (0: none) */
@@ -70,16 +84,22 @@ void metrics_init(unsigned pool_size);
 
 /* Set e as st's end unless one is set already (the first cause wins). */
 void turn_stats_end(struct turn_stats *st, enum turn_end e);
-/* A turn was admitted / its sandbox said ready (ready latency) / a block
- * ended after dur_ns (its duration histogram). */
-void metrics_turn_begin(void);
+/* Show mt (borrowed until metrics_tenant_remove) as the row of the tenant
+ * called name (borrowed as long), zeros to begin with. */
+void metrics_tenant_add(struct metrics_tenant *mt, const char *name);
+void metrics_tenant_remove(struct metrics_tenant *mt);
+/* A turn of mt's tenant was admitted / its sandbox said ready (ready
+ * latency) / a block ended after dur_ns (its duration histogram). */
+void metrics_turn_begin(struct metrics_tenant *mt);
 void metrics_turn_ready(uint64_t latency_ns);
 void metrics_block_done(uint64_t dur_ns);
-/* A turn ended (st->end set, TURN_END_ERROR if not): the totals move now;
- * its log line is written now if no death report is due (no sandbox, or the
- * report came already), else when metrics_death_report() brings it.
- * st is copied. */
-void metrics_turn_end(const struct turn_stats *st);
+/* A turn of mt's tenant ended (st->end set, TURN_END_ERROR if not): the
+ * totals move now; its log line is written now if no death report is due
+ * (no sandbox, or the report came already), else when
+ * metrics_death_report() brings it. st is copied. */
+void metrics_turn_end(const struct turn_stats *st, struct metrics_tenant *mt);
+/* An upgrade of mt's tenant was refused with 429 (--tenant-capacity). */
+void metrics_tenant_refused(struct metrics_tenant *mt);
 /* The fork server's death report for turn_id: its sandbox's peak memory.
  * Writes the pending end line of that turn, if one waits. */
 void metrics_death_report(uint64_t turn_id, uint64_t mem_peak);

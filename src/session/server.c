@@ -402,35 +402,51 @@ static void on_forkserver(struct loop_watch *w, uint32_t events)
 
 /* ---------------------------------------------------------------- admission
  *
- * The session_env callbacks: the spec 1.1 order (503, then 401) is the
- * session's routing; what the answers are is the server's. */
+ * The session_env callbacks: the spec 1.1 order (503, then 401, then the
+ * tenant's 429) is the session's routing; what the answers are is the
+ * server's. The daemon's capacity comes first: a client without a token
+ * learns nothing of tenants. */
 
-static int server_may_admit(void *host, const char *authorization)
+static int server_may_admit(void *host, const char *authorization, struct tenant **tenant)
 {
     struct server *srv = host;
     if (srv->draining && !server_drain_admits(srv))
         return -ESHUTDOWN;
     if (srv->n_turns >= srv->cfg->capacity || srv->single_use_admitted)
         return -EBUSY;
-    if (srv->tokens && !tokens_match(srv->tokens, authorization))
+    const char *name = TENANT_DEFAULT;
+    if (srv->tokens) {
+        int i = tokens_match(srv->tokens, authorization);
+        if (i < 0)
+            return -EACCES;
+        name = tokens_name(srv->tokens, (size_t)i);
+    }
+    /* Every name of srv->tokens is listed (server_init, a reload). */
+    struct tenant *t = tenants_find(&srv->tenants, name);
+    if (!t)
         return -EACCES;
+    *tenant = t;
+    if (srv->cfg->tenant_capacity && t->turns >= srv->cfg->tenant_capacity)
+        return -EUSERS;
     return 0;
 }
 
-/* Take a turn slot: the turns now admitted. */
-static unsigned server_admit(void *host)
+/* Take a turn slot for t: the turns now admitted. */
+static unsigned server_admit(void *host, struct tenant *t)
 {
     struct server *srv = host;
     srv->n_turns++;
+    t->turns++;
     srv->single_use_admitted = srv->single_use_admitted || srv->cfg->single_use;
     return srv->n_turns;
 }
 
-/* Give a turn slot back. */
-static void server_release(void *host)
+/* Give t's turn slot back. */
+static void server_release(void *host, struct tenant *t)
 {
     struct server *srv = host;
     srv->n_turns--;
+    t->turns--;
     if (srv->cfg->single_use && !srv->stopping) {
         /* Spec 1.3: after the one turn, stop listening and exit 0. */
         LOG_I("single-use turn ended; exiting");
@@ -440,12 +456,12 @@ static void server_release(void *host)
     }
 }
 
-static int server_request_sandbox(void *host, uint64_t turn_id)
+static int server_request_sandbox(void *host, uint64_t turn_id, const struct tenant *t)
 {
     struct server *srv = host;
     if (srv->fs_state != FS_UP)
         return srv->stopping ? -ESHUTDOWN : -EAGAIN; /* asked again once one is ready */
-    return fs_client_request(&srv->fs, turn_id);
+    return fs_client_request(&srv->fs, turn_id, t->id);
 }
 
 /* GET /ready (the 503's body), and server_ready(). */
@@ -532,6 +548,21 @@ static void server_reap(void *ud)
         loop_stop(srv->loop);
 }
 
+/* The tenants admitted now, and their numbers (the fork server's cgroups
+ * are named by number: README, "Tenants"). */
+static void log_tenants(const struct server *srv)
+{
+    char list[TOKENS_MAX * (TENANT_NAME_MAX + 16)] = "";
+    size_t len = 0;
+    for (size_t i = 0; i < srv->tenants.n; i++) {
+        const struct tenant *t = srv->tenants.t[i];
+        if (t->listed && len < sizeof list)
+            len += (size_t)snprintf(list + len, sizeof list - len, "%s%s (%" PRIu32 ")",
+                                    len ? ", " : "", t->name, t->id);
+    }
+    LOG_I("tenants: %s", list);
+}
+
 void server_reload_tokens(struct server *srv)
 {
     const char *path = srv->cfg->token_file;
@@ -545,16 +576,22 @@ void server_reload_tokens(struct server *srv)
     char err[512];
     struct tokens *fresh = NULL;
     int r = tokens_read_file(path, &fresh, err, sizeof err);
+    if (r == 0 && (r = tenants_sync(&srv->tenants, fresh)) < 0) {
+        snprintf(err, sizeof err, "%s: tenants: %s", path, strerror(-r));
+        tokens_free(fresh);
+    }
     if (r < 0) {
         LOG_E("SIGHUP: --token-file %s; keeping the %zu tokens in use", err,
               tokens_count(srv->tokens));
         return;
     }
     /* Admission reads srv->tokens only when a request arrives: admitted
-     * turns hold no reference to them and go on untouched. */
+     * turns hold no reference to them and go on untouched, and hold their
+     * tenant's record (tenants.h), named or not. */
     tokens_free(srv->tokens);
     srv->tokens = fresh;
     LOG_I("SIGHUP: %zu tokens from %s", tokens_count(fresh), path);
+    log_tenants(srv);
 }
 
 int server_init(struct server *srv, struct loop *loop, const struct config *cfg,
@@ -569,6 +606,7 @@ int server_init(struct server *srv, struct loop *loop, const struct config *cfg,
     srv->fs_up_ms = now_ms();
     srv->signal_fd = -1;
     srv->budget = (struct budget){.max = cfg->total_buffer};
+    tenants_init(&srv->tenants, &srv->budget, cfg->tenant_buffer);
     srv->listen_fd = -1;
     metrics_http_init(&srv->metrics);
     metrics_init(cfg->pool_size);
@@ -576,6 +614,9 @@ int server_init(struct server *srv, struct loop *loop, const struct config *cfg,
     if (rp < 0) {
         return err_fmt(err, errlen, rp, "pre-auth pool: %s", strerror(-rp));
     }
+    rp = tenants_sync(&srv->tenants, tokens);
+    if (rp < 0)
+        return err_fmt(err, errlen, rp, "tenants: %s", strerror(-rp));
 
     /* Counted refusals are answered here, with the errno the policy names:
      * parse the file the fork server compiled (it has loaded it already;
@@ -591,6 +632,7 @@ int server_init(struct server *srv, struct loop *loop, const struct config *cfg,
         .budget = &srv->budget,
         .preauth = &srv->preauth,
         .notify = srv->notify,
+        .tenants = &srv->tenants,
         .host = srv,
         .may_admit = server_may_admit,
         .admit = server_admit,
@@ -657,6 +699,7 @@ int server_init(struct server *srv, struct loop *loop, const struct config *cfg,
           v6 ? "[" : "", h, v6 ? "]" : "", port, cfg->capacity,
           cfg->single_use ? ", single-use" : "", cfg->isolate ? "isolated" : "NOT isolated",
           tokens ? "on" : "off", srv->preauth.max, srv->preauth.per_peer);
+    log_tenants(srv);
     return 0;
 }
 
@@ -674,6 +717,7 @@ void server_free(struct server *srv)
     policy_notify_free(srv->notify);
     srv->notify = NULL;
     preauth_free(&srv->preauth);
+    tenants_free(&srv->tenants); /* after the sessions, which hold theirs */
     tokens_free(srv->tokens);
     srv->tokens = NULL;
 }

@@ -16,6 +16,7 @@
 #include "sandbox/forkserver.h"
 #include "session/metrics_http.h"
 #include "session/preauth.h"
+#include "session/tenants.h"
 
 struct sessions;
 struct policy_notify;
@@ -34,6 +35,7 @@ struct server {
     struct loop *loop;            /* borrowed */
     const struct config *cfg;     /* borrowed */
     struct tokens *tokens;        /* owned: the bearer tokens; NULL = no auth */
+    struct tenants tenants;       /* owned: whose turns are whose (the tokens' names) */
     int listen_fd;                /* owned */
     struct loop_watch listen_watch;
     int signal_fd;                /* owned; SIGINT, SIGTERM, SIGHUP */
@@ -43,7 +45,8 @@ struct server {
     struct policy_notify *notify; /* owned: errno per syscall for counted refusals (the
                                      policy file, parsed); NULL without isolation */
     struct sessions *sessions;    /* owned: every connection */
-    struct budget budget;         /* all turns' buffers together (--total-buffer) */
+    struct budget budget;         /* all turns' buffers together (--total-buffer); each
+                                     tenant's (tenants) is charged to it */
     struct preauth_pool preauth;  /* owned: connections not admitted (yet); entries borrowed */
     struct metrics_http metrics;  /* owned: --metrics-listen (off: fd -1) */
     unsigned n_turns;             /* admitted turns holding a slot: the capacity count */
@@ -81,10 +84,11 @@ bool server_ready(const struct server *srv);
 /* What forkboxd exits with once the loop has ended: 0, or 1 when the fork
  * server could not be restarted. */
 int server_exit_status(const struct server *srv);
-/* SIGHUP: read --token-file again and use its tokens from the next request
- * on. Turns already admitted are not touched; on any error the tokens in
- * use stay and the reason is logged. Without a token file, only logs that
- * there is nothing to reload. */
+/* SIGHUP: read --token-file again and use its tokens, and their tenants'
+ * names, from the next request on. Turns already admitted are not touched
+ * (a tenant no longer named keeps its running turns); on any error the
+ * tokens in use stay and the reason is logged. Without a token file, only
+ * logs that there is nothing to reload. */
 void server_reload_tokens(struct server *srv);
 /* Under systemd (Type=notify): keep sd (borrowed, outlives srv) and send
  * READY=1 with the first STATUS=. Call once server_init() has succeeded:

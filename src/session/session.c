@@ -29,6 +29,7 @@
 #include "session/preauth.h"
 #include "session/session.h"
 #include "session/session_int.h"
+#include "session/tenants.h"
 
 /* ---------------------------------------------------------------- socket events */
 
@@ -218,6 +219,8 @@ static void session_free(struct session *s)
     buf_free(&s->out);
     free(s->cscan);
     free(s->sscan);
+    /* Last: the buffers freed above were charged to the tenant. */
+    tenants_drop(s->env->tenants, s->tenant);
     free(s);
 }
 
@@ -286,7 +289,7 @@ void sessions_sandbox_retry(struct sessions *set)
     for (struct session *s = set->head; s; s = s->next) {
         if (!s->spawn_deferred || s->phase != PHASE_TURN)
             continue;
-        int r = set->env.request_sandbox(set->env.host, s->id);
+        int r = set->env.request_sandbox(set->env.host, s->id, s->tenant);
         if (r == -EAGAIN)
             return; /* still none, or its socket is full: the next tick */
         s->spawn_deferred = false;

@@ -23,6 +23,8 @@
 struct session;
 struct sessions;
 struct policy_notify;
+struct tenant;
+struct tenants;
 
 /* What every session shares, and the daemon's side of admission. */
 struct session_env {
@@ -32,19 +34,24 @@ struct session_env {
     struct preauth_pool *preauth; /* borrowed: connections not admitted (yet) */
     struct policy_notify *notify; /* borrowed: errno per syscall for counted refusals; NULL
                                      without isolation */
+    struct tenants *tenants;      /* borrowed: a turn holds its tenant's record (tenants.h)
+                                     until the session is freed */
     void *host;                   /* borrowed: the callbacks' argument */
     /* Whether a turn may be admitted now, for a request with this
-     * Authorization header (NULL: none). Takes nothing. 0, -EBUSY (at
-     * capacity, or the single-use turn was admitted) or -EACCES (token). */
-    int (*may_admit)(void *host, const char *authorization);
-    /* Take a turn slot (after may_admit said yes): the turns now admitted. */
-    unsigned (*admit)(void *host);
-    /* Give a slot back (single-use mode then starts shutting down). */
-    void (*release)(void *host);
-    /* Ask the fork server for a sandbox for turn_id; the answer comes as
-     * session_sandbox_ready(). 0, -EAGAIN (no fork server now, or it is
-     * busy: asked again by sessions_sandbox_retry) or -errno. */
-    int (*request_sandbox)(void *host, uint64_t turn_id);
+     * Authorization header (NULL: none), and for which tenant: *tenant
+     * (borrowed) is set for 0 and -EUSERS. Takes nothing. 0, -ESHUTDOWN
+     * (draining), -EBUSY (at capacity, or the single-use turn was admitted),
+     * -EACCES (token) or -EUSERS (the tenant holds --tenant-capacity turns). */
+    int (*may_admit)(void *host, const char *authorization, struct tenant **tenant);
+    /* Take a turn slot for tenant (after may_admit said yes): the turns now
+     * admitted. */
+    unsigned (*admit)(void *host, struct tenant *tenant);
+    /* Give tenant's slot back (single-use mode then starts shutting down). */
+    void (*release)(void *host, struct tenant *tenant);
+    /* Ask the fork server for a sandbox for turn_id of tenant; the answer
+     * comes as session_sandbox_ready(). 0, -EAGAIN (no fork server now, or
+     * it is busy: asked again by sessions_sandbox_retry) or -errno. */
+    int (*request_sandbox)(void *host, uint64_t turn_id, const struct tenant *tenant);
     /* GET /ready: NULL when the daemon takes turns, else the 503's body (a
      * static string ending in a newline). */
     const char *(*not_ready)(void *host);

@@ -68,6 +68,7 @@ struct session {
 
     struct ws_conn *ws;           /* owned in PHASE_TURN/CLOSING */
     enum turn_state turn;
+    struct tenant *tenant;        /* held from admission until freed (tenants.h); else NULL */
     bool holds_slot;              /* taken by env->admit, not yet released */
     uint64_t turn_started_ms, block_started_ms, idle_since_ms;
     uint64_t last_ping_ms;
@@ -81,7 +82,8 @@ struct session {
     char close_reason[124];
 
     /* What this turn makes the supervisor hold: every buffer of its messages
-     * in both directions (--turn-buffer), charged to env->budget too. */
+     * in both directions (--turn-buffer), charged to its tenant's budget and
+     * env->budget too (up: set at admission, before anything is charged). */
     struct budget budget;
     /* the client's text message, scanned as it arrives */
     struct frame_scan *cscan;     /* owned (admitted turns) */

@@ -35,6 +35,7 @@
 #include "session/preauth.h"
 #include "session/session.h"
 #include "session/session_int.h"
+#include "session/tenants.h"
 
 #define CLOSE_LINGER_MS 5000   /* ending a turn: flush what is queued, then close */
 /* A sandbox that ended on its own: how long the close waits for the fork
@@ -244,6 +245,7 @@ void turn_stats_begin(struct session *s)
     } a;
     socklen_t alen = sizeof a;
     s->stats = (struct turn_stats){.id = s->id, .started_ns = s->accept_ns};
+    snprintf(s->stats.tenant, sizeof s->stats.tenant, "%s", s->tenant->name);
     if (getpeername(s->fd, &a.sa, &alen) == 0) {
         char host[INET6_ADDRSTRLEN] = "?";
         bool v6 = a.sa.sa_family == AF_INET6;
@@ -252,7 +254,7 @@ void turn_stats_begin(struct session *s)
         snprintf(s->stats.peer, sizeof s->stats.peer, v6 ? "[%s]:%u" : "%s:%u", host,
                  ntohs(v6 ? a.in6.sin6_port : a.in4.sin_port));
     }
-    metrics_turn_begin();
+    metrics_turn_begin(&s->tenant->metrics);
 }
 
 /* The turn is over (once: session_end or mark_dead, before the sandbox is
@@ -270,7 +272,7 @@ static void turn_stats_finish(struct session *s, enum turn_end end)
         st->mem_peak = s->death.mem_peak;
     }
     turn_stats_end(st, end);
-    metrics_turn_end(st);
+    metrics_turn_end(st, &s->tenant->metrics);
 }
 
 /* ---------------------------------------------------------------- ending */
@@ -281,7 +283,7 @@ static void release_slot(struct session *s)
     if (!s->holds_slot)
         return;
     s->holds_slot = false;
-    s->env->release(s->env->host);
+    s->env->release(s->env->host, s->tenant);
 }
 
 /* Queue the pending close once every message queued before it is out. */

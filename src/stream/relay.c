@@ -695,7 +695,7 @@ int stream_run(const struct config *cfg, struct fs_client *fs, struct transport 
     s->in_w = (struct loop_watch){.fd = t->in_fd, .cb = on_host_in, .ud = s};
     s->out_w = (struct loop_watch){.fd = t->out_fd, .cb = on_host_out, .ud = s};
     s->ctl_w = (struct loop_watch){.fd = fs->ctl_fd, .cb = on_ctl, .ud = s};
-    int r = s->chan ? fs_client_request(fs, STREAM_TURN_ID) : -ENOMEM;
+    int r = s->chan ? fs_client_request(fs, STREAM_TURN_ID, 0) : -ENOMEM;
     /* The tools are the host's, bound read-only: an empty tools archive
      * gets the runtime to its ready frame. Queued until the sandbox exists. */
     if (r == 0)

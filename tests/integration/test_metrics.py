@@ -25,7 +25,8 @@ T = 90
 TOKEN = "metrics-test-token-7f3a"
 MEMORY_MB = 128
 METRICS_RE = re.compile(r"metrics at http://127\.0\.0\.1:(\d+)/metrics")
-END_RE = re.compile(r"turn (\d+): end=(\w+) peer=(\S+) duration=([\d.]+)s blocks=(\d+) "
+END_RE = re.compile(r"turn (\d+): end=(\w+) tenant=default peer=(\S+) duration=([\d.]+)s "
+                    r"blocks=(\d+) "
                     r"tool_calls=(\d+) peak_memory=(\d+|unknown) refused_syscalls=(\d+) "
                     r"bytes_in=(\d+) bytes_out=(\d+)")
 
@@ -65,7 +66,7 @@ def test_counters_move_as_turns_run(make_daemon):
                      "--log-level", "info"], token=TOKEN)
     port = metrics_port(d)
     before = scrape(port)
-    assert val(before, "forkbox_turns_active") == 0
+    assert val(before, "forkbox_turns_active", tenant="default") == 0
     assert val(before, "forkbox_pool_size") == 4
 
     async def ok_turn():
@@ -101,10 +102,10 @@ def test_counters_move_as_turns_run(make_daemon):
     assert wait_until(lambda: len(end_lines(d)) >= 3, 15), d.stderr(4000)
     after = scrape(port)
 
-    assert val(after, "forkbox_turns_active") == 0
-    assert delta(before, after, "forkbox_turns_total", end="ok") == 1
-    assert delta(before, after, "forkbox_turns_total", end="memory") == 1
-    assert delta(before, after, "forkbox_turns_total", end="timeout") == 1
+    assert val(after, "forkbox_turns_active", tenant="default") == 0
+    assert delta(before, after, "forkbox_turns_total", tenant="default", end="ok") == 1
+    assert delta(before, after, "forkbox_turns_total", tenant="default", end="memory") == 1
+    assert delta(before, after, "forkbox_turns_total", tenant="default", end="timeout") == 1
     total = sum(v for (n, _), v in after.items() if n == "forkbox_turns_total")
     assert total - sum(v for (n, _), v in before.items() if n == "forkbox_turns_total") == 3
     assert delta(before, after, "forkbox_http_refusals_total", status="401") == 1

@@ -506,6 +506,21 @@ static void test_responses(void)
                  "\r\n"
                  "Busy\n",
                  "503");
+    /* A tenant over its share (session/admission.c) is told the same. */
+    buf_reset(&b);
+    is_int(http_write_response_at(&b, 429, "Too Many Requests", "Tenant busy\n", t), 0,
+           "429 written");
+    expect_bytes(&b,
+                 "HTTP/1.1 429 Too Many Requests\r\n"
+                 "Content-Type: text/plain; charset=utf-8\r\n"
+                 "Content-Length: 12\r\n"
+                 "Date: Sun, 06 Nov 1994 08:49:37 GMT\r\n"
+                 "Server: forkbox\r\n"
+                 "Retry-After: 1\r\n"
+                 "Connection: close\r\n"
+                 "\r\n"
+                 "Tenant busy\n",
+                 "429");
 
     /* A 426 says what to upgrade to (RFC 7231 6.5.15, RFC 6455 4.4). */
     buf_reset(&b);

@@ -6,7 +6,9 @@
  * cgroups (needs root and a v1/v2 memory controller): a child over a tiny
  * memory limit is OOM-killed; pids.max stops a fork bomb; released cgroups
  * are reused, leftovers of an earlier daemon handled, the CPU weight
- * follows the turns served. Skipped otherwise. */
+ * follows the turns served; with --cpu-share tenant a serving sandbox's
+ * tasks move under its tenant's cgroup, limited, and leave no directory
+ * behind. Skipped otherwise. */
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -15,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -112,9 +115,9 @@ static void test_cpu_weight(struct sbx_cgroups *cg, const struct config *cfg)
         is_int(cgroups_attach(cg, kids[i], cfg), 0, "sandbox %d placed", i);
     }
     is_int((int)cgroups_cpu_weight(cg), 100, "placed but idle (pooled): no more weight");
-    cgroups_serving(cg, kids[0]);
-    cgroups_serving(cg, kids[1]);
-    cgroups_serving(cg, kids[1]);
+    cgroups_serving(cg, kids[0], 0, cfg);
+    cgroups_serving(cg, kids[1], 0, cfg);
+    cgroups_serving(cg, kids[1], 0, cfg);
     is_int((int)cgroups_cpu_weight(cg), 200, "two turns running: twice the weight");
     for (int i = 0; i < 3; i++) {
         kill(kids[i], SIGKILL);
@@ -188,12 +191,162 @@ static int fork_40(void)
     return failed == 40 - 15 && n == 15 ? 0 : 1;
 }
 
+/* The path of pid's cgroup in the hierarchy with the cpu controller (v1
+ * "N:...cpu...:/path", else v2 "0::/path"), and that hierarchy's mount point
+ * (the cgroup's directory is mnt + path). false if there is none. */
+static bool cpu_cgroup(pid_t pid, char *path, size_t plen, char *mnt, size_t mlen)
+{
+    char line[4096], file[64];
+    bool v1 = false, v2 = false;
+    snprintf(file, sizeof file, "/proc/%d/cgroup", (int)pid);
+    FILE *f = fopen(file, "re");
+    while (f && fgets(line, sizeof line, f)) {
+        char *c1 = strchr(line, ':'), *c2 = c1 ? strchr(c1 + 1, ':') : NULL;
+        if (!c2)
+            continue;
+        *c2 = '\0';
+        bool cpu = false;
+        for (char *w = strtok(c1 + 1, ","); w; w = strtok(NULL, ","))
+            cpu |= strcmp(w, "cpu") == 0;
+        if (cpu || (!v1 && strncmp(line, "0:", 2) == 0)) {
+            snprintf(path, plen, "%.*s", (int)strcspn(c2 + 1, "\n"), c2 + 1);
+            v1 |= cpu;
+            v2 = !cpu;
+        }
+    }
+    if (f)
+        fclose(f);
+    f = fopen("/proc/self/mountinfo", "re");
+    bool found = false;
+    while (f && (v1 || v2) && !found && fgets(line, sizeof line, f)) {
+        char m[4096], type[32], opts[1024], *sep = strstr(line, " - ");
+        if (!sep || sscanf(line, "%*s %*s %*s %*s %4095s", m) != 1 ||
+            sscanf(sep + 3, "%31s %*s %1023s", type, opts) != 2)
+            continue;
+        bool cpu = false;
+        for (char *w = strtok(opts, ","); w; w = strtok(NULL, ","))
+            cpu |= strcmp(w, "cpu") == 0;
+        if (v1 ? strcmp(type, "cgroup") == 0 && cpu : strcmp(type, "cgroup2") == 0) {
+            snprintf(mnt, mlen, "%s", m);
+            found = true;
+        }
+    }
+    if (f)
+        fclose(f);
+    return found;
+}
+
+static pid_t fork_pausing(void)
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        pause();
+        _exit(0);
+    }
+    return pid;
+}
+
+/* A process with a child of its own (forked once it is placed, as a
+ * sandbox's are): both must move. */
+static int fork_child_and_pause(void)
+{
+    if (fork_pausing() < 0)
+        return 1;
+    pause();
+    return 0;
+}
+
+/* --cpu-share tenant: serving moves every task of a sandbox's cpu cgroup
+ * into <parent>/tenant-<helper>-<tenant>/turn-<helper>-<n>, which has the
+ * turn's CPU quota; tenant 0 (none) stays; the release removes the turn
+ * directory, the helper's exit its tenants'. */
+static void test_tenant_cpu(void)
+{
+    struct config cfg = { .memory_max = 64 << 20, .pids_max = 16, .cpu_millis = 500,
+                          .tmpfs_size = 512 << 20, .isolate = true,
+                          .cpu_share = CPU_SHARE_TENANT };
+    struct sbx_cgroups *cg = NULL;
+    char err[1024] = "", path[4096], mnt[4096], want[128], dir[8300], a_dir[8300] = "";
+    if (cgroups_init(&cfg, &cg, err, sizeof err) < 0 || !cpu_cgroup(getpid(), path, sizeof path,
+                                                                     mnt, sizeof mnt)) {
+        printf("ok %d - # SKIP no cpu controller for the tenant test (%s)\n", ++tap_n, err);
+        cgroups_free(cg);
+        return;
+    }
+    int go;
+    prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+    pid_t kids[3] = {fork_held(fork_child_and_pause, &go), fork_pausing(), fork_pausing()};
+    uint32_t tenant[3] = {1, 2, 0};
+    for (int i = 0; i < 3; i++)
+        is_int(cgroups_attach(cg, kids[i], &cfg), 0, "sandbox %d placed", i);
+    start_held(go);
+    usleep(100 * 1000); /* the first one's child exists by now */
+    for (int i = 0; i < 3; i++)
+        cgroups_serving(cg, kids[i], tenant[i], &cfg);
+    for (int i = 0; i < 3; i++) {
+        snprintf(want, sizeof want, "/forkbox/tenant-%d-%u/turn-%d-", (int)getpid(),
+                 (unsigned)tenant[i], (int)getpid());
+        ok(cpu_cgroup(kids[i], path, sizeof path, mnt, sizeof mnt) &&
+               (strstr(path, want) != NULL) == (tenant[i] != 0),
+           "sandbox %d (tenant %u): its cpu cgroup is %s", i, (unsigned)tenant[i], path);
+        if (i == 0)
+            snprintf(a_dir, sizeof a_dir, "%s%s", mnt, path);
+    }
+    char procs[8400], buf[256] = "";
+    snprintf(procs, sizeof procs, "%s/cgroup.procs", a_dir);
+    FILE *f = fopen(procs, "re");
+    int n = 0;
+    pid_t moved[4] = {0};
+    while (f && fgets(buf, sizeof buf, f))
+        if (n < 4)
+            moved[n++] = (pid_t)atoi(buf);
+    if (f)
+        fclose(f);
+    is_int(n, 2, "the sandbox's child moved with it");
+    bool v2 = strstr(mnt, "cpu") == NULL;
+    snprintf(dir, sizeof dir, "%s/%s", a_dir, v2 ? "cpu.max" : "cpu.cfs_quota_us");
+    f = fopen(dir, "re");
+    buf[0] = '\0';
+    if (f && !fgets(buf, sizeof buf, f))
+        buf[0] = '\0';
+    if (f)
+        fclose(f);
+    buf[strcspn(buf, "\n")] = '\0';
+    ok(strncmp(buf, "50000", 5) == 0, "its quota there: --cpu 500 (%s)", buf);
+    cgroups_serving(cg, kids[0], 2, &cfg);
+    ok(cpu_cgroup(kids[0], path, sizeof path, mnt, sizeof mnt) &&
+           strstr(path, "/tenant-") && strstr(path, "-1/turn-"),
+       "serving twice moves nothing");
+    for (int i = 0; i < 3; i++) {
+        kill(kids[i], SIGKILL);
+        waitpid(kids[i], NULL, 0);
+    }
+    for (int i = 0; i < n; i++)
+        if (moved[i] != kids[0]) { /* the orphaned child, ours (subreaper) */
+            kill(moved[i], SIGKILL);
+            waitpid(moved[i], NULL, 0);
+        }
+    for (int i = 0; i < 3; i++)
+        cgroups_release(cg, kids[i]);
+    for (int i = 0; i < 100 && cgroups_retry(cg) > 0; i++)
+        usleep(10000);
+    ok(access(a_dir, F_OK) < 0, "its tenant's turn directory is removed at its release");
+    char *slash = strrchr(a_dir, '/');
+    *slash = '\0';
+    ok(access(a_dir, F_OK) == 0, "the tenant's directory stays while the helper runs");
+    cgroups_free(cg);
+    ok(access(a_dir, F_OK) < 0, "and goes when it exits");
+}
+
 static void test_cgroups(void)
 {
     if (geteuid() != 0) {
         printf("ok %d - # SKIP cgroup limits need root\n", ++tap_n);
         return;
     }
+    /* First, with its own helper state: both name turn cgroups by our pid
+     * from 1 on, and the later one's would replace the earlier's spares. */
+    test_tenant_cpu();
     struct config cfg = { .memory_max = 32 << 20, .pids_max = 16, .cpu_millis = 500,
                           .tmpfs_size = 512 << 20, .isolate = true };
     struct sbx_cgroups *cg = NULL;

@@ -1,6 +1,6 @@
 /* The metrics text writer (session/metrics.c): escaping, float text,
- * cumulative histogram buckets, label sets, and the end line's wait for a
- * death report. The daemon's real output is parsed by Prometheus's own
+ * cumulative histogram buckets, label sets, the tenants' rows, and the end
+ * line's wait for a death report. The daemon's real output is parsed by Prometheus's own
  * parser in tests/integration/test_metrics.py. */
 #include <math.h>
 #include <stdlib.h>
@@ -76,9 +76,8 @@ static void test_write(void)
     ok(strstr(t, "forkbox_block_duration_seconds_sum 2.003\n") != NULL, "_sum in seconds");
     ok(strstr(t, "forkbox_http_refusals_total{status=\"401\"} 2\n") != NULL, "refusals by status");
     ok(strstr(t, "status=\"503\"") == NULL, "a status never given is not listed");
-    ok(strstr(t, "forkbox_turns_total{end=\"memory\"} 0\n") != NULL,
-       "every end value is listed, at 0 too");
-    ok(strstr(t, "end=\"none\"") == NULL, "not 'none'");
+    ok(strstr(t, "# TYPE forkbox_turns_total counter\n") != NULL &&
+           strstr(t, "forkbox_turns_total{") == NULL, "no tenant yet: no turn row");
     ok(strstr(t, "forkbox_seccomp_refusals_total{syscall=\"setuid\"} 1\n") != NULL,
        "seccomp refusals by name");
     ok(strstr(t, "forkbox_forkserver_restarts_total 1\n") != NULL, "restarts");
@@ -93,6 +92,52 @@ static void test_write(void)
     }
     is_int(bad, 0, "every sample line has a value");
     buf_free(&b);
+}
+
+/* Turns are counted by tenant: a row per tenant there is, in the order they
+ * came, every end value listed; a tenant that goes takes its rows along. */
+static void test_tenants(void)
+{
+    metrics_init(0);
+    struct metrics_tenant a, b, c;
+    metrics_tenant_add(&a, "team-a");
+    metrics_tenant_add(&b, "te\"am b");
+    metrics_tenant_add(&c, "team-c");
+    metrics_turn_begin(&a);
+    metrics_turn_begin(&a);
+    metrics_turn_begin(&b);
+    struct turn_stats st = {.id = 1, .end = TURN_END_MEMORY};
+    metrics_turn_end(&st, &a);
+    metrics_tenant_refused(&b);
+    metrics_tenant_remove(&c);
+    struct buf out;
+    buf_init(&out, 1 << 20);
+    is_int(metrics_write(&out), 0, "written");
+    const char *t = text(&out);
+    ok(strstr(t, "forkbox_turns_active{tenant=\"team-a\"} 1\nforkbox_turns_active{tenant="
+                 "\"te\\\"am b\"} 1\n") != NULL,
+       "active turns per tenant, in order, the label escaped");
+    ok(strstr(t, "forkbox_turns_total{tenant=\"team-a\",end=\"memory\"} 1\n") != NULL &&
+           strstr(t, "forkbox_turns_total{tenant=\"team-a\",end=\"ok\"} 0\n") != NULL &&
+           strstr(t, "forkbox_turns_total{tenant=\"te\\\"am b\",end=\"error\"} 0\n") != NULL,
+       "ended turns by tenant and end, at 0 too");
+    ok(strstr(t, "end=\"none\"") == NULL, "not 'none'");
+    ok(strstr(t, "forkbox_tenant_refusals_total{tenant=\"te\\\"am b\"} 1\n") != NULL &&
+           strstr(t, "forkbox_tenant_refusals_total{tenant=\"team-a\"} 0\n") != NULL,
+       "429s by tenant");
+    ok(strstr(t, "team-c") == NULL, "a removed tenant is not shown");
+    metrics_tenant_remove(&a);
+    metrics_tenant_add(&c, "team-c");
+    buf_reset(&out);
+    metrics_write(&out);
+    t = text(&out);
+    ok(strstr(t, "team-a") == NULL &&
+           strstr(t, "forkbox_turns_active{tenant=\"te\\\"am b\"} 1\nforkbox_turns_active{tenant="
+                     "\"team-c\"} 0\n") != NULL,
+       "the first one removed, one added again at the end");
+    metrics_tenant_remove(&b);
+    metrics_tenant_remove(&c);
+    buf_free(&out);
 }
 
 /* The peak histogram's count, from a fresh write. */
@@ -110,10 +155,12 @@ static long peak_count(void)
 static void test_pending(void)
 {
     metrics_init(0);
-    metrics_turn_begin();
-    metrics_turn_begin();
+    struct metrics_tenant mt;
+    metrics_tenant_add(&mt, "default");
+    metrics_turn_begin(&mt);
+    metrics_turn_begin(&mt);
     struct turn_stats a = {.id = 7, .sandbox = true, .end = TURN_END_OK};
-    metrics_turn_end(&a);
+    metrics_turn_end(&a, &mt);
     is_int(peak_count(), 0, "a turn whose death report is due waits for it");
     metrics_death_report(8, 1 << 20);
     is_int(peak_count(), 0, "another turn's report changes nothing");
@@ -122,14 +169,15 @@ static void test_pending(void)
     metrics_death_report(7, 5 << 20);
     is_int(peak_count(), 1, "a second report is ignored");
     struct turn_stats b = {.id = 9, .sandbox = true, .end = TURN_END_MEMORY};
-    metrics_turn_end(&b);
+    metrics_turn_end(&b, &mt);
     metrics_tick(UINT64_MAX);
     metrics_death_report(9, 5 << 20);
     is_int(peak_count(), 1, "after the wait the line goes out without a peak");
     struct turn_stats c = {.id = 10, .sandbox = true, .peak_known = true, .mem_peak = 1 << 20};
-    metrics_turn_end(&c);
+    metrics_turn_end(&c, &mt);
     is_int(peak_count(), 2, "a peak already known is counted at once");
     is_str(turn_end_name(c.end), "none", "the caller's stats are not changed");
+    metrics_tenant_remove(&mt);
 }
 
 int main(void)
@@ -137,6 +185,7 @@ int main(void)
     test_escape();
     test_float();
     test_write();
+    test_tenants();
     test_pending();
     metrics_reset();
     return tap_done();
