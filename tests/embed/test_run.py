@@ -172,3 +172,31 @@ def test_failures_of_forkbox_run_itself_are_125(tmp_path, ws):
     r = forkbox_run("--workspace", tmp_path / "no-such-dir", "-", stdin="print(1)\n")
     assert r.returncode == 125
     assert "no-such-dir" in r.stderr
+
+
+MiB = 1 << 20
+
+
+@pytest.mark.parametrize("n", [MiB, 16 * MiB, 100 * MiB])
+def test_output_and_tool_frames_of_any_size(tmp_path, ws, n):
+    """Tool arguments and results of n bytes arrive whole; so does output up
+    to --output-cap (16 MiB), and beyond it its head and tail with a note.
+    Frames longer than the socket's buffer hung forkbox run for ever."""
+    tools = block(tmp_path, "t.py", """
+        def echo(data):
+            return {"len": len(data), "data": "c" * len(data)}
+    """)
+    f = block(tmp_path, "big.py", f"""
+        import sys, tools
+        r = tools.echo(data="a" * {n})
+        print(r["len"], len(r["data"]), set(r["data"]), file=sys.stderr)
+        sys.stdout.write("b" * {n})
+    """)
+    r = forkbox_run("--workspace", ws, "--tools", tools, f)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stderr == f"{n} {n} {{'c'}}\n"
+    if n <= 16 * MiB:
+        assert r.stdout == "b" * n, len(r.stdout)
+    else:
+        note = f"\n[forkbox: {n - 16 * MiB} bytes of stdout dropped]\n"
+        assert r.stdout == "b" * (8 * MiB) + note + "b" * (8 * MiB), len(r.stdout)
