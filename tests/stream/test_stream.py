@@ -334,6 +334,54 @@ def test_frames_of_100_mib_both_ways(tmp_path):
         s.close()
 
 
+def nested(levels):
+    v = []
+    for _ in range(levels - 1):
+        v = [v]
+    return v
+
+
+def test_nesting_limit_both_ways(tmp_path):
+    """One limit (512 levels, the frame's object included) in the relay as in
+    forkboxd: a tool_call at it and a tool_result at it pass; one level more
+    from the sandbox ends the turn as a protocol error, and from the host as
+    an undecodable line, before the other side sees it."""
+    code = ("from tools import echo\nv = []\nfor _ in range({} - 1):\n    v = [v]\n"
+            "r = echo(message=v)\nn = 0\nwhile r:\n    r, n = r[0], n + 1\nprint(n)")
+    s = start("fd", tmp_path)
+    try:
+        s.ready()
+        s.send({"code": code.format(510), "kind": "run"})
+        call = s.recv()
+        assert call["kind"] == "tool_call" and call["args"] == {"message": nested(510)}
+        # {"id":...,"value":V,...}: V may nest 511 deep
+        s.send({"id": call["id"], "ok": True, "value": nested(511), "error": None,
+                "kind": "tool_result"})
+        _, out = s.recv(), s.recv()
+        assert out["stdout"] == "510\n", out
+        s.send({"code": code.format(511), "kind": "run"})
+        assert s.recv() is None
+        assert s.wait() == 1
+        assert "forkbox sandbox: sandbox protocol error: JSON nested too deeply\n" in s.stderr()
+    finally:
+        s.close()
+    d = tmp_path / "host"
+    d.mkdir()
+    s = start("fd", d)
+    try:
+        s.ready()
+        s.send({"code": code.format(3), "kind": "run"})
+        call = s.recv()
+        s.send({"id": call["id"], "ok": True, "value": nested(512), "error": None,
+                "kind": "tool_result"})
+        assert s.recv() is None
+        assert s.wait() == 1
+        assert ("forkbox sandbox: undecodable frame from the host (JSON nested too deeply)\n"
+                in s.stderr()), s.stderr()
+    finally:
+        s.close()
+
+
 def test_tcp_token_line_first_and_wrong_token_ignored(tmp_path):
     """The token line is the first thing on the connection, and a connection
     presenting another token (here, an impostor that connects first) is
