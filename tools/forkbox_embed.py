@@ -31,6 +31,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 from typing import Any, Callable, Mapping, Sequence
 
 from forkbox_host import (
@@ -107,6 +108,9 @@ class Sandbox:
         self._tmp: str | None = None
         # The sandbox's last log frames, for the message of a SandboxError.
         self._logs: collections.deque[dict] = collections.deque(maxlen=LOGS_KEPT)
+        # forkbox sandbox's last stderr lines: its last one says why it ended.
+        self._stderr_lines: collections.deque[str] = collections.deque(maxlen=LOGS_KEPT)
+        self._stderr_copier: threading.Thread | None = None
 
     # -- life cycle ---------------------------------------------------------
 
@@ -129,16 +133,20 @@ class Sandbox:
                        ADK_CODE_MODE_WORKDIR=self.workspace,
                        ADK_CODE_MODE_TOOLS_DIR=tools_dir)
             # stdin is not the sandbox's (a block reads no terminal); its own
-            # diagnostics go to our stderr, never into our stdout.
+            # diagnostics go to our stderr, never into our stdout, through a
+            # pipe we read (_copy_stderr), so that an error can say why.
             self.proc = subprocess.Popen([forkbox, "sandbox", *self.args], env=env,
                                          pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL,
-                                         stdout=2, stderr=None)
+                                         stdout=2, stderr=subprocess.PIPE)
         except OSError as exc:
             parent.close()
             self._cleanup_tmp()
             raise SandboxError(f"cannot start {forkbox} sandbox: {exc}") from exc
         finally:
             child.close()
+        self._stderr_copier = threading.Thread(target=self._copy_stderr, args=(self.proc.stderr,),
+                                               name="forkbox-sandbox-stderr", daemon=True)
+        self._stderr_copier.start()
         self._loop = asyncio.new_event_loop()
         try:
             self.ready = self._loop.run_until_complete(
@@ -203,7 +211,36 @@ class Sandbox:
         if self._loop is not None:
             self._loop.close()
             self._loop = None
+        self._stderr_done()
         self._cleanup_tmp()
+
+    def _copy_stderr(self, pipe) -> None:
+        """In a thread of its own, for the sandbox's lifetime: forkbox sandbox's
+        lines go on to our fd 2 as they come (as when it wrote there itself;
+        a thread, so that its writes never wait for us to be in a call), and
+        the last ones are kept for a SandboxError."""
+        with pipe:
+            for raw in iter(pipe.readline, b""):
+                self._stderr_lines.append(raw.decode("utf-8", "replace").rstrip("\n"))
+                view = memoryview(raw)
+                try:
+                    while view:
+                        view = view[os.write(2, view):]
+                except OSError:
+                    pass
+
+    def _stderr_done(self, wait: float = 2.0) -> None:
+        """Once the sandbox has exited: its last stderr lines read."""
+        if self._stderr_copier is not None:
+            self._stderr_copier.join(wait)
+
+    def _why_it_ended(self) -> str:
+        """forkbox sandbox's reason for ending (its last line names it), or ""."""
+        self._stderr_done()
+        for line in reversed(self._stderr_lines):
+            if line.startswith("forkbox sandbox: "):
+                return ": " + line[len("forkbox sandbox: "):]
+        return ""
 
     def _cleanup_tmp(self) -> None:
         if self._tmp is not None:
@@ -289,9 +326,10 @@ class Sandbox:
             err = None
         if not line.endswith(b"\n"):  # EOF (a partial line is a sandbox that died mid-write)
             status = await asyncio.to_thread(self._exit_status)
+            reason = await asyncio.to_thread(self._why_it_ended)
             why = f" ({err})" if err else ""
             raise SandboxError(f"sandbox closed the channel while waiting for {waiting_for}"
-                               f"{why}, exit status {status}", status, self._logs)
+                               f"{why}, exit status {status}{reason}", status, self._logs)
         try:
             frame = decode_frame(line)
         except FrameError as exc:
