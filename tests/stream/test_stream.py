@@ -564,8 +564,9 @@ def test_missing_workdir_is_made_and_writable(tmp_path):
         _, d, out = s.run("open('made.txt', 'w').write('ok'); print('ok')")
         assert d["exit_code"] == 0, out
         assert (tmp_path / "ws" / "made.txt").read_text() == "ok"
-        # Made for the sandbox: owned by its host id, which no host user has.
-        assert os.stat(tmp_path / "ws").st_uid >= 2013265920
+        # Made by forkbox sandbox (root), whose the block's files then are.
+        assert os.stat(tmp_path / "ws").st_uid == 0
+        assert os.stat(tmp_path / "ws" / "made.txt").st_uid == 0
     finally:
         s.close()
 
