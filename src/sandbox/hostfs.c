@@ -39,6 +39,7 @@
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -78,10 +79,14 @@ static int make_mount(const struct config *cfg, struct hostfs_state *st, int *fu
                               .type = S_IFDIR, .nlookup = 1};
     st->owner = s.st_uid;
     st->group = s.st_gid;
-    *fuse_fd = open("/dev/fuse", O_RDWR | O_CLOEXEC);
-    if (*fuse_fd < 0)
-        return err_errno(err, errlen, "workspace %s is served through FUSE, which needs "
-                         "/dev/fuse (the fuse module)", cfg->workdir);
+    *fuse_fd = open("/dev/fuse", O_RDWR | O_CLOEXEC | O_NOCTTY);
+    if (*fuse_fd < 0 || fstat(*fuse_fd, &s) < 0 || !S_ISCHR(s.st_mode) ||
+        s.st_rdev != makedev(10, 229)) {
+        int e = *fuse_fd < 0 ? errno : ENODEV;
+        return err_fmt(err, errlen, -e, "workspace %s is served through FUSE, which needs "
+                       "/dev/fuse (the fuse module): %s", cfg->workdir,
+                       e == ENODEV ? "not the FUSE device" : strerror(e));
+    }
     char fdstr[16];
     snprintf(fdstr, sizeof fdstr, "%d", *fuse_fd);
     _cleanup_close_ int fs = fsopen("fuse", FSOPEN_CLOEXEC);

@@ -631,7 +631,7 @@ static void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, of
         fuse_reply_err(req, ENOSPC);
         return;
     }
-    int r = posix_fallocate((int)fi->fh, off, len); /* mode 0 is posix_fallocate */
+    int r = fallocate((int)fi->fh, 0, off, len) < 0 ? errno : 0;
     if (r == 0 && fstat((int)fi->fh, &s) == 0)
         st->used += charge(s.st_mode, s.st_size) - before;
     fuse_reply_err(req, r);

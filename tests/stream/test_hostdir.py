@@ -351,3 +351,19 @@ print(db.execute('select x from t').fetchall())
 """)
     assert out == ["flock-ex ok", "flock-other EAGAIN", "flock-un ok", "flock-other-again ok",
                    "lockf ok", "ofd ok", "ofd-other EAGAIN", "[(42,)]"], out
+
+
+def test_without_fuse_a_clear_refusal(ws, tmp_path):
+    """No FUSE device (here a plain file over /dev/fuse, in a mount namespace
+    of the test's own): forkbox sandbox refuses to start and says what is
+    missing; forkbox run exits 125 with that reason."""
+    not_fuse = tmp_path / "not-fuse"
+    not_fuse.write_text("")
+    r = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                        f"mount --bind {not_fuse} /dev/fuse && "
+                        f"exec {FORKBOX} run --workspace {ws} -"],
+                       input="print('ran')\n", capture_output=True, text=True, timeout=TIMEOUT)
+    assert r.returncode == 125 and r.stdout == "", (r.returncode, r.stdout, r.stderr)
+    assert r.stderr.rstrip().endswith(
+        f"workspace {ws} is served through FUSE, which needs /dev/fuse (the fuse module): "
+        "not the FUSE device"), r.stderr
