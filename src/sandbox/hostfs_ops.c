@@ -249,11 +249,13 @@ static void reply_entry(fuse_req_t req, int r, const struct fuse_entry_param *e)
 static void op_init(void *userdata, struct fuse_conn_info *conn)
 {
     (void)userdata;
-    /* Locks stay in the kernel (none offered); no ACLs; writes through. */
+    /* Locks stay in the kernel (none offered); no ACLs; writes through; the
+     * kernel applies the caller's umask (we run with 0) and clears set-uid
+     * bits on a write itself, with a SETATTR we see (no KILLPRIV). */
     conn->want &= ~(unsigned)(FUSE_CAP_POSIX_LOCKS | FUSE_CAP_FLOCK_LOCKS | FUSE_CAP_POSIX_ACL |
                               FUSE_CAP_WRITEBACK_CACHE | FUSE_CAP_EXPORT_SUPPORT |
-                              FUSE_CAP_HANDLE_KILLPRIV | FUSE_CAP_SPLICE_READ |
-                              FUSE_CAP_SPLICE_WRITE | FUSE_CAP_SPLICE_MOVE);
+                              FUSE_CAP_HANDLE_KILLPRIV | FUSE_CAP_DONT_MASK |
+                              FUSE_CAP_SPLICE_READ | FUSE_CAP_SPLICE_WRITE | FUSE_CAP_SPLICE_MOVE);
     conn->max_write = HOSTFS_MAX_WRITE;
 }
 
