@@ -213,25 +213,42 @@ static int open_below(int dir, const char *name, int flags, mode_t mode)
     return (int)fd;
 }
 
-/* Look name up below parent: its entry (a new reference to its node). */
+/* The kernel may keep a directory's entry and attributes this long (s):
+ * its path is walked again at every open and stat below it, and the host
+ * moving or chmod'ing a directory under a running block is rare. A file's
+ * or symlink's are not kept at all (0): a block sees the host's writes,
+ * renames and appends at once. */
+#define DIR_CACHE_S 1.0
+
+/* Look name up below parent: its entry (a new reference to its node). A
+ * name whose inode is a node already (the kernel revalidating what it
+ * holds) costs a stat; a new one is opened beneath parent (open_below), and
+ * only such an open makes a node, so no node lies across a mount. */
 static int lookup(struct hostfs_state *st, struct hnode *parent, const char *name,
                   struct fuse_entry_param *e)
 {
     if (!name_ok(name))
         return -EINVAL;
-    int fd = open_below(parent->fd, name, O_PATH, 0);
-    if (fd < 0)
-        return fd;
     memset(e, 0, sizeof *e);
-    int r = stat_fd(fd, &e->attr);
-    if (r < 0) {
-        close(fd);
-        return r;
+    struct hnode *n = NULL;
+    if (fstatat(parent->fd, name, &e->attr, AT_SYMLINK_NOFOLLOW) < 0)
+        return -errno;
+    if ((n = find(st, e->attr.st_dev, e->attr.st_ino)) && n != &st->root)
+        n->nlookup++;
+    if (!n) {
+        int fd = open_below(parent->fd, name, O_PATH, 0);
+        int r = fd < 0 ? fd : stat_fd(fd, &e->attr);
+        if (r < 0) {
+            if (fd >= 0)
+                close(fd);
+            return r;
+        }
+        if (!(n = adopt(st, fd, &e->attr)))
+            return -ENOMEM;
     }
-    struct hnode *n = adopt(st, fd, &e->attr);
-    if (!n)
-        return -ENOMEM;
     e->ino = n == &st->root ? FUSE_ROOT_ID : (fuse_ino_t)(uintptr_t)n;
+    if (S_ISDIR(e->attr.st_mode))
+        e->entry_timeout = e->attr_timeout = DIR_CACHE_S;
     as_seen(st, &e->attr);
     return 0;
 }
@@ -290,7 +307,7 @@ static void op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
         return;
     }
     as_seen(st, &s);
-    fuse_reply_attr(req, &s, 0);
+    fuse_reply_attr(req, &s, S_ISDIR(s.st_mode) ? DIR_CACHE_S : 0);
 }
 
 
