@@ -21,13 +21,16 @@
  * clone could inherit the device), makes the mount with the new mount API
  * and hands the fork server only the detached mount, which mounts_build
  * attaches at the workdir's path in the sandbox root. Then it serves
- * (hostfs_ops.c), as the workspace's owner and group (setfsuid/setfsgid),
- * until the fork server goes (it dies with it; the mount then fails with
- * ENOTCONN). */
+ * (hostfs_ops.c), as the workspace's owner and group, until the fork
+ * server goes (it dies with it; the mount then fails with
+ * ENOTCONN). It is the workdir's owner from then on (uid and gid; for a
+ * root-owned workdir, root with root's file capabilities alone), with
+ * no_new_privs. */
 #include "sandbox/hostfs.h"
 #include "sandbox/hostfs_int.h"
 
 #include <errno.h>
+#include <stdbool.h>
 #include <fcntl.h>
 #include <grp.h>
 #include <poll.h>
@@ -35,6 +38,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/capability.h>
 #include <sys/fsuid.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
@@ -112,6 +116,27 @@ static int make_mount(const struct config *cfg, struct hostfs_state *st, int *fu
     return 0;
 }
 
+/* What serving needs of root, once the mount exists: as a root-owned
+ * workdir's owner, root's file capabilities (the kernel has checked the
+ * sandbox's access already: these only let us carry it out as root would);
+ * as anyone else's, nothing (setresuid has dropped them all already). */
+static int keep_only_fs_caps(bool root)
+{
+    static const cap_value_t fs_caps[] = {CAP_CHOWN, CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH,
+                                          CAP_FOWNER};
+    cap_t c = cap_init();
+    int r = !c ? -1 : 0;
+    if (r == 0 && root)
+        r = cap_set_flag(c, CAP_EFFECTIVE, 4, fs_caps, CAP_SET) < 0 ||
+                    cap_set_flag(c, CAP_PERMITTED, 4, fs_caps, CAP_SET) < 0
+                ? -1 : 0;
+    if (r == 0)
+        r = cap_set_proc(c);
+    if (c)
+        cap_free(c);
+    return r < 0 || prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0 ? -errno : 0;
+}
+
 _Noreturn static void helper_main(const struct config *cfg, uint32_t id, int sock)
 {
     prctl(PR_SET_NAME, "forkbox-hostfs");
@@ -138,12 +163,19 @@ _Noreturn static void helper_main(const struct config *cfg, uint32_t id, int soc
         _exit(1);
     close(mount_fd);
     /* The block's files are the owner's, made with the owner's rights (the
-     * kernel checked the sandbox's already, on what we report). */
+     * kernel checked the sandbox's already, on what we report): for a user's
+     * workdir we become that user (not only for files: no signal to a root
+     * process either), for root's we keep root's file capabilities alone. */
     umask(0);
-    if (setgroups(0, NULL) < 0 || (setfsgid(st.group), (gid_t)setfsgid((gid_t)-1) != st.group) ||
-        (setfsuid(st.owner), (uid_t)setfsuid((uid_t)-1) != st.owner)) {
-        LOG_E("workspace: cannot take the owner's ids %u:%u", (unsigned)st.owner,
-              (unsigned)st.group);
+    int ids = setgroups(0, NULL);
+    if (ids == 0 && st.owner != 0)
+        ids = setresgid(st.group, st.group, st.group) < 0 ||
+                      setresuid(st.owner, st.owner, st.owner) < 0 ? -1 : 0;
+    else if (ids == 0)
+        ids = (setfsgid(st.group), (gid_t)setfsgid((gid_t)-1) == st.group) ? 0 : -1;
+    if (ids < 0 || keep_only_fs_caps(st.owner == 0) < 0) {
+        LOG_E("workspace: cannot take the owner's ids %u:%u or drop capabilities",
+              (unsigned)st.owner, (unsigned)st.group);
         _exit(1);
     }
     _exit(fuse_session_loop(se) == 0 ? 0 : 1);
