@@ -76,9 +76,12 @@ static int make_mount(const struct config *cfg, struct hostfs_state *st, int *fu
                       int *mount_fd, char *err, size_t errlen)
 {
     struct stat s;
+    struct statx x;
     st->root.fd = open(cfg->workdir, O_PATH | O_DIRECTORY | O_CLOEXEC);
-    if (st->root.fd < 0 || fstat(st->root.fd, &s) < 0)
+    if (st->root.fd < 0 || fstat(st->root.fd, &s) < 0 ||
+        statx(st->root.fd, "", AT_EMPTY_PATH, STATX_MNT_ID, &x) < 0)
         return err_errno(err, errlen, "workspace %s", cfg->workdir);
+    st->mnt_id = x.stx_mnt_id;
     st->root = (struct hnode){.fd = st->root.fd, .dev = s.st_dev, .ino = s.st_ino,
                               .type = S_IFDIR, .nlookup = 1};
     st->owner = s.st_uid;

@@ -26,6 +26,7 @@ struct hnode {
 
 struct hostfs_state {
     struct hnode root;      /* the workspace directory itself */
+    uint64_t mnt_id;        /* the mount it is on (statx), which every node is on */
     struct hnode **table;   /* owned: every other hnode, by (dev, ino) */
     size_t nbuckets, count;
     uid_t owner;            /* the workspace's owner and group on disk: what the */

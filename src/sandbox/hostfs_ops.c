@@ -47,6 +47,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/sysmacros.h>
 #include <sys/syscall.h>
 #include <sys/xattr.h>
 #include <unistd.h>
@@ -220,10 +221,31 @@ static int open_below(int dir, const char *name, int flags, mode_t mode)
  * renames and appends at once. */
 #define DIR_CACHE_S 1.0
 
+/* stat of name below dir (not following it), and the mount it is on. */
+static int stat_name(int dir, const char *name, struct stat *s, uint64_t *mnt)
+{
+    struct statx x;
+    if (statx(dir, name, AT_SYMLINK_NOFOLLOW, STATX_BASIC_STATS | STATX_MNT_ID, &x) < 0)
+        return -errno;
+    *s = (struct stat){
+        .st_dev = makedev(x.stx_dev_major, x.stx_dev_minor), .st_ino = x.stx_ino,
+        .st_mode = x.stx_mode, .st_nlink = x.stx_nlink, .st_uid = x.stx_uid,
+        .st_gid = x.stx_gid, .st_rdev = makedev(x.stx_rdev_major, x.stx_rdev_minor),
+        .st_size = (off_t)x.stx_size, .st_blksize = x.stx_blksize,
+        .st_blocks = (blkcnt_t)x.stx_blocks,
+        .st_atim = {x.stx_atime.tv_sec, x.stx_atime.tv_nsec},
+        .st_mtim = {x.stx_mtime.tv_sec, x.stx_mtime.tv_nsec},
+        .st_ctim = {x.stx_ctime.tv_sec, x.stx_ctime.tv_nsec},
+    };
+    *mnt = x.stx_mnt_id;
+    return 0;
+}
+
 /* Look name up below parent: its entry (a new reference to its node). A
  * name whose inode is a node already (the kernel revalidating what it
- * holds) costs a stat; a new one is opened beneath parent (open_below), and
- * only such an open makes a node, so no node lies across a mount. */
+ * holds) costs a statx; a new one, or one on another mount (a host mount
+ * inside the workspace), is opened beneath parent (open_below), and only
+ * such an open makes a node, so no node lies across a mount. */
 static int lookup(struct hostfs_state *st, struct hnode *parent, const char *name,
                   struct fuse_entry_param *e)
 {
@@ -231,13 +253,15 @@ static int lookup(struct hostfs_state *st, struct hnode *parent, const char *nam
         return -EINVAL;
     memset(e, 0, sizeof *e);
     struct hnode *n = NULL;
-    if (fstatat(parent->fd, name, &e->attr, AT_SYMLINK_NOFOLLOW) < 0)
-        return -errno;
-    if ((n = find(st, e->attr.st_dev, e->attr.st_ino)) && n != &st->root)
+    uint64_t mnt;
+    int r = stat_name(parent->fd, name, &e->attr, &mnt);
+    if (r < 0)
+        return r;
+    if (mnt == st->mnt_id && (n = find(st, e->attr.st_dev, e->attr.st_ino)) && n != &st->root)
         n->nlookup++;
     if (!n) {
         int fd = open_below(parent->fd, name, O_PATH, 0);
-        int r = fd < 0 ? fd : stat_fd(fd, &e->attr);
+        r = fd < 0 ? fd : stat_fd(fd, &e->attr);
         if (r < 0) {
             if (fd >= 0)
                 close(fd);
@@ -339,10 +363,13 @@ static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to
     int r = 0;
     if (to_set & FUSE_SET_ATTR_MODE) {
         /* The workspace's own mode is the host's (a 0777 workspace would let
-         * every local user into it); no set-uid or set-gid bit on a host
-         * inode, whoever owns it. Clearing them (the kernel does so on a
-         * write) is fine. */
-        if (n == &st->root || (attr->st_mode & (S_ISUID | S_ISGID)))
+         * every local user into it: only a chmod to its mode as it is passes);
+         * no set-uid or set-gid bit on a host inode, whoever owns it.
+         * Clearing them (the kernel does so on a write) is fine. */
+        struct stat cur;
+        if (n == &st->root)
+            r = stat_fd(n->fd, &cur) < 0 || ((cur.st_mode ^ attr->st_mode) & 07777) ? -EPERM : 0;
+        else if (attr->st_mode & (S_ISUID | S_ISGID))
             r = -EPERM;
         else if (S_ISLNK(n->type))
             r = -EOPNOTSUPP;

@@ -78,6 +78,29 @@ def modes(root):
 
 # ------------------------------------------------------------------ owners
 
+# Everyday calls a block makes in its workspace, and what they give.
+EVERYDAY = """
+open('a', 'w').write('12345')
+open('a', 'a').write('678')
+os.truncate('a', 4)
+os.link('a', 'b')
+os.rename('b', 'c')
+os.replace('new', 'c2')
+os.chmod('a', 0o640)
+os.symlink('a', 'l')
+with open('a', 'r+') as f:
+    f.seek(2)
+    f.write('xy')
+os.utime('a', (1000000000, 1000000000))
+st = os.stat('a')
+print(open('l').read(), st.st_nlink, oct(st.st_mode & 0o777), int(os.stat('c').st_mtime),
+      sorted(os.listdir()))
+probe([('chmod-root-as-is', lambda: os.chmod('.', os.stat('.').st_mode & 0o777))])
+"""
+EVERYDAY_OUT = ("12xy 2 0o640 1000000000 ['a', 'c', 'c2', 'dir', 'l', 'mine', 'theirs']\n"
+                "chmod-root-as-is ok\n")
+
+
 def test_any_owner_any_mode():
     """A mkdtemp directory (0700) of root, of a user, of nobody: the block
     writes as its owner (uid 0 inside), reads the owner's private files and
@@ -99,15 +122,17 @@ def one_owner(owner):
         with sandbox(ws) as sb:
             r = sb.run(PROBE + "open('new', 'w').write('x'); os.mkdir('dir')\n"
                        "print(os.stat('.').st_uid, os.stat('new').st_uid, open('mine').read())\n"
-                       "probe([('theirs', lambda: open('theirs').read())])", timeout=TIMEOUT)
-            assert r.stdout == "0 0 mine\ntheirs EACCES\n", r.stderr
-            for name in ("new", "dir"):
+                       "probe([('theirs', lambda: open('theirs').read())])\n" + EVERYDAY,
+                       timeout=TIMEOUT)
+            assert r.stdout == "0 0 mine\ntheirs EACCES\n" + EVERYDAY_OUT, r.stdout + r.stderr
+            for name in ("a", "c2", "dir"):
                 st = os.stat(os.path.join(ws, name))
                 assert (st.st_uid, st.st_gid) == owner, (name, st)
             with open(os.path.join(ws, "from-host"), "w") as f:
                 f.write("host")
             r = sb.run("print(open('from-host').read(), sorted(os.listdir()))", timeout=TIMEOUT)
-            assert r.stdout == "host ['dir', 'from-host', 'mine', 'new', 'theirs']\n", r.stderr
+            assert r.stdout == ("host ['a', 'c', 'c2', 'dir', 'from-host', 'l', 'mine', "
+                                "'theirs']\n"), r.stderr
     finally:
         shutil.rmtree(ws, ignore_errors=True)
 
