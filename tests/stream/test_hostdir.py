@@ -288,18 +288,23 @@ def test_a_host_mount_inside_the_workspace_stays_the_hosts(ws):
     """A filesystem the host mounted on a directory inside the workspace is
     not reachable from the block (the workspace's server never crosses a
     mount)."""
-    inner = os.path.join(ws, "mnt")
+    inner, loop = os.path.join(ws, "mnt"), os.path.join(ws, "loop")
     os.mkdir(inner)
+    os.mkdir(loop)
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "forkbox-test", inner], check=True)
     try:
+        # and a bind of the workspace onto a name in it (a loop)
+        subprocess.run(["mount", "--bind", ws, loop], check=True)
         with open(os.path.join(inner, "host-only"), "w") as f:
             f.write("x")
         out = run(ws, "probe([('list', lambda: os.listdir('mnt')), "
-                      "('write', lambda: open('mnt/new', 'w').close())])")
-        assert out == ["list EACCES", "write EACCES"], out
+                      "('write', lambda: open('mnt/new', 'w').close()), "
+                      "('loop', lambda: os.listdir('loop'))])")
+        assert out == ["list EACCES", "write EACCES", "loop EACCES"], out
         assert os.listdir(inner) == ["host-only"]
     finally:
         subprocess.run(["umount", "-l", inner], check=True)
+        subprocess.run(["umount", "-l", loop])
 
 
 # --------------------------------------------------------------- the cap
