@@ -79,10 +79,10 @@ int main(int argc, char **argv)
     snprintf(ws, sizeof ws, "%s/ws", work);
     snprintf(tools, sizeof tools, "%s/tools", work);
     snprintf(init, sizeof init, "%s/tools/__init__.py", work);
-    /* The sandbox runs as an unprivileged id of its own: it reads the tools
-     * and writes the workspace through their modes. */
-    if (chmod(work, 0755) < 0 || mkdir(ws, 0777) < 0 || chmod(ws, 0777) < 0 ||
-        mkdir(tools, 0755) < 0 || write_file(init, TOOLS_INIT) < 0)
+    /* The workspace is the block's as its owner's (any owner, any mode:
+     * here ours, 0700); the tools dir is read by an unprivileged id through
+     * its mode, hence 0755 and 0644. */
+    if (mkdir(ws, 0700) < 0 || mkdir(tools, 0755) < 0 || write_file(init, TOOLS_INIT) < 0)
         return perror("setup"), 1;
 
     struct forkbox_sandbox_opts opts = {

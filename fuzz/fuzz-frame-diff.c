@@ -28,11 +28,11 @@
  *               (forkbox refuses the frame; the reference decodes it, then
  *               compile() fails on a non-string code, and a non-string id
  *               matches no call, so the result is dropped either way);
- *   DIFF_DEPTH  nesting deeper than DEEP levels: forkbox's supervisor stops
- *               at 1000 (JSCAN_MAX_DEPTH), the reference's json at its
- *               interpreter's recursion limit, which depends on the Python
- *               version and on the caller's stack (3.11: ~995 here), so no
- *               fixed depth would match it;
+ *   DIFF_DEPTH  nesting deeper than JSCAN_MAX_DEPTH (512): forkbox stops
+ *               there on purpose, the reference's json at its interpreter's
+ *               recursion limit, which depends on the Python version and on
+ *               the caller's stack (3.11: 993 levels less the stack's depth),
+ *               so no fixed depth would match it (proto/jscan.h says why 512);
  *   DIFF_ITEMS  more than FRAME_MAX_ITEMS (4 Mi) JSON items in one message
  *               (the scanner's time bound; the reference has none but the
  *               256 MiB message size). Needs an input of 8 MiB or more, so
@@ -47,6 +47,7 @@
 #include "core/utf8.h"
 #include "fuzz.h"
 #include "proto/frame.h"
+#include "proto/jscan.h"
 #include "proto/shape.h"
 
 #ifndef FUZZ_SRCDIR
@@ -56,7 +57,7 @@
 #define ENCODE_MAX (64u * 1024 * 1024)
 /* Past this nesting depth accept/refuse may differ (DIFF_DEPTH); values of
  * what both accept are still compared. */
-#define DEEP 900
+#define DEEP JSCAN_MAX_DEPTH
 
 static PyObject *oracle_decode;  /* owned: frame_oracle.decode */
 static PyObject *oracle_canon;   /* owned: frame_oracle.canon_values */

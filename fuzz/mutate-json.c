@@ -7,6 +7,7 @@
 
 #include "fuzz.h"
 #include "mutate-json.h"
+#include "proto/jscan.h"
 
 #define PICK(a) ((a)[mj_rand(rng) % (sizeof(a) / sizeof *(a))])
 
@@ -53,8 +54,10 @@ static cJSON *gen_value(uint32_t *rng, int depth)
         free(s);
         return v;
     }
-    case 1: { /* nesting around the depth limits (cJSON's 1000, Python's ~995) */
-        int n = mj_rand(rng) % 16 ? 1 + (int)(mj_rand(rng) % 20) : 985 + (int)(mj_rand(rng) % 20);
+    case 1: { /* nesting around the depth limits (forkbox's, JSCAN_MAX_DEPTH; Python's ~993) */
+        int n = mj_rand(rng) % 16 ? 1 + (int)(mj_rand(rng) % 20)
+                : mj_rand(rng) & 1 ? JSCAN_MAX_DEPTH - 10 + (int)(mj_rand(rng) % 20)
+                                   : 985 + (int)(mj_rand(rng) % 20);
         s = malloc(2 * (size_t)n + 1);
         if (!s)
             return cJSON_CreateNull();

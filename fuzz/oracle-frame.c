@@ -24,6 +24,8 @@
  *      so a "0" put in its place cannot merge with a neighbour.
  *   2. cJSON parses the (possibly rewritten) text: the grammar check, nesting
  *      limit (CJSON_NESTING_LIMIT), and the member list with value types.
+ *      (Since forkbox's limit went below cJSON's, lex_check also counts
+ *      the nesting outside strings against JSCAN_MAX_DEPTH.)
  *   3. obj_next_member() walks the top-level members of the *original* text
  *      in order, yielding each key's and value's byte span; cJSON's child list
  *      has the same order, so the two are zipped. This walk trusts the
@@ -44,6 +46,7 @@
 
 #include "core/cleanup.h"
 #include "core/utf8.h"
+#include "proto/jscan.h"
 
 /* cJSON's parse_number() reads at most this many characters. */
 #define CJSON_NUMBER_MAX 63
@@ -330,10 +333,12 @@ static const struct literal {
 static int lex_check(struct lex *lx, const char **why)
 {
     const uint8_t *s = lx->s;
-    size_t n = lx->n;
+    size_t n = lx->n, depth = 0;
     for (size_t i = 0; i < n;) {
         uint8_t c = s[i];
         if (is_ws(c) || c == ',' || c == ':' || c == ']' || c == '}') {
+            if ((c == ']' || c == '}') && depth > 0) /* a stray one is cJSON's to refuse */
+                depth--;
             i++;
             continue;
         }
@@ -342,6 +347,10 @@ static int lex_check(struct lex *lx, const char **why)
             return -EBADMSG;
         }
         if (c == '{' || c == '[') {
+            if (++depth > JSCAN_MAX_DEPTH) {
+                *why = "JSON nested too deeply";
+                return -EBADMSG;
+            }
             i++;
             continue;
         }

@@ -47,7 +47,8 @@ static void usage(FILE *f)
                "--block-timeout, --policy, --allow-no-cgroups, ...]\n"
                "  runs one sandbox speaking the stream transports (spec 8.2), chosen by\n"
                "  ADK_CODE_MODE_CONTROL_TCP / _SOCKET / _FD (default fd 3), with the host's\n"
-               "  ADK_CODE_MODE_WORKDIR (default /workspace) bound read-write and\n"
+               "  ADK_CODE_MODE_WORKDIR (default /workspace) read-write (served as its\n"
+               "  owner's, at most --workspace-max more) and\n"
                "  ADK_CODE_MODE_TOOLS_DIR (default /tools) read-only\n"
                "usage: forkbox run [--workspace DIR] [--tools host_tools.py] FILE.py...\n"
                "  runs the files as the blocks of one turn in a local sandbox (forkbox run --help)\n");

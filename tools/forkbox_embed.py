@@ -22,8 +22,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextvars
+import ctypes
 import dataclasses
 import importlib.util
+import io
 import os
 import shutil
 import signal
@@ -31,6 +34,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 from typing import Any, Callable, Mapping, Sequence
 
 from forkbox_host import (
@@ -71,6 +75,115 @@ class Result:
     logs: list[dict]        # the sandbox's log frames during the block
 
 
+# openat2(2): the same number on every Linux architecture (new system calls
+# got one table); struct open_how and the RESOLVE_ flags of <linux/openat2.h>.
+_SYS_OPENAT2 = 437
+_RESOLVE_NO_MAGICLINKS = 0x02
+_RESOLVE_BENEATH = 0x08
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+
+_MODE_FLAGS = {"r": os.O_RDONLY, "w": os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+               "a": os.O_WRONLY | os.O_CREAT | os.O_APPEND, "x": os.O_WRONLY | os.O_CREAT | os.O_EXCL}
+
+
+class Workspace:
+    """A workspace directory as a host should read what a block left in it.
+
+    A block may leave symlinks (a venv is made of them) that point anywhere,
+    and the host, unlike the sandbox, sees its own files at those names. So
+    every name given here is resolved beneath the directory only, by the
+    kernel (openat2 with RESOLVE_BENEATH and RESOLVE_NO_MAGICLINKS): a symlink
+    that leads out of it (an absolute one, or up through ``..``), a ``..`` of
+    the name's own or a /proc magic link is an ``OSError`` (EXDEV or ELOOP),
+    never the file it points at; symlinks that stay inside are followed.
+    Names are relative to the directory. ``close()`` (or ``with``) drops the
+    directory fd this holds."""
+
+    def __init__(self, path: str):
+        self.path = os.path.realpath(path)
+        self._dir = os.open(self.path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+
+    def close(self) -> None:
+        if self._dir >= 0:
+            os.close(self._dir)
+            self._dir = -1
+
+    def __enter__(self) -> "Workspace":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _open(self, name: str, flags: int, mode: int = 0o666) -> int:
+        if self._dir < 0:
+            raise ValueError("workspace closed")
+        how = _OpenHow(flags | os.O_CLOEXEC, mode if flags & os.O_CREAT else 0,
+                       _RESOLVE_BENEATH | _RESOLVE_NO_MAGICLINKS)
+        fd = _libc.syscall(ctypes.c_long(_SYS_OPENAT2), ctypes.c_int(self._dir),
+                           ctypes.c_char_p(os.fsencode(name)), ctypes.byref(how),
+                           ctypes.c_size_t(ctypes.sizeof(how)))
+        if fd < 0:
+            e = ctypes.get_errno()
+            raise OSError(e, os.strerror(e), os.path.join(self.path, name))
+        return fd
+
+    def open(self, name: str, mode: str = "r", encoding: str | None = None, **kwargs) -> io.IOBase:
+        """Like ``open()`` (modes r, w, a, x, with + and b), for a name beneath
+        the workspace."""
+        flags = _MODE_FLAGS.get(mode.replace("b", "").replace("+", "")[:1])
+        if flags is None:
+            raise ValueError(f"mode {mode!r}")
+        if "+" in mode:
+            flags = (flags & ~(os.O_WRONLY | os.O_RDONLY)) | os.O_RDWR
+        fd = self._open(name, flags)
+        try:
+            return os.fdopen(fd, mode, encoding=None if "b" in mode else encoding or "utf-8",
+                             **kwargs)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def read_bytes(self, name: str) -> bytes:
+        with self.open(name, "rb") as f:
+            return f.read()
+
+    def read_text(self, name: str, encoding: str = "utf-8") -> str:
+        with self.open(name, "r", encoding=encoding) as f:
+            return f.read()
+
+    def listdir(self, name: str = ".") -> list[str]:
+        fd = self._open(name, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            return os.listdir(fd)
+        finally:
+            os.close(fd)
+
+    def stat(self, name: str) -> os.stat_result:
+        """The file the name leads to (beneath the workspace); a symlink that
+        stays inside is followed, as by ``os.stat``."""
+        fd = self._open(name, os.O_PATH)
+        try:
+            return os.stat(fd)
+        finally:
+            os.close(fd)
+
+
+_CURRENT: contextvars.ContextVar[Workspace] = contextvars.ContextVar("forkbox_workspace")
+
+
+def current_workspace() -> Workspace:
+    """In a host tool while it answers a block's call (a ``Sandbox``'s tools,
+    ``forkbox run --tools``): the calling sandbox's workspace, to read what
+    the block wrote there. ``LookupError`` outside a tool call."""
+    return _CURRENT.get()
+
+
 def find_forkbox(explicit: str | None = None) -> str:
     """The ``forkbox`` binary: ``explicit``, else ``$FORKBOX`` (what the C
     ``forkbox run`` sets to itself), else ``forkbox`` on ``$PATH``."""
@@ -107,6 +220,10 @@ class Sandbox:
         self._tmp: str | None = None
         # The sandbox's last log frames, for the message of a SandboxError.
         self._logs: collections.deque[dict] = collections.deque(maxlen=LOGS_KEPT)
+        # forkbox sandbox's last stderr lines: its last one says why it ended.
+        self._stderr_lines: collections.deque[str] = collections.deque(maxlen=LOGS_KEPT)
+        self._stderr_copier: threading.Thread | None = None
+        self.files: Workspace | None = None  # the workspace, to read (from start() on)
 
     # -- life cycle ---------------------------------------------------------
 
@@ -117,6 +234,7 @@ class Sandbox:
         if not os.path.isdir(self.workspace):
             raise SandboxError(f"workspace {self.workspace}: not a directory")
         forkbox = find_forkbox(self.forkbox)
+        self.files = Workspace(self.workspace)
         self._tmp = tempfile.mkdtemp(prefix="forkbox-tools-")
         tools_dir = write_tools_package(self.registry.tools.values(), self._tmp)
         # SOCK_STREAM: frames are lines in a byte stream (§8.2). The parent's
@@ -129,16 +247,21 @@ class Sandbox:
                        ADK_CODE_MODE_WORKDIR=self.workspace,
                        ADK_CODE_MODE_TOOLS_DIR=tools_dir)
             # stdin is not the sandbox's (a block reads no terminal); its own
-            # diagnostics go to our stderr, never into our stdout.
+            # diagnostics go to our stderr, never into our stdout, through a
+            # pipe we read (_copy_stderr), so that an error can say why.
             self.proc = subprocess.Popen([forkbox, "sandbox", *self.args], env=env,
                                          pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL,
-                                         stdout=2, stderr=None)
+                                         stdout=2, stderr=subprocess.PIPE)
         except OSError as exc:
             parent.close()
+            self.files.close()
             self._cleanup_tmp()
             raise SandboxError(f"cannot start {forkbox} sandbox: {exc}") from exc
         finally:
             child.close()
+        self._stderr_copier = threading.Thread(target=self._copy_stderr, args=(self.proc.stderr,),
+                                               name="forkbox-sandbox-stderr", daemon=True)
+        self._stderr_copier.start()
         self._loop = asyncio.new_event_loop()
         try:
             self.ready = self._loop.run_until_complete(
@@ -197,13 +320,44 @@ class Sandbox:
         self._teardown()
 
     def _teardown(self) -> None:
+        if self.files is not None:
+            self.files.close()
         if self._writer is not None:
             self._writer.close()
             self._writer = None
         if self._loop is not None:
             self._loop.close()
             self._loop = None
+        self._stderr_done()
         self._cleanup_tmp()
+
+    def _copy_stderr(self, pipe) -> None:
+        """In a thread of its own, for the sandbox's lifetime: forkbox sandbox's
+        lines go on to our fd 2 as they come (as when it wrote there itself;
+        a thread, so that its writes never wait for us to be in a call), and
+        the last ones are kept for a SandboxError."""
+        with pipe:
+            for raw in iter(pipe.readline, b""):
+                self._stderr_lines.append(raw.decode("utf-8", "replace").rstrip("\n"))
+                view = memoryview(raw)
+                try:
+                    while view:
+                        view = view[os.write(2, view):]
+                except OSError:
+                    pass
+
+    def _stderr_done(self, wait: float = 2.0) -> None:
+        """Once the sandbox has exited: its last stderr lines read."""
+        if self._stderr_copier is not None:
+            self._stderr_copier.join(wait)
+
+    def _why_it_ended(self) -> str:
+        """forkbox sandbox's reason for ending (its last line names it), or ""."""
+        self._stderr_done()
+        for line in reversed(self._stderr_lines):
+            if line.startswith("forkbox sandbox: "):
+                return ": " + line[len("forkbox sandbox: "):]
+        return ""
 
     def _cleanup_tmp(self) -> None:
         if self._tmp is not None:
@@ -265,6 +419,7 @@ class Sandbox:
                       exit_code=frame["exit_code"], tool_calls=calls, logs=logs)
 
     async def _answer(self, registry: ToolRegistry, call: dict) -> None:
+        _CURRENT.set(self.files)  # this task's own context (and its tool's thread's)
         result = await registry(call)
         try:
             await self._send(result)
@@ -289,9 +444,10 @@ class Sandbox:
             err = None
         if not line.endswith(b"\n"):  # EOF (a partial line is a sandbox that died mid-write)
             status = await asyncio.to_thread(self._exit_status)
+            reason = await asyncio.to_thread(self._why_it_ended)
             why = f" ({err})" if err else ""
             raise SandboxError(f"sandbox closed the channel while waiting for {waiting_for}"
-                               f"{why}, exit status {status}", status, self._logs)
+                               f"{why}, exit status {status}{reason}", status, self._logs)
         try:
             frame = decode_frame(line)
         except FrameError as exc:
@@ -307,7 +463,8 @@ class Sandbox:
             return None
 
 
-__all__ = ["Result", "Sandbox", "SandboxError", "find_forkbox", "load_tools_module", "main"]
+__all__ = ["Result", "Sandbox", "SandboxError", "Workspace", "current_workspace", "find_forkbox",
+           "load_tools_module", "main"]
 
 
 # --------------------------------------------------------------------------
@@ -345,21 +502,33 @@ def _write(stream, text: str) -> None:
     stream.flush()
 
 
+# forkbox sandbox's settings that forkbox run passes on (the rest keep their
+# defaults: forkboxd --help lists them).
+SANDBOX_FLAGS = {
+    "workspace-max": "how much the blocks may add to the workspace (default: --tmpfs-size, 512M)",
+    "memory": "memory of the sandbox (default 1G)",
+    "output-cap": "bytes of stdout and of stderr kept per block (default 16M)",
+}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """``forkbox run [--workspace DIR] [--tools FILE] [--timeout SEC] FILE.py...``"""
+    """``forkbox run [--workspace DIR] [--tools FILE] [--timeout SEC] [--workspace-max SIZE]
+    [--memory SIZE] [--output-cap SIZE] FILE.py...``"""
     p = argparse.ArgumentParser(
         prog="forkbox run",
         description="Run Python files as the blocks of one turn in a local forkbox sandbox "
                     "(no server). Globals carry over from block to block; the exit status is "
                     f"the last block's exit code ({RUN_FAILED} if the sandbox failed).")
     p.add_argument("--workspace", metavar="DIR",
-                   help="mounted read-write as the blocks' cwd (default: the current directory)")
+                   help="the blocks' cwd, read-write (default: the current directory)")
     p.add_argument("--tools", metavar="FILE.py",
                    help="host-side module: its public functions become the tools package, "
                         "called here, outside the sandbox")
     p.add_argument("--timeout", type=float, metavar="SEC",
                    help="kill the sandbox if one block runs longer (default: the sandbox's own "
                         "block timeout)")
+    for flag, what in SANDBOX_FLAGS.items():
+        p.add_argument(f"--{flag}", metavar="SIZE", help=f"{what} (forkbox sandbox --{flag})")
     p.add_argument("files", nargs="+", metavar="FILE.py", help="a block each; - reads stdin")
     args = p.parse_args(list(argv) if argv is not None else sys.argv[1:])
     if args.files.count("-") > 1:
@@ -372,7 +541,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return RUN_FAILED
     # The sandbox's own start-up notes (info) are not the program's output:
     # only its warnings and errors reach the terminal.
-    sb = Sandbox(tools, workspace=args.workspace, args=["--log-level", "warn"])
+    flags = ["--log-level", "warn"]
+    for flag in SANDBOX_FLAGS:
+        value = getattr(args, flag.replace("-", "_"))
+        if value is not None:
+            flags += [f"--{flag}", value]
+    sb = Sandbox(tools, workspace=args.workspace, args=flags)
     status = 0
     try:
         sb.start()
@@ -399,6 +573,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    # A --tools module that imports forkbox_embed (current_workspace) gets
+    # this module, not a second copy with a context of its own.
+    sys.modules.setdefault("forkbox_embed", sys.modules[__name__])
     if len(sys.argv) > 1 and sys.argv[1] == "run":
         sys.exit(main(sys.argv[2:]))
     print("usage: forkbox_embed.py run [--workspace DIR] [--tools FILE.py] FILE.py...",

@@ -86,6 +86,10 @@ def decode_frame(text: str | bytes) -> dict[str, Any]:
         obj = json.loads(text)  # NaN/Infinity accepted, last duplicate key wins
     except ValueError as exc:
         raise FrameError(f"invalid JSON: {exc}") from exc
+    except RecursionError:
+        # Deeper than this interpreter's stack allows here (forkbox's peers
+        # refuse anything deeper than their limit, 512, before it gets here).
+        raise FrameError("JSON nested too deeply") from None
     if not isinstance(obj, dict):
         raise FrameError(f"frame must be a JSON object, got {type(obj).__name__}")
     kind = obj.get("kind")

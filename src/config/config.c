@@ -237,6 +237,12 @@ static const struct opt opts[] = {
     {"tmpfs-size", K_SIZE, FIELD(tmpfs_size), .def = 512 * MiB, .max = 1ULL << 40,
      .forkserver = true,
      .arg = "SIZE", .help = "/workspace and /tmp size each (512M)"},
+    /* The host directory is not a tmpfs: its server (sandbox/hostfs.c)
+     * charges what the block adds to it against this. */
+    {"workspace-max", K_SIZE, FIELD(workspace_max), .def = 0, .max = 1ULL << 40,
+     .forkserver = true,
+     .arg = "SIZE", .help = "forkbox sandbox: how much a block may add to the host's\n"
+                          "workspace directory (0 = --tmpfs-size, the default)"},
     /* Finite, so that a looping or stopped block, or a client that keeps a
      * turn busy forever, gives its CPU and turn slot back (README,
      * "Timeouts"). The idle limit is the host's own reaper (spec 7.5). The

@@ -74,6 +74,8 @@ struct config {
                                    1..10000); 0 = 100 per turn running (cgroups.c) */
     enum cpu_share cpu_share;   /* --cpu-share turn|tenant (cgroups.c) */
     uint64_t tmpfs_size;        /* bytes for /workspace and /tmp together */
+    uint64_t workspace_max;     /* `forkbox sandbox`: bytes a turn may add to the host's
+                                   workdir (sandbox/hostfs.c); 0 = tmpfs_size */
     uint64_t block_timeout_ms;  /* default 900 s; 0 = none */
     uint64_t turn_timeout_ms;   /* default 7200 s; 0 = none */
     uint64_t idle_timeout_ms;   /* between blocks; default 600 s */

@@ -13,7 +13,7 @@
  * numbers of any length but integers of at most JSCAN_MAX_INT_DIGITS digits
  * (what Python's json reads), any \uXXXX escape (a lone surrogate included, as
  * Python's json accepts), no raw control characters in strings, whitespace
- * only ' ', \t, \n, \r, nesting up to JSCAN_MAX_DEPTH (cJSON's limit).
+ * only ' ', \t, \n, \r, nesting up to JSCAN_MAX_DEPTH.
  * Optionally strings are checked to be UTF-8 (bytes from a sandbox; text
  * from the WebSocket was checked by the WebSocket layer).
  *
@@ -26,7 +26,23 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define JSCAN_MAX_DEPTH 1000 /* cJSON's CJSON_NESTING_LIMIT */
+/* The deepest nesting of objects and arrays in a frame, the frame's own
+ * object included: forkbox's one limit, for every peer (forkboxd, the stream
+ * relay of forkbox sandbox and so the embedding hosts behind it). What the
+ * host decodes sets it: the reference's json.loads recurses per level
+ * against the interpreter's recursion limit, shared with the caller's stack.
+ * CPython 3.11 with the default limit of 1000 decodes 993 levels called at
+ * the bottom of a stack and 993 - d called d frames deep (measured:
+ * 993/943/893/793 at 0/50/100/200 frames; 3.12+ decode deeper). A decode in
+ * forkbox's own hosts sits 11 frames deep (forkbox_client.py's and
+ * forkbox_embed.py's receive paths, asyncio included, measured); the
+ * reference's RemoteBackend.frames() runs under the agent framework's runner,
+ * agent and flow coroutines and maybe a web server's, well under 200 (an
+ * estimate: not measured here). 512 leaves a host ~480 frames of its own
+ * stack: a deeper frame is refused before any host sees it, rather than
+ * ending the host's turn with a RecursionError (cJSON's own limit, 1000,
+ * is above it). */
+#define JSCAN_MAX_DEPTH 512
 /* The longest integer literal (digits, without the sign): Python's
  * sys.int_info.default_max_str_digits. The reference's json.loads (and the
  * host's) fails on a longer one, so such a message is not a frame (spec 3.2:

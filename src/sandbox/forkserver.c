@@ -43,6 +43,7 @@
 #include "proto/chan.h"
 #include "sandbox/ids.h"
 #include "sandbox/cgroups.h"
+#include "sandbox/hostfs.h"
 #include "sandbox/mounts.h"
 #include "sandbox/netns.h"
 #include "sandbox/placer.h"
@@ -88,6 +89,7 @@ struct forkserver {
     int placer_fd;               /* owned: SEQPACKET to the cgroup helper */
     pid_t placer_pid;
     uint32_t stream_id;          /* stream mode (cfg->workdir): the one sandbox's host id */
+    struct hostfs hostfs;        /* stream mode: the workspace's FUSE server (hostfs.h) */
 };
 
 #define POOL_BACKOFF_MIN_MS 10
@@ -527,6 +529,11 @@ static void reap(struct forkserver *fsv)
             fsv->placer_pid = 0;
             shutdown_all(fsv, 1);
         }
+        if (pid == fsv->hostfs.pid) {
+            LOG_E("the workspace's server exited (status 0x%x)", (unsigned)status);
+            fsv->hostfs.pid = 0;
+            shutdown_all(fsv, 1);
+        }
         for (size_t i = 0; i < fsv->nkids; i++) {
             if (fsv->kids[i].pid != pid)
                 continue;
@@ -573,6 +580,13 @@ _Noreturn static void shutdown_all(struct forkserver *fsv, int code)
         }
         sbx_child_release(&fsv->plan, c);
         fsv->nkids--;
+    }
+    /* The workspace's server: no sandbox uses it now. */
+    close_and_reset(&fsv->hostfs.sock);
+    if (fsv->hostfs.pid > 0) {
+        int status;
+        kill(fsv->hostfs.pid, SIGKILL);
+        reap_blocking(fsv->hostfs.pid, &status);
     }
     /* The helper removes the cgroups queued above, then sees EOF. */
     close_and_reset(&fsv->placer_fd);
@@ -684,7 +698,8 @@ _Noreturn void forkserver_main(int ctl_fd)
         _exit(1);
     umask(022);
 
-    struct forkserver fsv = {.cfg = cfg, .ctl_fd = ctl_fd, .sig_fd = -1, .placer_fd = -1};
+    struct forkserver fsv = {.cfg = cfg, .ctl_fd = ctl_fd, .sig_fd = -1, .placer_fd = -1,
+                             .hostfs = {.sock = -1}};
 
     /* Supplementary groups would follow every sandbox (it cannot drop them:
      * setgroups is denied inside), and ours as root include gid 0. */
@@ -722,10 +737,11 @@ _Noreturn void forkserver_main(int ctl_fd)
         fail_start(ctl_fd, r, err);
     explicit_bzero(config.policy_file, sizeof config.policy_file);
     /* Stream mode (`forkbox sandbox`): one sandbox, whose host id is known
-     * now, so that a workdir made here is its own (mounts.h). */
+     * now, served its workspace (the host's directory) by a helper of its
+     * own, forked before the interpreter imports anything (hostfs.h). */
     if (cfg->workdir[0]) {
         fsv.stream_id = cfg->isolate ? ids_next(fsv.ids) : 0;
-        r = mounts_make_workdir(cfg->workdir, fsv.stream_id, err, sizeof err);
+        r = mounts_make_workdir(cfg->workdir, err, sizeof err);
         if (r < 0)
             fail_start(ctl_fd, r, err);
     }
@@ -733,6 +749,13 @@ _Noreturn void forkserver_main(int ctl_fd)
         r = mounts_prepare(cfg, &fsv.mounts, err, sizeof err);
         if (r < 0)
             fail_start(ctl_fd, r, err);
+    }
+    if (cfg->isolate && cfg->workdir[0]) {
+        int tree;
+        r = hostfs_start(cfg, fsv.stream_id, &fsv.hostfs, &tree, err, sizeof err);
+        if (r < 0)
+            fail_start(ctl_fd, r, err);
+        mounts_set_workspace(fsv.mounts, tree);
     }
     r = cgroups_init(cfg, &fsv.cgroups, err, sizeof err);
     if (r < 0)
@@ -779,8 +802,6 @@ _Noreturn void forkserver_main(int ctl_fd)
 
     /* The sandbox root, in a mount namespace of our own: after the
      * interpreter's start-up, which may still want the host's /tmp. */
-    if (cfg->isolate && cfg->workdir[0])
-        mounts_set_sandbox_id(fsv.mounts, fsv.stream_id);
     if (cfg->isolate && (r = mounts_build(cfg, fsv.mounts, err, sizeof err)) < 0)
         fail_start(ctl_fd, r, err);
 

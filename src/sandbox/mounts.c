@@ -55,11 +55,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mount.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/sysinfo.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -558,7 +556,9 @@ static int plan_proc(const struct config *cfg, struct mount_plan *mp, char *err,
 }
 
 /* Stream mode (`forkbox sandbox`, cfg->workdir set): the host's workdir,
- * read-write, and its tools dir, read-only, each at its own path. The
+ * read-write through its FUSE server (hostfs.h: the mount comes from
+ * mounts_set_workspace), and its tools dir, read-only, each at its own
+ * path. The
  * workdir may be /workspace itself (then it replaces the scratch's) or lie
  * under /tmp (bound again inside the scratch's, mounts_enter), nowhere else
  * the sandbox builds for itself, and not under /usr (the interpreter's). */
@@ -582,8 +582,6 @@ static int plan_stream(const struct config *cfg, struct mount_plan *mp, char *er
     if (stat(w, &st) < 0 || !S_ISDIR(st.st_mode))
         return err_fmt(err, errlen, -(errno ? errno : ENOTDIR), "workdir %s: %s", w,
                        strerror(errno ? errno : ENOTDIR));
-    mp->work_uid = st.st_uid;
-    mp->work_gid = st.st_gid;
     if (stat(t, &st) < 0 || !S_ISDIR(st.st_mode))
         return err_fmt(err, errlen, -(errno ? errno : ENOTDIR), "tools dir %s: %s", t,
                        strerror(errno ? errno : ENOTDIR));
@@ -606,6 +604,7 @@ int mounts_prepare(const struct config *cfg, struct mount_plan **out, char *err,
     struct mount_plan *mp = calloc(1, sizeof *mp);
     if (!mp)
         return err_fmt(err, errlen, -ENOMEM, "out of memory");
+    mp->work_tree = -1;
 
 #define TRY(expr, ...)                                   \
     do {                                                 \
@@ -727,6 +726,7 @@ void mounts_free(struct mount_plan *mp)
 {
     if (!mp)
         return;
+    mounts_set_workspace(mp, -1);
     for (size_t i = 0; i < mp->n; i++)
         free(mp->ops[i].owned);
     free(mp->ops);
@@ -794,9 +794,14 @@ static int write_file(int root, const char *path, const char *data, size_t n, mo
     return -1;
 }
 
-void mounts_set_sandbox_id(struct mount_plan *mp, uint32_t id) { mp->work_id = id; }
+void mounts_set_workspace(struct mount_plan *mp, int tree)
+{
+    if (mp->work_tree >= 0)
+        close(mp->work_tree);
+    mp->work_tree = tree;
+}
 
-int mounts_make_workdir(const char *path, uint32_t owner, char *err, size_t errlen)
+int mounts_make_workdir(const char *path, char *err, size_t errlen)
 {
     struct stat st;
     if (!path_clean(path))
@@ -806,88 +811,6 @@ int mounts_make_workdir(const char *path, uint32_t owner, char *err, size_t errl
                                                  strerror(ENOTDIR));
     if (mounts_mkdir_p(AT_FDCWD, path, 0755) < 0)
         return err_fmt(err, errlen, -errno, "mkdir workdir %s: %s", path, strerror(errno));
-    if (owner && chown(path, owner, owner) < 0)
-        return err_fmt(err, errlen, -errno, "chown workdir %s: %s", path, strerror(errno));
-    return 0;
-}
-
-/* A user namespace for the workdir's idmapped bind (stream mode): the
- * sandbox's host id (mp->work_id) is the workdir owner's on disk, both
- * ways, so what a block writes belongs to the workdir's owner on the host
- * at once and the owner's files are the sandbox's own inside. The group
- * likewise, unless it is root's (then the sandbox's id, unchanged). Never
- * for a root-owned workdir (the caller does not ask): a sandbox could chmod
- * u+s a file of its own there, and the host would hold a setuid-root
- * program. A throwaway child unshares and waits; we write its maps (as
- * root in the parent namespace) and keep an fd of its namespace.
- * The fd (the caller owns it), or -errno with a reason. */
-static int idmap_userns(const struct mount_plan *mp, char *err, size_t errlen)
-{
-    int sv[2];
-    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0)
-        return err_fmt(err, errlen, -errno, "idmap: socketpair: %s", strerror(errno));
-    pid_t pid = fork();
-    if (pid < 0) {
-        int e = errno;
-        close(sv[0]);
-        close(sv[1]);
-        return err_fmt(err, errlen, -e, "idmap: fork: %s", strerror(e));
-    }
-    if (pid == 0) {
-        char c = 0;
-        close(sv[0]);
-        if (unshare(CLONE_NEWUSER) < 0 || write(sv[1], &c, 1) != 1)
-            _exit(1);
-        (void)!read(sv[1], &c, 1); /* until the parent closes its end */
-        _exit(0);
-    }
-    close(sv[1]);
-    char c, path[64], map[64];
-    int fd = -1, r = 0;
-    if (read(sv[0], &c, 1) != 1) {
-        r = err_fmt(err, errlen, -EPERM, "idmap: the user namespace child failed");
-        goto out;
-    }
-    const char *const files[] = {"uid_map", "gid_map"};
-    for (int i = 0; i < 2 && r == 0; i++) {
-        unsigned inside = i == 0 ? (unsigned)mp->work_uid
-                                 : mp->work_gid ? (unsigned)mp->work_gid : mp->work_id;
-        snprintf(path, sizeof path, "/proc/%d/%s", (int)pid, files[i]);
-        int n = snprintf(map, sizeof map, "%u %u 1\n", inside, mp->work_id);
-        int mfd = open(path, O_WRONLY | O_CLOEXEC);
-        if (mfd < 0 || write(mfd, map, (size_t)n) != n)
-            r = err_fmt(err, errlen, -errno, "idmap: write %s: %s", path, strerror(errno));
-        if (mfd >= 0)
-            close(mfd);
-    }
-    snprintf(path, sizeof path, "/proc/%d/ns/user", (int)pid);
-    if (r == 0 && (fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
-        r = err_fmt(err, errlen, -errno, "idmap: open %s: %s", path, strerror(errno));
-out:
-    close(sv[0]);
-    int status;
-    while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
-        ;
-    return r < 0 ? r : fd;
-}
-
-/* The workdir's detached bind (tree): writable, nosuid, nodev, and idmapped
- * unless its owner is root (see idmap_userns). */
-static int workdir_attrs(const struct mount_plan *mp, int tree, char *err, size_t errlen)
-{
-    struct mount_attr a = {.attr_set = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
-                           .attr_clr = MOUNT_ATTR_RDONLY};
-    _cleanup_close_ int ns = -1;
-    if (mp->work_uid != 0) {
-        ns = idmap_userns(mp, err, errlen);
-        if (ns < 0)
-            return ns;
-        a.attr_set |= MOUNT_ATTR_IDMAP;
-        a.userns_fd = (uint64_t)ns;
-    }
-    if (mount_setattr(tree, "", AT_EMPTY_PATH, &a, sizeof a) < 0)
-        return err_fmt(err, errlen, -errno, "workdir bind%s: %s",
-                       mp->work_uid ? " (idmapped)" : "", strerror(errno));
     return 0;
 }
 
@@ -978,8 +901,7 @@ static void prune_host_mounts(const char *keep)
 }
 
 
-int mounts_build(const struct config *cfg, const struct mount_plan *mp, char *err,
-                 size_t errlen)
+int mounts_build(const struct config *cfg, struct mount_plan *mp, char *err, size_t errlen)
 {
     if (unshare(CLONE_NEWNS) < 0)
         return err_fmt(err, errlen, -errno, "unshare(CLONE_NEWNS): %s", strerror(errno));
@@ -998,7 +920,14 @@ int mounts_build(const struct config *cfg, const struct mount_plan *mp, char *er
      * about to cover /tmp, where a site dir may live. */
     for (size_t i = 0; i < mp->n && r == 0; i++) {
         const struct mount_op *op = &mp->ops[i];
-        if (op->kind != MOP_BIND_RO && op->kind != MOP_BIND_DEV && op->kind != MOP_BIND_RW)
+        if (op->kind == MOP_BIND_RW) { /* made already, by the workspace's server */
+            tree[i] = mp->work_tree;
+            mp->work_tree = -1;
+            if (tree[i] < 0)
+                r = err_fmt(err, errlen, -EINVAL, "workspace %s: no mount for it", op->src);
+            continue;
+        }
+        if (op->kind != MOP_BIND_RO && op->kind != MOP_BIND_DEV)
             continue;
         tree[i] = open_tree(AT_FDCWD, op->src, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
         if (tree[i] < 0) {
@@ -1010,8 +939,6 @@ int mounts_build(const struct config *cfg, const struct mount_plan *mp, char *er
         if (op->kind == MOP_BIND_RO &&
             mount_setattr(tree[i], "", AT_EMPTY_PATH, &ro, sizeof ro) < 0)
             r = err_fmt(err, errlen, -errno, "read-only %s: %s", op->src, strerror(errno));
-        if (op->kind == MOP_BIND_RW)
-            r = workdir_attrs(mp, tree[i], err, errlen);
     }
     if (r < 0)
         goto out;

@@ -26,20 +26,21 @@ void mounts_free(struct mount_plan *mp);
 size_t mounts_len(const struct mount_plan *mp);
 
 /* Stream mode, before mounts_prepare: make the host's workdir if it is
- * missing (parents root's, 0755), owned by owner (the sandbox's host id; 0:
- * left as made), so that the sandbox may write it. An existing one is left
- * as it is. 0 or -errno with a reason. */
-int mounts_make_workdir(const char *path, uint32_t owner, char *err, size_t errlen);
-/* Stream mode: the host id the one sandbox will run as (taken before
- * mounts_build, which maps the workdir's owner to it). */
-void mounts_set_sandbox_id(struct mount_plan *mp, uint32_t id);
+ * missing (and its parents), 0755, ours (root's): the sandbox writes it as
+ * its owner (hostfs.h). An existing one is left as it is. 0 or -errno with
+ * a reason. */
+int mounts_make_workdir(const char *path, char *err, size_t errlen);
+/* Stream mode, before mounts_build: the workspace's mount (takes tree, the
+ * detached FUSE mount of hostfs_start), which mounts_build attaches at the
+ * workdir's path. */
+void mounts_set_workspace(struct mount_plan *mp, int tree);
 
 /* In the fork server, once, before the first sandbox: enter a mount
  * namespace of our own and build the sandbox root in it from the plan (see
  * mounts.c), read-only. Every sandbox's namespace is a copy of this one.
- * 0, or -errno with a reason in err. */
-int mounts_build(const struct config *cfg, const struct mount_plan *mp, char *err,
-                 size_t errlen);
+ * The workspace's mount (mounts_set_workspace) is attached and its fd
+ * closed. 0, or -errno with a reason in err. */
+int mounts_build(const struct config *cfg, struct mount_plan *mp, char *err, size_t errlen);
 
 /* In the child (its step 3), in its own user and mount namespace (a copy
  * of the fork server's, after mounts_build from mp) with uid/gid 0 there:

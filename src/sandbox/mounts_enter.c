@@ -38,7 +38,7 @@ static int tmpfs_on(const char *path, uint64_t size, uint64_t inodes)
 /* A host dir the root holds under /tmp (a site dir; stream mode's workdir
  * and tools dir), which the scratch's /tmp is about to cover: bind it again
  * inside the scratch's tmp (hence the recursive binds below). A bind keeps
- * its source mount's flags and idmap. */
+ * its source mount's flags (and the workdir's is its FUSE mount). */
 static int rebind_in_scratch(const char *p, char *err, size_t errlen)
 {
     char in_scratch[OP_PATH_MAX + sizeof SCRATCH_AT];

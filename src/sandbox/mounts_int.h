@@ -20,8 +20,8 @@ enum mop_kind {
     MOP_SYMLINK,  /* symlink src -> dst */
     MOP_BIND_RO,  /* bind host src at dst, read-only, nosuid, nodev */
     MOP_BIND_DEV, /* bind a host device node at dst as is */
-    MOP_BIND_RW,  /* bind host dir src at dst, writable, nosuid, nodev; idmapped to
-                     the plan's workdir owner (stream mode's workspace, mounts_build) */
+    MOP_BIND_RW,  /* stream mode's workspace at dst: the mount its FUSE server made
+                     of host dir src (the plan's work_tree, nosuid, nodev; hostfs.h) */
 };
 
 struct mount_op {
@@ -47,11 +47,8 @@ struct mount_plan {
     size_t n, cap;
     struct proc_cover covers[MOUNTS_COVERS_MAX]; /* in order; the child binds them */
     size_t n_covers;
-    uid_t work_uid;  /* stream mode: the host workdir's owner (0: root, not idmapped) */
-    gid_t work_gid;  /* ... and group */
-    uint32_t work_id; /* stream mode: the host id the one sandbox runs as
-                         (mounts_set_sandbox_id), which the workdir's bind maps to
-                         work_uid/work_gid */
+    int work_tree;   /* owned: stream mode's workspace mount (mounts_set_workspace),
+                        detached until mounts_build attaches it; -1 */
 };
 
 /* Whether path is dir or below it (both absolute, normalised). */

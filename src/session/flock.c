@@ -98,29 +98,37 @@ static void learn_internal(void)
             close(fds[i]);
 }
 
-/* The sandbox's scratch tmpfs (/workspace, /tmp and /dev/shm are one), as
- * the caller's root shows it: found through /proc/PID/root, which the
- * sandbox cannot change (no chroot, no mounts, a read-only root), and
- * confirmed by the request still pending afterwards (so PID was the
- * caller's). Once per turn. 0, -ESRCH if the request is gone, or -errno. */
+/* The sandbox's scratch tmpfs (/workspace, /tmp and /dev/shm are one; /tmp
+ * in every mode) and the FUSE mount of `forkbox sandbox`'s workspace, as the
+ * caller's root shows them: found through /proc/PID/root, which the sandbox
+ * cannot change (no chroot, no mounts, a read-only root), and confirmed by
+ * the request still pending afterwards (so PID was the caller's). Once per
+ * turn. 0, -ESRCH if the request is gone, or -errno. */
 static int learn_scratch(struct flock_state *f, const struct seccomp_notif *req)
 {
-    char path[64];
+    char path[64 + 256];
     mode_t mode;
-    dev_t dev;
-    snprintf(path, sizeof path, "/proc/%d/root/workspace", (int)req->pid);
+    dev_t dev, work = (dev_t)-1;
+    snprintf(path, sizeof path, "/proc/%d/root/tmp", (int)req->pid);
     int r = dev_of(AT_FDCWD, path, 0, &dev, &mode);
+    if (r == 0 && f->turn.workspace) {
+        snprintf(path, sizeof path, "/proc/%d/root%s", (int)req->pid, f->turn.workspace);
+        r = dev_of(AT_FDCWD, path, 0, &work, &mode);
+    }
     if (!policy_notify_valid(listener(f), req->id))
         return -ESRCH;
     if (r < 0)
         return r;
     f->scratch_dev = dev;
+    f->work_dev = work;
     f->scratch_known = true;
     return 0;
 }
 
 /* Whether a lock on fd can reach nothing but this sandbox: a file on its own
- * scratch tmpfs (/workspace, /tmp, /dev/shm), a pipe, a socket or a memfd.
+ * scratch tmpfs (/workspace, /tmp, /dev/shm) or on the FUSE mount of its
+ * host workspace (kernel-local locks: see flock.h), a pipe, a socket or a
+ * memfd.
  * Everything else is shared, or may be: /usr, the /etc files, site dirs and
  * the root (other sandboxes and the host see the same inodes), device nodes
  * (the host's), the anonymous inode behind every eventfd, epoll and timerfd
@@ -135,7 +143,7 @@ static bool lock_is_private(const struct flock_state *f, int fd)
     mode_t mode;
     if (dev_of(fd, "", AT_EMPTY_PATH, &dev, &mode) < 0 || S_ISCHR(mode) || S_ISBLK(mode))
         return false;
-    if (f->scratch_known && dev == f->scratch_dev)
+    if (f->scratch_known && (dev == f->scratch_dev || dev == f->work_dev))
         return true;
     return internal.known &&
            (dev == internal.pipe || dev == internal.sock || dev == internal.memfd);
@@ -306,7 +314,7 @@ int flock_handle(struct flock_state *f, const struct seccomp_notif *req)
         LOG_W("turn %" PRIu64 ": cannot find the sandbox's /workspace: %s; flock on its "
               "files fails with ENOLCK", f->turn.turn_id, strerror(-r));
         f->scratch_known = true;
-        f->scratch_dev = (dev_t)-1; /* matches no file */
+        f->scratch_dev = f->work_dev = (dev_t)-1; /* matches no file */
     }
     int fd = fdnum > INT32_MAX ? -EBADF
                                : policy_notify_getfd(listener(f), req, (int)fdnum);

@@ -11,8 +11,11 @@
  * For each call: the caller's open file is fetched with pidfd_getfd (after
  * SECCOMP_IOCTL_NOTIF_ID_VALID has ruled out a reused pid). A file on the
  * sandbox's own scratch tmpfs (/workspace, /tmp, /dev/shm; its device is
- * looked up once per turn through /proc/PID/root), a pipe, a socket or a
- * memfd is locked by the supervisor on that duplicate: flock locks
+ * looked up once per turn through /proc/PID/root), in `forkbox sandbox` on
+ * the FUSE mount of the host's workspace (its server offers no locks, so
+ * the kernel keeps them among the mount's users: the sandbox's processes),
+ * a pipe, a socket or a memfd is locked by the supervisor on that
+ * duplicate: flock locks
  * belong to the open file description, so this is exactly the caller's lock,
  * and no later change of the caller's fd table can redirect it (the call is
  * never let through with SECCOMP_USER_NOTIF_FLAG_CONTINUE). Anything else is
@@ -47,6 +50,8 @@ struct flock_turn {
     struct loop *loop;            /* borrowed: the retry timer's loop */
     struct policy_notify *table;  /* borrowed: for answering (policy_notify_reply) */
     const int *listener;          /* borrowed: the owner's listener fd; -1 once dropped */
+    const char *workspace;        /* borrowed: `forkbox sandbox`'s workspace path, where
+                                     the host's directory is mounted through FUSE; NULL */
     /* A flock refused on a shared file (ENOLCK): count it as a refusal of nr. */
     void (*count_refusal)(void *owner, int nr);
     /* An answer on the listener failed with err: stop using the listener.
@@ -66,8 +71,9 @@ struct flock_state {
     bool timer_on;
     struct loop_watch timer_watch;
     bool warned;                  /* "cannot fetch the caller's fd" logged this turn */
-    bool scratch_known;           /* scratch_dev was looked up this turn */
+    bool scratch_known;           /* scratch_dev and work_dev were looked up this turn */
     dev_t scratch_dev;            /* st_dev of the sandbox's /workspace, /tmp, /dev/shm */
+    dev_t work_dev;               /* st_dev of turn.workspace's mount; (dev_t)-1 */
 };
 
 /* Set f up for a turn (idle: nothing parked, no timer). turn is copied;

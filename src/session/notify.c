@@ -123,6 +123,11 @@ void notify_turn_init(struct notify_turn *t, uint64_t turn_id, struct loop *loop
                                                .owner = t});
 }
 
+void notify_turn_workspace(struct notify_turn *t, const char *path)
+{
+    t->flock.turn.workspace = path;
+}
+
 void notify_adopt(struct notify_turn *t, int fd)
 {
     if (t->fd >= 0 || !t->table) {

@@ -41,6 +41,9 @@ struct notify_turn {
 /* Set t up for a turn, with no listener yet. */
 void notify_turn_init(struct notify_turn *t, uint64_t turn_id, struct loop *loop,
                       struct policy_notify *table);
+/* `forkbox sandbox`: the workspace's path in the sandbox (borrowed, must
+ * outlive t), whose FUSE mount flock.c lets the sandbox lock files on. */
+void notify_turn_workspace(struct notify_turn *t, const char *path);
 /* Start answering the listener fd. Takes fd, on failure too: without the
  * errno table, or if it cannot be watched, it is closed here and refused
  * calls get ENOSYS. */

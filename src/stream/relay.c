@@ -688,6 +688,7 @@ int stream_run(const struct config *cfg, struct fs_client *fs, struct transport 
         return STREAM_EXIT_USAGE;
     }
     notify_turn_init(&s->notify, STREAM_TURN_ID, s->loop, s->table);
+    notify_turn_workspace(&s->notify, cfg->workdir);
     buf_init_budget(&s->line, CHAN_MAX_MESSAGE_BYTES + STREAM_READ_CHUNK, &s->budget);
     buf_init_budget(&s->out, SIZE_MAX, &s->budget);
     buf_init_budget(&s->in, SIZE_MAX, &s->budget);

@@ -179,6 +179,16 @@ int transport_connect(struct transport *t, char *err, size_t errlen)
                                           : 0;
     if (r < 0)
         return r;
+    /* One socket both ways: a second fd for writing. The relay watches
+     * each direction on its own fd, and epoll takes an fd number once (a
+     * second EPOLL_CTL_ADD of the same one fails with EEXIST, which left
+     * EPOLLOUT unarmed and a frame longer than the socket buffer half
+     * written for ever). */
+    if (t->out_fd == t->in_fd && (t->out_fd = fcntl(t->in_fd, F_DUPFD_CLOEXEC,
+                                                    TRANSPORT_HIGH_FD)) < 0) {
+        t->out_fd = t->in_fd;
+        return err_errno(err, errlen, "dup the host's fd");
+    }
     if ((r = fd_set_nonblock(t->in_fd, true)) < 0 || (r = fd_set_nonblock(t->out_fd, true)) < 0)
         return err_fmt(err, errlen, r, "O_NONBLOCK on the host's fds: %s", strerror(-r));
     return 0;

@@ -20,7 +20,8 @@ enum transport_kind { TRANSPORT_FD, TRANSPORT_SOCKET, TRANSPORT_TCP };
 struct transport {
     enum transport_kind kind;
     int in_fd;            /* owned: frames from the host; -1 until connected */
-    int out_fd;           /* owned: frames to the host (== in_fd but for FD "R,W") */
+    int out_fd;           /* owned: frames to the host; once connected never == in_fd
+                             (a dup of it for a socket or FD "N") */
     char where[256];      /* TCP: host; SOCKET: path; FD: the variable's value */
     char port[8];         /* TCP: the port's digits */
 };
@@ -36,8 +37,10 @@ int transport_select(struct transport *t, char *err, size_t errlen);
 /* Connect a TCP or Unix socket transport (FD: nothing to do), in blocking
  * mode; for TCP write the token line (ADK_CODE_MODE_CONTROL_TOKEN, default
  * "", at most TRANSPORT_TOKEN_MAX bytes of ASCII), then scrub the token
- * from the environment and from our copy. Afterwards both fds are
- * non-blocking. 0, or -errno with a reason. */
+ * from the environment and from our copy. Afterwards the two fds are
+ * distinct (one socket both ways gets a dup for writing: each direction
+ * has an epoll watch of its own) and non-blocking. 0, or -errno with a
+ * reason. */
 int transport_connect(struct transport *t, char *err, size_t errlen);
 
 void transport_close(struct transport *t);

@@ -172,3 +172,67 @@ def test_failures_of_forkbox_run_itself_are_125(tmp_path, ws):
     r = forkbox_run("--workspace", tmp_path / "no-such-dir", "-", stdin="print(1)\n")
     assert r.returncode == 125
     assert "no-such-dir" in r.stderr
+
+
+MiB = 1 << 20
+
+
+@pytest.mark.parametrize("n", [MiB, 16 * MiB, 100 * MiB])
+def test_output_and_tool_frames_of_any_size(tmp_path, ws, n):
+    """Tool arguments and results of n bytes arrive whole; so does output up
+    to --output-cap (16 MiB), and beyond it its head and tail with a note.
+    Frames longer than the socket's buffer hung forkbox run for ever."""
+    tools = block(tmp_path, "t.py", """
+        def echo(data):
+            return {"len": len(data), "data": "c" * len(data)}
+    """)
+    f = block(tmp_path, "big.py", f"""
+        import sys, tools
+        r = tools.echo(data="a" * {n})
+        print(r["len"], len(r["data"]), set(r["data"]), file=sys.stderr)
+        sys.stdout.write("b" * {n})
+    """)
+    r = forkbox_run("--workspace", ws, "--tools", tools, f)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stderr == f"{n} {n} {{'c'}}\n"
+    if n <= 16 * MiB:
+        assert r.stdout == "b" * n, len(r.stdout)
+    else:
+        note = f"\n[forkbox: {n - 16 * MiB} bytes of stdout dropped]\n"
+        assert r.stdout == "b" * (8 * MiB) + note + "b" * (8 * MiB), len(r.stdout)
+
+
+def test_nesting_past_the_limit_is_125_with_the_reason(tmp_path, ws):
+    """A tool call nested past the one limit (512 levels) ends the turn in the
+    sandbox's relay; forkbox run says why and exits 125, with no traceback
+    (900 levels reached the host before, whose json.loads a deeper stack can fail on)."""
+    tools = block(tmp_path, "t.py", "def echo(message):\n    return 1\n")
+    for levels, ok in ((510, True), (511, False), (900, False)):
+        f = block(tmp_path, "nest.py", f"""
+            import tools
+            v = []
+            for _ in range({levels} - 1):
+                v = [v]
+            print(tools.echo(message=v))
+        """)
+        r = forkbox_run("--workspace", ws, "--tools", tools, f)
+        if ok:
+            assert (r.returncode, r.stdout) == (0, "1\n"), r.stderr
+            continue
+        assert r.returncode == 125, (levels, r.returncode, r.stderr)
+        assert "Traceback" not in r.stderr, r.stderr
+        assert r.stderr.endswith("forkbox run: sandbox closed the channel while waiting for done, "
+                                 "exit status 1: sandbox protocol error: JSON nested too deeply\n"), \
+            r.stderr
+
+
+def test_python_api_raises_sandbox_error_with_the_reason(tmp_path, ws):
+    """The embedding API: a protocol fault is a SandboxError naming it."""
+    import forkbox_embed  # tools/, on pythonpath by tests/pytest.ini
+    with forkbox_embed.Sandbox({"echo": lambda message: 1}, workspace=str(ws),
+                               forkbox=FORKBOX) as sb:
+        with pytest.raises(forkbox_embed.SandboxError) as e:
+            sb.run("import tools\nv = []\nfor _ in range(600):\n    v = [v]\ntools.echo(message=v)",
+                   timeout=TIMEOUT)
+        assert e.value.status == 1
+        assert str(e.value).endswith(": sandbox protocol error: JSON nested too deeply"), str(e.value)

@@ -523,3 +523,31 @@ except Exception as e:
         return r
     r = arun(go(), T)
     assert r.stdout.startswith("blocked"), (r.stdout, r.stderr)
+
+
+# ---- nesting (one limit for every peer: proto/jscan.h, JSCAN_MAX_DEPTH) ------
+
+NESTED_CALL = ("from tools import echo\nv = []\nfor _ in range({levels} - 1):\n    v = [v]\n"
+               "echo(message=v)\nprint('relayed')")
+
+
+def test_tool_call_nesting_limit(daemon):
+    """A tool_call is {..."args":{"message":V}}: V nested 510 deep is 512
+    levels, the limit, relayed to a host that decodes it; one more (or 900,
+    which reached the host before, as deep as the reference's json decodes
+    with ~90 frames of its own stack) ends the turn before the host sees it."""
+    async def go(levels):
+        turn = await connect(daemon)
+        try:
+            r = await turn.run(NESTED_CALL.format(levels=levels))
+            await turn.shutdown()
+            return r, None
+        except fc.TurnClosed as e:
+            return None, (e.code, e.reason)
+    r, closed = arun(go(510), T)
+    assert closed is None and r.exit_code == 0 and r.stdout == "relayed\n", (r, closed)
+    assert [c["name"] for c in r.tool_calls] == ["echo"]
+    for levels in (511, 900):
+        r, closed = arun(go(levels), T)
+        assert closed == (1011, "sandbox protocol error: JSON nested too deeply"), (levels, r, closed)
+    assert arun(still_serving(daemon), T)

@@ -1,4 +1,4 @@
-"""pytest settings for the stream transport suite (test_stream.py)."""
+"""pytest settings for the stream suite (test_stream.py, test_hostdir.py)."""
 
 import fbtest  # tests/lib, on pythonpath by tests/pytest.ini
 

@@ -52,7 +52,8 @@ class Sandbox:
         self.proc = proc
         self.rfile = rfile   # raw fd to read frames from
         self.wfile = wfile   # raw fd to write frames to
-        self.buf = b""
+        self.buf = bytearray()
+        self.scanned = 0     # self.buf[:scanned] holds no \n (a long line is scanned once)
         self.stderr_path = stderr_path
         self.closers = list(closers)
 
@@ -68,18 +69,21 @@ class Sandbox:
     def recv(self, timeout=TIMEOUT):
         """The next frame, or None at EOF."""
         deadline = time.monotonic() + timeout
-        while b"\n" not in self.buf:
+        while (nl := self.buf.find(b"\n", self.scanned)) < 0:
+            self.scanned = len(self.buf)
             left = deadline - time.monotonic()
             assert left > 0, f"no frame within {timeout}s; stderr:\n{self.stderr()}"
             r, _, _ = select.select([self.rfile], [], [], left)
             if not r:
                 continue
-            chunk = os.read(self.rfile, 65536)
+            chunk = os.read(self.rfile, 1 << 20)
             if not chunk:
-                assert self.buf == b"", self.buf
+                assert self.buf == b"", self.buf[:200]
                 return None
             self.buf += chunk
-        line, self.buf = self.buf.split(b"\n", 1)
+        line = self.buf[:nl]
+        del self.buf[:nl + 1]
+        self.scanned = 0
         return json.loads(line)
 
     def run(self, code, timeout=TIMEOUT):
@@ -272,6 +276,112 @@ def test_block_and_tool_call_on_each_transport(tmp_path, transport):
         s.close()
 
 
+MiB = 1 << 20
+
+
+def big_frames_block(s, n, out_n=None, timeout=TIMEOUT):
+    """A block that sends n bytes of tool arguments, gets n bytes of result
+    from the host and prints out_n (default n) bytes: each frame longer than
+    any socket buffer, both ways. Arguments and result arrive whole; stdout
+    whole up to --output-cap (default 16 MiB: 8 head, 8 tail), cut with the
+    note beyond it. Returns the output frame."""
+    out_n = n if out_n is None else out_n
+    s.send({"code": f"import sys\nfrom tools import echo\n"
+                    f"r = echo(data='a' * {n})\n"
+                    f"sys.stderr.write(f'{{len(r)}} {{set(r)}}')\n"
+                    f"sys.stdout.write('b' * {out_n})", "kind": "run"})
+    call = s.recv(timeout)
+    assert call["kind"] == "tool_call", call
+    assert call["args"] == {"data": "a" * n}
+    s.send({"id": call["id"], "ok": True, "value": "c" * n, "error": None, "kind": "tool_result"})
+    done = s.recv(timeout)
+    out = s.recv(timeout)
+    assert (done["kind"], done["exit_code"], out["kind"]) == ("done", 0, "output"), \
+        (done, out["stderr"][-2000:], s.stderr())
+    assert out["stderr"] == f"{n} {{'c'}}", out["stderr"][-2000:]
+    return out
+
+
+@pytest.mark.parametrize("transport", ["fd", "unix", "tcp"])
+def test_frames_of_1_and_16_mib_both_ways_on_each_transport(tmp_path, transport):
+    """Frames far longer than a socket buffer go both ways on every transport
+    (they hung forever on a one-socket transport: the relay's write watch
+    was never armed)."""
+    s = start(transport, tmp_path)
+    try:
+        s.ready()
+        for n in (MiB, 16 * MiB):
+            out = big_frames_block(s, n, timeout=15)
+            assert out["stdout"] == "b" * n, len(out["stdout"])
+        s.send({"kind": "shutdown"})
+        assert s.wait() == 0, s.stderr()
+    finally:
+        s.close()
+
+
+def test_frames_of_100_mib_both_ways(tmp_path):
+    """100 MiB of tool arguments and of result, exact; 100 MiB printed comes
+    back as --output-cap's head and tail with the note in between."""
+    s = start("fd", tmp_path)
+    try:
+        s.ready()
+        out = big_frames_block(s, 100 * MiB, timeout=60)
+        note = f"\n[forkbox: {100 * MiB - 16 * MiB} bytes of stdout dropped]\n"
+        assert out["stdout"] == "b" * (8 * MiB) + note + "b" * (8 * MiB), len(out["stdout"])
+        s.send({"kind": "shutdown"})
+        assert s.wait() == 0, s.stderr()
+    finally:
+        s.close()
+
+
+def nested(levels):
+    v = []
+    for _ in range(levels - 1):
+        v = [v]
+    return v
+
+
+def test_nesting_limit_both_ways(tmp_path):
+    """One limit (512 levels, the frame's object included) in the relay as in
+    forkboxd: a tool_call at it and a tool_result at it pass; one level more
+    from the sandbox ends the turn as a protocol error, and from the host as
+    an undecodable line, before the other side sees it."""
+    code = ("from tools import echo\nv = []\nfor _ in range({} - 1):\n    v = [v]\n"
+            "r = echo(message=v)\nn = 0\nwhile r:\n    r, n = r[0], n + 1\nprint(n)")
+    s = start("fd", tmp_path)
+    try:
+        s.ready()
+        s.send({"code": code.format(510), "kind": "run"})
+        call = s.recv()
+        assert call["kind"] == "tool_call" and call["args"] == {"message": nested(510)}
+        # {"id":...,"value":V,...}: V may nest 511 deep
+        s.send({"id": call["id"], "ok": True, "value": nested(511), "error": None,
+                "kind": "tool_result"})
+        _, out = s.recv(), s.recv()
+        assert out["stdout"] == "510\n", out
+        s.send({"code": code.format(511), "kind": "run"})
+        assert s.recv() is None
+        assert s.wait() == 1
+        assert "forkbox sandbox: sandbox protocol error: JSON nested too deeply\n" in s.stderr()
+    finally:
+        s.close()
+    d = tmp_path / "host"
+    d.mkdir()
+    s = start("fd", d)
+    try:
+        s.ready()
+        s.send({"code": code.format(3), "kind": "run"})
+        call = s.recv()
+        s.send({"id": call["id"], "ok": True, "value": nested(512), "error": None,
+                "kind": "tool_result"})
+        assert s.recv() is None
+        assert s.wait() == 1
+        assert ("forkbox sandbox: undecodable frame from the host (JSON nested too deeply)\n"
+                in s.stderr()), s.stderr()
+    finally:
+        s.close()
+
+
 def test_tcp_token_line_first_and_wrong_token_ignored(tmp_path):
     """The token line is the first thing on the connection, and a connection
     presenting another token (here, an impostor that connects first) is
@@ -454,8 +564,9 @@ def test_missing_workdir_is_made_and_writable(tmp_path):
         _, d, out = s.run("open('made.txt', 'w').write('ok'); print('ok')")
         assert d["exit_code"] == 0, out
         assert (tmp_path / "ws" / "made.txt").read_text() == "ok"
-        # Made for the sandbox: owned by its host id, which no host user has.
-        assert os.stat(tmp_path / "ws").st_uid >= 2013265920
+        # Made by forkbox sandbox (root), whose the block's files then are.
+        assert os.stat(tmp_path / "ws").st_uid == 0
+        assert os.stat(tmp_path / "ws" / "made.txt").st_uid == 0
     finally:
         s.close()
 

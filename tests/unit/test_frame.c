@@ -17,6 +17,7 @@
 #include "core/limits.h"
 #include "proto/chan.h"
 #include "proto/frame.h"
+#include "proto/jscan.h"
 #include "tap.h"
 
 /* ---- helpers ------------------------------------------------------------ */
@@ -532,7 +533,31 @@ static void test_nesting(void)
         deep[n++] = ']';
     deep[n++] = '}';
     deep[n] = 0;
-    is_err(deep, FRAME_FROM_CLIENT, -EBADMSG, "2000-deep nesting rejected (cJSON limit)");
+    is_err(deep, FRAME_FROM_CLIENT, -EBADMSG, "2000-deep nesting rejected");
+
+    /* The limit counts the frame's own object: a value may nest one level
+     * less, from either peer. */
+    for (int extra = 0; extra < 2; extra++) {
+        char *edge = malloc(2 * JSCAN_MAX_DEPTH + 64);
+        n = (size_t)sprintf(edge, "{\"kind\":\"tool_call\",\"args\":{\"a\":");
+        for (int i = 0; i < JSCAN_MAX_DEPTH - 2 + extra; i++)
+            edge[n++] = '[';
+        for (int i = 0; i < JSCAN_MAX_DEPTH - 2 + extra; i++)
+            edge[n++] = ']';
+        strcpy(edge + n, "}}");
+        struct frame f;
+        const char *why = NULL;
+        int r = frame_decode((const uint8_t *)edge, strlen(edge), FRAME_FROM_CHILD, &f, &why);
+        if (extra == 0) {
+            ok(r == 0, "nesting of exactly JSCAN_MAX_DEPTH (%d) accepted", JSCAN_MAX_DEPTH);
+            if (r == 0)
+                frame_free(&f);
+        } else {
+            ok(r == -EBADMSG && why && strstr(why, "nested too deeply"),
+               "one level more refused: %s", why ? why : "(accepted)");
+        }
+        free(edge);
+    }
 
     char mid[400] = "{\"kind\":\"tool_result\",\"value\":";
     n = strlen(mid);
