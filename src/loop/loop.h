@@ -52,7 +52,8 @@ typedef bool (*loop_work_cb)(void *ud);
 void loop_set_work(struct loop *l, loop_work_cb work, void *ud);
 
 /* stats(ud, ns) after every iteration, with its busy time (not the time
- * asleep in epoll_wait). */
+ * asleep in epoll_wait). Only a loop with a stats hook logs its slow
+ * iterations: the supervisor's, which every turn waits behind. */
 void loop_set_stats(struct loop *l, void (*stats)(void *ud, uint64_t busy_ns), void *ud);
 
 /* For a thread watching the loop (loop/watchdog.h), safe from any thread:
