@@ -499,6 +499,11 @@ static void on_sandbox_io(struct loop_watch *w, uint32_t events)
 {
     struct session *s = w->ud;
     if ((events & EPOLLOUT) && chan_conn_flush(s->chan) < 0) {
+        /* Its end is closed: what it sent before it went (an archive
+         * error's report, while its workspace archive was still being
+         * written to it) says why, not its exit status. */
+        if (sandbox_read(s) < 0)
+            return;
         sandbox_gone(s);
         return;
     }
