@@ -1,0 +1,35 @@
+"""pytest settings for the fault suite (issue 26): a hard limit per test, and
+the daemons' stderr attached to a failing test (see fbtest.py)."""
+
+import pytest
+
+import fbtest  # tests/lib, on pythonpath by tests/pytest.ini
+
+_hard_time_limit = fbtest.hard_time_limit(120)
+
+
+@pytest.fixture
+def make_daemon():
+    """Factory: make_daemon(args=[...], **kw) starts a daemon, stopped (its
+    whole process group killed) at teardown."""
+    started = []
+
+    def make(args=(), **kw):
+        d = fbtest.Daemon(list(args), **kw)
+        started.append(d)
+        return d.start()
+    make.started = started
+    yield make
+    for d in started:
+        d.stop()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Attach the daemons' stderr to failing tests: it usually names the cause."""
+    outcome = yield
+    rep = outcome.get_result()
+    if rep.when == "call" and rep.failed:
+        make = getattr(item, "funcargs", {}).get("make_daemon")
+        for i, d in enumerate(getattr(make, "started", [])):
+            rep.sections.append((f"forkboxd stderr #{i} {d.args}", d.stderr()[-6000:]))
