@@ -1,14 +1,47 @@
 /* forkbox-bench: running one server configuration: forkboxd (plain, --pool 8, --preload
  * numpy,pandas; isolated or not) or the baseline, and which measurements run on it, into which
  * column. Runs in the forkbox-bench process. */
+#include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "bench.h"
 
 #define POOL_GAP_MS 20 /* between pooled turns, so that the pool refills: 8 x ~2 ms spawns */
+
+/* "--id-range=F:C": a block of host ids of this bench run's own, as
+ * tools/id_block.py takes one (flock on /run/forkbox/test-ids/<first>, held
+ * until we exit): forkboxd locks its range, and other test runs on this
+ * machine have theirs. The servers run one after another and share it. */
+static const char *id_range_arg(void)
+{
+    enum { FIRST = 0x7A000000, BLOCK = 4096, BLOCKS = 1024 };
+    static char arg[48];
+    if (arg[0])
+        return arg;
+    mkdir("/run/forkbox", 0755);
+    mkdir("/run/forkbox/test-ids", 0700);
+    unsigned start = (unsigned)getpid();
+    for (unsigned i = 0; i < BLOCKS; i++) {
+        unsigned first = FIRST + (start + i) % BLOCKS * BLOCK;
+        char path[64];
+        snprintf(path, sizeof path, "/run/forkbox/test-ids/%u", first);
+        int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+        if (fd >= 0 && flock(fd, LOCK_EX | LOCK_NB) == 0) {
+            snprintf(arg, sizeof arg, "--id-range=%u:%u", first, (unsigned)BLOCK);
+            return arg; /* fd stays open: the block is ours */
+        }
+        if (fd >= 0)
+            close(fd);
+    }
+    fprintf(stderr, "forkbox-bench: every block of test ids in /run/forkbox/test-ids is held\n");
+    exit(1);
+}
 
 static int start_forkboxd(struct server *s, const char *name, const char *daemon, bool iso,
                           const char *extra1, const char *extra2, unsigned capacity, char *why,
@@ -16,7 +49,7 @@ static int start_forkboxd(struct server *s, const char *name, const char *daemon
 {
     char cap[32];
     snprintf(cap, sizeof cap, "--capacity=%u", capacity);
-    char *argv[12];
+    char *argv[13];
     size_t n = 0;
     argv[n++] = (char *)daemon;
     argv[n++] = "--listen=127.0.0.1:0";
@@ -24,6 +57,8 @@ static int start_forkboxd(struct server *s, const char *name, const char *daemon
     argv[n++] = cap;
     if (!iso)
         argv[n++] = "--no-isolation";
+    else
+        argv[n++] = (char *)id_range_arg();
     if (extra1)
         argv[n++] = (char *)extra1;
     if (extra2)
