@@ -99,6 +99,7 @@ static int sandbox_main(int argc, char **argv)
         }
         cfg.id_first = ids.first;
         cfg.id_count = ids.count;
+        cfg.ids_locked = true;
     }
     /* A host that goes away is an error on the write, not a signal. */
     signal(SIGPIPE, SIG_IGN);

@@ -88,10 +88,12 @@ int main(int argc, char **argv)
     /* Before the fork server, which hands the range's ids out: they are
      * ours alone until we exit. */
     struct id_lock ids = ID_LOCK_INIT;
-    if (id_lock_wanted(&cfg) &&
-        id_lock_range(IDLOCK_DIR, cfg.id_first, cfg.id_count, &ids, err, sizeof err) < 0) {
-        LOG_E("%s", err);
-        return 1;
+    if (id_lock_wanted(&cfg)) {
+        if (id_lock_range(IDLOCK_DIR, cfg.id_first, cfg.id_count, &ids, err, sizeof err) < 0) {
+            LOG_E("%s", err);
+            return 1;
+        }
+        cfg.ids_locked = true;
     }
 
     /* Before the fork server starts: it is exec'd with a fixed environment

@@ -544,7 +544,7 @@ bool session_sandbox_ready(struct session *s, const struct fs_reply *rep, int ch
         return false; /* the turn ended while its sandbox was being made */
     if (rep->status < 0) {
         char reason[120];
-        snprintf(reason, sizeof reason, "cannot start a sandbox: %s", strerror(-rep->status));
+        fs_spawn_failure(rep->status, reason, sizeof reason);
         session_end(s, 1011, reason);
         return true;
     }

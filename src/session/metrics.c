@@ -53,6 +53,7 @@ static struct metrics {
     uint64_t tool_calls, blocks;
     uint64_t bytes_in, bytes_out;     /* client <-> supervisor, counted as turns end */
     uint64_t forkserver_restarts;
+    uint64_t cgroups_waiting;         /* the cgroup helper's last count (FS_REPLY_CGROUPS) */
     struct hist ready, block, peak;
     struct pending *pending;          /* owned: end lines waiting for a death report */
     size_t n_pending, cap_pending;
@@ -148,6 +149,7 @@ void metrics_turn_ready(uint64_t latency_ns) { hist_observe(&m.ready, latency_ns
 void metrics_sandbox_spawned(void) { m.spawned++; }
 void metrics_tool_call(void) { m.tool_calls++; }
 void metrics_forkserver_restart(void) { m.forkserver_restarts++; }
+void metrics_cgroups_waiting(unsigned n) { m.cgroups_waiting = n; }
 
 void metrics_block_done(uint64_t dur_ns)
 {
@@ -433,5 +435,8 @@ int metrics_write(struct buf *out)
     r = r ? r : counter(out, "forkbox_forkserver_restarts_total",
                         "Times the fork server was started again after it died.",
                         m.forkserver_restarts);
+    r = r ? r : gauge(out, "forkbox_turn_cgroups_waiting",
+                      "Turn cgroups not removed yet (tasks still in them, a read-only hierarchy, "
+                      "an earlier daemon's): retried until they go.", m.cgroups_waiting);
     return r;
 }

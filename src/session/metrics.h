@@ -96,6 +96,9 @@ void metrics_seccomp_refusal(int nr);   /* a counted refusal of native syscall n
 /* The fork server was started again after it died (the restart path calls
  * this; nothing else does). */
 void metrics_forkserver_restart(void);
+/* How many turn cgroups the fork server's cgroup helper could not remove yet
+ * (its FS_REPLY_CGROUPS report). */
+void metrics_cgroups_waiting(unsigned n);
 
 /* Append the exposition text (format 0.0.4) of every metric to out. 0 or
  * buf_append's error (-ENOBUFS past out's ceiling, -ENOMEM). */

@@ -66,7 +66,7 @@ class Leftovers:
         self.cgroups = set()
         for cg in _cgroup_forkbox_dirs(d.pid):
             for placer in placers:
-                self.cgroups |= set(glob.glob(os.path.join(cg, f"turn-{placer}-*")))
+                self.cgroups |= set(glob.glob(os.path.join(cg, f"turn-*-{placer}-*")))
         self.mounts_before = mounts_before
         assert any(_nspid_depth(p) > 1 for p in self.procs), "no sandbox seen"
 

@@ -662,6 +662,6 @@ def test_memory_limit_ends_the_sandbox(tmp_path):
         s.send({"code": "b = bytearray(400 * 1024 * 1024)\nprint('survived')", "kind": "run"})
         assert s.recv() is None  # no done: the sandbox is gone
         assert s.wait() == 1
-        assert "out of memory (--memory 134217728)" in s.stderr(), s.stderr()
+        assert "out of memory: the sandbox was killed at its memory limit (128 MiB)" in s.stderr(), s.stderr()
     finally:
         s.close()
