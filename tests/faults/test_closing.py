@@ -20,10 +20,10 @@ import asyncio
 import random
 import socket
 import struct
-import threading
 import time
 
 import forkbox_client as fc
+from faults import Holdings, host_mounts, record
 from fbtest import RawWS, arun, upgrade_request, ws_key
 
 TURNS, AT_ONCE = 16, 8
@@ -51,9 +51,13 @@ async def pipelined_turns(url: str, tools: bytes | None, workspace: bytes) -> li
 def test_pipelined_archive_over_its_limit_gets_1009_and_its_reason(make_daemon):
     """The workspace archive is refused at its header (1009) while its 2 MB
     and the run frame are still being sent."""
+    mounts = host_mounts()
     d = make_daemon(["--capacity", str(AT_ONCE), "--max-upload-workspace", "64K"])
+    held = Holdings(d, mounts)
     big = bytes(range(256)) * (2_000_000 // 256)
     ends = arun(pipelined_turns(d.url, None, big), 90)
+    record(f"host pipelines a 2 MB workspace archive (over its 64K limit) and run ({TURNS} turns)",
+           [f"{e[1]} {e[2][:40]}" for e in ends], held.left_after_stop(), "n/a")
     bad = [e for e in ends if e[1] != 1009]
     assert not bad, f"{len(bad)} of {TURNS} turns did not see close 1009: {bad}"
     assert all("message too large" in e[2] for e in ends), ends
@@ -62,9 +66,13 @@ def test_pipelined_archive_over_its_limit_gets_1009_and_its_reason(make_daemon):
 def test_pipelined_bad_tools_archive_gets_1011_and_its_reason(make_daemon):
     """The tools archive is not gzip: the sandbox says so and the turn ends
     (1011) while the client sends its workspace archive and run."""
+    mounts = host_mounts()
     d = make_daemon(["--capacity", str(AT_ONCE)])
+    held = Holdings(d, mounts)
     ws = fc.make_tar({"data.bin": random.Random(26).randbytes(300_000)})  # as it compresses
     ends = arun(pipelined_turns(d.url, b"not a gzip archive" * 8, ws), 90)
+    record(f"host pipelines a 300 KB workspace archive and run after a bad tools archive "
+           f"({TURNS} turns)", [f"{e[1]} {e[2][:40]}" for e in ends], held.left_after_stop(), "n/a")
     bad = [e for e in ends if e[1] != 1011]
     assert not bad, f"{len(bad)} of {TURNS} turns did not see close 1011: {bad}"
     assert all("tools archive" in e[2] for e in ends), ends
@@ -90,22 +98,33 @@ def test_raw_client_that_keeps_writing_reads_the_close(make_daemon):
     1009 with the reason, sends its own close, and gets a FIN."""
     d = make_daemon(["--max-upload-tools", "64K"])
     ws = RawWS(d.port)
+    seen = []
     try:
         sock = ws.sock
         body = 1 << 20
-        sock.sendall(_frame(2, b"", announce=body))
-        chunk = b"\0" * 65536
-        for _ in range(body // len(chunk)):
-            sock.sendall(chunk)  # raises on a reset
-            time.sleep(0.02)
-        for _ in range(8):  # frames after the refused message, as a pipelining host's
-            sock.sendall(_frame(2, b"x" * 16384))
-        assert ws.recv(10) is None, "a message instead of the close"
-        assert ws.close_code == 1009 and "message too large" in ws.close_reason, \
-            (ws.close_code, ws.close_reason)
-        sock.sendall(_frame(8, struct.pack("!H", 1000)))
-        sock.settimeout(10)
-        assert sock.recv(65536) == b"", "more bytes after the close"  # FIN, not a reset
+        try:
+            sock.sendall(_frame(2, b"", announce=body))
+            chunk = b"\0" * 65536
+            for _ in range(body // len(chunk)):
+                sock.sendall(chunk)  # raises on a reset
+                time.sleep(0.02)
+            for _ in range(8):  # frames after the refused message, as a pipelining host's
+                sock.sendall(_frame(2, b"x" * 16384))
+            seen.append("every write taken")
+        except OSError as e:
+            seen.append(f"write failed: {e!r}")
+        try:
+            got = ws.recv(10)
+            seen.append(f"{ws.close_code} {ws.close_reason}" if got is None else "a message")
+            sock.sendall(_frame(8, struct.pack("!H", 1000)))
+            sock.settimeout(10)
+            seen.append("FIN" if sock.recv(65536) == b"" else "more bytes")
+        except OSError as e:
+            seen.append(f"read failed: {e!r}")
+        record("raw client writes 1.1 MiB after its upload is refused (1009), then reads", seen,
+               [], "n/a")
+        assert seen == ["every write taken", "1009 message too large: 1048576 bytes announced, "
+                        "the limit here is 65536", "FIN"], seen
     finally:
         ws.close()
 
@@ -124,6 +143,7 @@ def test_upgrade_then_garbage_gets_101_then_1002(make_daemon):
             if not chunk:
                 break
             data += chunk
+        record("upgrade request and GARBAGE in one write", [repr(data[:24])], [], "n/a")
         assert data.startswith(b"HTTP/1.1 101 "), data[:80]
         frame = data.partition(b"\r\n\r\n")[2]
         assert frame[0] == 0x88, frame

@@ -226,6 +226,9 @@ def test_placement_failing_later_fails_the_turn_closed():
             pytest.fail(f"the block ran: {r.stdout!r}")
         assert wait_until(lambda: "cgroup placement of" in d.stderr(), 10), d.stderr(3000)
         assert "ran without limits" not in d.stderr()
+        # Writable again before the stop, so that its turn cgroups go with it.
+        subprocess.run(["nsenter", "-t", str(d.pid), "-m", "umount", "/sys/fs/cgroup/pids"],
+                       check=True, timeout=10)
     finally:
         d.stop()
 
