@@ -8,7 +8,8 @@ out of [FIRST, FIRST + BLOCKS * BLOCK), clear of forkboxd's and forkbox
 sandbox's default ranges (which daemons outside the tests may hold) and of any
 host user here. A block is ours while we hold flock() on DIR/<first> (the lock
 goes with the process, kill -9 included; the files stay, so no holder can lose
-its lock to an unlink). The daemon's own lock is the backstop: this only keeps
+its lock to an unlink); a daemon that needs more ids takes n blocks in a row,
+aligned to n, locking each. The daemon's own lock is the backstop: this only keeps
 test runs from colliding with each other. Old builds, which lock nothing, get
 a block of their own all the same (A/B benchmarks).
 
@@ -35,23 +36,30 @@ DIR = "/run/forkbox/test-ids"
 
 
 class IdBlock:
-    """An aligned block of BLOCK ids, ours until release() (or our exit)."""
+    """n aligned blocks of BLOCK ids in a row (each block's file locked), ours
+    until release() (or our exit)."""
 
-    def __init__(self) -> None:
+    def __init__(self, n: int = 1) -> None:
         os.makedirs(DIR, mode=0o700, exist_ok=True)
-        start = random.randrange(BLOCKS)
-        for i in range(BLOCKS):
-            first = FIRST + (start + i) % BLOCKS * BLOCK
-            fd = os.open(os.path.join(DIR, str(first)), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                continue
-            self.fd: int | None = fd
-            self.first, self.count = first, BLOCK
-            return
-        raise RuntimeError(f"every block of test ids in {DIR} is held")
+        groups = BLOCKS // n
+        start = random.randrange(groups)
+        for i in range(groups):
+            first = FIRST + (start + i) % groups * n * BLOCK
+            self.fds: list[int] = []
+            for k in range(n):
+                fd = os.open(os.path.join(DIR, str(first + k * BLOCK)),
+                             os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    os.close(fd)
+                    break
+                self.fds.append(fd)
+            if len(self.fds) == n:
+                self.first, self.count = first, n * BLOCK
+                return
+            self.release()
+        raise RuntimeError(f"no {n} blocks of test ids in a row free in {DIR}")
 
     def arg(self, count: int | None = None) -> str:
         """FIRST:COUNT for --id-range: the block, or its first count ids."""
@@ -61,6 +69,6 @@ class IdBlock:
         return self.first <= uid < self.first + self.count
 
     def release(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
+        for fd in self.fds:
+            os.close(fd)
+        self.fds = []

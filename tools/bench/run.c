@@ -14,32 +14,42 @@
 
 #define POOL_GAP_MS 20 /* between pooled turns, so that the pool refills: 8 x ~2 ms spawns */
 
-/* "--id-range=F:C": a block of host ids of this bench run's own, as
- * tools/id_block.py takes one (flock on /run/forkbox/test-ids/<first>, held
- * until we exit): forkboxd locks its range, and other test runs on this
- * machine have theirs. The servers run one after another and share it. */
+/* "--id-range=F:C": host ids of this bench run's own, as tools/id_block.py
+ * takes them (N blocks in a row, aligned to N, flock on
+ * /run/forkbox/test-ids/<first> of each, held until we exit): forkboxd locks
+ * its range, and other test runs on this machine have theirs. The servers run
+ * one after another and share them: 16384 ids, for --capacity 4096. */
 static const char *id_range_arg(void)
 {
-    enum { FIRST = 0x7A000000, BLOCK = 4096, BLOCKS = 1024 };
+    enum { FIRST = 0x7A000000, BLOCK = 4096, BLOCKS = 1024, N = 4 };
     static char arg[48];
     if (arg[0])
         return arg;
     mkdir("/run/forkbox", 0755);
     mkdir("/run/forkbox/test-ids", 0700);
     unsigned start = (unsigned)getpid();
-    for (unsigned i = 0; i < BLOCKS; i++) {
-        unsigned first = FIRST + (start + i) % BLOCKS * BLOCK;
-        char path[64];
-        snprintf(path, sizeof path, "/run/forkbox/test-ids/%u", first);
-        int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-        if (fd >= 0 && flock(fd, LOCK_EX | LOCK_NB) == 0) {
-            snprintf(arg, sizeof arg, "--id-range=%u:%u", first, (unsigned)BLOCK);
-            return arg; /* fd stays open: the block is ours */
+    for (unsigned i = 0; i < BLOCKS / N; i++) {
+        unsigned first = FIRST + (start + i) % (BLOCKS / N) * N * BLOCK;
+        int fds[N], k;
+        for (k = 0; k < N; k++) {
+            char path[64];
+            snprintf(path, sizeof path, "/run/forkbox/test-ids/%u", first + k * BLOCK);
+            fds[k] = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+            if (fds[k] < 0 || flock(fds[k], LOCK_EX | LOCK_NB) < 0) {
+                if (fds[k] >= 0)
+                    close(fds[k]);
+                break;
+            }
         }
-        if (fd >= 0)
-            close(fd);
+        if (k == N) {
+            snprintf(arg, sizeof arg, "--id-range=%u:%u", first, (unsigned)(N * BLOCK));
+            return arg; /* the fds stay open: the blocks are ours */
+        }
+        while (k-- > 0)
+            close(fds[k]);
     }
-    fprintf(stderr, "forkbox-bench: every block of test ids in /run/forkbox/test-ids is held\n");
+    fprintf(stderr, "forkbox-bench: no %d blocks of test ids in a row free in "
+                    "/run/forkbox/test-ids\n", N);
     exit(1);
 }
 
