@@ -1,5 +1,6 @@
-"""pytest settings for the fault suite (issue 26): a hard limit per test, and
-the daemons' stderr attached to a failing test (see fbtest.py)."""
+"""pytest settings for the fault suite (issue 26): a hard limit per test, a
+make_daemon factory, and the daemons' stderr attached to a failing test (see
+fbtest.py)."""
 
 import pytest
 
@@ -12,16 +13,9 @@ _hard_time_limit = fbtest.hard_time_limit(120)
 def make_daemon():
     """Factory: make_daemon(args=[...], **kw) starts a daemon, stopped (its
     whole process group killed) at teardown."""
-    started = []
-
-    def make(args=(), **kw):
-        d = fbtest.Daemon(list(args), **kw)
-        started.append(d)
-        return d.start()
-    make.started = started
-    yield make
-    for d in started:
-        d.stop()
+    f = fbtest.DaemonFactory()
+    yield f
+    f.stop_all()
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -30,6 +24,4 @@ def pytest_runtest_makereport(item, call):
     outcome = yield
     rep = outcome.get_result()
     if rep.when == "call" and rep.failed:
-        make = getattr(item, "funcargs", {}).get("make_daemon")
-        for i, d in enumerate(getattr(make, "started", [])):
-            rep.sections.append((f"forkboxd stderr #{i} {d.args}", d.stderr()[-6000:]))
+        rep.sections += fbtest.stderr_sections(getattr(item, "funcargs", {}))

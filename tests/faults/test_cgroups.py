@@ -110,8 +110,8 @@ def test_frozen_sandbox_when_the_daemon_stops(make_daemon):
         t0 = time.monotonic()
         d2 = make_daemon(args)
         removed = wait_until(lambda: not held.turn_cgroups(), 5)
+        left = held.turn_cgroups()  # before d2 makes turn cgroups of its own
         rec = recover(d2, t0)
-        left = held.turn_cgroups()
         record("sandbox frozen when the daemon stops (then thawed, daemon restarted)",
                [outcome], left, rec, left_at_exit=len(left_at_exit))
         assert outcome == "1001 server shutting down", outcome

@@ -54,10 +54,10 @@ def test_a_second_daemon_on_an_overlapping_range_refuses_and_names_the_holder(ma
     try:
         a = make_daemon(["--id-range", ids.arg()] + SMALL)
         rc, err = start_result(forkboxd("--id-range", f"{ids.first + 1000}:1000", *SMALL))
-        line = next((x for x in err.splitlines() if "id-range" in x), "no word of it")
+        line = next((x[x.index("--id-range"):] for x in err.splitlines() if "--id-range" in x),
+                    "no word of it")
         record("a second forkboxd on an overlapping --id-range",
-               ["still running after 15 s" if rc is None else f"exit {rc}: {line[-110:]}"], [],
-               "n/a")
+               ["still running after 15 s" if rc is None else f"exit {rc}: {line}"], [], "n/a")
         assert rc == 1, (rc, err)
         assert f"--id-range {ids.first + 1000}:1000 is not free: pid {a.pid} (forkboxd) holds " \
                f"ids {ids.arg()}" in err, err

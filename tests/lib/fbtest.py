@@ -315,6 +315,34 @@ class Daemon:
         self.stop()
 
 
+class DaemonFactory:
+    """A suite's make_daemon fixture: make_daemon(args=[...], env={...}, **kw)
+    starts a dedicated daemon; stop_all() at teardown."""
+
+    def __init__(self):
+        self.started: list[Daemon] = []
+
+    def __call__(self, args=(), env=None, **kw) -> Daemon:
+        d = Daemon(list(args), env=env, **kw)
+        self.started.append(d)
+        return d.start()
+
+    def stop_all(self) -> None:
+        for d in self.started:
+            d.stop()
+
+
+def stderr_sections(funcargs: dict) -> list[tuple[str, str]]:
+    """The stderr of a failed test's daemons (its `daemon` and `make_daemon`
+    fixtures), as report sections: it usually names the cause."""
+    daemons = []
+    if isinstance(funcargs.get("daemon"), Daemon):
+        daemons.append(funcargs["daemon"])
+    if isinstance(funcargs.get("make_daemon"), DaemonFactory):
+        daemons += funcargs["make_daemon"].started
+    return [(f"forkboxd stderr #{i} {d.args}", d.stderr()[-6000:]) for i, d in enumerate(daemons)]
+
+
 def children(pid: int) -> list[int]:
     """The live children of pid (those of all its threads), via /proc/<pid>/task/*/children."""
     out = []
@@ -340,6 +368,53 @@ def descendants(pid: int) -> set[int]:
             if k not in out:
                 out.add(k)
                 todo.append(k)
+    return out
+
+
+def nspid_depth(pid: int) -> int:
+    """How many pid namespaces pid is in (1: ours; a sandbox's are deeper)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("NSpid:"):
+                    return len(line.split()) - 1
+    except OSError:
+        pass
+    return 0
+
+
+def host_mounts() -> set[str]:
+    """Our mount namespace's mounts (root and mount point of each)."""
+    with open("/proc/self/mountinfo") as f:
+        return {" ".join(line.split()[3:5]) for line in f}
+
+
+def cgroup_mounts() -> list[tuple[str, str, set[str]]]:
+    """(fstype, mount point, options) of every cgroup hierarchy here."""
+    out = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            pre, _, post = line.partition(" - ")
+            fstype, _, opts = (post.split() + ["", "", ""])[:3]
+            if fstype in ("cgroup", "cgroup2"):
+                out.append((fstype, pre.split()[4], set(opts.split(","))))
+    return out
+
+
+def cgroup_forkbox_dirs(pid: int) -> list[str]:
+    """<mount>/<pid's cgroup>/forkbox in every hierarchy pid is in: where a
+    daemon's turn cgroups are (tools/soak)."""
+    mounts = cgroup_mounts()
+    out = []
+    with open(f"/proc/{pid}/cgroup") as f:
+        for line in f:
+            _, ctrls, path = line.rstrip("\n").split(":", 2)
+            for fstype, mnt, opts in mounts:
+                if (not ctrls and fstype == "cgroup2") or (ctrls and set(ctrls.split(",")) <= opts):
+                    d = os.path.join(mnt, path.lstrip("/"), "forkbox")
+                    if d not in out:
+                        out.append(d)
+                    break
     return out
 
 
