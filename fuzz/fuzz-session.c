@@ -40,6 +40,7 @@
  *     charged is given back once the session is freed. */
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -508,6 +509,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                         "--turn-timeout=600", "--idle-timeout=60", "--log-level=error", NULL};
         FUZZ_ASSERT(config_parse(12, argv, &cfg, err, sizeof err) == 0, "config: %s", err);
         log_init("fuzz", LOG_LEVEL_ERROR);
+        /* As forkboxd: a write to a peer that is gone is an error, not a
+         * signal (a closing session keeps its client socket open, for the
+         * handshake, after its sandbox's channel is closed). */
+        signal(SIGPIPE, SIG_IGN);
         verbose = getenv("FUZZ_SESSION_VERBOSE") != NULL;
         cfg_done = true;
     }

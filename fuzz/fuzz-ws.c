@@ -36,11 +36,13 @@
  *     than max_msg; msg is never NULL; on_msg_data always shows a prefix of
  *     the message that on_msg_end then delivers; a message dropped at its
  *     start (every third one) is never delivered;
- *   - after ws_conn_close() no message is delivered;
+ *   - after ws_conn_close(), or a close ws.c decided (ws_conn_refused), no
+ *     message is delivered;
  *   - the bytes delivered never exceed the bytes sent;
  *   - ws_conn_read()/ws_conn_write() return 0 or a documented error, and once
  *     the client's EOF is read a connection that still wants to read reports
- *     the end instead of 0;
+ *     the end instead of 0 (a close under way included: the EOF ends its
+ *     handshake);
  *   - what the connection holds is charged to its budget and every byte is
  *     given back by ws_conn_free();
  *   - every close frame the server sends carries a code a client may see
@@ -97,6 +99,7 @@ static uint64_t on_begin(void *ud, bool text)
 {
     struct state *s = ud;
     FUZZ_ASSERT(!s->closed, "message begun after ws_conn_close()");
+    FUZZ_ASSERT(!ws_conn_refused(s->c), "message begun after a refusal");
     s->dropping = ++s->messages % 3 == 0;
     s->seen_len = 0;
     return s->dropping ? WS_MSG_DROP : s->max_msg;
@@ -121,6 +124,7 @@ static void on_end(void *ud, bool text, struct buf *m)
     FUZZ_ASSERT(!s->dropping, "a dropped message was delivered");
     FUZZ_ASSERT(len <= s->max_msg, "message of %zu bytes over max %zu", len, s->max_msg);
     FUZZ_ASSERT(!s->closed, "message delivered after ws_conn_close()");
+    FUZZ_ASSERT(!ws_conn_refused(s->c), "message delivered after a refusal");
     FUZZ_ASSERT(len >= s->seen_len && memcmp(msg, s->seen, s->seen_len) == 0,
                 "the message does not start with what on_msg_data showed");
     s->delivered += len;
@@ -208,11 +212,13 @@ static uint8_t *build_frames(const uint8_t *p, size_t n, size_t *out_len)
     return out;
 }
 
-static void check_rc(int rc, const char *what)
+static void check_rc(const struct ws_conn *c, int rc, const char *what)
 {
-    FUZZ_ASSERT(rc == 0 || rc == -ECONNRESET || rc == -EPROTO || rc == -ESHUTDOWN ||
-                    rc == -EMSGSIZE || rc == -ENOSPC || rc == -ENOMEM,
-                "%s: %d", what, rc);
+    FUZZ_ASSERT(rc == 0 || rc == -ECONNRESET || rc == -EPIPE || rc == -ESHUTDOWN, "%s: %d", what,
+                rc);
+    int why = ws_conn_refused(c);
+    FUZZ_ASSERT(why == 0 || why == -EPROTO || why == -EMSGSIZE || why == -ENOSPC || why == -ENOMEM,
+                "refused: %d", why);
 }
 
 /* What the loop does on EPOLLIN: read, and again while the budget cut it. */
@@ -221,7 +227,7 @@ static int read_all(struct ws_conn *c)
     int rc;
     do {
         rc = ws_conn_read(c);
-        check_rc(rc, "ws_conn_read");
+        check_rc(c, rc, "ws_conn_read");
     } while (rc == 0 && ws_conn_read_more(c));
     return rc;
 }
@@ -340,7 +346,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         rc = read_all(s.c);
         if (rc == 0 && ws_conn_want_write(s.c)) {
             rc = ws_conn_write(s.c);
-            check_rc(rc, "ws_conn_write");
+            check_rc(s.c, rc, "ws_conn_write");
         }
         drain(sv[0]);
         if (rc == 0 && (s.flags & F_SERVER_CLOSE) && !closed_half && off >= len / 2) {
@@ -357,7 +363,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             rc = read_all(s.c);
             if (rc == 0 && ws_conn_want_write(s.c)) {
                 rc = ws_conn_write(s.c);
-                check_rc(rc, "ws_conn_write");
+                check_rc(s.c, rc, "ws_conn_write");
             }
             drain(sv[0]);
         }

@@ -13,8 +13,8 @@
  *   1. read the spec 8.1 variables and move the host's inherited fds above
  *      the ones the fork server keeps across its exec (stream/transport.h);
  *   2. parse the settings: forkboxd's flags, --config file and environment
- *      (config.c), plus ADK_CODE_MODE_WORKDIR, and lease a pair of host ids
- *      no other forkbox sandbox holds (stream/lease.h);
+ *      (config.c), plus ADK_CODE_MODE_WORKDIR, and lock a pair of host ids
+ *      that no other forkbox sandbox nor any forkboxd holds (sandbox/idlock.h);
  *   3. start the fork server: fork + execve of python3.11 with a fixed
  *      environment, so its fresh address space never held the host's fds or
  *      the token, and neither does any sandbox cloned from it;
@@ -34,12 +34,16 @@
 #include "embed/run_cmd.h"
 #include "loop/closer.h"
 #include "sandbox/forkserver.h"
+#include "sandbox/idlock.h"
 #include "session/chan_conn.h"
-#include "stream/lease.h"
 #include "stream/relay.h"
 #include "stream/transport.h"
 
 #define ENV_WORKDIR "ADK_CODE_MODE_WORKDIR"
+/* Default first id of `forkbox sandbox`: the 65536 ids after forkboxd's
+ * default range, so that neither shares an id with the other unless an
+ * --id-range says so (and then the one started second refuses). */
+#define STREAM_ID_FIRST 2013331456u
 
 static void usage(FILE *f)
 {
@@ -87,17 +91,18 @@ static int sandbox_main(int argc, char **argv)
     log_set_format(cfg.log_format, cfg.log_journal);
     /* Held until we exit, after the fork server has reaped the sandbox.
      * Without root the fork server refuses isolation itself, and says so. */
-    struct id_lease lease = {.fd = -1};
-    if (cfg.isolate && geteuid() == 0) {
+    struct id_lock ids = ID_LOCK_INIT;
+    if (id_lock_wanted(&cfg)) {
         uint32_t first = cfg.id_range_set ? cfg.id_first : STREAM_ID_FIRST;
         uint32_t count = cfg.id_range_set ? cfg.id_count : 65536;
-        if (id_lease_take(first, count, &lease, err, sizeof err) < 0) {
+        if (id_lock_pair(IDLOCK_DIR, first, count, &ids, err, sizeof err) < 0) {
             fprintf(stderr, "forkbox sandbox: %s\n", err);
             transport_close(&t);
             return STREAM_EXIT_USAGE;
         }
-        cfg.id_first = lease.first;
-        cfg.id_count = 2;
+        cfg.id_first = ids.first;
+        cfg.id_count = ids.count;
+        cfg.ids_locked = true;
     }
     /* A host that goes away is an error on the write, not a signal. */
     signal(SIGPIPE, SIG_IGN);
@@ -106,14 +111,14 @@ static int sandbox_main(int argc, char **argv)
     if (fs_client_start(&cfg, -1, &fs, err, sizeof err) < 0) {
         fprintf(stderr, "forkbox sandbox: cannot start the sandbox: %s\n", err);
         transport_close(&t);
-        id_lease_release(&lease);
+        id_lock_release(&ids);
         return STREAM_EXIT_USAGE;
     }
     if (closer_start(err, sizeof err) < 0) { /* threads only once the fork server runs */
         fprintf(stderr, "forkbox sandbox: %s\n", err);
         fs_client_stop(&fs);
         transport_close(&t);
-        id_lease_release(&lease);
+        id_lock_release(&ids);
         return STREAM_EXIT_USAGE;
     }
     chan_conn_init();
@@ -121,13 +126,13 @@ static int sandbox_main(int argc, char **argv)
         fprintf(stderr, "forkbox sandbox: %s\n", err);
         fs_client_stop(&fs);
         transport_close(&t);
-        id_lease_release(&lease);
+        id_lock_release(&ids);
         return STREAM_EXIT_USAGE;
     }
     int status = stream_run(&cfg, &fs, &t);
     transport_close(&t);
     fs_client_stop(&fs);
-    id_lease_release(&lease);
+    id_lock_release(&ids);
     return status;
 }
 

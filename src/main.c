@@ -2,9 +2,10 @@
  * python3.11 running forkbox-sandbox.so (sandbox_module.c).
  *
  * Start-up order is a security property:
- *   1. parse the configuration (flags, --config file, environment), and
- *      take systemd's variables ($NOTIFY_SOCKET, $WATCHDOG_*) out of the
- *      environment (core/sdnotify.h);
+ *   1. parse the configuration (flags, --config file, environment), lock
+ *      the id range (sandbox/idlock.h: no other daemon hands out its ids),
+ *      and take systemd's variables ($NOTIFY_SOCKET, $WATCHDOG_*) out of
+ *      the environment (core/sdnotify.h);
  *   2. start the fork server: fork + execve of python3.11 with a fixed,
  *      minimal environment, so its fresh address space never held the token
  *      or anything else the supervisor will learn;
@@ -31,6 +32,7 @@
 #include "loop/watchdog.h"
 #include "net/auth.h"
 #include "sandbox/forkserver.h"
+#include "sandbox/idlock.h"
 #include "session/chan_conn.h"
 #include "session/server.h"
 
@@ -90,6 +92,17 @@ int main(int argc, char **argv)
               "LimitNOFILE=)", cfg.capacity, cfg.preauth_max, fds_wanted,
               (unsigned long long)nofile.rlim_cur);
 
+    /* Before the fork server, which hands the range's ids out: they are
+     * ours alone until we exit. */
+    struct id_lock ids = ID_LOCK_INIT;
+    if (id_lock_wanted(&cfg)) {
+        if (id_lock_range(IDLOCK_DIR, cfg.id_first, cfg.id_count, &ids, err, sizeof err) < 0) {
+            LOG_E("%s", err);
+            return 1;
+        }
+        cfg.ids_locked = true;
+    }
+
     /* Before the fork server starts: it is exec'd with a fixed environment
      * anyway, but nothing after this point should find these variables. */
     struct sdnotify sd;
@@ -142,5 +155,6 @@ int main(int argc, char **argv)
     server_free(&srv);
     loop_free(loop);
     sdnotify_close(&sd);
+    id_lock_release(&ids);
     return status;
 }

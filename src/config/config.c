@@ -803,6 +803,8 @@ void config_for_forkserver(const struct config *cfg, struct config *out)
     out->log_journal = cfg->log_journal;
     /* Set by `forkbox sandbox` (stream/), not a row. */
     memcpy(out->workdir, cfg->workdir, sizeof out->workdir);
+    /* Set once the supervisor holds the id range's lock, not a row. */
+    out->ids_locked = cfg->ids_locked;
 }
 
 /* Is the text of n, as a whole word, in s? */

@@ -57,6 +57,9 @@ struct config {
     uint32_t id_first;          /* host uids/gids forkboxd owns: one per live sandbox, */
     uint32_t id_count;          /* from [id_first, id_first + id_count) (--id-range) */
     bool id_range_set;          /* --id-range given (flag, file or environment) */
+    bool ids_locked;            /* not a setting: the supervisor holds the range's lock
+                                   (sandbox/idlock.h), so turn cgroups named after it are
+                                   ours (cgroups_stale.h) */
     char policy_file[256];      /* seccomp policy */
     char sandbox_module[256];   /* --sandbox-module; "" = the compiled-in one (fsclient.c) */
     char site_dirs[CONFIG_MAX_SITE_DIRS][256]; /* --site-packages, repeatable */

@@ -61,8 +61,13 @@ struct ws_conn {
     size_t read_left;             /* byte budget left in the current ws_conn_read */
     bool read_more;               /* the last read stopped on the budget, not EAGAIN, or
                                      the initial bytes wait for the first read */
-    bool reading;                 /* false once a close was received, sent or decided */
-    bool close_received;          /* the client's close frame arrived (and was answered) */
+    bool reading;                 /* the socket is read: until the client's close frame, its
+                                     EOF, or (closing) the drain budget is spent */
+    bool closing;                 /* our close is queued: what arrives is discarded, frame by
+                                     frame, until the client's close (drain_frames) */
+    uint64_t drain_left;          /* closing: socket bytes that may still be discarded */
+    bool close_received;          /* the client's close frame arrived (answered, unless ours
+                                     went first) */
 
     /* the frame being received (in_payload: its header is taken) */
     bool in_payload;
@@ -97,14 +102,32 @@ struct ws_conn {
 
 /* ---------------------------------------------------------------- closing */
 
-/* Close for a reason decided here, once; reading stops. */
+/* Our close is queued (RFC 6455 7.1.1): no message is delivered from now
+ * on, nothing but the close is written, and the socket is read on, its
+ * bytes discarded, until the client's close frame or EOF, so that a client
+ * still sending (a pipelined archive and run) reads our close before the
+ * connection ends: closing a socket with unread bytes sends a reset, and a
+ * client whose write fails on it never reads the close (websockets then
+ * reports 1006). What may be discarded is bounded: the rest of the frame
+ * being received (at most a message) and WS_CLOSE_DRAIN_BYTES more; the
+ * caller's deadline bounds the time. */
+static void begin_closing(struct ws_conn *c)
+{
+    if (c->closing)
+        return;
+    c->closing = true;
+    uint64_t rest = c->in_payload ? c->payload_len - c->payload_got : 0;
+    c->drain_left = WS_CLOSE_DRAIN_BYTES + (rest < WS_MAX_MESSAGE_BYTES ? rest : WS_MAX_MESSAGE_BYTES);
+}
+
+/* Close for a reason decided here, once. */
 static void refuse(struct ws_conn *c, int err, uint16_t code, const char *reason)
 {
     if (c->err)
         return;
     c->err = err;
-    c->reading = false;
     wslay_event_queue_close(c->ctx, code, (const uint8_t *)reason, strlen(reason));
+    begin_closing(c);
 }
 
 /* ---------------------------------------------------------------- input */
@@ -129,6 +152,11 @@ static ssize_t recv_some(struct ws_conn *c, uint8_t *p, size_t len)
         if (r > 0) {
             c->read_left -= (size_t)r;
             c->bytes_in += (uint64_t)r;
+            if (c->closing) {
+                c->drain_left -= (uint64_t)r < c->drain_left ? (uint64_t)r : c->drain_left;
+                if (c->drain_left == 0)
+                    c->reading = false; /* the drain's budget is spent: we close anyway */
+            }
             return r;
         }
         if (r < 0 && errno == EINTR)
@@ -201,7 +229,7 @@ static void data_frame_begin(struct ws_conn *c)
         c->msg_announced = 0;
         c->msg_limit = c->h.on_msg_begin ? c->h.on_msg_begin(c->ud, c->msg_text) : WS_MSG_DROP;
         c->msg_drop = c->msg_limit == WS_MSG_DROP;
-        if (!c->reading) /* the handler closed */
+        if (c->closing) /* the handler closed */
             return;
     }
     /* spec 1.4: 256 MiB per message, whatever happens to it */
@@ -228,6 +256,26 @@ static void data_frame_begin(struct ws_conn *c)
         refuse(c, -ENOMEM, WSLAY_CODE_INTERNAL_SERVER_ERROR, "out of memory");
 }
 
+/* The size of the frame header whose second byte is b1. */
+static size_t header_size(uint8_t b1)
+{
+    uint8_t len7 = b1 & 0x7F;
+    return 2 + (len7 == 126 ? 2 : len7 == 127 ? 8 : 0) + ((b1 & 0x80) ? 4 : 0);
+}
+
+/* The payload length a whole header announces (any form, unchecked). */
+static uint64_t header_payload_len(const uint8_t *p)
+{
+    uint8_t len7 = p[1] & 0x7F;
+    uint64_t len = len7;
+    if (len7 == 126)
+        len = (uint64_t)p[2] << 8 | p[3];
+    else if (len7 == 127)
+        for (int k = 0; k < 8; k++)
+            len = (k ? len << 8 : 0) | p[2 + k];
+    return len;
+}
+
 /* Take one frame header from rbuf if it is all there: 1 if taken, 0 if more
  * bytes are needed, -1 if the connection was refused (a protocol error). */
 static int take_header(struct ws_conn *c)
@@ -237,15 +285,10 @@ static int take_header(struct ws_conn *c)
         return 0;
     const uint8_t *p = c->rbuf + c->roff;
     uint8_t b0 = p[0], b1 = p[1], opcode = b0 & 0x0F, len7 = b1 & 0x7F;
-    size_t need = 2 + (len7 == 126 ? 2 : len7 == 127 ? 8 : 0) + ((b1 & 0x80) ? 4 : 0);
+    size_t need = header_size(b1);
     if (n < need)
         return 0;
-    uint64_t len = len7;
-    if (len7 == 126)
-        len = (uint64_t)p[2] << 8 | p[3];
-    else if (len7 == 127)
-        for (int k = 0; k < 8; k++)
-            len = (k ? len << 8 : 0) | p[2 + k];
+    uint64_t len = header_payload_len(p);
     bool data = !(opcode & 0x8), fin = b0 & 0x80;
     const char *bad = NULL;
     if (b0 & 0x70)
@@ -280,7 +323,7 @@ static int take_header(struct ws_conn *c)
         c->msg_open = !fin;
         data_frame_begin(c);
     }
-    return c->reading ? 1 : -1;
+    return c->closing ? -1 : 1;
 }
 
 /* Where the frame's next payload byte goes: the message's reserved room, the
@@ -317,12 +360,14 @@ static bool close_code_ok(uint16_t code)
            (code >= 3000 && code <= 4999);
 }
 
-/* The client's close: answered with its own code and reason, after which
- * nothing more is read. */
+/* The client's close: answered with its own code and reason (or, if they
+ * are invalid, with 1002 / 1007), after which nothing more is read. */
 static void close_received(struct ws_conn *c)
 {
     uint16_t code = 0;
     size_t n = (size_t)c->payload_len;
+    c->close_received = true;
+    c->reading = false;
     if (n >= 2) {
         code = (uint16_t)(c->ctrl[0] << 8 | c->ctrl[1]);
         if (!close_code_ok(code)) {
@@ -334,8 +379,6 @@ static void close_received(struct ws_conn *c)
             return;
         }
     }
-    c->close_received = true;
-    c->reading = false;
     /* Fails only when our own close is already queued: that one answers. */
     wslay_event_queue_close(c->ctx, code, n > 2 ? c->ctrl + 2 : NULL, n > 2 ? n - 2 : 0);
 }
@@ -401,15 +444,52 @@ static ssize_t take_payload(struct ws_conn *c)
     return 1;
 }
 
+/* Closing (begin_closing): discard what arrives until the client's close
+ * frame. Frames are followed by their headers' lengths alone, without the
+ * checks of take_header: the bytes after a protocol error are whatever the
+ * client sent, and only a close frame matters. */
+static void drain_frames(struct ws_conn *c)
+{
+    msg_reset(c); /* a message cut short: its room goes back now */
+    while (c->reading && !c->io_failed) {
+        size_t avail = c->rlen - c->roff;
+        if (c->in_payload) {
+            uint64_t due = c->payload_len - c->payload_got;
+            size_t n = avail < due ? avail : (size_t)due;
+            c->roff += n;
+            c->payload_got += n;
+            if (c->payload_got == c->payload_len) {
+                c->in_payload = false;
+                if (c->opcode == WSLAY_CONNECTION_CLOSE) {
+                    c->close_received = true; /* the handshake is over */
+                    c->reading = false;
+                }
+                continue;
+            }
+        } else if (avail >= 2 && avail >= header_size(c->rbuf[c->roff + 1])) {
+            const uint8_t *p = c->rbuf + c->roff;
+            c->opcode = p[0] & 0x0F;
+            c->payload_len = header_payload_len(p);
+            c->payload_got = 0;
+            c->in_payload = true;
+            c->roff += header_size(p[1]);
+            continue;
+        }
+        if (refill(c) <= 0)
+            return;
+    }
+}
+
 /* Read and take frames until the socket has nothing more now, the read
- * budget is spent, or reading ends. */
+ * budget is spent, or reading ends; once a close of ours is queued, only
+ * discard (drain_frames). */
 static void read_frames(struct ws_conn *c)
 {
-    while (c->reading && !c->io_failed) {
+    while (c->reading && !c->closing && !c->io_failed) {
         ssize_t r;
         if (c->in_payload) {
             r = c->payload_got < c->payload_len ? take_payload(c) : 1;
-            if (r > 0 && c->reading && c->payload_got == c->payload_len)
+            if (r > 0 && c->reading && !c->closing && c->payload_got == c->payload_len)
                 frame_end(c);
         } else {
             r = take_header(c);
@@ -418,9 +498,11 @@ static void read_frames(struct ws_conn *c)
             else if (r > 0 && c->payload_len == 0)
                 frame_end(c);
         }
-        if (r <= 0)
+        if (r <= 0 && !c->closing)
             return;
     }
+    if (c->closing)
+        drain_frames(c);
 }
 
 /* ---------------------------------------------------------------- output */
@@ -587,10 +669,8 @@ static int ws_status(const struct ws_conn *c)
 {
     if (c->io_failed)
         return -ECONNRESET;
-    if (c->err)
-        return c->err;
     if (c->failed)
-        return -EPROTO;
+        return -EPIPE;
     if (ws_conn_finished(c))
         return -ESHUTDOWN;
     return 0;
@@ -610,9 +690,9 @@ int ws_conn_read(struct ws_conn *c)
         c->rbuf = NULL;
         c->rcap = c->roff = c->rlen = 0;
     }
-    if (c->err && !c->io_failed) {
-        /* A close decided here is queued: one best-effort attempt to send
-         * it, then the connection is over. */
+    if (c->err && !c->io_failed && !c->failed) {
+        /* A close decided here is queued: sent at once if the socket takes
+         * it (else on the next ws_conn_write). */
         if (wslay_event_send(c->ctx) != 0)
             c->failed = true;
         wflush(c);
@@ -740,15 +820,20 @@ int ws_conn_close(struct ws_conn *c, uint16_t code, const char *reason)
         return -EPIPE;
     /* Once we have decided to close, messages still in flight from the peer
      * must not reach the handlers (this also ends a read_frames loop that a
-     * handler closed from). We do not wait for the peer's close:
-     * ws_conn_finished() turns true when ours is written. */
-    c->reading = false;
+     * handler closed from); they are discarded until the client's close
+     * (begin_closing). */
+    begin_closing(c);
     return 0;
+}
+
+int ws_conn_refused(const struct ws_conn *c)
+{
+    return c->err;
 }
 
 bool ws_conn_want_read(const struct ws_conn *c)
 {
-    return !c->failed && !c->err && !c->io_failed && c->reading;
+    return !c->failed && !c->io_failed && c->reading;
 }
 
 bool ws_conn_want_write(const struct ws_conn *c)
@@ -777,9 +862,11 @@ bool ws_conn_finished(const struct ws_conn *c)
         return true;
     if (c->wlen > c->woff)
         return false; /* our last bytes (maybe the close) are still gathered */
-    /* wslay stops writing once its close frame is out. */
+    /* wslay stops writing once its close frame is out; the connection is
+     * over once the client's close came too (or its EOF, or the drain's
+     * budget ran out: reading is over). */
     if (wslay_event_get_close_sent(c->ctx))
-        return true;
+        return !c->reading;
     /* A received close queues our reply; done once that is written (the
      * reply cannot be queued only if ours already was, caught above). */
     return c->close_received && !wslay_event_want_write(c->ctx);

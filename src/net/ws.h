@@ -17,6 +17,13 @@
  *    125 bytes or fragmented, a non-minimal or 2^63+ length, a close frame
  *    with a 1-byte payload or an invalid code. Text that is not UTF-8, and
  *    a close reason that is not, close with 1007.
+ *  - The closing handshake (RFC 6455 7.1.1): once our close is queued, by
+ *    ws_conn_close() or for a reason of this module's, nothing more is
+ *    delivered and nothing but the close is written; the socket is read on
+ *    and discarded until the client's close frame or EOF (at most
+ *    WS_CLOSE_DRAIN_BYTES past the frame being received), and only then is
+ *    the connection finished, so that a client still sending reads the
+ *    close and its reason instead of a reset.
  *  - Outgoing messages over WS_SEND_COPY_MAX are sent as fragments read
  *    straight from the caller's buffer (no copy of the message, and pongs and
  *    a close can go out between fragments); small ones are copied. Writes are
@@ -37,6 +44,11 @@ struct budget;
 /* Outgoing messages up to this size are copied into wslay's queue; larger
  * ones are sent as fragments from the caller's buffer. */
 #define WS_SEND_COPY_MAX (64 * 1024)
+/* Closing: bytes discarded while waiting for the client's close frame,
+ * beyond the rest of the frame that was being received (a pipelined
+ * message, at most WS_MAX_MESSAGE_BYTES); past them the socket is closed
+ * anyway. */
+#define WS_CLOSE_DRAIN_BYTES (1024 * 1024)
 
 #define WS_MSG_DROP UINT64_MAX
 
@@ -64,16 +76,16 @@ struct ws_conn *ws_conn_new(int fd, struct budget *budget, const uint8_t *initia
 void ws_conn_free(struct ws_conn *c); /* NULL is fine */
 
 /* Drive I/O when the loop says the socket is readable / writable.
- * 0 to continue, or negative when the connection is finished (peer EOF or
- * error, a close this module decided, or the close handshake is over): the
- * caller then ends it. A close decided here has been queued and, as far as
- * the socket took it, written.
+ * 0 to continue (a close under way included), or negative when the
+ * connection is finished: the caller then closes the socket.
  *   -ECONNRESET  EOF or a socket error
- *   -EPROTO      a protocol error (close 1002), or wslay gave up
- *   -EMSGSIZE    a message over its limit or the turn's budget (close 1009)
- *   -ENOSPC      the daemon's budget is exhausted (close 1013, try again)
- *   -ENOMEM      out of memory (close 1011)
- *   -ESHUTDOWN   a close frame was sent, or received and answered
+ *   -EPIPE       wslay gave up writing (out of memory)
+ *   -ESHUTDOWN   the closing handshake is over: both close frames went, or
+ *                ours went and the client's EOF came or the drain's budget
+ *                ran out
+ * A close this module decides (ws_conn_refused) is queued and, as far as
+ * the socket takes it, written at once; the connection then goes on
+ * through the handshake like any other close.
  * Handlers may run during ws_conn_read(); they may queue messages or close.
  * ws_conn_read() stops after WS_READ_BUDGET socket bytes even if more are
  * waiting: with level-triggered epoll the fd simply stays readable. The
@@ -95,8 +107,16 @@ int ws_conn_send_binary(struct ws_conn *c, const uint8_t *p, size_t n);
 int ws_conn_send_buf(struct ws_conn *c, bool text, struct buf *b);
 int ws_conn_send_ping(struct ws_conn *c);
 /* Queue a close frame (code, short reason: cut to 123 bytes on a UTF-8
- * boundary); further sends fail and no more messages are delivered. */
+ * boundary); further sends fail and no more messages are delivered. The
+ * connection is finished once the handshake is over (ws_conn_read). */
 int ws_conn_close(struct ws_conn *c, uint16_t code, const char *reason);
+/* Why this module closed the connection, 0 if it did not:
+ *   -EPROTO      a protocol error (close 1002, or 1007 for text or a close
+ *                reason that is not UTF-8)
+ *   -EMSGSIZE    a message over its limit or the turn's budget (close 1009)
+ *   -ENOSPC      the daemon's budget is exhausted (close 1013, try again)
+ *   -ENOMEM      out of memory (close 1011) */
+int ws_conn_refused(const struct ws_conn *c);
 
 /* Interest for the loop. */
 bool ws_conn_want_read(const struct ws_conn *c);
@@ -106,7 +126,8 @@ bool ws_conn_want_write(const struct ws_conn *c);
 size_t ws_conn_queued(const struct ws_conn *c);
 /* True while any message (an empty one too) is queued and not written. */
 bool ws_conn_pending(const struct ws_conn *c);
-/* True once a close frame has been received or sent and nothing remains. */
+/* True once the closing handshake is over (see ws_conn_read), or nothing
+ * more can be written. */
 bool ws_conn_finished(const struct ws_conn *c);
 /* Bytes read from and written to the socket so far (the WebSocket stream,
  * from the first byte after the HTTP request); c may be NULL (0, 0). */

@@ -25,10 +25,13 @@
  *
  * Cgroups are created under the fork server's own cgroup in each hierarchy
  * (read from /proc/self/cgroup), so the daemon's own limits still bound all
- * sandboxes together:  <own>/forkbox/turn-<placer pid>-<sequence>. A cgroup
- * is keyed by its sequence number, never by a pid: a turn's cgroup can outlive
- * its pid (the runtime, pid 2 of the sandbox, is reaped after the sandbox's
- * init), and a recycled pid must not find a busy directory in its way.
+ * sandboxes together:  <own>/forkbox/turn-<first id>-<placer pid>-<sequence>.
+ * A cgroup is keyed by its sequence number, never by a pid: a turn's cgroup
+ * can outlive its pid (the runtime, pid 2 of the sandbox, is reaped after the
+ * sandbox's init), and a recycled pid must not find a busy directory in its
+ * way. The first id names the daemon, which alone holds its --id-range: what
+ * cannot be removed yet is retried until it goes, and what is left at exit
+ * goes at the next start on that range (cgroups_stale.h).
  *
  * Released cgroups are recycled: once no task is left in any of its
  * controllers, a turn's cgroup (limits already written) goes to a small spare
@@ -62,6 +65,8 @@
 #include "core/limits.h"
 #include "core/log.h"
 #include "core/util.h"
+#include "sandbox/cgroups_above.h"
+#include "sandbox/cgroups_stale.h"
 
 #define SPARE_MIN 32  /* empty turn cgroups kept for reuse: at least */
 #define SPARE_MAX 256 /* and at most */
@@ -81,6 +86,8 @@ struct sbx_cgroups {
     unsigned weight_set;      /* the parent's weight last written (0: none yet) */
     bool weight_failed;       /* writing it failed once (logged once) */
     uint64_t next_seq;        /* last turn cgroup number handed out */
+    uint32_t id_first;        /* the --id-range's first id: in every turn cgroup's name */
+    struct cg_stale stale;    /* an earlier daemon's turn cgroups, not removed yet */
     struct cg_turn {
         pid_t pid;            /* the sandbox's host pid */
         uint64_t seq;         /* its cgroup number */
@@ -88,6 +95,7 @@ struct sbx_cgroups {
         bool serving;         /* its sandbox serves a turn (counted in the CPU weight) */
         uint32_t tenant;      /* per_tenant: the tenant whose cgroup its CPU moved under (the
                                  tenant's turn directory is removed at its release); 0: none */
+        bool stuck;           /* its removal failed for more than busy tasks (logged once) */
         struct cg_events base; /* its counters when the sandbox in it was placed (they
                                   only grow, and survive reuse) */
     } *live, *busy, *spare;   /* owned: placed turns; released, tasks still exiting;
@@ -385,7 +393,8 @@ static int set_parent_weight(struct sbx_cgroups *cg, char *why, size_t whylen)
 
 static void turn_dir(const struct sbx_cgroups *cg, int c, uint64_t seq, char *out, size_t len)
 {
-    snprintf(out, len, "%s/turn-%d-%llu", cg->dir[c], (int)getpid(), (unsigned long long)seq);
+    snprintf(out, len, "%s/" CG_TURN_PREFIX "%u-%d-%llu", cg->dir[c], cg->id_first, (int)getpid(),
+             (unsigned long long)seq);
 }
 
 static bool turn_enforced(const struct sbx_cgroups *cg, int c)
@@ -460,6 +469,8 @@ static struct cg_events read_events(const struct sbx_cgroups *cg, uint64_t seq)
     if (cg->dir[CG_MEMORY][0]) {
         turn_dir(cg, CG_MEMORY, seq, dir, sizeof dir);
         ev.oom_kills = read_key(dir, cg->v2 ? "memory.events" : "memory.oom_control", "oom_kill");
+        if (cg->v2)
+            ev.oom_own = read_key(dir, "memory.events", "oom");
         ev.mem_peak = read_u64(dir, cg->v2 ? "memory.peak" : "memory.max_usage_in_bytes");
     }
     if (cg->dir[CG_PIDS][0]) {
@@ -469,23 +480,28 @@ static struct cg_events read_events(const struct sbx_cgroups *cg, uint64_t seq)
     return ev;
 }
 
-/* Remove a turn's directories; -EBUSY while a task of it is still exiting. */
-static int remove_turn(const struct sbx_cgroups *cg, uint64_t seq)
+/* Remove a turn's directories; -EAGAIN while one is left: a task of it is
+ * still exiting (or frozen), or its hierarchy refuses (read-only): either
+ * way it is kept and retried (cgroups_retry), never forgotten. */
+static int remove_turn(const struct sbx_cgroups *cg, struct cg_turn *t)
 {
-    int busy = 0;
+    int left = 0;
     for (int c = 0; c < CG_N; c++) {
         if (!turn_enforced(cg, c))
             continue;
         char dir[PATH_MAX + 48];
-        turn_dir(cg, c, seq, dir, sizeof dir);
+        turn_dir(cg, c, t->seq, dir, sizeof dir);
         if (rmdir(dir) == 0 || errno == ENOENT)
             continue;
-        if (errno == EBUSY)
-            busy = 1;
-        else
-            LOG_W("cgroup: cannot remove %s: %s", dir, strerror(errno));
+        left = -EAGAIN;
+        if (errno != EBUSY && !t->stuck) {
+            LOG_W("cgroup: cannot remove %s: %s; retried until it goes", dir, strerror(errno));
+            t->stuck = true;
+        }
     }
-    return busy ? -EBUSY : 0;
+    if (!left && t->stuck)
+        LOG_I("cgroup: turn cgroup %llu removed at last", (unsigned long long)t->seq);
+    return left;
 }
 
 /* Write controller c's limit into turn cgroup dir (why: see write_at). */
@@ -672,16 +688,16 @@ static int tenant_enter(struct sbx_cgroups *cg, struct cg_turn *t, uint32_t tena
 }
 
 /* A released turn cgroup: spare if it is empty and there is room, else
- * removed; -EBUSY while a task of it is still exiting. */
-static int recycle_turn(struct sbx_cgroups *cg, struct cg_turn t)
+ * removed; -EAGAIN while it cannot be (remove_turn). */
+static int recycle_turn(struct sbx_cgroups *cg, struct cg_turn *t)
 {
-    if (tenant_leave(cg, &t) == -EBUSY)
-        return -EBUSY;
-    t.tenant = 0;
-    if (t.complete && cg->n_spare < cg->spare_max && turn_empty(cg, t.seq) &&
-        turn_push(&cg->spare, &cg->n_spare, &cg->cap_spare, t) == 0)
+    if (tenant_leave(cg, t) == -EBUSY)
+        return -EAGAIN; /* a task of it is still exiting: retried */
+    t->tenant = 0;
+    if (t->complete && cg->n_spare < cg->spare_max && turn_empty(cg, t->seq) &&
+        turn_push(&cg->spare, &cg->n_spare, &cg->cap_spare, *t) == 0)
         return 0;
-    return remove_turn(cg, t.seq);
+    return remove_turn(cg, t);
 }
 
 /* pid's turn cgroup leaves the live list: recycled if complete, else removed. */
@@ -692,7 +708,7 @@ static void drop_live(struct sbx_cgroups *cg, pid_t pid)
             continue;
         struct cg_turn t = cg->live[i];
         cg->live[i] = cg->live[--cg->n_live];
-        if (recycle_turn(cg, t) == -EBUSY &&
+        if (recycle_turn(cg, &t) == -EAGAIN &&
             turn_push(&cg->busy, &cg->n_busy, &cg->cap_busy, t) < 0)
             LOG_W("cgroup: out of memory; turn cgroup %llu left behind",
                   (unsigned long long)t.seq);
@@ -906,6 +922,7 @@ int cgroups_init(const struct config *cfg, struct sbx_cgroups **out, char *err, 
         if (!cg->dir[c][0] && !why[c][0])
             err_fmt(why[c], WHY_LEN, 0, "cgroup v2 does not offer it to forkbox's cgroup");
     cg->cpu_weight = cfg->cpu_weight;
+    cg->id_first = cfg->id_first;
     size_t live_max = (size_t)cfg->capacity + cfg->pool_size;
     cg->spare_max = live_max < SPARE_MIN ? SPARE_MIN : live_max > SPARE_MAX ? SPARE_MAX : live_max;
     if (cg->dir[CG_MEMORY][0])
@@ -958,6 +975,11 @@ int cgroups_init(const struct config *cfg, struct sbx_cgroups **out, char *err, 
               (unsigned long long)cfg->memory_max, cg->swap_file ? ", no swap" : "",
               (unsigned long long)cfg->pids_max, (unsigned long long)cfg->cpu_millis,
               cg->per_tenant ? ", shared per tenant" : "");
+    /* An earlier daemon's on our range (cgroups_stale.h): the range is ours
+     * now, so are they. */
+    for (int c = 0; c < CG_N && cfg->ids_locked; c++)
+        if (turn_enforced(cg, c))
+            cg_stale_scan(&cg->stale, cg->dir[c], cg->id_first);
     char mnt[PATH_MAX];
     if (what[0] && cgroup_mount("", mnt, sizeof mnt) < 0)
         LOG_I("cgroups: moving a sandbox into its cgroups waits for an RCU grace period "
@@ -1021,6 +1043,7 @@ void cgroups_events(struct sbx_cgroups *cg, pid_t pid, struct cg_events *ev)
         /* Counters only grow and survive reuse: the next sandbox's start is now. */
         struct cg_events now = read_events(cg, t->seq);
         ev->oom_kills = now.oom_kills - t->base.oom_kills;
+        ev->oom_own = now.oom_own - t->base.oom_own;
         ev->pids_max = now.pids_max - t->base.pids_max;
         /* The peak is a maximum, not a count: no difference gives this
          * sandbox's share. v1 resets it (writing 0 sets it to the usage now:
@@ -1044,8 +1067,13 @@ void cgroups_events(struct sbx_cgroups *cg, pid_t pid, struct cg_events *ev)
             char dir[PATH_MAX + 48];
             ev->mem_peak = now.mem_peak;
             turn_dir(cg, CG_MEMORY, t->seq, dir, sizeof dir);
+            /* v1 counts no OOM of the cgroup's own (memory.failcnt stays 0
+             * on Linux 6.18): its peak at its limit is the limit reached. */
+            ev->oom_own = now.mem_peak >= read_u64(dir, "memory.limit_in_bytes");
             (void)write_at(dir, "memory.max_usage_in_bytes", "0", NULL, 0);
         }
+        if (ev->oom_kills && !ev->oom_own) /* for another cgroup's limit */
+            ev->oom_limit = cg_limit_hit_above(cg->dir[CG_MEMORY], cg->v2);
         t->base = now;
         return;
     }
@@ -1087,10 +1115,10 @@ size_t cgroups_retry(struct sbx_cgroups *cg)
         return 0;
     size_t kept = 0;
     for (size_t i = 0; i < cg->n_busy; i++)
-        if (recycle_turn(cg, cg->busy[i]) == -EBUSY)
+        if (recycle_turn(cg, &cg->busy[i]) == -EAGAIN)
             cg->busy[kept++] = cg->busy[i];
     cg->n_busy = kept;
-    return kept;
+    return kept + cg_stale_retry(&cg->stale);
 }
 
 /* Every tenant directory of ours (empty now, unless a turn directory in it
@@ -1129,11 +1157,16 @@ void cgroups_free(struct sbx_cgroups *cg)
     cg->n_spare = cg->n_live = 0;
     for (size_t i = 0; i < cg->n_busy; i++)
         cg->busy[i].complete = false; /* removed, not recycled */
-    for (int tries = 0; cgroups_retry(cg) && tries < 100; tries++)
+    size_t left = cgroups_retry(cg);
+    for (int tries = 0; left && tries < 100; tries++) {
         nanosleep(&(struct timespec){.tv_nsec = 10 * 1000 * 1000}, NULL);
-    if (cg->n_busy)
-        LOG_W("cgroup: %zu turn cgroups still busy at exit", cg->n_busy);
+        left = cgroups_retry(cg);
+    }
+    if (left)
+        LOG_W("cgroup: %zu turn cgroups not removable at exit: the next start on --id-range "
+              "%u... removes them", left, cg->id_first);
     tenant_dirs_remove(cg);
+    cg_stale_free(&cg->stale);
     free(cg->live);
     free(cg->busy);
     free(cg->spare);

@@ -27,9 +27,14 @@ int cgroups_attach(struct sbx_cgroups *cg, pid_t pid, const struct config *cfg);
  * controller is not enforced). */
 struct cg_events {
     uint32_t oom_kills; /* v2 memory.events / v1 memory.oom_control oom_kill */
+    uint32_t oom_own;   /* its own limit reached: v2 memory.events oom; v1 (cgroups_events):
+                           its peak at memory.limit_in_bytes */
     uint32_t pids_max;  /* pids.events max: forks refused at pids.max */
     uint64_t mem_peak;  /* v1 memory.max_usage_in_bytes / v2 memory.peak: most memory held
                            (cgroups_events: this sandbox's, 0 if unknown) */
+    uint64_t oom_limit; /* cgroups_events, OOM kills without its own limit reached: the limit
+                           of the cgroup above that was (cgroups_above.h); 0: none, the
+                           host's OOM */
 };
 /* What pid's turn cgroup counted since pid was placed in it; call once pid
  * has been reaped, before cgroups_release (which may hand the cgroup

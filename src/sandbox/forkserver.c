@@ -218,8 +218,8 @@ static int spawn_one(struct forkserver *fsv, unsigned flags, struct sbx_child *c
     if (r < 0) {
         *c = (struct sbx_child){.pidfd = -1, .chan_fd = -1, .warm_fd = -1, .go_fd = -1,
                                 .times_fd = -1};
-        return err_fmt(err, errlen, r, "no free host id: all %zu of --id-range are held by sandboxes "
-                 "not yet reaped", ids_live(fsv->ids));
+        return err_fmt(err, errlen, FS_NO_FREE_ID, "no free host id: all %zu of --id-range are "
+                       "held by sandboxes not yet reaped", ids_live(fsv->ids));
     }
     /* Stream mode: one sandbox, as the id its workdir's bind maps to. */
     if (fsv->cfg->workdir[0] && fsv->cfg->isolate && id != fsv->stream_id) {

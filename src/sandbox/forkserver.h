@@ -2,6 +2,7 @@
  * (forkserver_main, forkserver.c): starting the fork server and talking to
  * it (the records: fsproto.h, which says what the fork server is). */
 #pragma once
+#include <stdint.h>
 #include <sys/types.h>
 
 #include "config/config.h"
@@ -83,6 +84,24 @@ int fs_client_request(struct fs_client *fs, uint64_t turn_id, uint32_t tenant);
  * caller owns *chan_fd and *pidfd), 0 if none is ready, or -errno if the fork
  * server is gone or broke the protocol (the supervisor then restarts it). */
 int fs_client_reply(struct fs_client *fs, struct fs_reply *rep, int *chan_fd, int *pidfd);
+/* What a failed spawn reply's status means, as a close reason: "no free
+ * sandbox id (--id-range) ..." for FS_NO_FREE_ID, else "cannot start a
+ * sandbox: <strerror>". */
+void fs_spawn_failure(int status, char *out, size_t len);
+/* Why a sandbox that ended on its own ended, as one close reason (at most
+ * 123 bytes; README "Why a turn ended"), from its death report d (NULL: none
+ * came in waited_ms) and cfg's limits: facts the fork server and its cgroup
+ * helper own, never what the sandbox sent. */
+enum fs_death {
+    FS_DEATH_MEMORY,  /* the OOM killer (for its limit, one above it, or the host's) */
+    FS_DEATH_PIDS,    /* it died after a fork was refused at --pids */
+    FS_DEATH_CRASH,   /* SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT, SIGSYS, SIGTRAP */
+    FS_DEATH_KILLED,  /* any other signal */
+    FS_DEATH_EXITED,  /* an exit status */
+    FS_DEATH_UNKNOWN, /* no death report */
+};
+enum fs_death fs_death_reason(const struct fs_reply *d, const struct config *cfg, uint64_t waited_ms,
+                              char *out, size_t len);
 /* A fork server that is gone or broken: SIGKILL it (if it still runs) and
  * reap it, close the control socket; exe_fd and mod_fd stay for the next launch. */
 void fs_client_kill(struct fs_client *fs);

@@ -1,7 +1,8 @@
-/* Runs in the supervisor (forkboxd, which links no Python): its side of the
- * fork server (see forkserver.h): finding, checking and starting
- * python3.11 with forkbox-sandbox.so (with core's fork_helper), the control
- * socket's records. */
+/* Runs in the supervisor (forkboxd, which links no Python; and `forkbox
+ * sandbox`): its side of the fork server (see forkserver.h): finding,
+ * checking and starting python3.11 with forkbox-sandbox.so (with core's
+ * fork_helper), the control socket's records, and what its replies mean in
+ * words of ours (why a spawn failed, why a sandbox ended). */
 #include "sandbox/forkserver.h"
 
 #include <dlfcn.h>
@@ -339,8 +340,9 @@ int fs_client_reply(struct fs_client *fs, struct fs_reply *rep, int *chan_fd, in
         return -EPIPE; /* the fork server is gone */
 
     bool ok = (size_t)n == sizeof *rep && !(flags & (MSG_TRUNC | MSG_CTRUNC)) &&
-              (rep->kind == FS_REPLY_DEATH ? nfds == 0 : rep->status != 0 || nfds == 2);
-    if (!ok || rep->status != 0 || rep->kind == FS_REPLY_DEATH) {
+              rep->kind <= FS_REPLY_CGROUPS &&
+              (rep->kind != FS_REPLY_SPAWN ? nfds == 0 : rep->status != 0 || nfds == 2);
+    if (!ok || rep->status != 0 || rep->kind != FS_REPLY_SPAWN) {
         for (size_t i = 0; i < nfds; i++)
             close(fds[i]);
         return ok ? 1 : -EPROTO;
@@ -390,4 +392,89 @@ void fs_client_stop(struct fs_client *fs)
     fs_client_stop_child(fs);
     close_and_reset(&fs->exe_fd);
     close_and_reset(&fs->mod_fd);
+}
+
+/* ---------------------------------------------------------------- why a sandbox ended */
+
+void fs_spawn_failure(int status, char *out, size_t len)
+{
+    if (status == FS_NO_FREE_ID)
+        snprintf(out, len, "no free sandbox id (--id-range): each is held by a sandbox not yet "
+                 "reaped");
+    else
+        snprintf(out, len, "cannot start a sandbox: %s", strerror(-status));
+}
+
+static bool crash_signal(int sig)
+{
+    return sig == SIGSEGV || sig == SIGBUS || sig == SIGILL || sig == SIGFPE || sig == SIGABRT ||
+           sig == SIGSYS || sig == SIGTRAP;
+}
+
+/* Init exits with the runtime's exit code below 128, 128 + the signal that
+ * killed it, or 255 for an exit code of 128 or more (steps.c, step 9); init
+ * itself killed by a signal (the OOM killer kills every process sharing the
+ * runtime's memory, init included) counts as that signal. Which signal came
+ * from where cannot be known from outside, so the rule is by signal: the
+ * synchronous faults (and SIGABRT, SIGSYS: abort() and the seccomp policy's
+ * kill) are a crash of the runtime or of native code in it; any other is a
+ * kill (os.kill from user code, a subprocess). An OOM kill names the limit
+ * the OOM killer acted for: the turn's own when its cgroup reached it, else
+ * the memory cgroup above that did (the daemon's), else the host's memory
+ * (cgroups_above.h). */
+enum fs_death fs_death_reason(const struct fs_reply *d, const struct config *cfg, uint64_t waited_ms,
+                              char *out, size_t len)
+{
+    if (!d) {
+        snprintf(out, len, "sandbox stopped: no death report (the fork server did not answer "
+                 "for %llu s)", (unsigned long long)(waited_ms / 1000));
+        return FS_DEATH_UNKNOWN;
+    }
+    int st = d->wait_status, sig = 0, code = 0;
+    if (WIFSIGNALED(st))
+        sig = WTERMSIG(st);
+    else if (WEXITSTATUS(st) > 128 && WEXITSTATUS(st) < 255)
+        sig = WEXITSTATUS(st) - 128;
+    else
+        code = WEXITSTATUS(st);
+    char how[40];
+    const char *abbrev = sig ? sigabbrev_np(sig) : NULL;
+    if (abbrev)
+        snprintf(how, sizeof how, "SIG%s", abbrev);
+    else if (sig)
+        snprintf(how, sizeof how, "signal %d", sig);
+    else if (code == 255)
+        snprintf(how, sizeof how, "status 128 or more");
+    else
+        snprintf(how, sizeof how, "status %d", code);
+
+    unsigned long long own = cfg->memory_max >> 20;
+    if (sig == SIGKILL && d->oom_kills) {
+        if (d->oom_own)
+            snprintf(out, len, "out of memory: the sandbox was killed at its memory limit "
+                     "(%llu MiB)", own);
+        else if (d->oom_limit)
+            snprintf(out, len, "out of memory: the sandbox was killed at the daemon's memory "
+                     "limit (%llu MiB), not its own (%llu MiB)",
+                     (unsigned long long)(d->oom_limit >> 20), own);
+        else
+            snprintf(out, len, "out of memory: the host ran out and its OOM killer killed the "
+                     "sandbox (below its limit of %llu MiB)", own);
+        return FS_DEATH_MEMORY;
+    }
+    if (d->pids_max && (sig || code)) {
+        snprintf(out, len, "process limit: the sandbox died (%s) after reaching its limit of "
+                 "%llu processes", how, (unsigned long long)cfg->pids_max);
+        return FS_DEATH_PIDS;
+    }
+    if (crash_signal(sig)) {
+        snprintf(out, len, "sandbox crashed: %s in the runtime or native code", how);
+        return FS_DEATH_CRASH;
+    }
+    if (sig) {
+        snprintf(out, len, "sandbox killed: %s", how);
+        return FS_DEATH_KILLED;
+    }
+    snprintf(out, len, "sandbox exited: %s", how);
+    return FS_DEATH_EXITED;
 }

@@ -22,13 +22,18 @@
  *                               {chan_fd, pidfd} when status == 0
  *                               (kind FS_REPLY_SPAWN), or unsolicited, once
  *                               a sandbox handed to a turn has been reaped,
- *                               a death report (kind FS_REPLY_DEATH, no fds)
+ *                               a death report (kind FS_REPLY_DEATH, no fds),
+ *                               and when their number changes, how many
+ *                               turn cgroups wait to be removed (kind
+ *                               FS_REPLY_CGROUPS, no fds; the cgroup helper
+ *                               sends both)
  * Spawn replies come in request order. A death report carries only facts
  * the fork server and its cgroup helper own: the wait status of the
  * sandbox's init and the turn cgroup's counters (memory OOM kills, forks
  * refused at pids.max) and its peak memory over that sandbox's life; never
  * bytes the sandbox wrote. */
 #pragma once
+#include <errno.h>
 #include <stdint.h>
 #include <sys/types.h>
 
@@ -42,7 +47,11 @@ struct fs_request {
     uint64_t turn_id; /* echoed in the reply */
 };
 
-enum fs_reply_kind { FS_REPLY_SPAWN = 0, FS_REPLY_DEATH = 1 };
+enum fs_reply_kind { FS_REPLY_SPAWN = 0, FS_REPLY_DEATH = 1, FS_REPLY_CGROUPS = 2 };
+
+/* A spawn reply's status when every id of --id-range is held by a sandbox
+ * not yet reaped ("too many users"; clone itself never gives it here). */
+#define FS_NO_FREE_ID (-EUSERS)
 
 struct fs_reply {
     int32_t status;   /* 0 or -errno */
@@ -57,6 +66,11 @@ struct fs_reply {
     uint64_t mem_peak;   /* death: the most memory its turn cgroup held during its life, in
                             bytes (v1 memory.max_usage_in_bytes, v2 memory.peak); 0 =
                             unknown (no memory cgroup, or cgroups.c says why) */
+    uint32_t oom_own;    /* death: its turn cgroup reached its own memory limit */
+    uint32_t cgroups_waiting; /* FS_REPLY_CGROUPS: turn cgroups not removable yet (retried) */
+    uint64_t oom_limit;  /* death, OOM kills without oom_own: the limit of the memory cgroup
+                            above that was reached, in bytes (cgroups_above.h); 0: none
+                            was, the host ran out of memory */
 };
 
 /* Start-up (sync 0): once the fork server has loaded the policy, prepared

@@ -23,17 +23,35 @@
  * (fd 4), so that we never wait for it and no reply flows back to us. The
  * supervisor reads the control socket all the time, so the helper's
  * blocking send cannot stall for long. */
-static void placer_report(int ctl_fd, const struct placer_req *req, const struct cg_events *ev)
+static void placer_send_reply(int ctl_fd, const struct fs_reply *rep)
 {
-    struct fs_reply rep = {.pid = req->pid, .turn_id = req->turn_id, .kind = FS_REPLY_DEATH,
-                           .wait_status = req->wait_status, .oom_kills = ev->oom_kills,
-                           .pids_max = ev->pids_max, .mem_peak = ev->mem_peak};
     ssize_t n;
     do
-        n = send(ctl_fd, &rep, sizeof rep, MSG_NOSIGNAL);
+        n = send(ctl_fd, rep, sizeof *rep, MSG_NOSIGNAL);
     while (n < 0 && errno == EINTR);
     if (n < 0 && errno != EPIPE && errno != ECONNRESET)
-        PLOG_W("death report for turn %llu", (unsigned long long)req->turn_id);
+        PLOG_W("report to the supervisor (kind %u, turn %llu)", rep->kind,
+               (unsigned long long)rep->turn_id);
+}
+
+static void placer_report(int ctl_fd, const struct placer_req *req, const struct cg_events *ev)
+{
+    placer_send_reply(ctl_fd, &(struct fs_reply){
+        .pid = req->pid, .turn_id = req->turn_id, .kind = FS_REPLY_DEATH,
+        .wait_status = req->wait_status, .oom_kills = ev->oom_kills, .oom_own = ev->oom_own,
+        .oom_limit = ev->oom_limit, .pids_max = ev->pids_max, .mem_peak = ev->mem_peak});
+}
+
+/* How many turn cgroups wait to be removed, for /metrics, when it changes:
+ * from the retries (a cgroup whose tasks are gone when it is released, the
+ * common case, costs no message), and once none is left. */
+static void placer_count(int ctl_fd, size_t waiting, size_t *told)
+{
+    if (waiting == *told)
+        return;
+    *told = waiting;
+    placer_send_reply(ctl_fd, &(struct fs_reply){.kind = FS_REPLY_CGROUPS,
+                                                  .cgroups_waiting = (uint32_t)waiting});
 }
 
 static uint64_t cpu_ns(void)
@@ -54,13 +72,20 @@ _Noreturn void placer_main(const struct config *cfg, struct sbx_cgroups *cg, int
     signal(SIGTERM, SIG_IGN);
     signal(SIGINT, SIG_IGN);
     signal(SIGHUP, SIG_IGN);
-    size_t busy = 0; /* released turn cgroups whose tasks are still exiting */
+    /* Turn cgroups not removed yet (tasks still exiting, or frozen; a
+     * read-only hierarchy; an earlier daemon's, cgroups_stale.h): retried
+     * while otherwise idle, every 20 ms, backing off to every second while
+     * none goes. */
+    size_t busy = cgroups_retry(cg), told = 0;
+    int retry_ms = 20;
     for (;;) {
         if (busy) {
-            /* Retry them every 20 ms while otherwise idle. */
             struct pollfd pfd = {.fd = fd, .events = POLLIN};
-            if (poll(&pfd, 1, 20) == 0) {
-                busy = cgroups_retry(cg);
+            if (poll(&pfd, 1, retry_ms) == 0) {
+                size_t left = cgroups_retry(cg);
+                retry_ms = left < busy ? 20 : retry_ms < 1000 ? 2 * retry_ms : 1000;
+                busy = left;
+                placer_count(ctl_fd, busy, &told);
                 continue;
             }
         }
@@ -113,6 +138,9 @@ _Noreturn void placer_main(const struct config *cfg, struct sbx_cgroups *cg, int
                     placer_report(ctl_fd, &req, &ev);
                 cgroups_release(cg, req.pid);
                 busy = cgroups_retry(cg);
+                retry_ms = 20;
+                if (!busy)
+                    placer_count(ctl_fd, busy, &told);
             } else if (req.op == PLACER_SERVING) {
                 cgroups_serving(cg, req.pid, req.tenant, cfg);
             }

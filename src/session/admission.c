@@ -168,11 +168,17 @@ static void admit(struct session *s, struct tenant *tenant, const uint8_t *rest,
         session_end(s, 1011, SESSION_REASON_NO_SANDBOX_SERVICE);
         return;
     }
-    /* Frames that arrived with the request are not signalled again. */
-    if (rest_len > 0 && ws_conn_read(s->ws) < 0) {
+    /* The 101 goes out before anything after it is judged: a close for bad
+     * bytes that came with the request must follow it, never come first.
+     * Those bytes are not signalled again: read them now, or (the 101 not
+     * all out) once it is (on_client_io). */
+    int w = flush_out(s);
+    if (w < 0) {
         mark_dead(s);
         return;
     }
+    if (w == 0 && rest_len > 0 && client_read(s) < 0)
+        return;
     LOG_D("turn %" PRIu64 ": admitted for tenant %s (%u/%u, the tenant's %u)", s->id,
           tenant->name, n_turns, env->cfg->capacity, tenant->turns);
     update_interest(s);

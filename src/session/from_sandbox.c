@@ -502,6 +502,11 @@ static void on_sandbox_io(struct loop_watch *w, uint32_t events)
 {
     struct session *s = w->ud;
     if ((events & EPOLLOUT) && chan_conn_flush(s->chan) < 0) {
+        /* Its end is closed: what it sent before it went (an archive
+         * error's report, while its workspace archive was still being
+         * written to it) says why, not its exit status. */
+        if (sandbox_read(s) < 0)
+            return;
         sandbox_gone(s);
         return;
     }
@@ -542,7 +547,7 @@ bool session_sandbox_ready(struct session *s, const struct fs_reply *rep, int ch
         return false; /* the turn ended while its sandbox was being made */
     if (rep->status < 0) {
         char reason[120];
-        snprintf(reason, sizeof reason, "cannot start a sandbox: %s", strerror(-rep->status));
+        fs_spawn_failure(rep->status, reason, sizeof reason);
         session_end(s, 1011, reason);
         return true;
     }

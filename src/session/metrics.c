@@ -54,6 +54,7 @@ static struct metrics {
     uint64_t bytes_in, bytes_out;     /* client <-> supervisor, counted as turns end */
     uint64_t forkserver_restarts;
     uint64_t close_pending, close_slow, close_leaked, log_dropped; /* metrics_helpers */
+    uint64_t cgroups_waiting;         /* the cgroup helper's last count (FS_REPLY_CGROUPS) */
     struct hist ready, block, peak, loop;
     struct pending *pending;          /* owned: end lines waiting for a death report */
     size_t n_pending, cap_pending;
@@ -191,6 +192,7 @@ void metrics_helpers(uint64_t close_pending, uint64_t close_slow, uint64_t close
 void metrics_sandbox_spawned(void) { m.spawned++; }
 void metrics_tool_call(void) { m.tool_calls++; }
 void metrics_forkserver_restart(void) { m.forkserver_restarts++; }
+void metrics_cgroups_waiting(unsigned n) { m.cgroups_waiting = n; }
 
 void metrics_block_done(uint64_t dur_ns)
 {
@@ -513,5 +515,8 @@ int metrics_write(struct buf *out)
     r = r ? r : counter(out, "forkbox_log_lines_dropped_total",
                         "Operator log lines dropped: stderr was not read fast enough.",
                         m.log_dropped);
+    r = r ? r : gauge(out, "forkbox_turn_cgroups_waiting",
+                      "Turn cgroups not removed yet (tasks still in them, a read-only hierarchy, "
+                      "an earlier daemon's): retried until they go.", m.cgroups_waiting);
     return r;
 }

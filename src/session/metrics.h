@@ -123,6 +123,9 @@ void metrics_loop_iteration(uint64_t busy_ns);
  * long, fds left open for good, log lines dropped. */
 void metrics_helpers(uint64_t close_pending, uint64_t close_slow, uint64_t close_leaked,
                      uint64_t log_dropped);
+/* How many turn cgroups the fork server's cgroup helper could not remove yet
+ * (its FS_REPLY_CGROUPS report). */
+void metrics_cgroups_waiting(unsigned n);
 
 /* Append the exposition text (format 0.0.4) of every metric to out. 0 or
  * buf_append's error (-ENOBUFS past out's ceiling, -ENOMEM). */

@@ -380,6 +380,10 @@ static void on_forkserver(struct loop_watch *w, uint32_t events)
             fs_lost(srv, r);
             return;
         }
+        if (rep.kind == FS_REPLY_CGROUPS) {
+            metrics_cgroups_waiting(rep.cgroups_waiting);
+            continue;
+        }
         struct session *s = sessions_find(srv->sessions, rep.turn_id);
         if (rep.kind == FS_REPLY_DEATH) {
             if (s)

@@ -33,6 +33,30 @@
 
 /* ---------------------------------------------------------------- socket events */
 
+int client_read(struct session *s)
+{
+    int rr = ws_conn_read(s->ws);
+    int refused = ws_conn_refused(s->ws);
+    if (refused && s->phase == PHASE_TURN) {
+        /* net/ws.c queued its close (1002, 1007, 1009, 1013 or 1011) and
+         * goes on with the handshake: the turn ends, its close is ws.c's. */
+        turn_stats_end(&s->stats, refused == -ENOSPC ? TURN_END_OVERLOAD : TURN_END_CLIENT_ERROR);
+        LOG_I("turn %" PRIu64 ": client message refused (%s); closing", s->id,
+              refused == -EMSGSIZE ? "over its limit or the turn's memory budget"
+              : refused == -ENOSPC ? "server memory budget exhausted"
+              : refused == -EPROTO ? "WebSocket protocol error"
+                                   : strerror(-refused));
+        session_end(s, 1002, NULL);
+    }
+    if (rr < 0) {
+        /* The client is gone, or the closing handshake is over. */
+        turn_stats_end(&s->stats, rr == -EPIPE ? TURN_END_CLIENT_ERROR : TURN_END_CLIENT_CLOSED);
+        mark_dead(s);
+        return -1;
+    }
+    return 0;
+}
+
 static void on_client_io(struct loop_watch *w, uint32_t events)
 {
     struct session *s = w->ud;
@@ -61,6 +85,9 @@ static void on_client_io(struct loop_watch *w, uint32_t events)
         break;
     case PHASE_TURN:
     case PHASE_CLOSING: {
+        /* The 101 first: nothing of the WebSocket is written, nor read and
+         * judged, before it is all out (bytes that came with the request
+         * wait in the ws_conn: ws_conn_read_more). */
         int r = flush_out(s);
         if (r < 0) {
             mark_dead(s);
@@ -70,23 +97,9 @@ static void on_client_io(struct loop_watch *w, uint32_t events)
             mark_dead(s);
             break;
         }
-        if (events & (EPOLLIN | EPOLLHUP | EPOLLERR)) {
-            int rr = ws_conn_read(s->ws);
-            if (rr < 0) {
-                turn_stats_end(&s->stats, rr == -ECONNRESET || rr == -ESHUTDOWN
-                                              ? TURN_END_CLIENT_CLOSED
-                                          : rr == -ENOSPC ? TURN_END_OVERLOAD
-                                                          : TURN_END_CLIENT_ERROR);
-                if (rr != -ECONNRESET && rr != -ESHUTDOWN && s->phase == PHASE_TURN)
-                    LOG_I("turn %" PRIu64 ": client message refused (%s); connection closed",
-                          s->id, rr == -EMSGSIZE ? "over its limit or the turn's memory budget"
-                                 : rr == -ENOSPC ? "server memory budget exhausted"
-                                 : rr == -EPROTO ? "WebSocket protocol error"
-                                                 : strerror(-rr));
-                mark_dead(s); /* the client is gone, or the close handshake is over */
-                break;
-            }
-        }
+        if (r == 0 && ((events & (EPOLLIN | EPOLLHUP | EPOLLERR)) || ws_conn_read_more(s->ws)) &&
+            client_read(s) < 0)
+            break;
         /* Likewise, pass what the client sent straight on to the sandbox. An
          * error stays for on_sandbox_io, which reports it where it belongs. */
         if (s->chan_fd >= 0 && chan_conn_queued(s->chan))
@@ -120,7 +133,8 @@ void update_interest(struct session *s)
     default:
         if (s->out.len || ws_conn_want_write(s->ws))
             ev |= EPOLLOUT;
-        if (ws_conn_want_read(s->ws) && chan_conn_queued(s->chan) < RELAY_HIGH_WATER)
+        if (ws_conn_want_read(s->ws) && !s->out.len &&
+            chan_conn_queued(s->chan) < RELAY_HIGH_WATER)
             ev |= EPOLLIN;
         break;
     }

@@ -48,7 +48,8 @@ enum session_phase {
     PHASE_HTTP,    /* reading the request */
     PHASE_REPLY,   /* writing a non-101 response, then closing */
     PHASE_TURN,    /* WebSocket turn */
-    PHASE_CLOSING, /* close frame queued; flushing before closing the socket */
+    PHASE_CLOSING, /* the turn is over: its close goes out after what was queued, then the
+                      closing handshake (net/ws.c) before the socket is closed */
     PHASE_DEAD,    /* waiting for sessions_reap() */
 };
 
@@ -180,3 +181,7 @@ void session_tick(struct session *s, uint64_t now);
 
 /* Watch the client socket and the channel for what s can use now. */
 void update_interest(struct session *s);
+/* Read what the client sent (net/ws.c; the handlers run), once the 101 is
+ * out. A message ws.c refused ends the turn (its close is ws.c's). -1 if
+ * the connection is over (s is marked dead), else 0. */
+int client_read(struct session *s);

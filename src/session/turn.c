@@ -2,7 +2,8 @@
  * close deadlines, keepalive, the block, turn and idle timeouts), how it
  * ends (session_end with a close, mark_dead without one: the sandbox
  * killed, the slot given back), why a sandbox that ended on its own ended
- * (its death report: death_reason) and the turn's statistics (metrics.h).
+ * (its death report, in words of fsclient.c's fs_death_reason) and the
+ * turn's statistics (metrics.h).
  * Runs in the supervisor.
  *
  * Every other file of the session ends turns through here. Relies on
@@ -19,7 +20,6 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "core/cleanup.h"
@@ -99,66 +99,15 @@ static void finish_block_for_timeout(struct session *s, const char *what, uint64
 
 /* ---------------------------------------------------------------- the sandbox's end */
 
-static bool crash_signal(int sig)
+/* How a turn whose sandbox ended on its own counts (metrics.h). */
+static enum turn_end death_end(enum fs_death d)
 {
-    return sig == SIGSEGV || sig == SIGBUS || sig == SIGILL || sig == SIGFPE || sig == SIGABRT ||
-           sig == SIGSYS || sig == SIGTRAP;
-}
-
-/* Why a sandbox that ended on its own ended, in words of ours, from facts
- * the fork server and its cgroup helper own: its init's wait status and
- * what its turn cgroup counted (forkserver.h), never from what the sandbox
- * sent. Init exits with the runtime's exit code below 128, 128 + the signal
- * that killed it, or 255 for an exit code of 128 or more (steps.c, step 9);
- * init itself killed by a signal (the OOM killer kills every process sharing
- * the runtime's memory, init included) counts as that signal. Which signal
- * came from where cannot be known from outside, so the rule is by signal:
- * the synchronous faults (and SIGABRT, SIGSYS: abort() and the seccomp
- * policy's kill) are a crash of the runtime or of native code in it; any
- * other is a kill (os.kill from user code, a subprocess). Each reason fits
- * a close frame (123 bytes); README, "Why a turn ended", lists them. */
-static enum turn_end death_reason(const struct session *s, char *out, size_t len)
-{
-    const struct fs_reply *d = &s->death;
-    const struct config *cfg = s->env->cfg;
-    int st = d->wait_status, sig = 0, code = 0;
-    if (WIFSIGNALED(st))
-        sig = WTERMSIG(st);
-    else if (WEXITSTATUS(st) > 128 && WEXITSTATUS(st) < 255)
-        sig = WEXITSTATUS(st) - 128;
-    else
-        code = WEXITSTATUS(st);
-    char how[40];
-    const char *abbrev = sig ? sigabbrev_np(sig) : NULL;
-    if (abbrev)
-        snprintf(how, sizeof how, "SIG%s", abbrev);
-    else if (sig)
-        snprintf(how, sizeof how, "signal %d", sig);
-    else if (code == 255)
-        snprintf(how, sizeof how, "status 128 or more");
-    else
-        snprintf(how, sizeof how, "status %d", code);
-
-    if (sig == SIGKILL && d->oom_kills) {
-        snprintf(out, len, "out of memory: the sandbox was killed at its memory limit (%llu MiB)",
-                 (unsigned long long)(cfg->memory_max >> 20));
-        return TURN_END_MEMORY;
-    }
-    if (d->pids_max && (sig || code)) {
-        snprintf(out, len, "process limit: the sandbox died (%s) after reaching its limit of "
-                 "%llu processes", how, (unsigned long long)cfg->pids_max);
-        return TURN_END_PIDS;
-    }
-    if (crash_signal(sig)) {
-        snprintf(out, len, "sandbox crashed: %s in the runtime or native code", how);
-        return TURN_END_CRASH;
-    }
-    if (sig) {
-        snprintf(out, len, "sandbox killed: %s", how);
-        return TURN_END_KILLED;
-    }
-    snprintf(out, len, "sandbox exited: %s", how);
-    return TURN_END_EXITED;
+    static const enum turn_end end[] = {
+        [FS_DEATH_MEMORY] = TURN_END_MEMORY, [FS_DEATH_PIDS] = TURN_END_PIDS,
+        [FS_DEATH_CRASH] = TURN_END_CRASH,   [FS_DEATH_KILLED] = TURN_END_KILLED,
+        [FS_DEATH_EXITED] = TURN_END_EXITED, [FS_DEATH_UNKNOWN] = TURN_END_EXITED,
+    };
+    return end[d];
 }
 
 /* The sandbox ended on its own (its channel closed or its init exited):
@@ -187,7 +136,8 @@ void sandbox_gone(struct session *s)
         return;
     }
     char reason[124];
-    turn_stats_end(&s->stats, death_reason(s, reason, sizeof reason));
+    turn_stats_end(&s->stats, death_end(fs_death_reason(&s->death, s->env->cfg, 0, reason,
+                                                        sizeof reason)));
     session_end(s, 1011, reason);
 }
 
@@ -384,8 +334,10 @@ void session_tick(struct session *s, uint64_t now)
     /* The sandbox is dead: only its death report (or its absence) decides. */
     if (s->death_wait) {
         if (now >= s->death_deadline_ms) {
-            turn_stats_end(&s->stats, TURN_END_EXITED);
-            session_end(s, 1011, "sandbox stopped: cause unknown (no death report)");
+            char reason[124];
+            turn_stats_end(&s->stats, death_end(fs_death_reason(NULL, cfg, DEATH_REPORT_WAIT_MS,
+                                                                reason, sizeof reason)));
+            session_end(s, 1011, reason);
         }
         return;
     }

@@ -29,7 +29,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
-#include <sys/wait.h>
 #include <poll.h>
 #include <unistd.h>
 
@@ -489,21 +488,8 @@ static const struct chan_conn_handlers sandbox_handlers = {
  * its cgroup helper own, never the sandbox's words). */
 static void sandbox_gone(struct stream *s, const struct fs_reply *d)
 {
-    char how[96] = "cause unknown (no death report)";
-    if (d) {
-        int st = d->wait_status, sig = WIFSIGNALED(st) ? WTERMSIG(st) : 0;
-        if (!sig && WEXITSTATUS(st) > 128 && WEXITSTATUS(st) < 255)
-            sig = WEXITSTATUS(st) - 128;
-        if (sig == SIGKILL && d->oom_kills)
-            snprintf(how, sizeof how, "out of memory (--memory %" PRIu64 ")", s->cfg->memory_max);
-        else if (d->pids_max)
-            snprintf(how, sizeof how, "killed by %s after the pids limit (--pids %" PRIu64 ")",
-                     sig ? strsignal(sig) : "an exit", s->cfg->pids_max);
-        else if (sig)
-            snprintf(how, sizeof how, "killed by signal %d (%s)", sig, strsignal(sig));
-        else
-            snprintf(how, sizeof how, "exited with status %d", WEXITSTATUS(st));
-    }
+    char how[124];
+    fs_death_reason(d, s->cfg, STREAM_DEATH_WAIT_MS, how, sizeof how);
     stream_end(s, STREAM_EXIT_FAILED, "the sandbox ended %s: %s", s->death_what, how);
 }
 
@@ -574,9 +560,12 @@ static void on_ctl(struct loop_watch *w, uint32_t events)
                 sandbox_gone(s, &rep);
             continue;
         }
+        if (rep.kind == FS_REPLY_CGROUPS)
+            continue;
         if (rep.status < 0) {
-            stream_end(s, STREAM_EXIT_USAGE, "cannot start the sandbox: %s",
-                       strerror(-rep.status));
+            char why[120];
+            fs_spawn_failure(rep.status, why, sizeof why);
+            stream_end(s, STREAM_EXIT_USAGE, "%s", why);
             return;
         }
         s->chan_fd = chan_fd;

@@ -15,24 +15,13 @@ def daemon():
     d.stop()
 
 
-class DaemonFactory:
-    def __init__(self):
-        self.started = []
-
-    def __call__(self, args=(), env=None, **kw):
-        d = fbtest.Daemon(list(args), env=env, **kw)
-        self.started.append(d)
-        return d.start()
-
-
 @pytest.fixture
 def make_daemon():
     """Factory: make_daemon(args=[...], env={...}) starts a dedicated daemon,
     stopped (whole process group killed) at teardown."""
-    f = DaemonFactory()
+    f = fbtest.DaemonFactory()
     yield f
-    for d in f.started:
-        d.stop()
+    f.stop_all()
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -41,11 +30,4 @@ def pytest_runtest_makereport(item, call):
     outcome = yield
     rep = outcome.get_result()
     if rep.when == "call" and rep.failed:
-        args = getattr(item, "funcargs", {})
-        daemons = []
-        if isinstance(args.get("daemon"), fbtest.Daemon):
-            daemons.append(args["daemon"])
-        if isinstance(args.get("make_daemon"), DaemonFactory):
-            daemons += args["make_daemon"].started
-        for i, d in enumerate(daemons):
-            rep.sections.append((f"forkboxd stderr #{i} {d.args}", d.stderr()[-6000:]))
+        rep.sections += fbtest.stderr_sections(getattr(item, "funcargs", {}))

@@ -29,7 +29,7 @@ T = 90
 
 def turn_cgroups(d) -> list[int]:
     """Sequence numbers of the daemon's turn cgroups in the pids hierarchy (v1)
-    or the unified one (v2): <own cgroup>/forkbox/turn-<placer pid>-<seq>."""
+    or the unified one (v2): <own cgroup>/forkbox/turn-<first id>-<placer pid>-<seq>."""
     kids = d.descendants()
     paths = []
     with open(f"/proc/{d.pid}/cgroup") as f:
@@ -41,10 +41,10 @@ def turn_cgroups(d) -> list[int]:
                 paths.append(f"/sys/fs/cgroup/unified{path}")
                 paths.append(f"/sys/fs/cgroup{path}")
     for base in paths:
-        found = glob.glob(os.path.join(base.rstrip("/"), "forkbox", "turn-*-*"))
+        found = glob.glob(os.path.join(base.rstrip("/"), "forkbox", "turn-*-*-*"))
         seqs = []
         for p in found:
-            m = re.search(r"turn-(\d+)-(\d+)$", p)
+            m = re.search(r"turn-\d+-(\d+)-(\d+)$", p)
             if m and int(m.group(1)) in kids:
                 seqs.append(int(m.group(2)))
         if seqs:
@@ -55,8 +55,8 @@ def turn_cgroups(d) -> list[int]:
 def placer_pid(d) -> int:
     """The cgroup helper: the pid its turn cgroups are named after."""
     kids = d.descendants()
-    for base in glob.glob("/sys/fs/cgroup/pids/**/forkbox/turn-*-*", recursive=True):
-        m = re.search(r"turn-(\d+)-\d+$", base)
+    for base in glob.glob("/sys/fs/cgroup/pids/**/forkbox/turn-*-*-*", recursive=True):
+        m = re.search(r"turn-\d+-(\d+)-\d+$", base)
         if m and int(m.group(1)) in kids:
             return int(m.group(1))
     raise AssertionError("no turn cgroup of this daemon found")

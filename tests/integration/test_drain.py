@@ -11,8 +11,8 @@ import signal
 import socket
 import time
 
-from fbtest import (arun, connect, expect_closed, fc, http_get, http_raw, pid_alive,
-                    upgrade_request, wait_until)
+from fbtest import (arun, cgroup_forkbox_dirs, connect, expect_closed, fc, host_mounts, http_get,
+                    http_raw, nspid_depth, pid_alive, upgrade_request, wait_until)
 
 T = 60
 SHUTDOWN = fc.encode_frame({"kind": "shutdown"})
@@ -20,39 +20,6 @@ REASON = "server shutting down"
 
 
 # ---- what a daemon leaves behind ---------------------------------------------
-
-def _cgroup_forkbox_dirs(pid: int) -> list[str]:
-    """<mount>/<pid's cgroup>/forkbox in every hierarchy pid is in (tools/soak)."""
-    mounts = []
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            pre, _, post = line.partition(" - ")
-            fstype, _, opts = (post.split() + ["", "", ""])[:3]
-            if fstype in ("cgroup", "cgroup2"):
-                mounts.append((fstype, pre.split()[4], set(opts.split(","))))
-    out = []
-    with open(f"/proc/{pid}/cgroup") as f:
-        for line in f:
-            _, ctrls, path = line.rstrip("\n").split(":", 2)
-            for fstype, mnt, opts in mounts:
-                if (not ctrls and fstype == "cgroup2") or (ctrls and set(ctrls.split(",")) <= opts):
-                    d = os.path.join(mnt, path.lstrip("/"), "forkbox")
-                    if d not in out:
-                        out.append(d)
-                    break
-    return out
-
-
-def _nspid_depth(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("NSpid:"):
-                    return len(line.split()) - 1
-    except OSError:
-        pass
-    return 0
-
 
 class Leftovers:
     """A snapshot of a running daemon's processes and turn cgroups (and the
@@ -62,13 +29,13 @@ class Leftovers:
     def __init__(self, d, mounts_before: set[str]):
         self.procs = d.descendants()
         fs = d.forkserver_pid()
-        placers = [p for p in self.procs if _nspid_depth(p) == 1 and p != fs]
+        placers = [p for p in self.procs if nspid_depth(p) == 1 and p != fs]
         self.cgroups = set()
-        for cg in _cgroup_forkbox_dirs(d.pid):
+        for cg in cgroup_forkbox_dirs(d.pid):
             for placer in placers:
-                self.cgroups |= set(glob.glob(os.path.join(cg, f"turn-{placer}-*")))
+                self.cgroups |= set(glob.glob(os.path.join(cg, f"turn-*-{placer}-*")))
         self.mounts_before = mounts_before
-        assert any(_nspid_depth(p) > 1 for p in self.procs), "no sandbox seen"
+        assert any(nspid_depth(p) > 1 for p in self.procs), "no sandbox seen"
 
     def check(self, timeout: float = 5.0) -> None:
         assert wait_until(lambda: not any(pid_alive(p) for p in self.procs), timeout), \
@@ -76,11 +43,6 @@ class Leftovers:
         assert wait_until(lambda: not any(os.path.exists(c) for c in self.cgroups), timeout), \
             [c for c in self.cgroups if os.path.exists(c)]
         assert host_mounts() - self.mounts_before == set()
-
-
-def host_mounts() -> set[str]:
-    with open("/proc/self/mountinfo") as f:
-        return {" ".join(line.split()[3:5]) for line in f}
 
 
 def ready(d) -> int:

@@ -22,6 +22,7 @@ import sys
 import pytest
 
 from fbtest import FORKBOXD, POLICY, ConnectionClosed, Daemon, arun, connect, wait_until
+from id_block import IdBlock
 
 T = 60
 BASE = [FORKBOXD, "--listen", "127.0.0.1:0", "--policy", POLICY]
@@ -150,10 +151,14 @@ def test_allow_no_cgroups_warns_and_runs_turns():
 
 
 def test_user_namespaces_off_refuses_to_start():
-    first, count = 2013265920, 16
+    ids = IdBlock()  # host ids of this test's own: the namespace maps its range onto them
+    first, count = ids.first, 16
     argv = [sys.executable, "-c", NO_USERNS, str(first), str(count), "off"] + BASE + [
         "--id-range", f"{first}:{count}", "--capacity", "2", "--pool", "0"]
-    status, lines = refused(argv)
+    try:
+        status, lines = refused(argv)
+    finally:
+        ids.release()
     assert_one_line(status, lines, "user namespaces are not available",
                     "No space left on device", "user.max_user_namespaces")
 
@@ -162,7 +167,8 @@ def test_user_namespace_probe_control():
     """The same user namespace with the limit left as it was: the probe passes
     (so the refusal above is the limit's doing). The daemon may stop later, at
     a step that needs host root, but not at the user namespace probe."""
-    first, count = 2013265920, 16
+    ids = IdBlock()
+    first, count = ids.first, 16
     argv = [sys.executable, "-c", NO_USERNS, str(first), str(count), "on"] + BASE + [
         "--id-range", f"{first}:{count}", "--capacity", "2", "--pool", "0", "--single-use"]
     p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -172,6 +178,8 @@ def test_user_namespace_probe_control():
     except subprocess.TimeoutExpired:
         os.killpg(p.pid, 9)
         _, err = p.communicate(timeout=10)
+    finally:
+        ids.release()
     assert b"user namespaces are not available" not in err, err
 
 
@@ -218,6 +226,9 @@ def test_placement_failing_later_fails_the_turn_closed():
             pytest.fail(f"the block ran: {r.stdout!r}")
         assert wait_until(lambda: "cgroup placement of" in d.stderr(), 10), d.stderr(3000)
         assert "ran without limits" not in d.stderr()
+        # Writable again before the stop, so that its turn cgroups go with it.
+        subprocess.run(["nsenter", "-t", str(d.pid), "-m", "umount", "/sys/fs/cgroup/pids"],
+                       check=True, timeout=10)
     finally:
         d.stop()
 

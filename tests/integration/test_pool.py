@@ -255,12 +255,12 @@ def _forkbox_cgroup_dirs(pid):
 
 
 def _turn_cgroups(dirs, placer):
-    """Every turn cgroup named turn-<placer pid>-* in those directories."""
+    """Every turn cgroup named turn-<first id>-<placer pid>-* in those directories."""
     found = []
     for base in dirs:
         try:
             found += [os.path.join(base, n) for n in os.listdir(base)
-                      if n.startswith(f"turn-{placer}-")]
+                      if re.fullmatch(rf"turn-\d+-{placer}-\d+", n)]
         except OSError:
             pass
     return found

@@ -13,8 +13,9 @@ import signal
 import threading
 import time
 
-from fbtest import (POLICY, Daemon, arun, connect, descendants, http_get, pid_alive, wait_until)
-from test_drain import Leftovers, _nspid_depth, host_mounts
+from fbtest import (POLICY, Daemon, arun, connect, descendants, host_mounts, http_get, nspid_depth,
+                    pid_alive, wait_until)
+from test_drain import Leftovers
 
 T = 60
 LOST = "sandbox lost: the fork server died"
@@ -66,7 +67,7 @@ def test_kill_9_of_the_fork_server_under_load(make_daemon):
         await asyncio.sleep(1.0)
         left = Leftovers(d, mounts)  # the old fork server, its placer, its sandboxes
         old_tree = descendants(old_fs) | {old_fs}
-        assert sum(1 for p in old_tree if _nspid_depth(p) > 1) >= 3
+        assert sum(1 for p in old_tree if nspid_depth(p) > 1) >= 3
         t_kill = time.monotonic()
         os.kill(old_fs, signal.SIGKILL)
         ends = []

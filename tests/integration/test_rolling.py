@@ -36,6 +36,7 @@ import pytest
 import websockets.exceptions
 
 from fbtest import SRCDIR, Daemon, fc, http_get, wait_until
+from id_block import IdBlock
 
 CFG = os.path.join(SRCDIR, "deploy", "haproxy", "forkbox.cfg")
 TOKEN = "rolling-test-token"
@@ -172,15 +173,16 @@ class Proxy:
                 self.proc.wait(5)
 
 
-ID_BASE, ID_COUNT = 2013265920, 65536  # forkboxd's default --id-range
+SLOT_IDS: dict[int, IdBlock] = {}
 
 
 def start_backend(port: int, slot: int) -> Daemon:
     """forkboxd number slot on port, ready (/ready 200). Daemons on one host
-    need disjoint --id-ranges: each slot has its own, which its successor reuses
-    (the old daemon has exited and reaped its sandboxes by then)."""
-    ids = f"{ID_BASE + slot * ID_COUNT}:{ID_COUNT}"
-    d = Daemon(BASE_ARGS + ["--listen", f"127.0.0.1:{port}", "--id-range", ids],
+    need disjoint --id-ranges (a second one on a range refuses to start): each
+    slot has a block of its own (tools/id_block.py), which its successor
+    reuses (the old daemon has exited and reaped its sandboxes by then)."""
+    ids = SLOT_IDS.setdefault(slot, IdBlock())
+    d = Daemon(BASE_ARGS + ["--listen", f"127.0.0.1:{port}", "--id-range", ids.arg()],
                listen=False, token=TOKEN).start()
     ok = wait_until(lambda: _ready(port), 30, 0.02)
     if not ok:

@@ -4,9 +4,11 @@ On sys.path by tests/pytest.ini, together with tools/ (forkbox_client.py, the
 host-like client this builds on) and tools/demo/.
 
 * Daemon: starts the real forkboxd (env FORKBOXD; it finds forkbox-sandbox in
-  the build tree itself) on an ephemeral port, parses the "listening on
-  127.0.0.1:PORT" line, drains its stderr, kills its whole process group at
-  teardown. descendants(), pid_alive(), wait_until() to watch its processes.
+  the build tree itself) on an ephemeral port and a block of host ids of its
+  own (tools/id_block.py: forkboxd locks its --id-range, and suites run in
+  parallel), parses the "listening on 127.0.0.1:PORT" line, drains its
+  stderr, kills its whole process group at teardown. descendants(),
+  pid_alive(), wait_until() to watch its processes.
 * Archives: make_targz(), EMPTY_TGZ, read_targz() (gzip pax tars as the host
   makes them, from tools/forkbox_client.py).
 * arun(): runs a coroutine with a hard timeout (no test may hang).
@@ -42,6 +44,7 @@ SANDBOX_PYTHON = "/usr/bin/python3.11"
 FORKSERVER_CMDLINE = b"forkboxd\0-I\0-B\0-X\0utf8\0-\0--internal-forkserver\0"  # its fixed argv
 
 import forkbox_client as fc  # noqa: E402  (tools/, on pythonpath by tests/pytest.ini)
+from id_block import IdBlock  # noqa: E402  (tools/)
 import websockets  # noqa: E402
 import websockets.exceptions  # noqa: E402
 from demo_tools import demo_tools  # noqa: E402,F401  (tools/demo/)
@@ -113,7 +116,9 @@ class Daemon:
     ``policy=False`` leaves out --policy policy/default.policy; ``wrap`` is a
     command that runs forkboxd (it must exec it, e.g. ``unshare -m ...``);
     ``stderr_path`` gives it that file as stderr instead of a pipe (as systemd
-    gives it the journal's stream), read back as it grows."""
+    gives it the journal's stream), read back as it grows. Unless ``args``
+    give an --id-range (or --no-isolation), it gets ``self.ids``, an IdBlock
+    held until stop()."""
 
     KEEP_LINES = 20000  # stderr lines kept (a flood test writes far more)
 
@@ -127,6 +132,7 @@ class Daemon:
         self.token = token
         self.stderr_path = stderr_path
         self.proc: subprocess.Popen | None = None
+        self.ids: IdBlock | None = None
         self.port: int | None = None
         self._lines: list[str] = []
         self._n_lines = 0  # every line ever read (_lines keeps only the last ones)
@@ -144,6 +150,10 @@ class Daemon:
         if self.policy and os.path.exists(POLICY):
             argv += ["--policy", POLICY]
         argv += self.args
+        if not self.ids and not {"--id-range", "--no-isolation"} & {a.split("=")[0] for a in self.args}:
+            self.ids = IdBlock()
+        if self.ids:
+            argv += ["--id-range", self.ids.arg()]
         env = {k: v for k, v in os.environ.items()
                if not k.startswith("ADK_CODE_MODE_") and k not in ("PORT", "PYTHONHOME", "PYTHONPATH")}
         if self.token is not None:
@@ -171,6 +181,7 @@ class Daemon:
                     self._reader.join(2)
                 if self._listening.is_set():
                     break
+                self.stop()  # gives its ids back
                 raise RuntimeError(f"forkboxd exited with status {self.proc.returncode}; "
                                    f"argv={argv}\nstderr:\n{self.stderr(4000)}")
             if time.monotonic() > deadline:
@@ -274,6 +285,9 @@ class Daemon:
             pass
         if self._reader:
             self._reader.join(2)
+        if self.ids and self.proc.poll() is not None:
+            self.ids.release()
+            self.ids = None
 
     def descendants(self) -> set[int]:
         return descendants(self.pid)
@@ -301,6 +315,34 @@ class Daemon:
         self.stop()
 
 
+class DaemonFactory:
+    """A suite's make_daemon fixture: make_daemon(args=[...], env={...}, **kw)
+    starts a dedicated daemon; stop_all() at teardown."""
+
+    def __init__(self):
+        self.started: list[Daemon] = []
+
+    def __call__(self, args=(), env=None, **kw) -> Daemon:
+        d = Daemon(list(args), env=env, **kw)
+        self.started.append(d)
+        return d.start()
+
+    def stop_all(self) -> None:
+        for d in self.started:
+            d.stop()
+
+
+def stderr_sections(funcargs: dict) -> list[tuple[str, str]]:
+    """The stderr of a failed test's daemons (its `daemon` and `make_daemon`
+    fixtures), as report sections: it usually names the cause."""
+    daemons = []
+    if isinstance(funcargs.get("daemon"), Daemon):
+        daemons.append(funcargs["daemon"])
+    if isinstance(funcargs.get("make_daemon"), DaemonFactory):
+        daemons += funcargs["make_daemon"].started
+    return [(f"forkboxd stderr #{i} {d.args}", d.stderr()[-6000:]) for i, d in enumerate(daemons)]
+
+
 def children(pid: int) -> list[int]:
     """The live children of pid (those of all its threads), via /proc/<pid>/task/*/children."""
     out = []
@@ -326,6 +368,53 @@ def descendants(pid: int) -> set[int]:
             if k not in out:
                 out.add(k)
                 todo.append(k)
+    return out
+
+
+def nspid_depth(pid: int) -> int:
+    """How many pid namespaces pid is in (1: ours; a sandbox's are deeper)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("NSpid:"):
+                    return len(line.split()) - 1
+    except OSError:
+        pass
+    return 0
+
+
+def host_mounts() -> set[str]:
+    """Our mount namespace's mounts (root and mount point of each)."""
+    with open("/proc/self/mountinfo") as f:
+        return {" ".join(line.split()[3:5]) for line in f}
+
+
+def cgroup_mounts() -> list[tuple[str, str, set[str]]]:
+    """(fstype, mount point, options) of every cgroup hierarchy here."""
+    out = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            pre, _, post = line.partition(" - ")
+            fstype, _, opts = (post.split() + ["", "", ""])[:3]
+            if fstype in ("cgroup", "cgroup2"):
+                out.append((fstype, pre.split()[4], set(opts.split(","))))
+    return out
+
+
+def cgroup_forkbox_dirs(pid: int) -> list[str]:
+    """<mount>/<pid's cgroup>/forkbox in every hierarchy pid is in: where a
+    daemon's turn cgroups are (tools/soak)."""
+    mounts = cgroup_mounts()
+    out = []
+    with open(f"/proc/{pid}/cgroup") as f:
+        for line in f:
+            _, ctrls, path = line.rstrip("\n").split(":", 2)
+            for fstype, mnt, opts in mounts:
+                if (not ctrls and fstype == "cgroup2") or (ctrls and set(ctrls.split(",")) <= opts):
+                    d = os.path.join(mnt, path.lstrip("/"), "forkbox")
+                    if d not in out:
+                        out.append(d)
+                    break
     return out
 
 

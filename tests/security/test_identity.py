@@ -23,7 +23,6 @@ import asyncio
 import fcntl
 import os
 import pwd
-import random
 import re
 import subprocess
 import sys
@@ -32,14 +31,15 @@ import textwrap
 import pytest
 
 import sbx
+from id_block import IdBlock
 
 NS_GET_OWNER_UID = 0xB704  # _IO(0xb7, 0x4), linux/nsfs.h
 
-# A range of this module's own, inside the unused block the default is taken
-# from, so that daemons of other suites running meanwhile never hand out the
-# same ids (they would share quotas, which some cases here exhaust).
-ID_FIRST = 0x7A000000 + random.randrange(0, 1024) * 4096
-ID_COUNT = 4096
+# A block of ids of this module's own while it runs (tools/id_block.py), so
+# that daemons of other suites running meanwhile never hand out the same ids
+# (they would share quotas, which some cases here exhaust).
+IDS = IdBlock()
+ID_FIRST, ID_COUNT = IDS.first, IDS.count
 POOL = 2
 ARGS = ["--capacity", "8", "--pool", str(POOL), "--block-timeout", "60", "--turn-timeout", "180",
         "--id-range", f"{ID_FIRST}:{ID_COUNT}"]

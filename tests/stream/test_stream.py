@@ -673,11 +673,25 @@ def _sandbox_uids(root_pid):
     return uids
 
 
+def _pairs_held() -> dict[int, int]:
+    """The pairs of ids forkbox sandboxes hold (record locks on
+    /run/forkbox/id-pairs, src/sandbox/idlock.h): first id -> holder's pid."""
+    st = os.stat("/run/forkbox/id-pairs")
+    me = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    held = {}
+    with open("/proc/locks") as fh:
+        for line in fh:
+            f = line.split()  # 1: POSIX ADVISORY WRITE <pid> <maj:min:ino> <start> <end>
+            if len(f) >= 8 and f[1] == "POSIX" and f[3] == "WRITE" and f[5] == me:
+                held[int(f[6])] = int(f[4])
+    return held
+
+
 def test_concurrent_sandboxes_never_share_a_uid(tmp_path):
-    """Each forkbox sandbox leases a pair of ids (flock under
-    /run/forkbox/sandbox-ids) from a default range next to forkboxd's, so
-    sandboxes running at once never share kernel accounting by uid, nor with
-    a forkboxd on its default range; the lease goes when the sandbox does."""
+    """Each forkbox sandbox locks a pair of ids (in /run/forkbox/id-pairs) from
+    a default range next to forkboxd's, so sandboxes running at once never
+    share kernel accounting by uid, nor with a forkboxd on its default range;
+    the lock goes when the sandbox does."""
     boxes = []
     try:
         for i in range(4):
@@ -693,15 +707,15 @@ def test_concurrent_sandboxes_never_share_a_uid(tmp_path):
             assert 2013331456 <= uid < 2013331456 + 65536, uid  # not forkboxd's default range
             for other in uids[:i]:
                 assert u.isdisjoint(other), uids
-        leases = set(os.listdir("/run/forkbox/sandbox-ids"))
-        for (uid,) in uids:
-            assert str(uid - uid % 2) in leases, (uid, leases)
+        held = _pairs_held()
+        for s, (uid,) in zip(boxes, uids):
+            assert held.get(uid - uid % 2) == s.proc.pid, (uid, s.proc.pid, held)
         for s in boxes:
             s.send({"kind": "shutdown"})
             assert s.wait() == 0
-        left = set(os.listdir("/run/forkbox/sandbox-ids"))
+        held = _pairs_held()
         for (uid,) in uids:
-            assert str(uid - uid % 2) not in left, (uid, left)
+            assert uid - uid % 2 not in held, (uid, held)
     finally:
         for s in boxes:
             s.close()
@@ -759,6 +773,6 @@ def test_memory_limit_ends_the_sandbox(tmp_path):
         s.send({"code": "b = bytearray(400 * 1024 * 1024)\nprint('survived')", "kind": "run"})
         assert s.recv() is None  # no done: the sandbox is gone
         assert s.wait() == 1
-        assert "out of memory (--memory 134217728)" in s.stderr(), s.stderr()
+        assert "out of memory: the sandbox was killed at its memory limit (128 MiB)" in s.stderr(), s.stderr()
     finally:
         s.close()

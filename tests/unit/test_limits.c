@@ -5,10 +5,11 @@
  * EFBIG at the tmpfs size and a low nofile.
  * cgroups (needs root and a v1/v2 memory controller): a child over a tiny
  * memory limit is OOM-killed; pids.max stops a fork bomb; released cgroups
- * are reused, leftovers of an earlier daemon handled, the CPU weight
- * follows the turns served; with --cpu-share tenant a serving sandbox's
- * tasks move under its tenant's cgroup, limited, and leave no directory
- * behind. Skipped otherwise. */
+ * are reused, leftovers of an earlier daemon handled (its placer's pid
+ * ours now; or an earlier daemon's on our id range), the CPU weight follows
+ * the turns served; with --cpu-share tenant a serving sandbox's tasks move
+ * under its tenant's cgroup, limited, and leave no directory behind.
+ * Skipped otherwise. */
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -29,43 +30,59 @@
 #include "sandbox/rlimits.h"
 #include "tap.h"
 
-/* Turn cgroups are named turn-<placer pid>-<n>. A daemon killed earlier may
- * have left such directories behind under a pid we now have: an empty one is
- * replaced, a busy one skipped (v1 memory hierarchy, as on this host). */
-static void test_cgroup_leftovers(struct sbx_cgroups *cg, const struct config *cfg)
+/* The turn cgroups' parent in the v1 memory hierarchy (as on this host), made
+ * if missing: false if there is none. */
+static bool memory_parent(char *base, size_t len)
 {
-    char line[4096], base[4096] = "";
+    char line[4096];
+    base[0] = '\0';
     FILE *f = fopen("/proc/self/cgroup", "re");
     while (f && fgets(line, sizeof line, f)) {
         char *ctl = strchr(line, ':'), *path = ctl ? strchr(ctl + 1, ':') : NULL;
         if (path && strncmp(ctl + 1, "memory:", 7) == 0) {
             path[strcspn(path, "\n")] = '\0';
-            snprintf(base, sizeof base, "/sys/fs/cgroup/memory%s/forkbox", path + 1);
+            snprintf(base, len, "/sys/fs/cgroup/memory%s/forkbox", path + 1);
         }
     }
     if (f)
         fclose(f);
-    struct stat stt;
-    if (!base[0] || stat(base, &stt) < 0) {
-        printf("ok %d - # SKIP no v1 memory hierarchy for the leftover test\n", ++tap_n);
-        return;
-    }
-    char empty[4200], busy[4200], procs[4300];
-    snprintf(empty, sizeof empty, "%s/turn-%d-1", base, (int)getpid());
-    snprintf(busy, sizeof busy, "%s/turn-%d-2", base, (int)getpid());
-    snprintf(procs, sizeof procs, "%s/cgroup.procs", busy);
-    mkdir(empty, 0755);
-    mkdir(busy, 0755);
-    pid_t sleeper = fork();
-    if (sleeper == 0) {
+    return base[0] && (mkdir(base, 0755) == 0 || errno == EEXIST);
+}
+
+/* A child in cgroup dir (cgroup.procs), waiting to be killed. */
+static pid_t sleeper_in(const char *dir)
+{
+    char procs[4300];
+    snprintf(procs, sizeof procs, "%s/cgroup.procs", dir);
+    pid_t pid = fork();
+    if (pid == 0) {
         pause();
         _exit(0);
     }
     FILE *pf = fopen(procs, "we");
     if (pf) {
-        fprintf(pf, "%d", (int)sleeper);
+        fprintf(pf, "%d", (int)pid);
         fclose(pf);
     }
+    return pid;
+}
+
+/* Turn cgroups are named turn-<first id>-<placer pid>-<n>. A daemon killed
+ * earlier may have left such directories behind under a pid we now have: an
+ * empty one is replaced, a busy one skipped (v1 memory hierarchy). */
+static void test_cgroup_leftovers(struct sbx_cgroups *cg, const struct config *cfg)
+{
+    char base[4096];
+    if (!memory_parent(base, sizeof base)) {
+        printf("ok %d - # SKIP no v1 memory hierarchy for the leftover test\n", ++tap_n);
+        return;
+    }
+    char empty[4200], busy[4200];
+    snprintf(empty, sizeof empty, "%s/turn-%u-%d-1", base, cfg->id_first, (int)getpid());
+    snprintf(busy, sizeof busy, "%s/turn-%u-%d-2", base, cfg->id_first, (int)getpid());
+    mkdir(empty, 0755);
+    mkdir(busy, 0755);
+    pid_t sleeper = sleeper_in(busy);
     pid_t turn[2];
     char want[4300];
     for (int i = 0; i < 2; i++) {
@@ -76,9 +93,11 @@ static void test_cgroup_leftovers(struct sbx_cgroups *cg, const struct config *c
         }
         is_int(cgroups_attach(cg, turn[i], cfg), 0, "attach %d next to leftovers", i + 1);
     }
-    snprintf(want, sizeof want, "%s/turn-%d-1/cgroup.procs", base, (int)getpid());
+    snprintf(want, sizeof want, "%s/turn-%u-%d-1/cgroup.procs", base, cfg->id_first,
+             (int)getpid());
     ok(access(want, F_OK) == 0, "an empty leftover of the same name is replaced");
-    snprintf(want, sizeof want, "%s/turn-%d-3/cgroup.procs", base, (int)getpid());
+    snprintf(want, sizeof want, "%s/turn-%u-%d-3/cgroup.procs", base, cfg->id_first,
+             (int)getpid());
     ok(access(want, F_OK) == 0, "a busy leftover is skipped (the next number is used)");
     for (int i = 0; i < 2; i++) {
         kill(turn[i], SIGKILL);
@@ -347,11 +366,40 @@ static void test_cgroups(void)
     /* First, with its own helper state: both name turn cgroups by our pid
      * from 1 on, and the later one's would replace the earlier's spares. */
     test_tenant_cpu();
+    /* A first id of this run's own: turn cgroups are named after it. */
     struct config cfg = { .memory_max = 32 << 20, .pids_max = 16, .cpu_millis = 500,
-                          .tmpfs_size = 512 << 20, .isolate = true };
+                          .tmpfs_size = 512 << 20, .isolate = true, .ids_locked = true,
+                          .id_first = 3000000000u + (uint32_t)getpid() };
     struct sbx_cgroups *cg = NULL;
     char err[1024] = "";
+    char base[4096], stale[3][4200];
+    pid_t busy = -1;
+    if (memory_parent(base, sizeof base)) {
+        /* An earlier daemon on our range left an empty turn cgroup and a busy
+         * one; another daemon's is there too. */
+        snprintf(stale[0], sizeof stale[0], "%s/turn-%u-1-1", base, cfg.id_first);
+        snprintf(stale[1], sizeof stale[1], "%s/turn-%u-1-2", base, cfg.id_first);
+        snprintf(stale[2], sizeof stale[2], "%s/turn-%u-1-1", base, cfg.id_first + 1);
+        for (int i = 0; i < 3; i++)
+            mkdir(stale[i], 0755);
+        busy = sleeper_in(stale[1]);
+    }
     is_int(cgroups_init(&cfg, &cg, err, sizeof err), 0, "cgroups probed %s", err);
+    if (busy > 0) {
+        ok(access(stale[0], F_OK) < 0 && errno == ENOENT,
+           "an earlier daemon's empty turn cgroup on our range is removed at start");
+        ok(access(stale[2], F_OK) == 0, "another range's is left alone");
+        is_int((int)cgroups_retry(cg), 1, "its busy one waits");
+        kill(busy, SIGKILL);
+        waitpid(busy, NULL, 0);
+        size_t left = 1;
+        for (int i = 0; i < 100 && left; i++) {
+            usleep(10000);
+            left = cgroups_retry(cg);
+        }
+        ok(left == 0 && access(stale[1], F_OK) < 0, "and is removed once its task is gone");
+        rmdir(stale[2]);
+    }
     test_cgroup_leftovers(cg, &cfg);
     test_cpu_weight(cg, &cfg);
 

@@ -422,6 +422,17 @@ static void expect_close(struct pair *p, uint16_t code, const char *what)
     free(f.payload);
 }
 
+/* Our close is out: the connection waits for the client's (RFC 6455
+ * 7.1.1), which ends it. */
+static void finish_handshake(struct pair *p, const char *what)
+{
+    ok(!ws_conn_finished(p->c) && ws_conn_want_read(p->c), "%s: waits for the client's close",
+       what);
+    send_frame(p, true, 0x8, "\x03\xe8", 2);
+    is_int(pump(p), -ESHUTDOWN, "%s: the client's close ends it", what);
+    ok(ws_conn_finished(p->c), "%s: finished", what);
+}
+
 static void test_invalid_utf8(void)
 {
     static const struct {
@@ -440,10 +451,11 @@ static void test_invalid_utf8(void)
         send_frame(&p, true, 0x1, bad[i].s, bad[i].n);
         /* A message queued after the bad one must never be delivered. */
         send_frame(&p, true, 0x1, "after", 5);
-        int ret = pump(&p);
-        ok(ret < 0 && ws_conn_finished(p.c), "invalid UTF-8 (%s): finished", bad[i].what);
+        is_int(pump(&p), 0, "invalid UTF-8 (%s): closing", bad[i].what);
+        is_int(ws_conn_refused(p.c), -EPROTO, "invalid UTF-8 (%s): -EPROTO", bad[i].what);
         is_int(p.rec.ntext, 0, "invalid UTF-8 (%s): nothing delivered", bad[i].what);
         expect_close(&p, 1007, bad[i].what);
+        finish_handshake(&p, bad[i].what);
         pair_close(&p);
     }
 
@@ -468,10 +480,11 @@ static void test_too_large(void)
     pump(&p);
     is_int(p.rec.ntext, 1, "exactly max_msg is accepted");
     send_frame(&p, true, 0x1, big, 1001);
-    int ret = pump(&p);
-    ok(ret < 0 && ws_conn_finished(p.c), "max_msg + 1: finished");
+    pump(&p);
+    is_int(ws_conn_refused(p.c), -EMSGSIZE, "max_msg + 1: -EMSGSIZE");
     is_int(p.rec.ntext, 1, "max_msg + 1: not delivered");
     expect_close(&p, 1009, "one frame over the limit");
+    finish_handshake(&p, "max_msg + 1");
     pair_close(&p);
 
     /* Over the limit only in total, across fragments. */
@@ -547,11 +560,11 @@ static void test_server_close_and_send(void)
     reason[199] = '\0';
     is_int(ws_conn_close(p.c, 1011, reason), 0, "close queued");
     ok(ws_conn_send_text(p.c, (const uint8_t *)"late", 4) < 0, "send after close fails");
-    ok(!ws_conn_want_read(p.c), "no reading after our close");
-    ok(pump(&p) < 0 && ws_conn_finished(p.c), "finished once our close is written");
+    is_int(pump(&p), 0, "our close written");
     ok(read_frame(&p, &f) && f.opcode == 0x8 && close_code(&f) == 1011 && f.len == 2 + 121,
        "close 1011 with the reason cut before the split character");
     free(f.payload);
+    finish_handshake(&p, "our close");
     pair_close(&p);
 }
 
@@ -563,7 +576,7 @@ static void test_close_from_handler(void)
     send_frame(&p, true, 0x1, "first", 5);
     send_frame(&p, true, 0x1, "second", 6);
     send_frame(&p, true, 0x2, "third", 5);
-    ok(pump(&p) < 0 && ws_conn_finished(p.c), "handler close: finished once written");
+    is_int(pump(&p), 0, "handler close: written");
     is_int(p.rec.ntext, 1, "handler close: later text not delivered");
     is_int(p.rec.nbin, 0, "handler close: later binary not delivered");
     struct sframe f;
@@ -571,6 +584,8 @@ static void test_close_from_handler(void)
            memcmp(f.payload + 2, "bad frame", 9) == 0,
        "handler close: 1011 with its reason");
     free(f.payload);
+    finish_handshake(&p, "handler close");
+    is_int(p.rec.ntext, 1, "handler close: nothing delivered while closing");
     pair_close(&p);
 }
 
@@ -651,9 +666,11 @@ static void test_eof_and_protocol_errors(void)
     uint8_t buf[32];
     size_t n = frame(buf, true, 0x1, "hi", 2, false);
     client_write(&p, buf, n);
-    ok(pump(&p) < 0, "unmasked frame: finished");
+    pump(&p);
+    is_int(ws_conn_refused(p.c), -EPROTO, "unmasked frame: -EPROTO");
     is_int(p.rec.ntext, 0, "unmasked frame: not delivered");
     expect_close(&p, 1002, "unmasked frame");
+    finish_handshake(&p, "unmasked frame");
     pair_close(&p);
 
     /* Reserved bits set without an extension: 1002. */
@@ -677,11 +694,16 @@ static void test_eof_and_protocol_errors(void)
     pair_open(&p, 1 << 20, NULL, 0);
     uint8_t big[200] = {0};
     send_frame(&p, true, 0x9, big, 126);
-    ok(pump(&p) == -EPROTO && ws_conn_finished(p.c), "oversized ping: -EPROTO, finished");
+    pump(&p);
+    is_int(ws_conn_refused(p.c), -EPROTO, "oversized ping: -EPROTO");
     struct sframe f;
-    ok(read_frame(&p, &f) && f.opcode == 0x8, "oversized ping: a close frame was attempted");
+    ok(read_frame(&p, &f) && f.opcode == 0x8, "oversized ping: a close frame was sent");
     free(f.payload);
     ok(client_sees_eof_or_nothing(&p), "oversized ping: no pong");
+    /* The client's EOF ends the handshake too. */
+    shutdown(p.client, SHUT_WR);
+    is_int(pump(&p), -ECONNRESET, "oversized ping: the client's EOF ends it");
+    ok(ws_conn_finished(p.c), "oversized ping: finished");
     pair_close(&p);
 }
 
@@ -744,9 +766,16 @@ static void test_protocol_errors_1002(void)
         send_frame(&p, true, 0x1, "ok", 2);
         client_write(&p, t[i].b, t[i].n);
         int r = pump(&p);
-        is_int(r, -EPROTO, "%s: -EPROTO", t[i].what);
+        is_int(ws_conn_refused(p.c), -EPROTO, "%s: -EPROTO", t[i].what);
+        /* A refused close frame is the client's close all the same. */
+        is_int(r, i == 2 ? -ESHUTDOWN : 0, "%s: %s", t[i].what,
+               i == 2 ? "over once ours is out" : "closing");
         is_int(p.rec.ntext, 1, "%s: the message before it delivered", t[i].what);
         expect_close(&p, 1002, t[i].what);
+        if (i != 2) { /* the frames' payloads never come: the client's EOF ends it */
+            shutdown(p.client, SHUT_WR);
+            is_int(pump(&p), -ECONNRESET, "%s: the client's EOF ends it", t[i].what);
+        }
         pair_close(&p);
     }
     /* The same bytes as one-byte writes: the header is checked whole. */
@@ -769,8 +798,15 @@ static void test_limit_at_header(void)
     /* 4096 bytes announced, one sent */
     uint8_t hdr[9] = {0x82, 0xfe, 0x10, 0x00, 1, 2, 3, 4, 'z'};
     client_write(&p, hdr, sizeof hdr);
-    is_int(pump(&p), -EMSGSIZE, "refused at the header: -EMSGSIZE");
+    pump(&p);
+    is_int(ws_conn_refused(p.c), -EMSGSIZE, "refused at the header: -EMSGSIZE");
     expect_close(&p, 1009, "announced over the limit");
+    /* The client goes on sending the message it announced, then its close:
+     * the rest is read and discarded, and the close found after it. */
+    uint8_t rest[4095];
+    memset(rest, 'z', sizeof rest);
+    client_write(&p, rest, sizeof rest);
+    finish_handshake(&p, "announced over the limit");
     pair_close(&p);
 }
 
@@ -813,8 +849,10 @@ static void test_budget_refusals(void)
     pump(&p);
     ok(p.rec.nbin == 1 && turn.used == 0, "within the budget: delivered and given back");
     send_frame(&p, true, 0x2, big, 2500);
-    is_int(pump(&p), -EMSGSIZE, "over the turn's budget: -EMSGSIZE");
+    pump(&p);
+    is_int(ws_conn_refused(p.c), -EMSGSIZE, "over the turn's budget: -EMSGSIZE");
     expect_close(&p, 1009, "over the turn's budget");
+    finish_handshake(&p, "over the turn's budget");
     pair_close(&p);
 
     all.used = 2000; /* other turns hold most of the daemon's */
@@ -822,8 +860,10 @@ static void test_budget_refusals(void)
     ws_conn_free(p.c);
     p.c = ws_conn_new(p.server, &turn, NULL, 0, &handlers, &p.rec);
     send_frame(&p, true, 0x2, big, 1500);
-    is_int(pump(&p), -ENOSPC, "over the daemon's budget: -ENOSPC");
+    pump(&p);
+    is_int(ws_conn_refused(p.c), -ENOSPC, "over the daemon's budget: -ENOSPC");
     expect_close(&p, 1013, "daemon budget exhausted: try again later");
+    finish_handshake(&p, "over the daemon's budget");
     pair_close(&p);
 }
 
@@ -887,13 +927,90 @@ static void test_close_reason_utf8(void)
     client_write(&p, buf, n - 4); /* the header and the code's first byte */
     pump(&p);
     client_write(&p, buf + n - 4, 4);
-    is_int(pump(&p), -EPROTO, "bad close reason in two pieces: -EPROTO");
+    is_int(pump(&p), -ESHUTDOWN, "bad close reason in two pieces: over once ours is out");
+    is_int(ws_conn_refused(p.c), -EPROTO, "bad close reason in two pieces: -EPROTO");
     expect_close(&p, 1007, "bad close reason in two pieces");
     pair_close(&p);
 }
 
+/* Write n bytes from the client while the server side runs (the socket
+ * buffers hold less than a pipelined message). -ESHUTDOWN, -ECONNRESET: the
+ * server finished before all of it was written (then the rest is not). */
+static int client_write_pumping(struct pair *p, const uint8_t *b, size_t n)
+{
+    fcntl(p->client, F_SETFL, fcntl(p->client, F_GETFL) | O_NONBLOCK);
+    int r = 0;
+    for (int spins = 0; n > 0 && r == 0 && spins < 100000; spins++) {
+        ssize_t w = write(p->client, b, n);
+        if (w > 0) {
+            b += w;
+            n -= (size_t)w;
+        }
+        r = pump(p);
+    }
+    fcntl(p->client, F_SETFL, fcntl(p->client, F_GETFL) & ~O_NONBLOCK);
+    return r;
+}
+
+/* RFC 6455 7.1.1, what a host that pipelines sees: the server closes while
+ * a message is on its way (its header refused), and the client sends the
+ * whole message before it gets to its own close. The rest of that message
+ * is read and discarded, however large (it is bounded by the 256 MiB a
+ * message may have), and the close after it ends the connection: nothing
+ * is left unread for a reset to throw our close away. */
+static void test_close_while_client_sends(void)
+{
+    enum { BIG = 3 * WS_CLOSE_DRAIN_BYTES };
+    struct pair p;
+    pair_open(&p, 1000, NULL, 0);
+    uint8_t *wire = malloc(BIG + 14);
+    uint8_t *big = calloc(1, BIG);
+    size_t n = frame(wire, true, 0x2, big, BIG, true);
+    client_write(&p, wire, 14); /* the header: refused at once */
+    pump(&p);
+    is_int(ws_conn_refused(p.c), -EMSGSIZE, "pipelined: refused at its header");
+    expect_close(&p, 1009, "pipelined");
+    is_int(client_write_pumping(&p, wire + 14, n - 14), 0, "pipelined: all of it read");
+    finish_handshake(&p, "pipelined");
+    pair_close(&p);
+
+    /* Past the frame being received, at most WS_CLOSE_DRAIN_BYTES more are
+     * discarded: a client that never sends its close is cut off. */
+    pair_open(&p, 1 << 20, NULL, 0);
+    ws_conn_close(p.c, 1000, "bye");
+    pump(&p);
+    expect_close(&p, 1000, "budget");
+    n = frame(wire, true, 0x2, big, 4096, true);
+    int r = 0;
+    size_t sent = 0;
+    while (r == 0 && sent < 2 * WS_CLOSE_DRAIN_BYTES) {
+        r = client_write_pumping(&p, wire, n);
+        sent += n;
+    }
+    is_int(r, -ESHUTDOWN, "budget: over after the drain budget");
+    ok(sent > WS_CLOSE_DRAIN_BYTES && sent <= WS_CLOSE_DRAIN_BYTES + 4 * n,
+       "budget: %zu bytes read after the close", sent);
+    pair_close(&p);
+
+    /* After a frame that cannot be followed, a close frame in the bytes
+     * after it still ends the connection. */
+    pair_open(&p, 1 << 20, NULL, 0);
+    n = frame(wire, true, 0x1, "hi", 2, true);
+    wire[0] |= 0x20; /* RSV2 */
+    client_write(&p, wire, n);
+    pump(&p);
+    expect_close(&p, 1002, "after a bad frame");
+    send_frame(&p, true, 0x2, big, 100); /* not delivered */
+    finish_handshake(&p, "after a bad frame");
+    is_int(p.rec.nbin, 0, "after a bad frame: nothing delivered");
+    pair_close(&p);
+    free(wire);
+    free(big);
+}
+
 int main(void)
 {
+    test_close_while_client_sends();
     test_protocol_errors_1002();
     test_close_reason_utf8();
     test_limit_at_header();

@@ -1,14 +1,57 @@
 /* forkbox-bench: running one server configuration: forkboxd (plain, --pool 8, --preload
  * numpy,pandas; isolated or not) or the baseline, and which measurements run on it, into which
  * column. Runs in the forkbox-bench process. */
+#include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "bench.h"
 
 #define POOL_GAP_MS 20 /* between pooled turns, so that the pool refills: 8 x ~2 ms spawns */
+
+/* "--id-range=F:C": host ids of this bench run's own, as tools/id_block.py
+ * takes them (N blocks in a row, aligned to N, flock on
+ * /run/forkbox/test-ids/<first> of each, held until we exit): forkboxd locks
+ * its range, and other test runs on this machine have theirs. The servers run
+ * one after another and share them: 16384 ids, for --capacity 4096. */
+static const char *id_range_arg(void)
+{
+    enum { FIRST = 0x7A000000, BLOCK = 4096, BLOCKS = 1024, N = 4 };
+    static char arg[48];
+    if (arg[0])
+        return arg;
+    mkdir("/run/forkbox", 0755);
+    mkdir("/run/forkbox/test-ids", 0700);
+    unsigned start = (unsigned)getpid();
+    for (unsigned i = 0; i < BLOCKS / N; i++) {
+        unsigned first = FIRST + (start + i) % (BLOCKS / N) * N * BLOCK;
+        int fds[N], k;
+        for (k = 0; k < N; k++) {
+            char path[64];
+            snprintf(path, sizeof path, "/run/forkbox/test-ids/%u", first + k * BLOCK);
+            fds[k] = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+            if (fds[k] < 0 || flock(fds[k], LOCK_EX | LOCK_NB) < 0) {
+                if (fds[k] >= 0)
+                    close(fds[k]);
+                break;
+            }
+        }
+        if (k == N) {
+            snprintf(arg, sizeof arg, "--id-range=%u:%u", first, (unsigned)(N * BLOCK));
+            return arg; /* the fds stay open: the blocks are ours */
+        }
+        while (k-- > 0)
+            close(fds[k]);
+    }
+    fprintf(stderr, "forkbox-bench: no %d blocks of test ids in a row free in "
+                    "/run/forkbox/test-ids\n", N);
+    exit(1);
+}
 
 static int start_forkboxd(struct server *s, const char *name, const char *daemon, bool iso,
                           const char *extra1, const char *extra2, unsigned capacity, char *why,
@@ -16,7 +59,7 @@ static int start_forkboxd(struct server *s, const char *name, const char *daemon
 {
     char cap[32];
     snprintf(cap, sizeof cap, "--capacity=%u", capacity);
-    char *argv[12];
+    char *argv[13];
     size_t n = 0;
     argv[n++] = (char *)daemon;
     argv[n++] = "--listen=127.0.0.1:0";
@@ -24,6 +67,8 @@ static int start_forkboxd(struct server *s, const char *name, const char *daemon
     argv[n++] = cap;
     if (!iso)
         argv[n++] = "--no-isolation";
+    else
+        argv[n++] = (char *)id_range_arg();
     if (extra1)
         argv[n++] = (char *)extra1;
     if (extra2)
