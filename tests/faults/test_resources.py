@@ -6,9 +6,9 @@ and the daemon recovers once the resource is back.
 
 The OOM case: a turn killed for the daemon-wide memory cgroup's limit was
 reported as "killed at its memory limit (1024 MiB)", the turn's, not the one
-that was hit. The fd limit and the stalled log reader are issue 25's (another
-engineer's fix): those cases assert the right outcome and are marked xfail
-where this branch does not have it yet.
+that was hit. A stalled log reader froze the daemon (a blocking write(2) on
+its stderr, issue 25). The fd limit is the rest of issue 25: its case asserts
+the right outcome and is marked xfail until that lands.
 """
 
 import asyncio
@@ -111,8 +111,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.xfail(strict=False, reason="issue 25 (stalled log reader): the supervisor blocks "
-                   "in write(2) on its stderr")
 def test_stalled_log_reader(tmp_path):
     """forkboxd's stderr a pipe (4 KiB) that its reader stops reading, with
     debug logging: turns keep running (the daemon must not block on its
