@@ -594,7 +594,7 @@ static int make_turn_dir(const struct sbx_cgroups *cg, int c, const char *dir)
  * turn cgroup a child of the sandboxes' parent, a tenant with ten busy turns
  * had ten shares to another's one. Per tenant, the helper moves a sandbox
  * that starts serving one level down, into
- *     <parent>/tenant-<helper pid>-<tenant>/turn-<helper pid>-<seq>
+ *     <parent>/tenant-<first id>-<helper pid>-<tenant>/turn-<first id>-<helper pid>-<seq>
  * of the hierarchy with the cpu controller. Tenants' cgroups keep the
  * default weight: every tenant with a busy turn weighs alike, and its busy
  * turns share its part (an idle turn takes nothing). On v1 only the cpu
@@ -611,14 +611,16 @@ static int make_turn_dir(const struct sbx_cgroups *cg, int c, const char *dir)
 
 static void tenant_dir(const struct sbx_cgroups *cg, uint32_t tenant, char *out, size_t len)
 {
-    snprintf(out, len, "%s/tenant-%d-%u", cg->dir[CG_CPU], (int)getpid(), (unsigned)tenant);
+    snprintf(out, len, "%s/" CG_TENANT_PREFIX "%u-%d-%u", cg->dir[CG_CPU], cg->id_first,
+             (int)getpid(), (unsigned)tenant);
 }
 
 static void tenant_turn_dir(const struct sbx_cgroups *cg, const struct cg_turn *t, char *out,
                             size_t len)
 {
-    snprintf(out, len, "%s/tenant-%d-%u/turn-%d-%llu", cg->dir[CG_CPU], (int)getpid(),
-             (unsigned)t->tenant, (int)getpid(), (unsigned long long)t->seq);
+    snprintf(out, len, "%s/" CG_TENANT_PREFIX "%u-%d-%u/" CG_TURN_PREFIX "%u-%d-%llu",
+             cg->dir[CG_CPU], cg->id_first, (int)getpid(), (unsigned)t->tenant, cg->id_first,
+             (int)getpid(), (unsigned long long)t->seq);
 }
 
 /* Remove t's turn directory under its tenant; -EBUSY while a task of it is
@@ -1129,7 +1131,7 @@ static void tenant_dirs_remove(const struct sbx_cgroups *cg)
     DIR *d = cg->per_tenant ? opendir(cg->dir[CG_CPU]) : NULL;
     if (!d)
         return;
-    snprintf(prefix, sizeof prefix, "tenant-%d-", (int)getpid());
+    snprintf(prefix, sizeof prefix, CG_TENANT_PREFIX "%u-%d-", cg->id_first, (int)getpid());
     for (struct dirent *e; (e = readdir(d));) {
         if (strncmp(e->d_name, prefix, strlen(prefix)) != 0)
             continue;

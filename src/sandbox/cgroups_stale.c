@@ -14,11 +14,12 @@
 
 #include "core/log.h"
 
-/* name is CG_TURN_PREFIX "<id_first>-<pid>-<n>", all of it. */
-static bool ours(const char *name, uint32_t id_first)
+/* name is kind "<id_first>-<pid>-<n>", all of it (kind: CG_TURN_PREFIX or
+ * CG_TENANT_PREFIX). */
+static bool ours(const char *name, const char *kind, uint32_t id_first)
 {
     char prefix[32];
-    int n = snprintf(prefix, sizeof prefix, CG_TURN_PREFIX "%" PRIu32 "-", id_first);
+    int n = snprintf(prefix, sizeof prefix, "%s%" PRIu32 "-", kind, id_first);
     if (strncmp(name, prefix, (size_t)n) != 0)
         return false;
     const char *p = name + n;
@@ -56,9 +57,12 @@ void cg_stale_scan(struct cg_stale *st, const char *parent, uint32_t id_first)
     struct dirent *e;
     while ((e = readdir(d))) {
         char path[PATH_MAX];
-        if (e->d_type != DT_DIR || !ours(e->d_name, id_first) ||
+        bool tenant = ours(e->d_name, CG_TENANT_PREFIX, id_first);
+        if (e->d_type != DT_DIR || (!tenant && !ours(e->d_name, CG_TURN_PREFIX, id_first)) ||
             snprintf(path, sizeof path, "%s/%s", parent, e->d_name) >= (int)sizeof path)
             continue;
+        if (tenant) /* its turn cgroups first (kept ones are retried before it) */
+            cg_stale_scan(st, path, id_first);
         if (rmdir(path) == 0 || errno == ENOENT) {
             removed++;
             continue;

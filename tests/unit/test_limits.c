@@ -276,14 +276,15 @@ static int fork_child_and_pause(void)
 }
 
 /* --cpu-share tenant: serving moves every task of a sandbox's cpu cgroup
- * into <parent>/tenant-<helper>-<tenant>/turn-<helper>-<n>, which has the
+ * into <parent>/tenant-<first id>-<helper>-<tenant>/turn-<first id>-<helper>-<n>,
+ * which has the
  * turn's CPU quota; tenant 0 (none) stays; the release removes the turn
  * directory, the helper's exit its tenants'. */
 static void test_tenant_cpu(void)
 {
     struct config cfg = { .memory_max = 64 << 20, .pids_max = 16, .cpu_millis = 500,
                           .tmpfs_size = 512 << 20, .isolate = true,
-                          .cpu_share = CPU_SHARE_TENANT };
+                          .cpu_share = CPU_SHARE_TENANT, .id_first = 3100000000u + (uint32_t)getpid() };
     struct sbx_cgroups *cg = NULL;
     char err[1024] = "", path[4096], mnt[4096], want[128], dir[8300], a_dir[8300] = "";
     if (cgroups_init(&cfg, &cg, err, sizeof err) < 0 || !cpu_cgroup(getpid(), path, sizeof path,
@@ -303,8 +304,8 @@ static void test_tenant_cpu(void)
     for (int i = 0; i < 3; i++)
         cgroups_serving(cg, kids[i], tenant[i], &cfg);
     for (int i = 0; i < 3; i++) {
-        snprintf(want, sizeof want, "/forkbox/tenant-%d-%u/turn-%d-", (int)getpid(),
-                 (unsigned)tenant[i], (int)getpid());
+        snprintf(want, sizeof want, "/forkbox/tenant-%u-%d-%u/turn-%u-%d-", cfg.id_first,
+                 (int)getpid(), (unsigned)tenant[i], cfg.id_first, (int)getpid());
         ok(cpu_cgroup(kids[i], path, sizeof path, mnt, sizeof mnt) &&
                (strstr(path, want) != NULL) == (tenant[i] != 0),
            "sandbox %d (tenant %u): its cpu cgroup is %s", i, (unsigned)tenant[i], path);
@@ -372,7 +373,7 @@ static void test_cgroups(void)
                           .id_first = 3000000000u + (uint32_t)getpid() };
     struct sbx_cgroups *cg = NULL;
     char err[1024] = "";
-    char base[4096], stale[3][4200];
+    char base[4096], stale[5][4200];
     pid_t busy = -1;
     if (memory_parent(base, sizeof base)) {
         /* An earlier daemon on our range left an empty turn cgroup and a busy
@@ -380,7 +381,11 @@ static void test_cgroups(void)
         snprintf(stale[0], sizeof stale[0], "%s/turn-%u-1-1", base, cfg.id_first);
         snprintf(stale[1], sizeof stale[1], "%s/turn-%u-1-2", base, cfg.id_first);
         snprintf(stale[2], sizeof stale[2], "%s/turn-%u-1-1", base, cfg.id_first + 1);
-        for (int i = 0; i < 3; i++)
+        /* and a tenant's cgroup (--cpu-share tenant) with an empty turn in it */
+        snprintf(stale[3], sizeof stale[3], "%s/tenant-%u-1-7", base, cfg.id_first);
+        snprintf(stale[4], sizeof stale[4], "%s/tenant-%u-1-7/turn-%u-1-3", base, cfg.id_first,
+                 cfg.id_first);
+        for (int i = 0; i < 5; i++)
             mkdir(stale[i], 0755);
         busy = sleeper_in(stale[1]);
     }
@@ -389,6 +394,8 @@ static void test_cgroups(void)
         ok(access(stale[0], F_OK) < 0 && errno == ENOENT,
            "an earlier daemon's empty turn cgroup on our range is removed at start");
         ok(access(stale[2], F_OK) == 0, "another range's is left alone");
+        ok(access(stale[3], F_OK) < 0 && errno == ENOENT,
+           "an earlier daemon's tenant cgroup is removed, the turn cgroup in it first");
         is_int((int)cgroups_retry(cg), 1, "its busy one waits");
         kill(busy, SIGKILL);
         waitpid(busy, NULL, 0);
