@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include "config/config.h"
+#include "core/limits.h"
 #include "core/log.h"
 #include "core/util.h"
 #include "embed/run_cmd.h"
@@ -84,6 +85,8 @@ static int sandbox_main(int argc, char **argv)
     snprintf(cfg.workdir, sizeof cfg.workdir, "%s", w);
     log_init("forkbox", cfg.log_level);
     log_set_format(cfg.log_format, cfg.log_journal);
+    /* As forkboxd's (main.c): fds kept to recover with (core/limits.h). */
+    (void)fd_reserve_keep(FD_RESERVE);
     /* Held until we exit, after the fork server has reaped the sandbox.
      * Without root the fork server refuses isolation itself, and says so. */
     struct id_lease lease = {.fd = -1};

@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "config/config.h"
+#include "core/limits.h"
 #include "core/log.h"
 #include "core/sdnotify.h"
 #include "core/util.h"
@@ -82,6 +83,12 @@ int main(int argc, char **argv)
     log_set_format(cfg.log_format, cfg.log_journal);
     if (cfg.config_file[0])
         LOG_I("settings from %s (flags given override it)", cfg.config_file);
+    /* fds to recover with once the table is full (core/limits.h). */
+    r = fd_reserve_keep(FD_RESERVE);
+    if (r < 0)
+        LOG_W("no fd reserve (%d fds below the hard RLIMIT_NOFILE): %s; out of fds, new "
+              "connections wait unanswered", FD_RESERVE,
+              r == -ERANGE ? "the hard limit is too low" : strerror(-r));
     struct rlimit nofile;
     unsigned long long fds_wanted = (unsigned long long)cfg.capacity * 3 + cfg.preauth_max + 64;
     if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && fds_wanted > nofile.rlim_cur)

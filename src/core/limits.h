@@ -174,11 +174,14 @@
 #define CLOSER_DRAIN_ROUNDS 64
 #define CLOSER_DRAIN_DEPTH 3
 #define CLOSER_STACK_BYTES (128 * KiB)
-/* Where the kernel has no SO_PASSRIGHTS, any read of a channel can bring a
- * sandbox's fds: the supervisor keeps this many fd slots free under its
- * hard RLIMIT_NOFILE (the soft one is lowered) and lends them for the read,
- * so a full fd table never makes the kernel drop (and close, on the loop
- * thread) what arrives: room for two messages' worth. */
+/* The fd reserve (core/util.h): forkboxd and `forkbox sandbox` keep this
+ * many fd slots free under their hard RLIMIT_NOFILE (the soft one is
+ * lowered) and lend them for the calls that must not fail for want of an
+ * fd: where the kernel has no SO_PASSRIGHTS, every read of a channel (any
+ * can bring a sandbox's fds, and a full fd table would make the kernel drop,
+ * and close on the loop thread, what arrives: room for two messages' worth);
+ * on any kernel, the accept that tells a client the daemon is out of fds,
+ * a metrics scrape, and a fork server's restart. */
 #define FD_RESERVE (2 * FDPASS_MAX_FDS + 6)
 
 /* The operator log (loop/logq.h): the supervisor's queue of lines waiting

@@ -530,6 +530,10 @@ static void on_chan(struct loop_watch *w, uint32_t events)
     }
     if (events & (EPOLLIN | EPOLLHUP | EPOLLERR)) {
         int r = chan_conn_read(s->chan);
+        if (r == -EMFILE) {
+            stream_end(s, STREAM_EXIT_USAGE, "cannot start the sandbox: %s", errno_reason(EMFILE));
+            return;
+        }
         if (chan_conn_error(r)) {
             sandbox_error(s, chan_conn_error(r));
             return;
@@ -576,7 +580,7 @@ static void on_ctl(struct loop_watch *w, uint32_t events)
         }
         if (rep.status < 0) {
             stream_end(s, STREAM_EXIT_USAGE, "cannot start the sandbox: %s",
-                       strerror(-rep.status));
+                       errno_reason(-rep.status));
             return;
         }
         s->chan_fd = chan_fd;
