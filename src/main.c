@@ -83,6 +83,11 @@ int main(int argc, char **argv)
     log_set_format(cfg.log_format, cfg.log_journal);
     if (cfg.config_file[0])
         LOG_I("settings from %s (flags given override it)", cfg.config_file);
+    /* The OOM killer takes sandboxes first, us last (core/limits.h); as
+     * root, so the fork server and sandboxes can be given theirs. */
+    r = oom_score_adj_set(OOM_ADJ_SUPERVISOR, true);
+    if (r < 0)
+        LOG_D("oom_score_adj not lowered to %d: %s", OOM_ADJ_SUPERVISOR, strerror(-r));
     /* fds to recover with once the table is full (core/limits.h). */
     r = fd_reserve_keep(FD_RESERVE);
     if (r < 0)

@@ -184,6 +184,17 @@
  * a metrics scrape, and a fork server's restart. */
 #define FD_RESERVE (2 * FDPASS_MAX_FDS + 6)
 
+/* oom_score_adj (proc(5)): who the OOM killer takes first when the host or
+ * the daemon's memory cgroup runs out. Sandboxes first, whatever they hold;
+ * the supervisor last: it holds every turn, and nothing restarts it but its
+ * service manager; the fork server and its cgroup helper just before it
+ * (a fork server that dies ends the turns it served, and is restarted).
+ * The sandbox's is written by the fork server as root, so its floor
+ * (oom_score_adj_min) is 1000 too: no sandbox can lower it again. */
+#define OOM_ADJ_SUPERVISOR (-900)
+#define OOM_ADJ_FORKSERVER (-800)
+#define OOM_ADJ_SANDBOX 1000
+
 /* The operator log (loop/logq.h): the supervisor's queue of lines waiting
  * for stderr (about a thousand lines; one more is dropped and counted), the
  * longest line (one atomic pipe write), the fork server's pipe, how many

@@ -339,6 +339,24 @@ const char *errno_reason(int e)
     return strerror(e);
 }
 
+int oom_score_adj_set(int adj, bool keep_lower)
+{
+    _cleanup_close_ int fd = open("/proc/self/oom_score_adj", O_RDWR | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    char buf[16];
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    if (n < 0)
+        return -errno;
+    buf[n] = '\0';
+    if (keep_lower && atoi(buf) <= adj)
+        return 0;
+    int len = snprintf(buf, sizeof buf, "%d", adj);
+    if (pwrite(fd, buf, (size_t)len, 0) != len)
+        return -errno;
+    return 0;
+}
+
 int thread_start(const char *name, size_t stack, void *(*fn)(void *), void *arg, char *err,
                  size_t errlen)
 {

@@ -98,6 +98,11 @@ int accept_reserved(int lfd, struct sockaddr *sa, socklen_t *len, bool *reserved
  * (EMFILE: RLIMIT_NOFILE of the process that tried; ENFILE: the system's,
  * fs.file-max), strerror's text for the rest. */
 const char *errno_reason(int e);
+/* Set our oom_score_adj (proc(5)): the OOM killer's order, sandboxes first
+ * (core/limits.h, OOM_ADJ_*). With keep_lower, a value already below adj
+ * is left (the operator's: systemd's OOMScoreAdjust=). Lowering it needs
+ * CAP_SYS_RESOURCE: 0, or -errno (-EACCES without it). */
+int oom_score_adj_set(int adj, bool keep_lower);
 /* A detached thread running fn(arg), named name (15 characters at most),
  * with a stack of stack bytes and every signal blocked (so none is ever
  * delivered there instead of to the loop's signalfd). For the supervisor's
