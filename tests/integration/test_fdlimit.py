@@ -89,6 +89,30 @@ async def victim_block(turn) -> str:
     return r.stdout.strip()
 
 
+def beside_a_running_turn(d, pid: int, room: int, probes) -> list:
+    """A turn runs a block; pid's fd limit goes to what it holds + room; each
+    probe (a function of d, in a thread of its own) runs, followed by a block
+    of the running turn; the limit is put back. What the blocks printed and
+    the probes returned, in order."""
+    async def go():
+        victim = await fbtest.connect(d)
+        try:
+            out = [await victim_block(victim)]
+            with NofileLowered(pid, room):
+                for probe in probes:
+                    out.append(await asyncio.to_thread(probe, d))
+                    out.append(await victim_block(victim))
+            return out
+        finally:
+            await victim.shutdown()
+    return arun(go(), 4 * T)
+
+
+def serves_again(d) -> None:
+    _, res = fbtest.run_blocks(d, "print('again')")
+    assert res[0].stdout == "again\n"
+
+
 def metric(port: int, name: str) -> float:
     status, body = http_get(port, "/metrics", timeout=T)
     assert status == 200, (status, body[:200])
@@ -104,24 +128,11 @@ def test_supervisor_out_of_fds_fails_only_new_turns(make_daemon, room, where):
     and a turn runs again once the limit is back."""
     d = make_daemon(["--pool", "1", "--capacity", "8"])
     fs = d.forkserver_pid()
-
-    async def go():
-        victim = await fbtest.connect(d)
-        try:
-            out = [await victim_block(victim)]
-            with NofileLowered(d.pid, room):
-                for _ in range(2):
-                    out.append(await asyncio.to_thread(raw_turn, d))
-                    out.append(await victim_block(victim))
-            return out
-        finally:
-            await victim.shutdown()
-    out = arun(go(), 4 * T)
+    out = beside_a_running_turn(d, d.pid, room, [raw_turn, raw_turn])
     assert out == ["1", f"1011 {NO_FDS}", "2", f"1011 {NO_FDS}", "3"], (where, out)
     assert d.forkserver_pid() == fs
     assert "fork server is gone" not in d.stderr()
-    _, res = fbtest.run_blocks(d, "print('again')")
-    assert res[0].stdout == "again\n"
+    serves_again(d)
 
 
 def test_supervisor_out_of_fds_answers_at_the_door(make_daemon):
@@ -130,23 +141,13 @@ def test_supervisor_out_of_fds_answers_at_the_door(make_daemon):
     running turn goes on."""
     d = make_daemon(["--pool", "1"])
 
-    async def go():
-        victim = await fbtest.connect(d)
-        try:
-            out = [await victim_block(victim)]
-            with NofileLowered(d.pid, 0):
-                up = await asyncio.to_thread(http_raw, d.port, upgrade_request(token=d.token), T)
-                out.append((up.status, up.headers.get("retry-after"), up.body))
-                out.append(await asyncio.to_thread(http_get, d.port, "/health", T))
-                out.append(await victim_block(victim))
-            return out
-        finally:
-            await victim.shutdown()
-    out = arun(go(), 4 * T)
+    def upgrade(d):
+        up = http_raw(d.port, upgrade_request(token=d.token), T)
+        return up.status, up.headers.get("retry-after"), up.body
+    out = beside_a_running_turn(d, d.pid, 0, [upgrade, lambda d: http_get(d.port, "/health", T)])
     why = b"Out of file descriptors (RLIMIT_NOFILE)\n"
-    assert out == ["1", (503, "1", why), (503, why), "2"], out
-    _, res = fbtest.run_blocks(d, "print('again')")
-    assert res[0].stdout == "again\n"
+    assert out == ["1", (503, "1", why), "2", (503, why), "3"], out
+    serves_again(d)
 
 
 def test_forkserver_out_of_fds_fails_only_new_turns(make_daemon):
@@ -156,22 +157,10 @@ def test_forkserver_out_of_fds_fails_only_new_turns(make_daemon):
     back."""
     d = make_daemon(["--pool", "0", "--capacity", "8"])
     fs = d.forkserver_pid()
-
-    async def go():
-        victim = await fbtest.connect(d)
-        try:
-            out = [await victim_block(victim)]
-            with NofileLowered(fs, 0):
-                out.append(await asyncio.to_thread(raw_turn, d))
-                out.append(await victim_block(victim))
-            return out
-        finally:
-            await victim.shutdown()
-    out = arun(go(), 4 * T)
+    out = beside_a_running_turn(d, fs, 0, [raw_turn])
     assert out == ["1", f"1011 {NO_FDS}", "2"], out
     assert d.forkserver_pid() == fs
-    _, res = fbtest.run_blocks(d, "print('again')")
-    assert res[0].stdout == "again\n"
+    serves_again(d)
 
 
 def metrics_port(d) -> int:
