@@ -55,15 +55,16 @@ def nfds(pid: int) -> int:
 
 
 class NofileLowered:
-    """pid's soft RLIMIT_NOFILE set to its open fds + room (and the hard one
-    too with no_reserve) for the with-block, then put back."""
+    """pid's soft RLIMIT_NOFILE set to its open fds (held) + room (and the
+    hard one too with no_reserve) for the with-block, then put back."""
 
     def __init__(self, pid: int, room: int, no_reserve: bool = False):
         self.pid, self.room, self.no_reserve = pid, room, no_reserve
 
     def __enter__(self):
         self.saved = resource.prlimit(self.pid, resource.RLIMIT_NOFILE)
-        low = nfds(self.pid) + self.room
+        self.held = nfds(self.pid)
+        low = self.held + self.room
         resource.prlimit(self.pid, resource.RLIMIT_NOFILE,
                          (low, low if self.no_reserve else self.saved[1]))
         return self
@@ -91,15 +92,20 @@ async def victim_block(turn) -> str:
 
 def beside_a_running_turn(d, pid: int, room: int, probes) -> list:
     """A turn runs a block; pid's fd limit goes to what it holds + room; each
-    probe (a function of d, in a thread of its own) runs, followed by a block
-    of the running turn; the limit is put back. What the blocks printed and
-    the probes returned, in order."""
+    probe (a function of d, in a thread of its own) runs, once pid is back to
+    what it held (the last probe's fds closed), followed by a block of the
+    running turn; the limit is put back. What the blocks printed and the
+    probes returned, in order."""
+    def fds_back(low):
+        assert wait_until(lambda: len(os.listdir(f"/proc/{pid}/fd")) <= low.held, 10)
+
     async def go():
         victim = await fbtest.connect(d)
         try:
             out = [await victim_block(victim)]
-            with NofileLowered(pid, room):
+            with NofileLowered(pid, room) as low:
                 for probe in probes:
+                    await asyncio.to_thread(fds_back, low)
                     out.append(await asyncio.to_thread(probe, d))
                     out.append(await victim_block(victim))
             return out
