@@ -10,8 +10,9 @@
  * other path, 405 for another method, 400/431 for a bad or large request.
  * Out of fds, a scrape is served from the fd reserve (core/util.h: at most
  * METRICS_MAX_CONNECTIONS of it); with not even that, the listener rests
- * until the next tick instead of waking the loop again at once. No token: bind it where only the scraper reaches (loopback, a private
- * interface), as for any Prometheus exporter. */
+ * until the next tick instead of waking the loop again at once. No token:
+ * bind it where only the scraper reaches (loopback, a private interface),
+ * as for any Prometheus exporter. */
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>
