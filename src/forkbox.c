@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include "config/config.h"
+#include "core/limits.h"
 #include "core/log.h"
 #include "core/util.h"
 #include "embed/run_cmd.h"
@@ -89,6 +90,11 @@ static int sandbox_main(int argc, char **argv)
     snprintf(cfg.workdir, sizeof cfg.workdir, "%s", w);
     log_init("forkbox", cfg.log_level);
     log_set_format(cfg.log_format, cfg.log_journal);
+    /* As forkboxd's (main.c): the OOM killer takes the sandbox first and
+     * us last (lowering it needs root: else it stays), and fds kept to
+     * recover with (core/limits.h). */
+    (void)oom_score_adj_set(OOM_ADJ_SUPERVISOR, true);
+    (void)fd_reserve_keep(FD_RESERVE);
     /* Held until we exit, after the fork server has reaped the sandbox.
      * Without root the fork server refuses isolation itself, and says so. */
     struct id_lock ids = ID_LOCK_INIT;

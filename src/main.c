@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "config/config.h"
+#include "core/limits.h"
 #include "core/log.h"
 #include "core/sdnotify.h"
 #include "core/util.h"
@@ -84,6 +85,17 @@ int main(int argc, char **argv)
     log_set_format(cfg.log_format, cfg.log_journal);
     if (cfg.config_file[0])
         LOG_I("settings from %s (flags given override it)", cfg.config_file);
+    /* The OOM killer takes sandboxes first, us last (core/limits.h); as
+     * root, so the fork server and sandboxes can be given theirs. */
+    r = oom_score_adj_set(OOM_ADJ_SUPERVISOR, true);
+    if (r < 0)
+        LOG_D("oom_score_adj not lowered to %d: %s", OOM_ADJ_SUPERVISOR, strerror(-r));
+    /* fds to recover with once the table is full (core/limits.h). */
+    r = fd_reserve_keep(FD_RESERVE);
+    if (r < 0)
+        LOG_W("no fd reserve (%d fds below the hard RLIMIT_NOFILE): %s; out of fds, new "
+              "connections wait unanswered", FD_RESERVE,
+              r == -ERANGE ? "the hard limit is too low" : strerror(-r));
     struct rlimit nofile;
     unsigned long long fds_wanted = (unsigned long long)cfg.capacity * 3 + cfg.preauth_max + 64;
     if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && fds_wanted > nofile.rlim_cur)

@@ -174,12 +174,26 @@
 #define CLOSER_DRAIN_ROUNDS 64
 #define CLOSER_DRAIN_DEPTH 3
 #define CLOSER_STACK_BYTES (128 * KiB)
-/* Where the kernel has no SO_PASSRIGHTS, any read of a channel can bring a
- * sandbox's fds: the supervisor keeps this many fd slots free under its
- * hard RLIMIT_NOFILE (the soft one is lowered) and lends them for the read,
- * so a full fd table never makes the kernel drop (and close, on the loop
- * thread) what arrives: room for two messages' worth. */
+/* The fd reserve (core/util.h): forkboxd and `forkbox sandbox` keep this
+ * many fd slots free under their hard RLIMIT_NOFILE (the soft one is
+ * lowered) and lend them for the calls that must not fail for want of an
+ * fd: where the kernel has no SO_PASSRIGHTS, every read of a channel (any
+ * can bring a sandbox's fds, and a full fd table would make the kernel drop,
+ * and close on the loop thread, what arrives: room for two messages' worth);
+ * on any kernel, the accept that tells a client the daemon is out of fds,
+ * a metrics scrape, and a fork server's restart. */
 #define FD_RESERVE (2 * FDPASS_MAX_FDS + 6)
+
+/* oom_score_adj (proc(5)): who the OOM killer takes first when the host or
+ * the daemon's memory cgroup runs out. Sandboxes first, whatever they hold;
+ * the supervisor last: it holds every turn, and nothing restarts it but its
+ * service manager; the fork server and its cgroup helper just before it
+ * (a fork server that dies ends the turns it served, and is restarted).
+ * The sandbox's is written by the fork server as root, so its floor
+ * (oom_score_adj_min) is 1000 too: no sandbox can lower it again. */
+#define OOM_ADJ_SUPERVISOR (-900)
+#define OOM_ADJ_FORKSERVER (-800)
+#define OOM_ADJ_SANDBOX 1000
 
 /* The operator log (loop/logq.h): the supervisor's queue of lines waiting
  * for stderr (about a thousand lines; one more is dropped and counted), the

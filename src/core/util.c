@@ -312,6 +312,51 @@ void fd_reserve_lend(bool on)
     }
 }
 
+int accept_reserved(int lfd, struct sockaddr *sa, socklen_t *len, bool *reserved)
+{
+    socklen_t len0 = len ? *len : 0;
+    *reserved = false;
+    int fd = accept4(lfd, sa, len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0 && errno == EMFILE) {
+        if (len)
+            *len = len0;
+        fd_reserve_lend(true);
+        fd = accept4(lfd, sa, len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        int e = errno;
+        fd_reserve_lend(false);
+        errno = e;
+        *reserved = fd >= 0;
+    }
+    return fd < 0 ? -errno : fd;
+}
+
+const char *errno_reason(int e)
+{
+    if (e == EMFILE)
+        return "out of file descriptors (RLIMIT_NOFILE)";
+    if (e == ENFILE)
+        return "out of file descriptors (the system's, fs.file-max)";
+    return strerror(e);
+}
+
+int oom_score_adj_set(int adj, bool keep_lower)
+{
+    _cleanup_close_ int fd = open("/proc/self/oom_score_adj", O_RDWR | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    char buf[16];
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    if (n < 0)
+        return -errno;
+    buf[n] = '\0';
+    if (keep_lower && atoi(buf) <= adj)
+        return 0;
+    int len = snprintf(buf, sizeof buf, "%d", adj);
+    if (pwrite(fd, buf, (size_t)len, 0) != len)
+        return -errno;
+    return 0;
+}
+
 int thread_start(const char *name, size_t stack, void *(*fn)(void *), void *arg, char *err,
                  size_t errlen)
 {

@@ -87,6 +87,22 @@ void raise_nofile(void);
  * For one thread: the supervisor's loop. */
 int fd_reserve_keep(unsigned n);
 void fd_reserve_lend(bool on);
+/* accept4(lfd, sa, len, SOCK_NONBLOCK | SOCK_CLOEXEC); when the fd table is
+ * full (EMFILE), once more with the reserve lent, and *reserved says the fd
+ * is one of the reserve's: the caller answers that connection and closes it
+ * (or holds it only within a bound of its own), so the reserve is whole
+ * again. The fd, or -errno (-EMFILE: not even the reserve had one). */
+int accept_reserved(int lfd, struct sockaddr *sa, socklen_t *len, bool *reserved);
+/* What an errno means, as a reason given to a turn, a connection or a call:
+ * the two that mean "out of file descriptors" name the limit that was hit
+ * (EMFILE: RLIMIT_NOFILE of the process that tried; ENFILE: the system's,
+ * fs.file-max), strerror's text for the rest. */
+const char *errno_reason(int e);
+/* Set our oom_score_adj (proc(5)): the OOM killer's order, sandboxes first
+ * (core/limits.h, OOM_ADJ_*). With keep_lower, a value already below adj
+ * is left (the operator's: systemd's OOMScoreAdjust=). Lowering it needs
+ * CAP_SYS_RESOURCE: 0, or -errno (-EACCES without it). */
+int oom_score_adj_set(int adj, bool keep_lower);
 /* A detached thread running fn(arg), named name (15 characters at most),
  * with a stack of stack bytes and every signal blocked (so none is ever
  * delivered there instead of to the loop's signalfd). For the supervisor's

@@ -38,6 +38,7 @@
 #include <unistd.h>
 
 #include "core/cleanup.h"
+#include "core/limits.h"
 #include "core/util.h"
 #include "core/log.h"
 #include "proto/chan.h"
@@ -697,6 +698,11 @@ _Noreturn void forkserver_main(int ctl_fd)
     if (getsockopt(ctl_fd, SOL_SOCKET, SO_PEERCRED, &peer, &plen) < 0 || getppid() != peer.pid)
         _exit(1);
     umask(022);
+    /* Before the cgroup helper and every sandbox, which start from ours:
+     * above the supervisor's, below the sandboxes' (core/limits.h). */
+    int r = oom_score_adj_set(OOM_ADJ_FORKSERVER, false);
+    if (r < 0)
+        LOG_D("oom_score_adj not set to %d: %s", OOM_ADJ_FORKSERVER, strerror(-r));
 
     struct forkserver fsv = {.cfg = cfg, .ctl_fd = ctl_fd, .sig_fd = -1, .placer_fd = -1,
                              .hostfs = {.sock = -1}};
@@ -713,7 +719,7 @@ _Noreturn void forkserver_main(int ctl_fd)
 
     /* The host ids sandboxes run as: a range no host user has (config.c
      * refused ranges with root, nobody or too few ids in them). */
-    int r = geteuid() == 0 ? ids_check_host("/etc", cfg->id_first, cfg->id_count, err, sizeof err)
+    r = geteuid() == 0 ? ids_check_host("/etc", cfg->id_first, cfg->id_count, err, sizeof err)
                            : 0;
     if (r < 0)
         fail_start(ctl_fd, r, err);

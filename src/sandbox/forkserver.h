@@ -82,7 +82,10 @@ int fs_client_start(const struct config *cfg, int log_fd, struct fs_client *fs, 
 int fs_client_request(struct fs_client *fs, uint64_t turn_id, uint32_t tenant);
 /* Read one reply. 1 with *rep filled (and, when rep->status == 0, the
  * caller owns *chan_fd and *pidfd), 0 if none is ready, or -errno if the fork
- * server is gone or broke the protocol (the supervisor then restarts it). */
+ * server is gone or broke the protocol (the supervisor then restarts it).
+ * A spawn reply whose fds did not fit in our fd table is that spawn's
+ * failure, not the fork server's: status -EMFILE (the sandbox, its channel
+ * closed, ends by itself). */
 int fs_client_reply(struct fs_client *fs, struct fs_reply *rep, int *chan_fd, int *pidfd);
 /* What a failed spawn reply's status means, as a close reason: "no free
  * sandbox id (--id-range) ..." for FS_NO_FREE_ID, else "cannot start a

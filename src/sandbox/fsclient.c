@@ -7,14 +7,16 @@
 
 #include <dlfcn.h>
 #include <errno.h>
-#include <limits.h>
 #include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -23,8 +25,9 @@
 
 #include "core/cleanup.h"
 #include "core/limits.h"
-#include "core/util.h"
 #include "core/log.h"
+#include "core/ratelimit.h"
+#include "core/util.h"
 
 #define FS_STOP_GRACE_MS 2000
 
@@ -339,6 +342,22 @@ int fs_client_reply(struct fs_client *fs, struct fs_reply *rep, int *chan_fd, in
     if (n == 0)
         return -EPIPE; /* the fork server is gone */
 
+    /* MSG_CTRUNC on a spawn reply: our fd table was full (RLIMIT_NOFILE,
+     * or the system's), and the kernel dropped the fds that did not fit
+     * (the channel's end, then the pidfd, in that order). That spawn
+     * failed; the fork server did its part. What arrived is closed: the
+     * sandbox (no user code has run in it) reads EOF and exits. */
+    if ((size_t)n == sizeof *rep && !(flags & MSG_TRUNC) && (flags & MSG_CTRUNC) &&
+        rep->kind == FS_REPLY_SPAWN && rep->status == 0 && nfds < 2) {
+        struct rlimit rl = {0};
+        getrlimit(RLIMIT_NOFILE, &rl);
+        LOG_W_RL("turn %" PRIu64 ": its sandbox's fds did not fit in our fd table (RLIMIT_NOFILE "
+                 "%llu): that turn fails", rep->turn_id, (unsigned long long)rl.rlim_cur);
+        for (size_t i = 0; i < nfds; i++)
+            close(fds[i]);
+        rep->status = -EMFILE;
+        return 1;
+    }
     bool ok = (size_t)n == sizeof *rep && !(flags & (MSG_TRUNC | MSG_CTRUNC)) &&
               rep->kind <= FS_REPLY_CGROUPS &&
               (rep->kind != FS_REPLY_SPAWN ? nfds == 0 : rep->status != 0 || nfds == 2);
@@ -402,7 +421,7 @@ void fs_spawn_failure(int status, char *out, size_t len)
         snprintf(out, len, "no free sandbox id (--id-range): each is held by a sandbox not yet "
                  "reaped");
     else
-        snprintf(out, len, "cannot start a sandbox: %s", strerror(-status));
+        snprintf(out, len, "cannot start a sandbox: %s", errno_reason(-status));
 }
 
 static bool crash_signal(int sig)

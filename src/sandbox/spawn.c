@@ -30,6 +30,7 @@
 #include <unistd.h>
 
 #include "core/cleanup.h"
+#include "core/limits.h"
 #include "core/util.h"
 #include "sandbox/arch.h"
 #include "sandbox/cgroups.h"
@@ -90,13 +91,19 @@ static int write_proc(int dirfd, const char *name, const char *text)
     return 0;
 }
 
-/* Map exactly one id each way: 0 in the namespace is the sandbox's own
- * unprivileged host id. Written by us, the parent, as root again (mapping an
- * id needs CAP_SETUID/CAP_SETGID over the parent namespace in the writer;
- * the child could only map the id it runs as, but must not choose). */
-static int write_maps(pid_t pid, uint32_t id, char *err, size_t errlen)
+/* Written by us, the parent, as root again, before the child's step 2:
+ * - its oom_score_adj, OOM_ADJ_SANDBOX (core/limits.h): the OOM killer takes
+ *   sandboxes first. Written with CAP_SYS_RESOURCE, which also makes it the
+ *   floor (oom_score_adj_min) of the sandbox and of every process it makes:
+ *   a value the sandbox wrote itself, or inherited from us, it could lower
+ *   again to ours;
+ * - isolated (maps), its id maps, exactly one id each way: 0 in the
+ *   namespace is the sandbox's own unprivileged host id (mapping an id
+ *   needs CAP_SETUID/CAP_SETGID over the parent namespace in the writer; the
+ *   child could only map the id it runs as, but must not choose). */
+static int write_proc_files(pid_t pid, uint32_t id, bool maps, char *err, size_t errlen)
 {
-    if (id == 0) {
+    if (maps && id == 0) {
         return err_fmt(err, errlen, -EPERM, "refusing to map host root into a sandbox");
     }
     char path[32], map[64];
@@ -105,7 +112,14 @@ static int write_maps(pid_t pid, uint32_t id, char *err, size_t errlen)
     if (dfd < 0) {
         return err_fmt(err, errlen, -errno, "open %s: %s", path, strerror(errno));
     }
-    int r = write_proc(dfd, "setgroups", "deny");
+    snprintf(map, sizeof map, "%d", OOM_ADJ_SANDBOX);
+    int r = write_proc(dfd, "oom_score_adj", map);
+    if (r < 0)
+        return err_fmt(err, errlen, r, "writing the oom_score_adj of %d: %s", (int)pid,
+                       strerror(-r));
+    if (!maps)
+        return 0;
+    r = write_proc(dfd, "setgroups", "deny");
     if (r == 0) {
         snprintf(map, sizeof map, "0 %u 1\n", id);
         r = write_proc(dfd, "uid_map", map);
@@ -140,36 +154,33 @@ int sbx_child_go(int go_fd, int err)
     return w == (err ? 2 : 1) ? 0 : -EPIPE;
 }
 
-/* Parent-side work between clone and "go": maps (isolated) and cgroups
- * (unless deferred to whoever calls sbx_child_go). */
-static int place_child(const struct sbx_plan *p, pid_t pid, uint32_t id, bool maps, bool cgroups,
-                       char *err, size_t errlen)
+/* The cgroup placement, when it is not deferred to whoever calls
+ * sbx_child_go. */
+static int place_child(const struct sbx_plan *p, pid_t pid, char *err, size_t errlen)
 {
-    int r = maps ? write_maps(pid, id, err, errlen) : 0;
-    if (r == 0 && cgroups && p->cgroups) {
-        r = cgroups_attach(p->cgroups, pid, p->cfg);
-        if (r < 0)
-            snprintf(err, errlen, "cgroup placement of %d: %s", (int)pid, strerror(-r));
-    }
+    int r = p->cgroups ? cgroups_attach(p->cgroups, pid, p->cfg) : 0;
+    if (r < 0)
+        snprintf(err, errlen, "cgroup placement of %d: %s", (int)pid, strerror(-r));
     return r;
 }
 
-/* Sync 1: maps in place -> "mapped"; sync 2: cgroups in place -> go.
- * Deferred (SBX_SPAWN_DEFER_GO): only the maps here; the go pipe's write
- * end (*go_wr) moves to out->go_fd and the caller places and releases the
- * child (sbx_child_go) while it runs its steps 2-4. */
+/* Sync 1: /proc files (oom_score_adj, the maps if isolated) in place ->
+ * "mapped"; sync 2: cgroups in place -> go. Deferred (SBX_SPAWN_DEFER_GO):
+ * only the /proc files here; the go pipe's write end (*go_wr) moves to
+ * out->go_fd and the caller places and releases the child (sbx_child_go)
+ * while it runs its steps 2-4. */
 static int place_and_go(const struct sbx_plan *p, struct sbx_child *out, bool maps,
                         unsigned spawn_flags, int *go_wr, char *err, size_t errlen)
 {
     bool defer = spawn_flags & SBX_SPAWN_DEFER_GO;
-    int ret = place_child(p, out->pid, out->id, maps, false, err, errlen);
+    int ret = write_proc_files(out->pid, out->id, maps, err, errlen);
     if (ret == 0 && (ret = send_sync(*go_wr, SBX_MAPPED)) < 0)
         snprintf(err, errlen, "releasing the child: %s", strerror(-ret));
     if (ret == 0 && defer) {
         out->go_fd = *go_wr;
         *go_wr = -1;
     } else if (ret == 0) {
-        ret = place_child(p, out->pid, out->id, false, true, err, errlen);
+        ret = place_child(p, out->pid, err, errlen);
         if (ret == 0 && (ret = send_sync(*go_wr, SBX_GO)) < 0)
             snprintf(err, errlen, "releasing the child: %s", strerror(-ret));
     }

@@ -64,12 +64,10 @@ void chan_conn_init(void)
         close(sv[0]);
         close(sv[1]);
     }
-    if (rights_supported())
-        return;
-    int r = fd_reserve_keep(FD_RESERVE);
-    LOG_I("the kernel has no SO_PASSRIGHTS (Linux 6.16): an fd a sandbox sends on its channel "
-          "reaches the supervisor, which ends the turn and closes it off its event loop%s",
-          r == 0 ? "" : " (no fd reserve: the fd limit is too low to keep one)");
+    if (!rights_supported())
+        LOG_I("the kernel has no SO_PASSRIGHTS (Linux 6.16): an fd a sandbox sends on its "
+              "channel reaches the supervisor, which ends the turn and closes it off its event "
+              "loop");
 }
 
 struct chan_conn *chan_conn_new(int fd, struct budget *budget, const struct chan_conn_handlers *h,
@@ -216,20 +214,24 @@ static ssize_t recv_with_fds(struct chan_conn *c, void *p, size_t len)
     bool lend = !rights_supported();
     if (lend)
         fd_reserve_lend(true);
-    ssize_t n = fd_recv(c->fd, p, len, fds, FDPASS_MAX_FDS, &nfds, MSG_DONTWAIT, NULL);
+    int flags;
+    ssize_t n = fd_recv(c->fd, p, len, fds, FDPASS_MAX_FDS, &nfds, MSG_DONTWAIT, &flags);
     if (lend)
         fd_reserve_lend(false);
-    bool stray = false;
+    /* Cut (MSG_CTRUNC): what came did not all fit in our fd table. At the
+     * start, that is the listener of a sandbox still in setup: the turn
+     * cannot go on without it (EMFILE); later, any fd is a stray one. */
+    bool cut = n >= 0 && (flags & MSG_CTRUNC), stray = cut && !at_start;
     for (size_t i = 0; i < nfds; i++) {
-        if (at_start && nfds == 1 && c->fd_pending < 0) {
+        if (!cut && at_start && nfds == 1 && c->fd_pending < 0) {
             c->fd_pending = fds[i];
         } else {
             closer_close(fds[i], CLOSER_ABORT | CLOSER_DRAIN);
-            stray = true;
+            stray = stray || !cut;
         }
     }
-    if (n < 0 || stray) {
-        errno = stray ? EPERM : (int)-n;
+    if (n < 0 || stray || cut) {
+        errno = cut ? EMFILE : stray ? EPERM : (int)-n;
         return -1;
     }
     return n;
@@ -317,7 +319,9 @@ int chan_conn_read(struct chan_conn *c)
             }
         }
         if (n < 0)
-            return errno == EAGAIN || errno == EINTR ? 0 : errno == EPERM ? -EPERM : -EPIPE;
+            return errno == EAGAIN || errno == EINTR ? 0
+                   : errno == EPERM || errno == EMFILE ? -errno
+                                                        : -EPIPE;
         if (n == 0)
             return -EPIPE;
         if (c->active && c->got < c->msg.len)

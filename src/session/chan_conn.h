@@ -54,8 +54,8 @@ struct chan_conn_handlers {
 };
 
 /* Once per process, before the first turn: learn whether the kernel has
- * SO_PASSRIGHTS; without it, keep an fd reserve (core/util.h) for the
- * channel's reads and say so in the log. */
+ * SO_PASSRIGHTS; without it, the channel's reads borrow the fd reserve that
+ * the process keeps (core/util.h, FD_RESERVE), and the log says so. */
 void chan_conn_init(void);
 
 /* fd (borrowed) may be -1 until the sandbox exists: what is queued waits.
@@ -97,8 +97,9 @@ size_t chan_conn_queued(const struct chan_conn *c);
  * or on_end asked to stop); -EPIPE: end of file or a socket error (the
  * sandbox's end is closed); -EMSGSIZE: a header announced more than
  * CHAN_MAX_MESSAGE_BYTES; -EBADMSG: an unknown envelope type; -EPERM: an fd
- * came that is not the first message's one; -ECANCELED: a handler ended the
- * turn (it may have closed c, not freed it). */
+ * came that is not the first message's one; -EMFILE: the first message's
+ * fd did not fit in our fd table; -ECANCELED: a handler ended the turn (it
+ * may have closed c, not freed it). */
 int chan_conn_read(struct chan_conn *c);
 /* The protocol error a chan_conn_read result stands for, in words for a
  * close reason ("bad envelope"...), or NULL when r is not one. */

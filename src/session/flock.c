@@ -325,7 +325,7 @@ int flock_handle(struct flock_state *f, const struct seccomp_notif *req)
          * fail closed, the lock is not taken. */
         if (!f->warned)
             LOG_W("turn %" PRIu64 ": cannot fetch the sandbox's fd for flock: %s; flock "
-                  "fails with ENOLCK", f->turn.turn_id, strerror(-fd));
+                  "fails with ENOLCK", f->turn.turn_id, errno_reason(-fd));
         f->warned = true;
         return (r = reply(f, req->id, ENOLCK)) < 0 ? r : 0;
     }

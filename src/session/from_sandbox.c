@@ -463,6 +463,15 @@ const struct chan_conn_handlers sandbox_handlers = {
     .on_end = on_sandbox_end,
 };
 
+/* The turn gets no sandbox: the fork server could not make one, or its fds
+ * did not fit in our fd table (errno_reason names the limit). */
+static void spawn_failed(struct session *s, int err)
+{
+    char reason[120];
+    fs_spawn_failure(-err, reason, sizeof reason);
+    session_end(s, 1011, reason);
+}
+
 /* Read what the sandbox sent, within the channel's budget. Returns 0 to
  * continue, -1 if the session was failed, 1 when the sandbox's end is
  * closed. */
@@ -471,6 +480,10 @@ int sandbox_read(struct session *s)
     if (s->in_complete) /* its check first (session_work) */
         return 0;
     int r = chan_conn_read(s->chan);
+    if (r == -EMFILE) { /* its listener did not fit in our fd table */
+        spawn_failed(s, EMFILE);
+        return -1;
+    }
     if (chan_conn_error(r)) {
         sandbox_protocol_error(s, chan_conn_error(r));
         return -1;
@@ -546,9 +559,7 @@ bool session_sandbox_ready(struct session *s, const struct fs_reply *rep, int ch
     if (!wanted)
         return false; /* the turn ended while its sandbox was being made */
     if (rep->status < 0) {
-        char reason[120];
-        fs_spawn_failure(rep->status, reason, sizeof reason);
-        session_end(s, 1011, reason);
+        spawn_failed(s, -rep->status);
         return true;
     }
     s->child_pid = rep->pid;

@@ -143,10 +143,17 @@ static void on_accept(struct loop_watch *w, uint32_t events)
 {
     struct metrics_http *mh = w->ud;
     for (int i = 0; i < METRICS_MAX_CONNECTIONS; i++) {
-        int fd = accept4(mh->fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        bool reserved; /* served all the same: the slots bound what it holds */
+        int fd = accept_reserved(mh->fd, NULL, NULL, &reserved);
+        if (fd == -EMFILE || fd == -ENFILE || fd == -ENOBUFS || fd == -ENOMEM) {
+            LOG_W_RL("metrics: accept: %s (pausing until the next tick)", errno_reason(-fd));
+            loop_watch(mh->loop, &mh->watch, 0);
+            mh->paused = true;
+            return;
+        }
         if (fd < 0) {
-            if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
-                PLOG_W_RL("metrics: accept");
+            if (fd != -EAGAIN && fd != -EINTR && fd != -ECONNABORTED)
+                LOG_W_RL("metrics: accept: %s", strerror(-fd));
             return;
         }
         struct metrics_conn *c = slot(mh);
@@ -194,6 +201,10 @@ void metrics_http_tick(struct metrics_http *mh, uint64_t now)
     for (size_t i = 0; i < METRICS_MAX_CONNECTIONS; i++)
         if (mh->conn[i].fd >= 0 && now >= mh->conn[i].deadline_ms)
             conn_close(&mh->conn[i]);
+    if (mh->paused && mh->fd >= 0) {
+        mh->paused = false;
+        loop_watch(mh->loop, &mh->watch, EPOLLIN);
+    }
 }
 
 void metrics_http_stop(struct metrics_http *mh)

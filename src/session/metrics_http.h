@@ -8,8 +8,11 @@
  * limits.h). The request is parsed by net/http.c, as the public port's is.
  * Answers: 200 with the text format for GET (or HEAD) /metrics, 404 for any
  * other path, 405 for another method, 400/431 for a bad or large request.
- * No token: bind it where only the scraper reaches (loopback, a private
- * interface), as for any Prometheus exporter. */
+ * Out of fds, a scrape is served from the fd reserve (core/util.h: at most
+ * METRICS_MAX_CONNECTIONS of it); with not even that, the listener rests
+ * until the next tick instead of waking the loop again at once. No token:
+ * bind it where only the scraper reaches (loopback, a private interface),
+ * as for any Prometheus exporter. */
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>
@@ -36,6 +39,7 @@ struct metrics_http {
     struct loop *loop;            /* borrowed */
     int fd;                       /* owned: the listener; -1 = off */
     struct loop_watch watch;
+    bool paused;                  /* out of fds: not watched until the next tick */
     struct metrics_conn conn[METRICS_MAX_CONNECTIONS];
 };
 
@@ -45,7 +49,8 @@ void metrics_http_init(struct metrics_http *mh);
  * -errno with a reason in err. */
 int metrics_http_start(struct metrics_http *mh, struct loop *loop, const char *host,
                        uint16_t port, uint16_t *bound_port, char *err, size_t errlen);
-/* Close connections past their deadline (call from the server's tick). */
+/* Close connections past their deadline, watch a listener that rested
+ * again (call from the server's tick). */
 void metrics_http_tick(struct metrics_http *mh, uint64_t now_ms);
 /* Close the listener and every connection. Idempotent. */
 void metrics_http_stop(struct metrics_http *mh);

@@ -10,11 +10,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "core/buf.h"
 #include "core/cleanup.h"
 #include "core/limits.h"
 #include "core/log.h"
@@ -64,6 +66,31 @@ static void preauth_make_room(struct server *srv, const uint8_t key[PREAUTH_KEY_
     session_end(session_of_preauth(e), 1000, NULL);
 }
 
+/* A connection that only the fd reserve had room for (core/util.h): told
+ * why at once, without reading its request, and closed, so the reserve is
+ * whole again before the next accept (one fd, for microseconds, whatever
+ * the flood). The bytes of its request already here are read first, so
+ * the close sends a FIN after the answer, not a reset over it. */
+static void refuse_no_fds(int fd)
+{
+    struct buf out;
+    buf_init(&out, 4 * KiB);
+    if (http_write_response(&out, 503, "Service Unavailable",
+                            "Out of file descriptors (RLIMIT_NOFILE)\n") == 0)
+        (void)send(fd, out.data, out.len, MSG_DONTWAIT | MSG_NOSIGNAL);
+    buf_free(&out);
+    uint8_t sink[4096];
+    for (int k = 0; k < 4 && recv(fd, sink, sizeof sink, MSG_DONTWAIT) > 0; k++)
+        ;
+    shutdown(fd, SHUT_WR);
+    close(fd);
+    metrics_http_refusal(503);
+    struct rlimit rl = {0};
+    getrlimit(RLIMIT_NOFILE, &rl);
+    LOG_W_RL("out of file descriptors (RLIMIT_NOFILE %llu): a new connection was answered 503",
+             (unsigned long long)rl.rlim_cur);
+}
+
 static void on_accept(struct loop_watch *w, uint32_t events)
 {
     struct server *srv = w->ud;
@@ -72,22 +99,27 @@ static void on_accept(struct loop_watch *w, uint32_t events)
     for (int i = 0; i < ACCEPT_BATCH; i++) {
         union sockaddr_any peer = {0};
         socklen_t plen = sizeof peer;
-        int fd = accept4(srv->listen_fd, &peer.sa, &plen, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        bool reserved;
+        int fd = accept_reserved(srv->listen_fd, &peer.sa, &plen, &reserved);
+        if (fd == -EAGAIN || fd == -EINTR || fd == -ECONNABORTED)
+            return;
+        if (fd == -EMFILE || fd == -ENFILE || fd == -ENOBUFS || fd == -ENOMEM) {
+            /* Not even the reserve had an fd: the pending connection stays
+             * queued and the listener readable, and retrying at once would
+             * spin the loop. Rest until the next tick. */
+            LOG_W_RL("accept: %s (pausing for %u ms)", errno_reason(-fd), SERVER_TICK_MS);
+            loop_watch(srv->loop, &srv->listen_watch, 0);
+            srv->accept_paused = true;
+            return;
+        }
         if (fd < 0) {
-            if (errno == EAGAIN || errno == EINTR || errno == ECONNABORTED)
-                return;
-            if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
-                /* The pending connection stays queued and the listener
-                 * readable: retrying at once would spin the loop. Rest
-                 * until the next tick. */
-                PLOG_W_RL("accept (pausing for %u ms)", SERVER_TICK_MS);
-                loop_watch(srv->loop, &srv->listen_watch, 0);
-                srv->accept_paused = true;
-                return;
-            }
             /* A network error of the connection being accepted (accept(2)):
              * that one is gone, the next may be fine. */
-            PLOG_W_RL("accept");
+            LOG_W_RL("accept: %s", strerror(-fd));
+            continue;
+        }
+        if (reserved) {
+            refuse_no_fds(fd);
             continue;
         }
         uint8_t key[PREAUTH_KEY_LEN];
@@ -286,7 +318,11 @@ static void fs_schedule(struct server *srv, uint64_t now)
 static void fs_launch(struct server *srv, uint64_t now)
 {
     char err[512] = "";
+    /* With our fd table full, a restart still gets its control socket:
+     * from the fd reserve (core/util.h). */
+    fd_reserve_lend(true);
     int r = fs_client_launch(srv->cfg, &srv->fs, err, sizeof err);
+    fd_reserve_lend(false);
     if (r < 0) {
         LOG_E("fork server: cannot start it: %s", err);
         fs_schedule(srv, now);

@@ -516,6 +516,12 @@ static void on_chan(struct loop_watch *w, uint32_t events)
     }
     if (events & (EPOLLIN | EPOLLHUP | EPOLLERR)) {
         int r = chan_conn_read(s->chan);
+        if (r == -EMFILE) { /* its listener did not fit in our fd table */
+            char why[120];
+            fs_spawn_failure(-EMFILE, why, sizeof why);
+            stream_end(s, STREAM_EXIT_USAGE, "%s", why);
+            return;
+        }
         if (chan_conn_error(r)) {
             sandbox_error(s, chan_conn_error(r));
             return;

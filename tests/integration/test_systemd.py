@@ -191,15 +191,18 @@ def test_unit_verifies(tmp_path):
 def test_unit_settings():
     """What the service depends on is in the unit: readiness by notify,
     the delegated cgroup subtree, SIGTERM to forkboxd alone, a stop timeout
-    above the 30 s drain, a watchdog, the token as a credential, no start
-    without a token file, no seccomp-based directive (sandboxes would
-    inherit it), nothing that mounts over /proc."""
+    above the 30 s drain, a watchdog, the OOM killer's order, the token as a
+    credential, no start without a token file, no seccomp-based directive
+    (sandboxes would inherit it), nothing that mounts over /proc."""
     s = unit_settings(unit_text())
     assert s["Type"] == ["notify"] and s["NotifyAccess"] == ["main"]
     assert s["Delegate"] == ["yes"] and s["KillMode"] == ["mixed"]
     stop = s["TimeoutStopSec"][0]
     assert stop.endswith("s") and int(stop[:-1]) > 30, stop
     assert s["WatchdogSec"] and s["NoNewPrivileges"] == ["yes"]
+    # The OOM killer's order (src/core/limits.h): sandboxes, then the fork
+    # server, forkboxd last; lowering it needs CAP_SYS_RESOURCE.
+    assert s["OOMScoreAdjust"] == ["-900"] and "CAP_SYS_RESOURCE" in s["CapabilityBoundingSet"][0]
     token = s["ConditionPathExists"][0]
     assert token.endswith("/forkbox/token") and f"--token-file {token}" in s["ExecStart"][0]
     assert s["ExecReload"] == ["/bin/kill -HUP $MAINPID"]  # re-reads the token file

@@ -24,7 +24,7 @@ static const struct step_row {
 } step_rows[] = {
     {"prepare", "fork server: id, socketpair, pipes", {NULL}},
     {"clone", "fork server: clone(), six namespaces", {"clone_ret"}},
-    {"maps", "fork server: setgroups, uid_map, gid_map", {NULL}},
+    {"maps", "fork server: oom_score_adj, id maps", {NULL}},
     {"handoff", "fork server: placement queued, reply sent", {NULL}},
     {"start", "clone -> child running", {"child_start"}},
     {"placed", "cgroup placer: attach (its own wall/CPU)", {NULL}},
