@@ -30,6 +30,7 @@ import subprocess
 import time
 
 import forkbox_client as fc
+import websockets.exceptions
 from fbtest import (ConnectionClosed, arun, cgroup_forkbox_dirs, cgroup_mounts, children,
                     descendants, host_mounts, nspid_depth, pid_alive, wait_until)
 
@@ -63,6 +64,8 @@ async def host_turn(d, code: str, *, open_timeout: float = 30.0, tools=None) -> 
         turn = await fc.Turn.connect(d.url, tools or {}, token=d.token, open_timeout=open_timeout)
     except ConnectionClosed as e:  # closed while it sent its tools archive
         return f"{e.rcvd.code} {e.rcvd.reason}" if e.rcvd else "1006"
+    except websockets.exceptions.InvalidStatusCode as e:  # answered at the door
+        return f"http {e.status_code}"
     except Exception as e:  # noqa: BLE001  (refused, timed out: what the client saw)
         return f"connect failed: {e!r}"[:160]
     try:
@@ -77,9 +80,11 @@ async def host_turn(d, code: str, *, open_timeout: float = 30.0, tools=None) -> 
 
 
 def ok_outcome(o: str) -> bool:
-    """A turn completed, or ended with a close frame that says why."""
+    """A turn completed, ended with a close frame that says why, or was
+    answered 503 at the door (its body says why: out of fds, busy)."""
     m = re.match(r"(\d+) (.+)", o)
-    return o.startswith("ran") or bool(m and m.group(1) in ("1000", "1001", "1011", "1013"))
+    return (o.startswith("ran") or o == "http 503" or
+            bool(m and m.group(1) in ("1000", "1001", "1011", "1013")))
 
 
 def recover(d, since: float, limit: float = 30.0) -> float | None:

@@ -7,8 +7,8 @@ and the daemon recovers once the resource is back.
 The OOM case: a turn killed for the daemon-wide memory cgroup's limit was
 reported as "killed at its memory limit (1024 MiB)", the turn's, not the one
 that was hit. A stalled log reader froze the daemon (a blocking write(2) on
-its stderr, issue 25). The fd limit is the rest of issue 25: its case asserts
-the right outcome and is marked xfail until that lands.
+its stderr), and a lowered fd limit cost the fork server and every running
+turn (a spawn reply cut by MSG_CTRUNC read as a dead fork server): issue 25.
 """
 
 import asyncio
@@ -64,14 +64,11 @@ def test_memory_limited_daemon(make_daemon):
         mem.remove()
 
 
-@pytest.mark.xfail(strict=False, reason="issue 25 (fd limit): the fork server's reply with the "
-                   "sandbox's fds is cut (MSG_CTRUNC), the supervisor takes it for a dead fork "
-                   "server and the running turns end 1011")
 def test_fd_limit(make_daemon):
     """The supervisor's RLIMIT_NOFILE lowered to what it holds plus 4 while two
     blocks run and six clients connect: the blocks complete, every client
-    gets a close with its reason or its turn once the limit is back, and the
-    daemon serves again."""
+    gets a close with its reason, a 503 at the door (out of file descriptors)
+    or its turn once the limit is back, and the daemon serves again."""
     mounts = host_mounts()
     d = make_daemon(["--capacity", "8", "--pool", "2"])
     held = Holdings(d, mounts)
