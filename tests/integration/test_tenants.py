@@ -273,8 +273,8 @@ def test_tenant_buffer_ends_only_that_tenants_turn(make_daemon, tmp_path):
     assert a1.exit_code == 0 and a1.stdout == "sent\n", a1
 
 
-TENANT_CG = re.compile(r"^(?:\d+:(?:[^:]*,)?cpu(?:,[^:]*)?|0:):.*/tenant-\d+-(\d+)/turn-\d+-\d+$",
-                       re.M)
+TENANT_CG = re.compile(r"^(?:\d+:(?:[^:]*,)?cpu(?:,[^:]*)?|0:):"
+                       r".*/tenant-\d+-\d+-(\d+)/turn-\d+-\d+-\d+$", re.M)
 
 
 def tenants_running(d) -> list:
