@@ -46,22 +46,42 @@
  * --id-range says so (and then the one started second refuses). */
 #define STREAM_ID_FIRST 2013331456u
 
+#define SANDBOX_WHAT \
+    "  runs one sandbox speaking the stream transports (spec 8.2), chosen by\n" \
+    "  ADK_CODE_MODE_CONTROL_TCP / _SOCKET / _FD (default fd 3), with the host's\n" \
+    "  ADK_CODE_MODE_WORKDIR (default /workspace) read-write (served as its\n" \
+    "  owner's, at most --workspace-max more) and\n" \
+    "  ADK_CODE_MODE_TOOLS_DIR (default /tools) read-only\n"
+
 static void usage(FILE *f)
 {
     fprintf(f, "usage: forkbox sandbox [forkboxd's flags: --memory, --pids, --cpu, "
                "--block-timeout, --policy, --allow-no-cgroups, ...]\n"
-               "  runs one sandbox speaking the stream transports (spec 8.2), chosen by\n"
-               "  ADK_CODE_MODE_CONTROL_TCP / _SOCKET / _FD (default fd 3), with the host's\n"
-               "  ADK_CODE_MODE_WORKDIR (default /workspace) read-write (served as its\n"
-               "  owner's, at most --workspace-max more) and\n"
-               "  ADK_CODE_MODE_TOOLS_DIR (default /tools) read-only\n"
+               SANDBOX_WHAT
                "usage: forkbox run [--workspace DIR] [--tools host_tools.py] FILE.py...\n"
                "  runs the files as the blocks of one turn in a local sandbox (forkbox run --help)\n");
+}
+
+/* `forkbox sandbox --help` needs no transport: it is answered before one is
+ * looked for (fd 3 need not be open). */
+static bool wants_help(int argc, char **argv)
+{
+    for (int i = 1; i < argc && strcmp(argv[i], "--") != 0; i++)
+        if (strcmp(argv[i], "--help") == 0)
+            return true;
+    return false;
 }
 
 static int sandbox_main(int argc, char **argv)
 {
     char err[512] = "";
+    if (wants_help(argc, argv)) {
+        fputs("usage: forkbox sandbox [options]\n" SANDBOX_WHAT
+              "options: forkboxd's (those of the server alone have no effect here; "
+              "forkbox(1))\n", stdout);
+        config_print_options(stdout);
+        return 0;
+    }
     struct transport t;
     int r = transport_select(&t, err, sizeof err);
     if (r < 0) {

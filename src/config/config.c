@@ -236,12 +236,12 @@ static const struct opt opts[] = {
              "tenant: every tenant with a busy turn does"},
     {"tmpfs-size", K_SIZE, FIELD(tmpfs_size), .def = 512 * MiB, .max = 1ULL << 40,
      .forkserver = true,
-     .arg = "SIZE", .help = "/workspace and /tmp size each (512M)"},
+     .arg = "SIZE", .help = "/workspace, /tmp and /dev/shm together (512M)"},
     /* The host directory is not a tmpfs: its server (sandbox/hostfs.c)
      * charges what the block adds to it against this. */
     {"workspace-max", K_SIZE, FIELD(workspace_max), .def = 0, .max = 1ULL << 40,
      .forkserver = true,
-     .arg = "SIZE", .help = "forkbox sandbox: how much a block may add to the host's\n"
+     .arg = "SIZE", .help = "forkbox sandbox: how much a turn may add to the host's\n"
                           "workspace directory (0 = --tmpfs-size, the default)"},
     /* Finite, so that a looping or stopped block, or a client that keeps a
      * turn busy forever, gives its CPU and turn slot back (README,
@@ -252,7 +252,7 @@ static const struct opt opts[] = {
     {"turn-timeout", K_SECONDS, FIELD(turn_timeout_ms), .def = 7200, .max = 31536000,
      .arg = "SEC", .help = "wall clock per turn (7200; 0 = none)"},
     {"idle-timeout", K_SECONDS, FIELD(idle_timeout_ms), .def = 600, .max = 31536000,
-     .arg = "SEC", .help = "idle time between blocks (600)"},
+     .arg = "SEC", .help = "idle time between blocks (600; 0 = none)"},
     /* SIGTERM/SIGINT: running turns go on for at most this long, then are
      * closed with 1001 (README, "Stopping and restarts"). */
     {"drain-timeout", K_SECONDS, FIELD(drain_timeout_ms), .def = 30, .max = 31536000,
@@ -553,9 +553,8 @@ static int apply_env(struct config *cfg, char *err, size_t errlen)
     return 0;
 }
 
-static void print_usage(FILE *out)
+void config_print_options(FILE *out)
 {
-    fputs("usage: forkboxd [options]\n", out);
     for (size_t i = 0; i < N_OPTS; i++) {
         const struct opt *o = &opts[i];
         if (o->kind == K_GONE || o->kind == K_HELP)
@@ -571,6 +570,12 @@ static void print_usage(FILE *out)
         }
     }
     fputs("SIZE accepts K, M and G suffixes (powers of 1024).\n", out);
+}
+
+static void print_usage(FILE *out)
+{
+    fputs("usage: forkboxd [options]\n", out);
+    config_print_options(out);
 }
 
 /* The id range: no special id inside (root, nobody, the two -1s), and room

@@ -10,6 +10,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "core/log.h"
 
@@ -98,6 +99,11 @@ struct config {
  * before). Returns 0; on a bad value returns -EINVAL
  * with a message in err. Prints help and returns 1 for --help. */
 int config_parse(int argc, char **argv, struct config *cfg, char *err, size_t errlen);
+
+/* The option list of --help, a line per flag with its default, without
+ * the usage line: `forkbox sandbox --help`, which takes these flags, prints
+ * it under its own. */
+void config_print_options(FILE *out);
 
 /* What the fork server is given: the settings whose row in config.c's table
  * says forkserver, every other byte zero (listen address, single-use, token
