@@ -98,8 +98,12 @@
 #define CAPTURE_RETIRED_MAX 16
 #define CAPTURE_RETIRE_MAX_MS 2000
 
-/* Backpressure: stop reading a side while the other side has this much queued. */
-#define RELAY_HIGH_WATER (4 * MiB)
+/* The window: what a turn may hold for the slower side of each direction.
+ * A side is not read while more than this waits for the other (its client's
+ * WebSocket queue, pongs included, or its sandbox's channel queue), so a
+ * peer that does not read stops its peer instead of growing the
+ * supervisor. */
+#define RELAY_WINDOW (4 * MiB)
 /* A value at least this large in a client frame that must be re-encoded (a
  * tool result) is sent to the sandbox from the client's message, not
  * copied into the new encoding. */
@@ -139,7 +143,7 @@
  * message of the largest size in each direction, plus what backpressure
  * lets queue; and all turns together (--total-buffer, default a quarter of
  * the machine's memory, at least the minimum). */
-#define TURN_BUFFER_DEFAULT (2 * WS_MAX_MESSAGE_BYTES + 4 * RELAY_HIGH_WATER)
+#define TURN_BUFFER_DEFAULT (2 * WS_MAX_MESSAGE_BYTES + 4 * RELAY_WINDOW)
 #define TOTAL_BUFFER_MIN (TURN_BUFFER_DEFAULT)
 
 /* What a sandbox may send, by state and kind (session/from_sandbox.c).

@@ -36,7 +36,6 @@
 #include "core/utf8.h"
 
 #define WS_HDR_MAX 14          /* 2 + 8 (length) + 4 (mask) */
-#define WS_WBUF (64 * 1024)    /* gathered writes */
 #define WS_WBUF_DIRECT 16384   /* writes this large skip wbuf when it is empty */
 
 /* A large outgoing message being read by wslay in fragments. */
@@ -83,7 +82,11 @@ struct ws_conn {
     /* output */
     struct ws_src *srcs;          /* owned: fragmented messages not yet fully read */
     size_t src_left;              /* bytes in srcs not yet handed to wslay */
-    size_t charged_copy;          /* charged for wslay's copies of queued messages */
+    size_t charged_copy;          /* charged for what wslay holds of queued messages
+                                     (wslay_held: copies, control frames, records) */
+    size_t charged_io;            /* charged for rbuf and wbuf while they exist */
+    size_t window;                /* read nothing while more than this is queued; 0: no limit */
+    bool paused;                  /* the handler stopped reading (ws_conn_pause) */
     uint8_t *wbuf;                /* owned, WS_WBUF bytes while writes are gathered, else NULL
                                      (an idle connection holds none) */
     size_t wlen, woff;            /* wbuf[woff..wlen) is waiting for the socket */
@@ -95,6 +98,81 @@ struct ws_conn {
     bool failed;                  /* wslay gave up writing (I/O or memory) */
 };
 
+/* ---------------------------------------------------------------- charges */
+
+/* Take n bytes from the budget into the account acct: 0 or the budget's
+ * -EDQUOT / -ENOSPC. */
+static int charge(struct ws_conn *c, size_t *acct, size_t n)
+{
+    int r = c->budget ? budget_take(c->budget, n) : 0;
+    if (r == 0)
+        *acct += n;
+    return r;
+}
+
+static void uncharge(struct ws_conn *c, size_t *acct, size_t n)
+{
+    if (c->budget)
+        budget_give(c->budget, n);
+    *acct -= n;
+}
+
+/* What wslay holds of the messages queued (and not yet written): their
+ * copies (a fragmented message's bytes are in our ws_src, charged there)
+ * and one WS_MSG_OVERHEAD each. */
+static size_t wslay_held(const struct ws_conn *c)
+{
+    return wslay_event_get_queued_msg_length(c->ctx) +
+           wslay_event_get_queued_msg_count(c->ctx) * WS_MSG_OVERHEAD;
+}
+
+/* Give back what wslay no longer holds. A close that could not be charged
+ * (below) is held uncharged: this only gives back later, never more than
+ * was taken. */
+static void copies_settle(struct ws_conn *c)
+{
+    size_t q = wslay_held(c);
+    if (q < c->charged_copy)
+        uncharge(c, &c->charged_copy, c->charged_copy - q);
+}
+
+/* A close frame: charged like the rest if the budget allows, queued in any
+ * case (one per connection, at most 127 bytes). wslay's result. */
+static int queue_close(struct ws_conn *c, uint16_t code, const uint8_t *reason, size_t len)
+{
+    size_t n = (code ? 2 + len : 0) + WS_MSG_OVERHEAD;
+    bool charged = charge(c, &c->charged_copy, n) == 0;
+    int r = wslay_event_queue_close(c->ctx, code, reason, len);
+    if (r != 0 && charged)
+        uncharge(c, &c->charged_copy, n);
+    return r;
+}
+
+/* Queue a message, copied (data or control: a pong too), charged with its
+ * overhead. 0, -EPIPE (closing or failed), -ENOMEM, -EINVAL or the
+ * budget's -EDQUOT / -ENOSPC. */
+static int ws_queue(struct ws_conn *c, uint8_t opcode, const uint8_t *p, size_t n)
+{
+    const struct wslay_event_msg msg = {.opcode = opcode, .msg = p, .msg_length = n};
+    if (c->failed)
+        return -EPIPE;
+    int r = charge(c, &c->charged_copy, n + WS_MSG_OVERHEAD);
+    if (r < 0)
+        return r;
+    r = wslay_event_queue_msg(c->ctx, &msg);
+    if (r == 0)
+        return 0;
+    uncharge(c, &c->charged_copy, n + WS_MSG_OVERHEAD);
+    switch (r) {
+    case WSLAY_ERR_NOMEM:
+        return -ENOMEM;
+    case WSLAY_ERR_INVALID_ARGUMENT:
+        return -EINVAL;
+    default: /* WSLAY_ERR_NO_MORE_MSG: a close is queued or sent */
+        return -EPIPE;
+    }
+}
+
 /* ---------------------------------------------------------------- closing */
 
 /* Close for a reason decided here, once; reading stops. */
@@ -104,15 +182,22 @@ static void refuse(struct ws_conn *c, int err, uint16_t code, const char *reason
         return;
     c->err = err;
     c->reading = false;
-    wslay_event_queue_close(c->ctx, code, (const uint8_t *)reason, strlen(reason));
+    queue_close(c, code, (const uint8_t *)reason, strlen(reason));
 }
 
 /* ---------------------------------------------------------------- input */
 
-#define WS_RBUF (16 * 1024)
 /* A data frame's payload is received straight into its message once at
  * least this much of it is still due and rbuf is empty. */
 #define WS_DIRECT_MIN 1024
+
+/* Reading waits while the handler paused it or more than the window is
+ * queued for the client (a peer that sends pings and never reads them
+ * stops being read instead of growing its pongs without bound). */
+static bool held(const struct ws_conn *c)
+{
+    return c->paused || (c->window && ws_conn_queued(c) > c->window);
+}
 
 /* recv() into p[0..len), within the read budget: the count, 0 for "nothing
  * now" (would block, or the budget is spent), -1 on EOF or a socket error. */
@@ -145,7 +230,13 @@ static ssize_t recv_some(struct ws_conn *c, uint8_t *p, size_t len)
 static ssize_t refill(struct ws_conn *c)
 {
     if (!c->rbuf) {
+        if (charge(c, &c->charged_io, WS_RBUF) < 0) {
+            refuse(c, -EMSGSIZE, WSLAY_CODE_POLICY_VIOLATION,
+                   "input buffer over the turn's memory budget");
+            return -1;
+        }
         if (!(c->rbuf = malloc(WS_RBUF))) {
+            uncharge(c, &c->charged_io, WS_RBUF);
             refuse(c, -ENOMEM, WSLAY_CODE_INTERNAL_SERVER_ERROR, "out of memory");
             return -1;
         }
@@ -337,7 +428,7 @@ static void close_received(struct ws_conn *c)
     c->close_received = true;
     c->reading = false;
     /* Fails only when our own close is already queued: that one answers. */
-    wslay_event_queue_close(c->ctx, code, n > 2 ? c->ctrl + 2 : NULL, n > 2 ? n - 2 : 0);
+    queue_close(c, code, n > 2 ? c->ctrl + 2 : NULL, n > 2 ? n - 2 : 0);
 }
 
 /* The frame's last payload byte is in. */
@@ -349,10 +440,14 @@ static void frame_end(struct ws_conn *c)
         close_received(c);
         return;
     case WSLAY_PING: {
-        const struct wslay_event_msg pong = {
-            .opcode = WSLAY_PONG, .msg = c->ctrl, .msg_length = (size_t)c->payload_len};
-        if (wslay_event_queue_msg(c->ctx, &pong) == WSLAY_ERR_NOMEM)
+        int r = ws_queue(c, WSLAY_PONG, c->ctrl, (size_t)c->payload_len);
+        if (r == -ENOMEM)
             refuse(c, -ENOMEM, WSLAY_CODE_INTERNAL_SERVER_ERROR, "out of memory");
+        else if (r == -ENOSPC)
+            refuse(c, -ENOSPC, 1013, "server memory budget exhausted, try again later");
+        else if (r == -EDQUOT)
+            refuse(c, -EMSGSIZE, WSLAY_CODE_POLICY_VIOLATION,
+                   "pongs over the turn's memory budget");
         return; /* other failures: a close is queued, no pong is due */
     }
     case WSLAY_PONG:
@@ -407,6 +502,10 @@ static void read_frames(struct ws_conn *c)
 {
     while (c->reading && !c->io_failed) {
         ssize_t r;
+        if (held(c)) { /* what rbuf holds waits too: read_more says so */
+            c->read_more = true;
+            return;
+        }
         if (c->in_payload) {
             r = c->payload_got < c->payload_len ? take_payload(c) : 1;
             if (r > 0 && c->reading && c->payload_got == c->payload_len)
@@ -445,13 +544,29 @@ static int wflush(struct ws_conn *c)
     return 0;
 }
 
+/* The gathering buffer, made (and charged) if it is not there: false if
+ * it cannot be; writes then go straight to the socket (a close must go out
+ * also when the budget is spent). */
+static bool wbuf_get(struct ws_conn *c)
+{
+    if (c->wbuf)
+        return true;
+    if (charge(c, &c->charged_io, WS_WBUF) < 0)
+        return false;
+    if (!(c->wbuf = malloc(WS_WBUF))) {
+        uncharge(c, &c->charged_io, WS_WBUF);
+        return false;
+    }
+    return true;
+}
+
 static ssize_t ws_send_cb(wslay_event_context_ptr ctx, const uint8_t *data, size_t len, int flags,
                           void *user_data)
 {
     struct ws_conn *c = user_data;
     if (c->wlen && WS_WBUF - c->wlen < len && wflush(c) < 0)
         goto fail;
-    if (c->wlen == 0 && len >= WS_WBUF_DIRECT) {
+    if (c->wlen == 0 && (len >= WS_WBUF_DIRECT || !wbuf_get(c))) {
         /* large and nothing gathered before it: straight to the socket */
         for (;;) {
             ssize_t r = send(c->fd, data, len, MSG_NOSIGNAL);
@@ -469,8 +584,6 @@ static ssize_t ws_send_cb(wslay_event_context_ptr ctx, const uint8_t *data, size
     }
     if (c->woff == c->wlen)
         c->woff = c->wlen = 0;
-    if (!c->wbuf && !(c->wbuf = malloc(WS_WBUF)))
-        goto fail;
     size_t room = WS_WBUF - c->wlen;
     if (room == 0)
         goto block;
@@ -519,17 +632,6 @@ static void srcs_reap(struct ws_conn *c)
     }
 }
 
-/* Give back what wslay no longer holds of the copied messages. */
-static void copies_settle(struct ws_conn *c)
-{
-    size_t q = wslay_event_get_queued_msg_length(c->ctx);
-    if (q < c->charged_copy) {
-        if (c->budget)
-            budget_give(c->budget, c->charged_copy - q);
-        c->charged_copy = q;
-    }
-}
-
 /* ---------------------------------------------------------------- lifetime */
 
 struct ws_conn *ws_conn_new(int fd, struct budget *budget, const uint8_t *initial,
@@ -548,7 +650,7 @@ struct ws_conn *ws_conn_new(int fd, struct budget *budget, const uint8_t *initia
     buf_init_budget(&c->msg, SIZE_MAX, budget);
     if (initial_len > 0) {
         c->rcap = initial_len > WS_RBUF ? initial_len : WS_RBUF;
-        c->rbuf = malloc(c->rcap);
+        c->rbuf = charge(c, &c->charged_io, c->rcap) == 0 ? malloc(c->rcap) : NULL;
         if (c->rbuf) {
             memcpy(c->rbuf, initial, initial_len);
             c->rlen = initial_len;
@@ -557,6 +659,8 @@ struct ws_conn *ws_conn_new(int fd, struct budget *budget, const uint8_t *initia
         }
     }
     if ((initial_len > 0 && !c->rbuf) || wslay_event_context_server_init(&c->ctx, &cbs, c) != 0) {
+        if (c->budget)
+            budget_give(c->budget, c->charged_io);
         free(c->rbuf);
         free(c);
         return NULL;
@@ -576,7 +680,7 @@ void ws_conn_free(struct ws_conn *c)
         free(s);
     }
     if (c->budget)
-        budget_give(c->budget, c->charged_copy);
+        budget_give(c->budget, c->charged_copy + c->charged_io);
     buf_free(&c->msg);
     free(c->rbuf);
     free(c->wbuf);
@@ -606,6 +710,7 @@ int ws_conn_read(struct ws_conn *c)
     if (c->io_failed)
         c->failed = true; /* nothing more can move either way */
     if (c->rbuf && c->roff == c->rlen) { /* all taken: give the buffer back */
+        uncharge(c, &c->charged_io, c->rcap);
         free(c->rbuf);
         c->rbuf = NULL;
         c->rcap = c->roff = c->rlen = 0;
@@ -628,41 +733,14 @@ int ws_conn_write(struct ws_conn *c)
         return ws_status(c);
     if (wslay_event_send(c->ctx) != 0)
         c->failed = true;
-    if (wflush(c) == 0) { /* all out: give the gathering buffer back */
+    if (wflush(c) == 0 && c->wbuf) { /* all out: give the gathering buffer back */
+        uncharge(c, &c->charged_io, WS_WBUF);
         free(c->wbuf);
         c->wbuf = NULL;
     }
     copies_settle(c);
     srcs_reap(c);
     return ws_status(c);
-}
-
-static int ws_queue(struct ws_conn *c, uint8_t opcode, const uint8_t *p, size_t n)
-{
-    const struct wslay_event_msg msg = {.opcode = opcode, .msg = p, .msg_length = n};
-    if (c->failed)
-        return -EPIPE;
-    if (c->budget && !(opcode & 0x8)) {
-        int r = budget_take(c->budget, n);
-        if (r < 0)
-            return r;
-    }
-    int r = wslay_event_queue_msg(c->ctx, &msg);
-    if (r == 0) {
-        if (!(opcode & 0x8))
-            c->charged_copy += n;
-        return 0;
-    }
-    if (c->budget && !(opcode & 0x8))
-        budget_give(c->budget, n);
-    switch (r) {
-    case WSLAY_ERR_NOMEM:
-        return -ENOMEM;
-    case WSLAY_ERR_INVALID_ARGUMENT:
-        return -EINVAL;
-    default: /* WSLAY_ERR_NO_MORE_MSG: a close is queued or sent */
-        return -EPIPE;
-    }
 }
 
 int ws_conn_send_text(struct ws_conn *c, const uint8_t *p, size_t n)
@@ -692,8 +770,12 @@ int ws_conn_send_buf(struct ws_conn *c, bool text, struct buf *b)
     int r = buf_move(&s->data, b);
     const struct wslay_event_fragmented_msg msg = {
         .opcode = opcode, .source.data = s, .read_callback = src_read};
-    if (r == 0 && wslay_event_queue_fragmented_msg(c->ctx, &msg) != 0)
+    if (r == 0)
+        r = charge(c, &c->charged_copy, WS_MSG_OVERHEAD);
+    if (r == 0 && wslay_event_queue_fragmented_msg(c->ctx, &msg) != 0) {
+        uncharge(c, &c->charged_copy, WS_MSG_OVERHEAD);
         r = -EPIPE;
+    }
     if (r < 0) {
         buf_free(b);
         buf_free(&s->data);
@@ -731,7 +813,7 @@ int ws_conn_close(struct ws_conn *c, uint16_t code, const char *reason)
 
     if (c->failed)
         return -EPIPE;
-    int r = wslay_event_queue_close(c->ctx, code, (const uint8_t *)reason, len);
+    int r = queue_close(c, code, (const uint8_t *)reason, len);
     if (r == WSLAY_ERR_NOMEM)
         return -ENOMEM;
     if (r == WSLAY_ERR_INVALID_ARGUMENT)
@@ -748,7 +830,17 @@ int ws_conn_close(struct ws_conn *c, uint16_t code, const char *reason)
 
 bool ws_conn_want_read(const struct ws_conn *c)
 {
-    return !c->failed && !c->err && !c->io_failed && c->reading;
+    return !c->failed && !c->err && !c->io_failed && c->reading && !held(c);
+}
+
+void ws_conn_set_window(struct ws_conn *c, size_t window)
+{
+    c->window = window;
+}
+
+void ws_conn_pause(struct ws_conn *c, bool paused)
+{
+    c->paused = paused;
 }
 
 bool ws_conn_want_write(const struct ws_conn *c)
@@ -763,7 +855,7 @@ bool ws_conn_read_more(const struct ws_conn *c)
 
 size_t ws_conn_queued(const struct ws_conn *c)
 {
-    return wslay_event_get_queued_msg_length(c->ctx) + c->src_left + (c->wlen - c->woff);
+    return wslay_held(c) + c->src_left + (c->wlen - c->woff);
 }
 
 bool ws_conn_pending(const struct ws_conn *c)

@@ -20,7 +20,12 @@
  *  - Outgoing messages over WS_SEND_COPY_MAX are sent as fragments read
  *    straight from the caller's buffer (no copy of the message, and pongs and
  *    a close can go out between fragments); small ones are copied. Writes are
- *    gathered in a small buffer so that many small frames cost one send(). */
+ *    gathered in a small buffer so that many small frames cost one send().
+ *  - Everything held is charged to the budget: incoming messages, the copies
+ *    wslay keeps of queued ones, control frames (pongs, the close) with
+ *    WS_MSG_OVERHEAD each for wslay's records, the read and write buffers.
+ *    With a window set, nothing is read while more than the window waits to
+ *    be sent: a peer that does not read stops being read. */
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>
@@ -37,6 +42,16 @@ struct budget;
 /* Outgoing messages up to this size are copied into wslay's queue; larger
  * ones are sent as fragments from the caller's buffer. */
 #define WS_SEND_COPY_MAX (64 * 1024)
+/* Every message queued costs its payload plus about this much of wslay's
+ * own memory (the message record, its queue entry, malloc's headers):
+ * charged too, so that a flood of empty pongs is paid for like any other
+ * bytes. */
+#define WS_MSG_OVERHEAD 128
+/* The connection's own buffers, each allocated (and charged) only while it
+ * is in use: bytes read and not yet taken, and writes being gathered so that
+ * many small frames cost one send(). */
+#define WS_RBUF (16 * 1024)
+#define WS_WBUF (64 * 1024)
 
 #define WS_MSG_DROP UINT64_MAX
 
@@ -81,8 +96,9 @@ void ws_conn_free(struct ws_conn *c); /* NULL is fine */
  * ws_conn_new() (ws_conn_read_more() is true until they are consumed). */
 int ws_conn_read(struct ws_conn *c);
 int ws_conn_write(struct ws_conn *c);
-/* True if the last ws_conn_read() stopped on its budget (or initial bytes
- * are still pending), so there may be input without a new readiness event. */
+/* True if the last ws_conn_read() stopped on its budget, a pause or the
+ * window (or initial bytes are still pending) and reading is wanted now, so
+ * there may be input without a new readiness event: call ws_conn_read(). */
 bool ws_conn_read_more(const struct ws_conn *c);
 
 /* Queue a message (copied). 0, or negative if closing, out of memory or over
@@ -98,7 +114,16 @@ int ws_conn_send_ping(struct ws_conn *c);
  * boundary); further sends fail and no more messages are delivered. */
 int ws_conn_close(struct ws_conn *c, uint16_t code, const char *reason);
 
-/* Interest for the loop. */
+/* Read nothing while more than window bytes (ws_conn_queued) wait to be
+ * sent; 0 (the default): no limit. */
+void ws_conn_set_window(struct ws_conn *c, size_t window);
+/* Stop reading (paused) or read again. Safe from a handler: reading stops
+ * before the next frame's bytes are taken. After reading resumes, bytes
+ * already read may be waiting: ws_conn_read_more() says so. */
+void ws_conn_pause(struct ws_conn *c, bool paused);
+
+/* Interest for the loop: reading is wanted unless closing, paused or over
+ * the window. */
 bool ws_conn_want_read(const struct ws_conn *c);
 bool ws_conn_want_write(const struct ws_conn *c);
 /* Bytes queued for sending and not yet written (for backpressure). A

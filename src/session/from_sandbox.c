@@ -449,7 +449,7 @@ static int on_sandbox_end(void *ud, struct chan_msg *m)
     if (sandbox_message(s, m) < 0)
         return -1;
     /* A check still running, or backpressure: the client is not keeping up. */
-    if (s->in_complete || (s->ws && ws_conn_queued(s->ws) > RELAY_HIGH_WATER))
+    if (s->in_complete || (s->ws && ws_conn_queued(s->ws) > RELAY_WINDOW))
         return 1;
     return 0;
 }

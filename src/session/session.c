@@ -69,6 +69,10 @@ static void on_client_io(struct loop_watch *w, uint32_t events)
             mark_dead(s);
             break;
         }
+        /* Reading stopped with bytes already read (the client's queue was
+         * over the window, or reading was paused) and may go on now. */
+        if (ws_conn_read_more(s->ws))
+            events |= EPOLLIN;
         if (events & (EPOLLIN | EPOLLHUP | EPOLLERR)) {
             int rr = ws_conn_read(s->ws);
             if (rr < 0) {
@@ -119,7 +123,7 @@ void update_interest(struct session *s)
     default:
         if (s->out.len || ws_conn_want_write(s->ws))
             ev |= EPOLLOUT;
-        if (ws_conn_want_read(s->ws) && chan_conn_queued(s->chan) < RELAY_HIGH_WATER)
+        if (ws_conn_want_read(s->ws) && chan_conn_queued(s->chan) < RELAY_WINDOW)
             ev |= EPOLLIN;
         break;
     }
@@ -132,7 +136,7 @@ void update_interest(struct session *s)
         /* Backpressure: a client that does not read stops its sandbox (the
          * supervisor does not grow); a message still being checked is
          * finished first (session_work). */
-        if ((!s->ws || ws_conn_queued(s->ws) < RELAY_HIGH_WATER) && !s->in_complete)
+        if ((!s->ws || ws_conn_queued(s->ws) < RELAY_WINDOW) && !s->in_complete)
             cev |= EPOLLIN;
         loop_watch(l, &s->chan_watch, cev);
     }

@@ -527,7 +527,7 @@ static void test_server_close_and_send(void)
     pair_open(&p, 1 << 20, NULL, 0);
     is_int(ws_conn_send_text(p.c, (const uint8_t *)"{\"kind\":\"ready\"}\n", 17), 0, "text queued");
     is_int(ws_conn_send_binary(p.c, (const uint8_t *)"\x1f\x8b", 2), 0, "binary queued");
-    is_int(ws_conn_queued(p.c), 19, "queued counts both messages");
+    is_int(ws_conn_queued(p.c), 19 + 2 * WS_MSG_OVERHEAD, "queued counts both messages");
     ok(ws_conn_want_write(p.c), "want_write with messages queued");
     is_int(pump(&p), 0, "sent");
     is_int(ws_conn_queued(p.c), 0, "queue drained");
@@ -784,7 +784,7 @@ static uint64_t drop_binary(void *ud, bool text)
 static void test_dropped_message(void)
 {
     static const struct ws_handlers dh = {drop_binary, NULL, on_end, on_pong};
-    struct budget b = {.max = 4096};
+    struct budget b = {.max = 4096 + WS_RBUF};
     struct pair p;
     pair_open(&p, 1 << 20, NULL, 0);
     ws_conn_free(p.c);
@@ -802,7 +802,8 @@ static void test_dropped_message(void)
 /* Budget refusals: the turn's own (1009) and the daemon's (1013). */
 static void test_budget_refusals(void)
 {
-    struct budget all = {.max = 3000}, turn = {.max = 2000, .up = &all};
+    /* the read buffer is charged too, while it holds bytes */
+    struct budget all = {.max = 3000 + WS_RBUF}, turn = {.max = 2000 + WS_RBUF, .up = &all};
     struct pair p;
     pair_open(&p, 1 << 20, NULL, 0);
     ws_conn_free(p.c);
@@ -827,6 +828,40 @@ static void test_budget_refusals(void)
     pair_close(&p);
 }
 
+/* Pongs are charged (with wslay's records), and a client with more than the
+ * window queued for it is not read until that drains: a ping flood that is
+ * never read back holds the window, not more. */
+static void test_window_holds_pings(void)
+{
+    enum { PINGS = 100, PAYLOAD = 10, WINDOW = 10 * (PAYLOAD + WS_MSG_OVERHEAD) };
+    struct budget b = {.max = 1 << 20};
+    struct pair p;
+    pair_open(&p, 1 << 20, NULL, 0);
+    ws_conn_free(p.c);
+    p.c = ws_conn_new(p.server, &b, NULL, 0, &handlers, &p.rec);
+    ws_conn_set_window(p.c, WINDOW);
+    for (int i = 0; i < PINGS; i++)
+        send_frame(&p, true, 0x9, "0123456789", PAYLOAD);
+    is_int(ws_conn_read(p.c), 0, "pings read");
+    size_t q = ws_conn_queued(p.c);
+    ok(q > WINDOW && q <= WINDOW + PAYLOAD + WS_MSG_OVERHEAD,
+       "reading stops once the window is passed (%zu queued)", q);
+    ok(b.used >= q, "the pongs are charged (%llu for %zu queued)", (unsigned long long)b.used, q);
+    ok(!ws_conn_want_read(p.c) && !ws_conn_read_more(p.c), "not read while over the window");
+    ws_conn_write(p.c);
+    ok(ws_conn_want_read(p.c) && ws_conn_read_more(p.c), "drained: read again, bytes waiting");
+    is_int(pump(&p), 0, "the rest answered");
+    int pongs = 0;
+    struct sframe f;
+    while (pongs < PINGS && read_frame(&p, &f)) {
+        pongs += f.opcode == 0xA && f.len == PAYLOAD;
+        free(f.payload);
+    }
+    is_int(pongs, PINGS, "every ping answered");
+    ok(ws_conn_queued(p.c) == 0 && b.used == 0, "nothing held, nothing charged");
+    pair_close(&p);
+}
+
 /* A large outgoing message is sent from the caller's buffer in fragments; the
  * client reassembles exactly the bytes, and its charge is given back. */
 static void test_send_buf_fragments(void)
@@ -844,7 +879,8 @@ static void test_send_buf_fragments(void)
         m.data[i] = (uint8_t)('a' + i % 26);
     m.len = n;
     is_int(ws_conn_send_buf(p.c, true, &m), 0, "queued");
-    ok(m.data == NULL && ws_conn_queued(p.c) == n, "taken over; %zu bytes queued", ws_conn_queued(p.c));
+    ok(m.data == NULL && ws_conn_queued(p.c) == n + WS_MSG_OVERHEAD,
+       "taken over; %zu bytes queued", ws_conn_queued(p.c));
     uint8_t *got = malloc(n);
     size_t have = 0;
     int frames = 0;
@@ -900,6 +936,7 @@ int main(void)
     test_dropped_message();
     test_budget_refusals();
     test_send_buf_fragments();
+    test_window_holds_pings();
     test_text();
     test_fragmented();
     test_binary();
