@@ -104,6 +104,17 @@
  * peer that does not read stops its peer instead of growing the
  * supervisor. */
 #define RELAY_WINDOW (4 * MiB)
+/* What a client may make the supervisor read only to ignore it (core/bucket.h:
+ * past it, the client is not read until the bucket refills, at the next
+ * tick): pings (the spec's keepalive is one per 20 s each way) and the bytes
+ * of messages its turn's state ignores (binary while a block runs, text after
+ * done, text other than shutdown between blocks, unsolicited pongs), each
+ * message costing at least CLIENT_IGNORED_MSG_COST. */
+#define CLIENT_PINGS_BURST 16
+#define CLIENT_PINGS_PER_SEC 4
+#define CLIENT_IGNORED_BURST (8 * MiB)
+#define CLIENT_IGNORED_PER_SEC (1 * MiB)
+#define CLIENT_IGNORED_MSG_COST (4 * KiB)
 /* A value at least this large in a client frame that must be re-encoded (a
  * tool result) is sent to the sandbox from the client's message, not
  * copied into the new encoding. */

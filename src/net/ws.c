@@ -393,8 +393,11 @@ static void payload_got(struct ws_conn *c, const uint8_t *p, size_t n)
         refuse(c, -EPROTO, WSLAY_CODE_INVALID_FRAME_PAYLOAD_DATA, "text message not UTF-8");
         return;
     }
-    if (c->msg_drop)
+    if (c->msg_drop) {
+        if (c->h.on_dropped)
+            c->h.on_dropped(c->ud, n);
         return;
+    }
     c->msg.len += n; /* into the room reserved at the frame's header */
     if (c->h.on_msg_data)
         c->h.on_msg_data(c->ud, c->msg.data, c->msg.len);
@@ -448,6 +451,8 @@ static void frame_end(struct ws_conn *c)
         else if (r == -EDQUOT)
             refuse(c, -EMSGSIZE, WSLAY_CODE_POLICY_VIOLATION,
                    "pongs over the turn's memory budget");
+        else if (r == 0 && c->h.on_ping)
+            c->h.on_ping(c->ud);
         return; /* other failures: a close is queued, no pong is due */
     }
     case WSLAY_PONG:

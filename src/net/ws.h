@@ -68,6 +68,11 @@ struct ws_handlers {
      * the bytes with buf_move(); what it leaves is freed. */
     void (*on_msg_end)(void *ud, bool text, struct buf *msg);
     void (*on_pong)(void *ud); /* NULL = not wanted */
+    /* A ping arrived (its pong is queued). NULL = not wanted. May pause. */
+    void (*on_ping)(void *ud);
+    /* n more payload bytes of a dropped message were read and discarded.
+     * NULL = not wanted. May pause. */
+    void (*on_dropped)(void *ud, size_t n);
 };
 
 /* fd: a connected, non-blocking socket (borrowed: the caller closes it).

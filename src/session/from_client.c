@@ -95,6 +95,33 @@ static void end_turn(struct session *s, enum turn_end end)
     session_end(s, 1000, NULL);
 }
 
+/* The client made us read cost (bytes, pings) only to ignore it: past its
+ * turn's allowance it is not read until the bucket refills (client_resume,
+ * from the tick), so a flood waits instead of costing the loop. */
+static void client_charge(struct session *s, struct bucket *b, uint64_t cost)
+{
+    if (!bucket_take(b, cost, now_ns()) && !s->client_paused) {
+        s->client_paused = true;
+        ws_conn_pause(s->ws, true);
+    }
+}
+
+/* A message the turn's state ignores: what it costs to read and drop (one
+ * read whole counts at most a burst: the pause it earns stays short). */
+static void ignored(struct session *s, uint64_t len)
+{
+    uint64_t cost = len > CLIENT_IGNORED_MSG_COST ? len : CLIENT_IGNORED_MSG_COST;
+    client_charge(s, &s->client_ignored, cost < CLIENT_IGNORED_BURST ? cost : CLIENT_IGNORED_BURST);
+}
+
+/* A message the state ignores, dropped unread: its start is charged here,
+ * its payload as it is read (on_dropped). */
+static uint64_t drop(struct session *s)
+{
+    ignored(s, 0);
+    return WS_MSG_DROP;
+}
+
 /* What a message from the client may be in the turn's state: its largest
  * size, or 0 to drop it unread (ws.h). */
 static uint64_t on_msg_begin(void *ud, bool text)
@@ -115,7 +142,7 @@ static uint64_t on_msg_begin(void *ud, bool text)
             s->cmsg_bad = false;
             return WS_MAX_MESSAGE_BYTES;
         default: /* after done: results are no longer wanted */
-            return WS_MSG_DROP;
+            return drop(s);
         }
     }
     s->cmsg_bad = true; /* an archive: not scanned */
@@ -128,8 +155,15 @@ static uint64_t on_msg_begin(void *ud, bool text)
         end_turn(s, TURN_END_CLIENT_ERROR);
         return WS_MSG_DROP;
     default: /* ignored while a block runs (spec 2.3) */
-        return WS_MSG_DROP;
+        return drop(s);
     }
+}
+
+static void on_dropped(void *ud, size_t n)
+{
+    struct session *s = ud;
+    if (s->phase == PHASE_TURN)
+        client_charge(s, &s->client_ignored, n);
 }
 
 static void on_msg_data(void *ud, const uint8_t *msg, size_t len)
@@ -156,6 +190,8 @@ static void on_text(struct session *s, struct buf *msg)
     case TURN_BETWEEN: /* only shutdown matters; everything else is ignored */
         if (ok && f.kind == FRAME_SHUTDOWN)
             end_turn(s, TURN_END_OK);
+        else
+            ignored(s, msg->len);
         break;
     case TURN_ARCHIVED:
         if (!ok || f.kind != FRAME_RUN) {
@@ -174,7 +210,9 @@ static void on_text(struct session *s, struct buf *msg)
     case TURN_RUNNING:
         /* Results go to the sandbox; an undecodable message is dropped alone
          * (spec 9.2 "channel poisoning"); other frames are ignored. */
-        if (ok && f.kind == FRAME_TOOL_RESULT && sandbox_send_frame(s, &f, msg) < 0)
+        if (!ok || f.kind != FRAME_TOOL_RESULT)
+            ignored(s, msg->len);
+        else if (sandbox_send_frame(s, &f, msg) < 0)
             session_end(s, 1011, "cannot queue a tool result for the sandbox");
         break;
     default:
@@ -209,7 +247,18 @@ static void on_msg_end(void *ud, bool text, struct buf *msg)
 static void on_ws_pong(void *ud)
 {
     struct session *s = ud;
+    if (s->phase != PHASE_TURN)
+        return;
+    if (!s->ping_outstanding) /* unsolicited: ignored */
+        ignored(s, 0);
     s->ping_outstanding = false;
+}
+
+static void on_ws_ping(void *ud)
+{
+    struct session *s = ud;
+    if (s->phase == PHASE_TURN)
+        client_charge(s, &s->client_pings, 1);
 }
 
 const struct ws_handlers client_handlers = {
@@ -217,4 +266,6 @@ const struct ws_handlers client_handlers = {
     .on_msg_data = on_msg_data,
     .on_msg_end = on_msg_end,
     .on_pong = on_ws_pong,
+    .on_ping = on_ws_ping,
+    .on_dropped = on_dropped,
 };

@@ -107,6 +107,17 @@ static void on_client_io(struct loop_watch *w, uint32_t events)
     update_interest(s);
 }
 
+void client_resume(struct session *s)
+{
+    uint64_t now = now_ns();
+    if (s->phase != PHASE_TURN || !s->client_paused || !bucket_ok(&s->client_pings, now) ||
+        !bucket_ok(&s->client_ignored, now))
+        return;
+    s->client_paused = false;
+    ws_conn_pause(s->ws, false);
+    on_client_io(&s->watch, 0); /* what it sent meanwhile (ws_conn_read_more) */
+}
+
 void update_interest(struct session *s)
 {
     struct loop *l = s->env->loop;
@@ -161,6 +172,8 @@ struct session *session_new(struct sessions *set, int fd, const uint8_t key[PREA
     s->phase = PHASE_HTTP;
     s->budget = (struct budget){.max = env->cfg->turn_buffer, .up = env->budget};
     s->log_rl = (struct ratelimit)RATELIMIT_INIT(SANDBOX_LOG_BURST, SANDBOX_LOG_PER_MINUTE, 60000);
+    s->client_pings = (struct bucket)BUCKET_INIT(CLIENT_PINGS_BURST, CLIENT_PINGS_PER_SEC);
+    s->client_ignored = (struct bucket)BUCKET_INIT(CLIENT_IGNORED_BURST, CLIENT_IGNORED_PER_SEC);
     buf_init(&s->out, 64 * KiB);
     buf_init_budget(&s->in, CHAN_MAX_MESSAGE_BYTES, &s->budget);
     s->deadline_ms = now_ms() + HTTP_REQUEST_TIMEOUT_MS;

@@ -20,6 +20,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "core/bucket.h"
 #include "core/buf.h"
 #include "core/budget.h"
 #include "core/ratelimit.h"
@@ -72,6 +73,11 @@ struct session {
     uint64_t turn_started_ms, block_started_ms, idle_since_ms;
     uint64_t last_ping_ms;
     bool ping_outstanding;
+    /* What the client makes us read only to ignore it (CLIENT_PINGS_*,
+     * CLIENT_IGNORED_*): past either, it is not read (client_paused) until
+     * both have refilled (session_tick). */
+    struct bucket client_pings, client_ignored;
+    bool client_paused;
     int64_t done_exit_code;
     bool ready_seen, tools_sent;
     /* wslay sends control frames ahead of queued messages, so a close is
@@ -178,3 +184,6 @@ void session_tick(struct session *s, uint64_t now);
 
 /* Watch the client socket and the channel for what s can use now. */
 void update_interest(struct session *s);
+/* Read the client again after a pause (client_paused), if its buckets have
+ * refilled (session_tick): what it sent meanwhile is taken now. */
+void client_resume(struct session *s);

@@ -365,6 +365,9 @@ void session_tick(struct session *s, uint64_t now)
         break;
     }
 
+    client_resume(s); /* a client paused for its floods, if it may go on */
+    if (s->phase != PHASE_TURN)
+        return;
     /* Keepalive: a pong must arrive within WS_PONG_TIMEOUT_MS of our ping. */
     if (s->ping_outstanding && now - s->last_ping_ms >= WS_PONG_TIMEOUT_MS) {
         LOG_I("turn %" PRIu64 ": no pong from the client; dropping it", s->id);

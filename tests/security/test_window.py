@@ -4,6 +4,9 @@
 * Every byte the supervisor holds for a turn is charged to it, control frames
   included: a client that sends pings and never reads the pongs stops being
   read once a window is queued for it, and the supervisor does not grow.
+* What would be read only to be dropped is not read (backpressure): a client
+  over its ping rate, or sending what its turn's state ignores (binary while
+  a block runs), waits; the supervisor's CPU for such a flood stays low.
 
 Each memory case runs on a daemon of its own, so that the supervisor's
 high-water mark (VmHWM) is this case's alone. Sizes and times are bounded: a
@@ -11,6 +14,8 @@ build that buffers everything grows by a few hundred MB at most, and every
 flood stops after a few seconds.
 """
 
+import os
+import selectors
 import socket
 import struct
 import time
@@ -87,3 +92,107 @@ def test_unread_pings_hold_a_window(fresh_daemon):
     ok, why = d.fresh_turn_ok()
     assert ok, why
     ws.close()
+
+
+def _cpu_s(pid: int) -> float:
+    """utime + stime of pid, in seconds."""
+    with open(f"/proc/{pid}/stat") as fh:
+        f = fh.read().rsplit(")", 1)[1].split()
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _flood_reading(sock: socket.socket, batch: bytes, seconds: float) -> tuple[int, int]:
+    """Send batch after batch for `seconds` while reading (and dropping)
+    whatever the server sends: the flood is not held back by a full queue.
+    (bytes sent, bytes received)."""
+    sock.setblocking(False)
+    sel = selectors.DefaultSelector()
+    sel.register(sock, selectors.EVENT_READ | selectors.EVENT_WRITE)
+    sent = got = 0
+    view, end = memoryview(batch), time.monotonic() + seconds
+    while time.monotonic() < end:
+        for _, ev in sel.select(0.1):
+            if ev & selectors.EVENT_READ:
+                try:
+                    got += len(sock.recv(1 << 20))
+                except BlockingIOError:
+                    pass
+            if ev & selectors.EVENT_WRITE:
+                try:
+                    n = sock.send(view)
+                except BlockingIOError:
+                    continue
+                sent += n
+                view = view[n:] or memoryview(batch)
+    sel.close()
+    return sent, got
+
+
+FLOOD_SECONDS = 3.0
+CPU_SHARE_MAX = 0.2      # of one core over the flood (the aim is under 0.1)
+
+
+def _masked(opcode: int, payload: bytes) -> bytes:
+    n = len(payload)
+    head = struct.pack("!BB", 0x80 | opcode, 0x80 | n) if n < 126 else \
+        struct.pack("!BBH", 0x80 | opcode, 0x80 | 126, n) if n < 65536 else \
+        struct.pack("!BBQ", 0x80 | opcode, 0x80 | 127, n)
+    return head + b"\0\0\0\0" + payload
+
+
+def test_ping_flood_is_paced(fresh_daemon):
+    """A client that sends pings as fast as it can and reads its pongs: over
+    a few pings a second it is not read until the next tick, so the flood
+    costs the supervisor little CPU (it cost a whole core), and its turn
+    still runs a block afterwards."""
+    d = fresh_daemon
+
+    async def go():
+        t = await sbx.Turn.open(d)
+        raw = t.ws.transport.get_extra_info("socket").dup()
+        t.ws.transport.pause_reading()
+        c0 = _cpu_s(d.pid)
+        sent, _ = _flood_reading(raw, _masked(0x9, b"p" * 125) * 4096, FLOOD_SECONDS)
+        share = (_cpu_s(d.pid) - c0) / FLOOD_SECONDS
+        raw.close()
+        t.ws.transport.abort()
+        return share, sent
+    share, sent = sbx.arun(go(), 30)
+    assert share < CPU_SHARE_MAX, f"{sent >> 20} MiB of pings took {share:.0%} of a core"
+    ok, why = d.fresh_turn_ok()
+    assert ok, why
+
+
+DROPPED_MSG = 1 << 20
+
+
+def test_ignored_binary_flood_is_paced(fresh_daemon):
+    """Binary messages while a block runs are ignored (spec 2.3): a client
+    sending them back to back is read at a bounded rate and waits otherwise,
+    instead of the supervisor reading and dropping them at full speed; the
+    block still completes."""
+    d = fresh_daemon
+    code = "import time\ntime.sleep(%d)\nprint('done')" % (FLOOD_SECONDS + 1)
+
+    async def go():
+        t = await sbx.Turn.open(d)
+        await t.ws.send(sbx.EMPTY_TGZ)
+        await t.ws.send('{"code":%s,"kind":"run"}\n' % __import__("json").dumps(code))
+        raw = t.ws.transport.get_extra_info("socket").dup()
+        t.ws.transport.pause_reading()
+        c0 = _cpu_s(d.pid)
+        sent, _ = _flood_reading(raw, _masked(0x2, b"b" * DROPPED_MSG), FLOOD_SECONDS)
+        share = (_cpu_s(d.pid) - c0) / FLOOD_SECONDS
+        raw.close()
+        t.ws.transport.abort()
+        return share, sent
+    share, sent = sbx.arun(go(), 30)
+    assert share < CPU_SHARE_MAX, f"{sent >> 20} MiB of ignored binary took {share:.0%} of a core"
+    assert sent < (CLIENT_IGNORED_BURST_MB + (FLOOD_SECONDS + 1) * CLIENT_IGNORED_MB_PER_S + 8) * (1 << 20), \
+        f"{sent >> 20} MiB of ignored binary were read in {FLOOD_SECONDS} s"
+    ok, why = d.fresh_turn_ok()
+    assert ok, why
+
+
+CLIENT_IGNORED_BURST_MB = 8       # src/core/limits.h
+CLIENT_IGNORED_MB_PER_S = 1
