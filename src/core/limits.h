@@ -168,9 +168,12 @@
 /* Output streams are held to --output-cap plus the notes the sandbox adds
  * ("[forkbox: N bytes of stdout dropped]", snapshot notes). */
 #define OUTPUT_NOTE_ALLOWANCE (4 * KiB)
-/* A sandbox's log lines in the operator log: a burst, then a few a minute. */
+/* A sandbox's log lines between blocks (in the operator log): a burst, then a
+ * few a minute; one over the rate waits, unread (core/bucket.h: a line costs
+ * SANDBOX_LOG_LINE_COST tokens, SANDBOX_LOG_PER_MINUTE come back a second). */
 #define SANDBOX_LOG_BURST 20
 #define SANDBOX_LOG_PER_MINUTE 10
+#define SANDBOX_LOG_LINE_COST 60
 
 /* fds one fd_recv() takes (core/util.h): the control buffer's room. The
  * largest legitimate message carries two (the fork server's reply: channel

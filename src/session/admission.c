@@ -21,6 +21,7 @@
 #include "core/buf.h"
 #include "core/limits.h"
 #include "core/log.h"
+#include "core/ratelimit.h"
 #include "core/util.h"
 #include "net/http.h"
 #include "net/ws.h"

@@ -145,20 +145,24 @@ static ssize_t recv_with_fds(struct chan_conn *c, void *p, size_t len)
 }
 
 /* A header arrived: decode it and let the handler decide, before any of its
- * body is read, whether the message may come and where it goes. 0, or a
- * chan_conn_read error. */
+ * body is read, whether the message may come and where it goes. 0, 1 if
+ * the handler said "not now" (the header is kept: hdr_got stays whole), or
+ * a chan_conn_read error. */
 static int begin_message(struct chan_conn *c)
 {
     enum chan_type type;
     uint32_t len;
     int r = chan_hdr_decode(c->hdr, CHAN_HDR_LEN, CHAN_MAX_MESSAGE_BYTES, &type, &len);
-    c->hdr_got = 0;
     if (r <= 0)
         return r == -EMSGSIZE ? -EMSGSIZE : -EBADMSG;
     c->msg = (struct chan_msg){.type = type, .len = len, .first = !c->first_done, .fd = -1};
     struct buf *into = NULL;
-    if (c->h->on_begin(c->ud, &c->msg, &into) < 0)
+    r = c->h->on_begin(c->ud, &c->msg, &into);
+    if (r < 0)
         return -ECANCELED;
+    if (r > 0)
+        return 1;
+    c->hdr_got = 0;
     c->into = into;
     c->msg.dropped = into == NULL;
     c->got = 0;
@@ -185,15 +189,22 @@ int chan_conn_read(struct chan_conn *c)
     while (budget > 0 && c->fd >= 0) {
         ssize_t n;
         if (!c->active) {
-            n = recv_with_fds(c, c->hdr + c->hdr_got, CHAN_HDR_LEN - c->hdr_got);
+            /* A header the handler said "not now" to is asked about again. */
+            n = c->hdr_got == CHAN_HDR_LEN
+                    ? CHAN_HDR_LEN
+                    : recv_with_fds(c, c->hdr + c->hdr_got, CHAN_HDR_LEN - c->hdr_got);
             if (n > 0) {
-                budget -= (size_t)n;
-                c->hdr_got += (size_t)n;
-                if (c->hdr_got < CHAN_HDR_LEN)
-                    continue;
+                if (c->hdr_got < CHAN_HDR_LEN) {
+                    budget -= (size_t)n;
+                    c->hdr_got += (size_t)n;
+                    if (c->hdr_got < CHAN_HDR_LEN)
+                        continue;
+                }
                 int r = begin_message(c);
                 if (r < 0)
                     return r;
+                if (r > 0)
+                    return 0;
                 if (c->msg.len > 0)
                     continue;
             }

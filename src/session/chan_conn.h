@@ -37,8 +37,10 @@ struct chan_msg {
 struct chan_conn_handlers {
     /* A header arrived (its length within CHAN_MAX_MESSAGE_BYTES). Return 0
      * with *into a buffer holding room for m->len more bytes (the body is
-     * appended to it), or with *into NULL to read the body and drop it; or
-     * -1 after ending the turn (reading stops). */
+     * appended to it), or with *into NULL to read the body and drop it; 1:
+     * not now (backpressure: reading stops with the header kept, and the
+     * next chan_conn_read() asks again before reading anything); or -1
+     * after ending the turn (reading stops). */
     int (*on_begin)(void *ud, const struct chan_msg *m, struct buf **into);
     /* More of a kept body is in *into: 0, or -1 after ending the turn. */
     int (*on_data)(void *ud, const struct chan_msg *m);

@@ -34,7 +34,6 @@
 #include "core/buf.h"
 #include "core/limits.h"
 #include "core/log.h"
-#include "core/ratelimit.h"
 #include "core/util.h"
 #include "net/ws.h"
 #include "proto/chan.h"
@@ -135,17 +134,12 @@ static void note_child_error(struct session *s, const struct frame *f, bool runn
 
 /* A sandbox's log line in the operator log, as its JSON text (escaped: it
  * cannot forge lines), cut to 300 bytes. Its token was taken when its
- * envelope arrived (on_sandbox_begin): lines over the turn's rate were dropped
- * unread, and the next line says how many. */
+ * envelope arrived (on_sandbox_begin): lines over the turn's rate waited
+ * for it, unread. */
 static void log_sandbox_line(struct session *s, const struct frame_field *msg)
 {
-    uint64_t span_ns, dropped = ratelimit_take_report(&s->log_rl, now_ns(), &span_ns);
-    char more[96] = "";
-    if (dropped)
-        snprintf(more, sizeof more, " (%" PRIu64 " more sandbox log lines dropped in %.0f s)",
-                 dropped, (double)span_ns / 1e9);
-    LOG_I("turn %" PRIu64 ": sandbox log: %.*s%s", s->id, (int)(msg->len > 300 ? 300 : msg->len),
-          msg->json, more);
+    LOG_I("turn %" PRIu64 ": sandbox log: %.*s", s->id, (int)(msg->len > 300 ? 300 : msg->len),
+          msg->json);
 }
 
 /* Relaying to the client failed: -EPIPE is a client connection that has
@@ -335,15 +329,22 @@ static int on_sandbox_begin(void *ud, const struct chan_msg *m, struct buf **int
         sandbox_protocol_error(s, what);
         return -1;
     }
-    /* Between blocks only a log is legal, and logs there are only written to
-     * the operator log: once this turn's share of log lines is used up, such
-     * a message is read and dropped without being scanned or kept. */
+    /* Between blocks only a log is legal (and the first ready), and logs
+     * there only go to the operator log, at the turn's log rate: a message
+     * over it waits unread until the rate allows it (the tick asks again,
+     * sandbox_resume), so a sandbox flooding logs waits instead of costing
+     * the loop. Before the ready nothing waits (the ready must come
+     * through): a log there over the rate is read but not written. */
     s->in_token = false;
     *into = NULL;
     if (m->type == CHAN_FRAME && s->turn != TURN_RUNNING && s->turn != TURN_WANT_OUTPUT) {
-        s->in_token = ratelimit_take(&s->log_rl, now_ns());
-        if (!s->in_token && s->ready_seen)
-            return 0; /* dropped */
+        s->in_token = bucket_ok(&s->sandbox_logs, now_ns());
+        if (!s->in_token && s->ready_seen) {
+            s->sandbox_paused = true;
+            return 1;
+        }
+        if (s->in_token)
+            bucket_take(&s->sandbox_logs, SANDBOX_LOG_LINE_COST, now_ns());
     }
     int r = m->len ? buf_reserve_exact(&s->in, m->len) : 0;
     if (r < 0) {
@@ -519,6 +520,14 @@ static void on_sandbox_io(struct loop_watch *w, uint32_t events)
         }
     }
     update_interest(s);
+}
+
+void sandbox_resume(struct session *s)
+{
+    if (!s->sandbox_paused || s->phase != PHASE_TURN || s->chan_fd < 0 || s->death_wait)
+        return;
+    s->sandbox_paused = false;
+    on_sandbox_io(&s->chan_watch, EPOLLIN); /* its header is asked about again */
 }
 
 static void on_pidfd(struct loop_watch *w, uint32_t events)

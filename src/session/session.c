@@ -19,7 +19,6 @@
 #include "core/buf.h"
 #include "core/limits.h"
 #include "core/log.h"
-#include "core/ratelimit.h"
 #include "core/util.h"
 #include "net/http.h"
 #include "net/ws.h"
@@ -147,7 +146,8 @@ void update_interest(struct session *s)
         /* Backpressure: a client that does not read stops its sandbox (the
          * supervisor does not grow); a message still being checked is
          * finished first (session_work). */
-        if ((!s->ws || ws_conn_queued(s->ws) < RELAY_WINDOW) && !s->in_complete)
+        if ((!s->ws || ws_conn_queued(s->ws) < RELAY_WINDOW) && !s->in_complete &&
+            !s->sandbox_paused)
             cev |= EPOLLIN;
         loop_watch(l, &s->chan_watch, cev);
     }
@@ -171,7 +171,8 @@ struct session *session_new(struct sessions *set, int fd, const uint8_t key[PREA
     notify_turn_init(&s->notify, s->id, env->loop, env->notify);
     s->phase = PHASE_HTTP;
     s->budget = (struct budget){.max = env->cfg->turn_buffer, .up = env->budget};
-    s->log_rl = (struct ratelimit)RATELIMIT_INIT(SANDBOX_LOG_BURST, SANDBOX_LOG_PER_MINUTE, 60000);
+    s->sandbox_logs = (struct bucket)BUCKET_INIT(SANDBOX_LOG_BURST * SANDBOX_LOG_LINE_COST,
+                                                 SANDBOX_LOG_PER_MINUTE);
     s->client_pings = (struct bucket)BUCKET_INIT(CLIENT_PINGS_BURST, CLIENT_PINGS_PER_SEC);
     s->client_ignored = (struct bucket)BUCKET_INIT(CLIENT_IGNORED_BURST, CLIENT_IGNORED_PER_SEC);
     buf_init(&s->out, 64 * KiB);
@@ -214,10 +215,6 @@ static void session_free(struct session *s)
         return;
     kill_sandbox(s);
     preauth_remove(s->env->preauth, &s->pa);
-    uint64_t span_ns, dropped = ratelimit_take_report(&s->log_rl, now_ns(), &span_ns);
-    if (dropped)
-        LOG_I("turn %" PRIu64 ": %" PRIu64 " sandbox log lines were dropped (over the rate)", s->id,
-              dropped);
     loop_unwatch(s->env->loop, &s->watch);
     ws_conn_free(s->ws);
     chan_conn_free(s->chan);

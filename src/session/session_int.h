@@ -23,7 +23,6 @@
 #include "core/bucket.h"
 #include "core/buf.h"
 #include "core/budget.h"
-#include "core/ratelimit.h"
 #include "loop/loop.h"
 #include "net/http.h"
 #include "net/ws.h"
@@ -110,13 +109,17 @@ struct session {
     struct fs_reply death;        /* that report (kind FS_REPLY_DEATH) */
 
     /* the sandbox's message being read (chan_conn.h) */
-    bool in_token;                /* a log line may be written for it (log_rl) */
+    bool in_token;                /* a log line may be written for it (sandbox_logs) */
     bool in_complete;             /* all of it is in, its check still has work to do */
     struct buf in;                /* the body, room reserved at the header */
     struct frame_scan *sscan;     /* owned (admitted turns): an F body's scan */
     struct tarcheck *tc;          /* owned while an S body is checked */
     struct tarcheck_cache *tc_cache; /* owned: snapshot members verified this turn */
-    struct ratelimit log_rl;      /* the sandbox's log lines in the operator log */
+    /* The sandbox's log lines between blocks (SANDBOX_LOG_*): one over the
+     * rate waits unread, the channel unwatched (sandbox_paused), until the
+     * tick finds the bucket refilled (sandbox_resume). */
+    struct bucket sandbox_logs;
+    bool sandbox_paused;
 
     struct notify_turn notify;    /* counted refusals and supervised calls (notify.c) */
     uint64_t spawn_ns;            /* from the fork server */
@@ -161,6 +164,9 @@ int sandbox_read(struct session *s);
 /* One step of a complete snapshot's check (sessions_work). True if work
  * remains. */
 bool session_work(struct session *s);
+/* Read the sandbox again after its log rate paused it (sandbox_paused),
+ * from the tick: its waiting header is decided anew. */
+void sandbox_resume(struct session *s);
 
 /* ---------------------------------------------------------------- turn.c */
 

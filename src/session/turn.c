@@ -366,6 +366,7 @@ void session_tick(struct session *s, uint64_t now)
     }
 
     client_resume(s); /* a client paused for its floods, if it may go on */
+    sandbox_resume(s); /* a sandbox paused at its log rate: its waiting header again */
     if (s->phase != PHASE_TURN)
         return;
     /* Keepalive: a pong must arrive within WS_PONG_TIMEOUT_MS of our ping. */

@@ -6,7 +6,8 @@
   read once a window is queued for it, and the supervisor does not grow.
 * What would be read only to be dropped is not read (backpressure): a client
   over its ping rate, or sending what its turn's state ignores (binary while
-  a block runs), waits; the supervisor's CPU for such a flood stays low.
+  a block runs), waits, and so does a sandbox writing log frames between
+  blocks past its log rate; the supervisor's CPU for such a flood stays low.
 
 Each memory case runs on a daemon of its own, so that the supervisor's
 high-water mark (VmHWM) is this case's alone. Sizes and times are bounded: a
@@ -14,6 +15,7 @@ build that buffers everything grows by a few hundred MB at most, and every
 flood stops after a few seconds.
 """
 
+import asyncio
 import os
 import selectors
 import socket
@@ -24,6 +26,7 @@ import pytest
 
 import sbx
 from fbtest import RawWS
+from test_channel import FIND_CHAN
 
 WINDOW_MB = 4            # RELAY_WINDOW (src/core/limits.h)
 # What a turn may hold beyond its windows: a message held whole each way, the
@@ -196,3 +199,41 @@ def test_ignored_binary_flood_is_paced(fresh_daemon):
 
 CLIENT_IGNORED_BURST_MB = 8       # src/core/limits.h
 CLIENT_IGNORED_MB_PER_S = 1
+
+
+LOG_FLOOD = FIND_CHAN + r'''
+import threading
+one = b'{"level":"info","msg":"' + b"A" * 300 + b'","kind":"log"}\n'
+batch = (b"F\0\0\0" + struct.pack("<I", len(one)) + one) * 64
+def flood():
+    time.sleep(0.3)  # after done, output and the snapshot
+    t0 = time.time()
+    while time.time() - t0 < %(secs)s:
+        os.write(CHAN, batch)
+threading.Thread(target=flood, daemon=True).start()
+print("ok")
+'''
+
+
+def test_log_flood_between_blocks_waits(fresh_daemon):
+    """A sandbox thread writes log frames as fast as it can between blocks:
+    past the turn's log rate its next frame waits unread (it was read and
+    dropped: 89% of a core in the issue), so the flood costs the supervisor
+    little CPU, and the next block runs."""
+    d = fresh_daemon
+    code = sbx.prelude(LOG_FLOOD % {"secs": FLOOD_SECONDS})
+
+    async def go():
+        t = await sbx.Turn.open(d)
+        b = await t.run(code)
+        await asyncio.sleep(0.5)
+        c0 = _cpu_s(d.pid)
+        await asyncio.sleep(FLOOD_SECONDS - 0.5)
+        share = (_cpu_s(d.pid) - c0) / (FLOOD_SECONDS - 0.5)
+        b2 = await t.run("print(2)")
+        await t.close()
+        return share, b, b2
+    share, b, b2 = sbx.arun(go(), 60)
+    assert b.completed and b.stdout == "ok\n", repr(b)
+    assert share < CPU_SHARE_MAX, f"a log flood between blocks took {share:.0%} of a core"
+    assert b2.completed and b2.stdout == "2\n", repr(b2)
