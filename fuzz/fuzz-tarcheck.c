@@ -19,7 +19,10 @@
  * Properties:
  *   - the verdict (result, reason, every member reported) is the same fed
  *     in one piece with the default budget and in the chunking and budget
- *     the input picks; only documented results come back;
+ *     the input picks; only documented results come back; and the same
+ *     streamed (tarcheck_feed_at: each chunk a buffer of its own, only the
+ *     chunks from tarcheck_keep_from() on kept, at most max_hold and two
+ *     chunks), with and without a warm cache;
  *   - the limits hold: members, data, and bytes inflated within their caps
  *     (inflated at most one byte past max_inflated), and no call inflates or
  *     consumes more than its budget (plus a 10-byte gzip header);
@@ -133,6 +136,76 @@ static struct outcome run(const uint8_t *msg, size_t len, const struct tarcheck_
     return run_c(msg, len, lim, seed, seen, NULL);
 }
 
+/* Streamed, as a relay checks a message it passes on: the message arrives
+ * in chunks (byte 0 picks), each copied into a buffer of its own; only the
+ * chunks from tarcheck_keep_from() on are kept, and each call gets the one
+ * holding tarcheck_next(). max_hold (set from byte 0) bounds what is kept
+ * beyond two chunks. */
+struct kept {
+    uint8_t *p;
+    size_t base, n;
+};
+
+static struct outcome run_w(const uint8_t *msg, size_t len, const struct tarcheck_limits *lim,
+                            uint8_t seed, struct seen *seen, struct tarcheck_cache *cache)
+{
+    static struct kept *k;
+    static size_t kcap;
+    struct tarcheck_limits l = *lim;
+    l.max_hold = 64 + (size_t)seed * 16;
+    struct tarcheck *tc = tarcheck_new(&l);
+    struct fuzz_chunker ch;
+    struct outcome o;
+    size_t nk = 0, got = 0, biggest = 0;
+    int r = TARCHECK_NEED_INPUT;
+
+    FUZZ_ASSERT(tc, "tarcheck_new failed");
+    tarcheck_set_member_fn(tc, on_member, seen);
+    tarcheck_set_cache(tc, cache);
+    fuzz_chunker_init(&ch, seed | 1);
+    while (r == TARCHECK_NEED_INPUT || r == TARCHECK_AGAIN) {
+        size_t nx = tarcheck_next(tc), i = 0;
+        while (i < nk && !(k[i].base <= nx && nx < k[i].base + k[i].n))
+            i++;
+        if (i == nk && nx == got && got < len) { /* more arrives */
+            size_t n = fuzz_chunker_next(&ch, len - got);
+            if (nk == kcap) {
+                kcap = kcap ? 2 * kcap : 64;
+                k = realloc(k, kcap * sizeof *k);
+                FUZZ_ASSERT(k, "realloc");
+            }
+            k[nk] = (struct kept){malloc(n), got, n};
+            FUZZ_ASSERT(k[nk].p, "malloc");
+            memcpy(k[nk].p, msg + got, n);
+            got += n;
+            biggest = n > biggest ? n : biggest;
+            i = nk++;
+        }
+        FUZZ_ASSERT(i < nk || nx == got, "the check wants byte %zu, dropped (kept from %zu)", nx,
+                    nk ? k[0].base : got);
+        const uint8_t *p = i < nk ? k[i].p : NULL;
+        size_t base = i < nk ? k[i].base : got, n = i < nk ? k[i].n : 0;
+        r = got == len ? tarcheck_finish_at(tc, p, base, n, len)
+                       : tarcheck_feed_at(tc, p, base, n, got);
+        size_t keep = tarcheck_keep_from(tc), j = 0, held = 0;
+        while (j < nk && k[j].base + k[j].n <= keep)
+            free(k[j++].p);
+        memmove(k, k + j, (nk - j) * sizeof *k);
+        nk -= j;
+        for (j = 0; j < nk; j++)
+            held += k[j].n;
+        FUZZ_ASSERT(held <= l.max_hold + 2 * biggest + 64, "kept %zu bytes (hold %zu, chunks %zu)",
+                    held, l.max_hold, biggest);
+    }
+    for (size_t j = 0; j < nk; j++)
+        free(k[j].p);
+    o.rc = r;
+    o.why = tarcheck_reason(tc);
+    tarcheck_get_stats(tc, &o.st);
+    tarcheck_free(tc);
+    return o;
+}
+
 static void gz_append(uint8_t **out, size_t *len, size_t *cap, const uint8_t *p, size_t n,
                       int level)
 {
@@ -228,6 +301,11 @@ static void check_cache(const uint8_t *msg, size_t len, const struct tarcheck_li
     FUZZ_ASSERT(same_outcome(plain, plain_seen, &h, &s2),
                 "a warm cache changed the verdict: %d '%s' vs %d '%s' (%llu hits)", plain->rc,
                 plain->why, h.rc, h.why, (unsigned long long)h.st.cache_hits);
+    seen_free(&s2);
+    h = run_w(msg, len, lim, seed, &s2, c);
+    FUZZ_ASSERT(same_outcome(plain, plain_seen, &h, &s2),
+                "a warm cache changed the streamed verdict: %d '%s' vs %d '%s' (%llu hits)",
+                plain->rc, plain->why, h.rc, h.why, (unsigned long long)h.st.cache_hits);
     seen_free(&s1);
     seen_free(&s2);
     if (n >= 2) {
@@ -439,6 +517,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 "a call worked past its budget %zu: in %llu out %llu", budget,
                 (unsigned long long)b.st.max_step_in, (unsigned long long)b.st.max_step_out);
 
+    static struct seen streamed;
+    struct outcome w = run_w(msg, len, &lim, seed, &streamed, NULL);
+    FUZZ_ASSERT(same_outcome(&a, &one, &w, &streamed),
+                "streaming changed the verdict: %d '%s' vs %d '%s'", a.rc, a.why, w.rc, w.why);
+    seen_free(&streamed);
     check_cache(msg, len, &lim, seed, &a, &one);
     if (a.rc == TARCHECK_VALID)
         compare_libarchive(msg, len, &one);

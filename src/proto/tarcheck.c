@@ -63,6 +63,8 @@
 /* Compressed bytes offered per inflate() call. */
 #define IN_CHUNK (64 * 1024)
 #define GZ_HDR_LEN 10
+_Static_assert(TARCHECK_GZ_HDR_LEN == 2 * GZ_HDR_LEN,
+               "the FB extra field (XLEN and the subfield) is collected in gzbuf as a header is");
 #define GZ_TRL_LEN 8
 /* pax block bytes beyond the path: both records' length fields and keys,
  * the '\n's, and an mtime of up to 11 + 1 + 9 characters. */
@@ -131,10 +133,15 @@ struct tarcheck {
     size_t len;      /* message bytes the caller has said are there */
     bool finished;   /* len is the whole message */
     size_t pos;      /* message bytes consumed */
+    /* what may be read in this call: the message's bytes [win_base, win_end)
+     * at win (borrowed for the call; the whole message, or a chunk) */
+    const uint8_t *win;
+    size_t win_base, win_end;
 
     /* gzip layer */
     enum gz_state gz;
     uint8_t gzbuf[GZ_HDR_LEN]; /* member header or trailer being collected */
+    uint8_t mhdr[GZ_HDR_LEN];  /* this member's header, hashed with its extra field */
     size_t gz_got;
     size_t member_start; /* message offset of this member's first byte */
     uint32_t member_len; /* its length from the "FB" subfield, or 0: none */
@@ -186,6 +193,19 @@ static int fail(struct tarcheck *tc, int err, const char *why)
     tc->result = err;
     tc->why = why;
     return err;
+}
+
+/* The message's byte at offset off, inside this call's window. */
+static const uint8_t *at(const struct tarcheck *tc, size_t off)
+{
+    return tc->win + (off - tc->win_base);
+}
+
+/* No byte at the window's end: more may come (NEED_INPUT), or the message
+ * ends there (the caller says finished, and the window reaches its end). */
+static bool more_may_come(const struct tarcheck *tc)
+{
+    return !tc->finished || tc->win_end < tc->len;
 }
 
 static uint64_t sat_add(uint64_t a, uint64_t b)
@@ -825,38 +845,38 @@ static int cache_replay(struct tarcheck *tc, struct cache_entry *e)
 
 /* Hash what is there of a candidate member, within the budget; once it is
  * all hashed, replay it from the cache or inflate it. */
-static int gz_hash(struct tarcheck *tc, const uint8_t *msg, struct work *w)
+static int gz_hash(struct tarcheck *tc, struct work *w)
 {
     size_t end = tc->member_start + tc->member_len, n;
     struct cache_entry *e;
 
-    if (tc->hash_pos == tc->member_start) {
+    if (tc->hash_pos == tc->member_start + TARCHECK_GZ_HDR_LEN) {
         /* A member whose first deflate block is stored (BTYPE 00: the
          * writer's level 0) inflates as a copy and a CRC, cheaper than
          * hashing it (~1.7 vs ~1 GB/s here): not worth caching. Only the
          * cost depends on this byte, never the verdict. */
         size_t first = tc->member_start + TARCHECK_GZ_HDR_LEN;
 
-        if (tc->len <= first) {
-            if (!tc->finished)
+        if (tc->win_end <= first) {
+            if (more_may_come(tc))
                 return TARCHECK_NEED_INPUT;
             return gz_body_start(tc) < 0 ? tc->result : RUNNING;
         }
-        if ((msg[first] & 6) == 0)
+        if ((*at(tc, first) & 6) == 0)
             return gz_body_start(tc) < 0 ? tc->result : RUNNING;
     }
     if (tc->hash_pos < end) {
-        n = (tc->len < end ? tc->len : end) - tc->hash_pos;
+        n = (tc->win_end < end ? tc->win_end : end) - tc->hash_pos;
         if (n > tc->lim.step_budget - w->in)
             n = tc->lim.step_budget - w->in;
         if (n == 0) {
-            if (!tc->finished)
+            if (more_may_come(tc))
                 return TARCHECK_NEED_INPUT;
             /* The message ends before the length says: inflate, which
              * finds what is wrong as it would without a cache. */
             return gz_body_start(tc) < 0 ? tc->result : RUNNING;
         }
-        sha256_update(&tc->sha, n, msg + tc->hash_pos);
+        sha256_update(&tc->sha, n, at(tc, tc->hash_pos));
         tc->hash_pos += n;
         w->in += n;
         if (tc->hash_pos < end)
@@ -876,6 +896,7 @@ static int gz_member_start(struct tarcheck *tc)
 {
     const uint8_t *g = tc->gzbuf;
 
+    memcpy(tc->mhdr, g, GZ_HDR_LEN); /* hashed with the extra field (gz_extra) */
     if (g[2] != 8)
         return fail(tc, -EBADMSG, "gzip: compression method not deflate");
     if (g[3] != 0 && g[3] != 4)
@@ -905,11 +926,13 @@ static int gz_extra(struct tarcheck *tc)
         return fail(tc, -EBADMSG, "gzip: member length field out of range");
     tc->member_len = len;
     tc->have_digest = false;
-    if (tc->cache && at_entry_boundary(tc)) {
+    if (tc->cache && at_entry_boundary(tc) && (!tc->lim.max_hold || len <= tc->lim.max_hold)) {
         /* A candidate: hash it whole first (GZ_HASH), then replay it from
          * the cache or inflate it. */
         sha256_init(&tc->sha);
-        tc->hash_pos = tc->member_start;
+        sha256_update(&tc->sha, GZ_HDR_LEN, tc->mhdr); /* the header, as collected: */
+        sha256_update(&tc->sha, GZ_HDR_LEN, tc->gzbuf); /* no byte before pos is read again */
+        tc->hash_pos = tc->pos;
         tc->gz = GZ_HASH;
         return 0;
     }
@@ -935,9 +958,9 @@ static int gz_body_start(struct tarcheck *tc)
 
 
 /* One inflate() call within what is left of the budget. */
-static int gz_inflate(struct tarcheck *tc, const uint8_t *msg, struct work *w)
+static int gz_inflate(struct tarcheck *tc, struct work *w)
 {
-    size_t in = tc->len - tc->pos, outn = OUT_CHUNK, used, made;
+    size_t in = tc->win_end - tc->pos, outn = OUT_CHUNK, used, made;
     size_t in_left = tc->lim.step_budget - w->in, out_left = tc->lim.step_budget - w->out;
     uint64_t room = tc->lim.max_inflated - tc->st.inflated;
     int zr, r;
@@ -951,11 +974,11 @@ static int gz_inflate(struct tarcheck *tc, const uint8_t *msg, struct work *w)
     if (room < outn) /* one byte past the limit is enough to tell */
         outn = (size_t)room + 1;
     if (in == 0 && !tc->z_pending) {
-        if (!tc->finished)
+        if (more_may_come(tc))
             return TARCHECK_NEED_INPUT;
         return fail(tc, -EBADMSG, "gzip: deflate stream truncated");
     }
-    tc->z.next_in = (Bytef *)(msg + tc->pos);
+    tc->z.next_in = (Bytef *)at(tc, tc->pos);
     tc->z.avail_in = (uInt)in;
     tc->z.next_out = tc->out;
     tc->z.avail_out = (uInt)outn;
@@ -1000,19 +1023,18 @@ static int gz_inflate(struct tarcheck *tc, const uint8_t *msg, struct work *w)
 
 /* Collect up to want bytes of a member header or trailer into gzbuf.
  * RUNNING with gz_got == want when complete. */
-static int gz_collect(struct tarcheck *tc, const uint8_t *msg, size_t want, struct work *w,
-                      const char *truncated)
+static int gz_collect(struct tarcheck *tc, size_t want, struct work *w, const char *truncated)
 {
-    size_t k = tc->len - tc->pos;
+    size_t k = tc->win_end - tc->pos;
 
     if (k == 0) {
-        if (!tc->finished)
+        if (more_may_come(tc))
             return TARCHECK_NEED_INPUT;
         return fail(tc, -EBADMSG, truncated);
     }
     if (k > want - tc->gz_got)
         k = want - tc->gz_got;
-    memcpy(tc->gzbuf + tc->gz_got, msg + tc->pos, k);
+    memcpy(tc->gzbuf + tc->gz_got, at(tc, tc->pos), k);
     tc->gz_got += k;
     tc->pos += k;
     tc->st.consumed += k;
@@ -1020,7 +1042,7 @@ static int gz_collect(struct tarcheck *tc, const uint8_t *msg, size_t want, stru
     return RUNNING;
 }
 
-static int step(struct tarcheck *tc, const uint8_t *msg)
+static int step(struct tarcheck *tc)
 {
     struct work w = {0};
     int r = RUNNING;
@@ -1028,6 +1050,12 @@ static int step(struct tarcheck *tc, const uint8_t *msg)
     while (r == RUNNING) {
         if (w.in >= tc->lim.step_budget || w.out >= tc->lim.step_budget) {
             r = TARCHECK_AGAIN;
+            break;
+        }
+        if (tarcheck_next(tc) < tc->win_base) {
+            /* A member hashed first and not in the cache is inflated from
+             * its start: that window is the caller's to give. */
+            r = TARCHECK_NEED_INPUT;
             break;
         }
         switch (tc->gz) {
@@ -1038,7 +1066,7 @@ static int step(struct tarcheck *tc, const uint8_t *msg)
             }
             if (tc->gz_got == 0)
                 tc->member_start = tc->pos;
-            r = gz_collect(tc, msg, GZ_HDR_LEN, &w, "gzip: member header truncated");
+            r = gz_collect(tc, GZ_HDR_LEN, &w, "gzip: member header truncated");
             /* The magic is checked as soon as it is there: after the last
              * member, the first stray byte is the error. */
             if (r == RUNNING && ((tc->gz_got >= 1 && tc->gzbuf[0] != 0x1f) ||
@@ -1049,18 +1077,18 @@ static int step(struct tarcheck *tc, const uint8_t *msg)
                 r = gz_member_start(tc) < 0 ? tc->result : RUNNING;
             break;
         case GZ_EXTRA:
-            r = gz_collect(tc, msg, GZ_HDR_LEN, &w, "gzip: member header truncated");
+            r = gz_collect(tc, GZ_HDR_LEN, &w, "gzip: member header truncated");
             if (r == RUNNING && tc->gz_got == GZ_HDR_LEN)
                 r = gz_extra(tc) < 0 ? tc->result : RUNNING;
             break;
         case GZ_HASH:
-            r = gz_hash(tc, msg, &w);
+            r = gz_hash(tc, &w);
             break;
         case GZ_BODY:
-            r = gz_inflate(tc, msg, &w);
+            r = gz_inflate(tc, &w);
             break;
         case GZ_TRAILER:
-            r = gz_collect(tc, msg, GZ_TRL_LEN, &w, "gzip: member trailer truncated");
+            r = gz_collect(tc, GZ_TRL_LEN, &w, "gzip: member trailer truncated");
             if (r != RUNNING || tc->gz_got < GZ_TRL_LEN)
                 break;
             if (le32(tc->gzbuf) != tc->crc)
@@ -1094,12 +1122,16 @@ static int step(struct tarcheck *tc, const uint8_t *msg)
 /* API                                                                       */
 /* ------------------------------------------------------------------------ */
 
-static int run(struct tarcheck *tc, const uint8_t *msg, size_t len, bool finish)
+static int run(struct tarcheck *tc, const uint8_t *chunk, size_t base, size_t n, size_t len,
+               bool finish)
 {
     if (tc->result != RUNNING)
         return tc->result;
     if (len < tc->len || (tc->finished && len != tc->len))
         return fail(tc, -EINVAL, "tarcheck: caller error: the message length went back");
+    if (base > len || n > len - base || base > tarcheck_next(tc) ||
+        base + n < tarcheck_next(tc))
+        return fail(tc, -EINVAL, "tarcheck: caller error: the window misses the next byte");
     tc->len = len;
     tc->finished |= finish;
     if (tc->finished && len == 0) {
@@ -1108,18 +1140,45 @@ static int run(struct tarcheck *tc, const uint8_t *msg, size_t len, bool finish)
         tc->why = "ok";
         return TARCHECK_VALID;
     }
+    tc->win = chunk;
+    tc->win_base = base;
+    tc->win_end = base + n;
     tc->st.calls++;
-    return step(tc, msg);
+    int r = step(tc);
+    tc->win = NULL; /* borrowed for the call only */
+    return r;
 }
 
 int tarcheck_feed(struct tarcheck *tc, const uint8_t *msg, size_t len)
 {
-    return run(tc, msg, len, false);
+    return run(tc, msg, 0, len, len, false);
 }
 
 int tarcheck_finish(struct tarcheck *tc, const uint8_t *msg, size_t len)
 {
-    return run(tc, msg, len, true);
+    return run(tc, msg, 0, len, len, true);
+}
+
+int tarcheck_feed_at(struct tarcheck *tc, const uint8_t *chunk, size_t base, size_t n,
+                     size_t len)
+{
+    return run(tc, chunk, base, n, len, false);
+}
+
+int tarcheck_finish_at(struct tarcheck *tc, const uint8_t *chunk, size_t base, size_t n,
+                       size_t len)
+{
+    return run(tc, chunk, base, n, len, true);
+}
+
+size_t tarcheck_next(const struct tarcheck *tc)
+{
+    return tc->gz == GZ_HASH ? tc->hash_pos : tc->pos;
+}
+
+size_t tarcheck_keep_from(const struct tarcheck *tc)
+{
+    return tc->pos; /* hashing reads ahead of it (hash_pos), never behind */
 }
 
 const char *tarcheck_reason(const struct tarcheck *tc)

@@ -107,6 +107,10 @@ struct tarcheck_limits {
                               at most TARCHECK_MAX_PATH_CEILING */
     size_t step_budget;    /* per call, at most this many compressed bytes consumed
                               and this many inflated; 0: TARCHECK_STEP_BUDGET */
+    size_t max_hold;       /* a member is hashed first (the cache) only if it is at
+                              most this long, since the caller must keep its bytes
+                              until it is inflated on a miss; 0: no limit (the
+                              message is held whole) */
 };
 
 /* One member as the host will see it, for callers that want to look. */
@@ -178,6 +182,27 @@ int tarcheck_feed(struct tarcheck *tc, const uint8_t *msg, size_t len);
  * TARCHECK_VALID, TARCHECK_AGAIN (call tarcheck_finish again, with the same
  * len), or an error. */
 int tarcheck_finish(struct tarcheck *tc, const uint8_t *msg, size_t len);
+
+/* A message that is not held whole (a relay that passes it on as it
+ * arrives): each call is given a window of it, chunk[0, n) holding the
+ * message's bytes [base, base + n), with len the bytes arrived so far (the
+ * whole message's length for finish); the window must hold the byte the
+ * check reads next (base <= tarcheck_next() <= base + n, else -EINVAL).
+ * The check reads only inside the window and keeps no pointer into it;
+ * NEED_INPUT then means "give me the window holding tarcheck_next()" (the
+ * window ended, or a member hashed first was not in the cache and is
+ * inflated from its start, which the caller kept: no byte before
+ * tarcheck_keep_from() is read again). With max_hold set, what the caller
+ * keeps is at most a member of max_hold bytes (plus its window). The
+ * results are those of the whole-message calls, whatever the windows. */
+int tarcheck_feed_at(struct tarcheck *tc, const uint8_t *chunk, size_t base, size_t n,
+                     size_t len);
+int tarcheck_finish_at(struct tarcheck *tc, const uint8_t *chunk, size_t base, size_t n,
+                       size_t len);
+/* The offset of the next byte the check reads. */
+size_t tarcheck_next(const struct tarcheck *tc);
+/* No byte before this offset is read again: the caller may drop it. */
+size_t tarcheck_keep_from(const struct tarcheck *tc);
 
 /* Why the check failed (static), or "ok"/"incomplete". */
 const char *tarcheck_reason(const struct tarcheck *tc);
