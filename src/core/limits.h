@@ -104,6 +104,13 @@
  * peer that does not read stops its peer instead of growing the
  * supervisor. */
 #define RELAY_WINDOW (4 * MiB)
+/* A message of at most this many bytes is held whole: decoded, checked and
+ * relayed as one (re-encoded where it is not in the canonical form, an
+ * output stream cut to --output-cap). A longer one is relayed as it arrives,
+ * a chunk at a time, checked as it goes; its last bytes go only once the
+ * whole of it passed (else the turn is closed between its fragments), so a
+ * turn holds a window of it, never all of it. */
+#define RELAY_WHOLE_MAX (1 * MiB)
 /* What a client may make the supervisor read only to ignore it (core/bucket.h:
  * past it, the client is not read until the bucket refills, at the next
  * tick): pings (the spec's keepalive is one per 20 s each way) and the bytes

@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 
@@ -137,6 +138,24 @@ int outq_send(struct outq *q, int fd)
         }
     }
     return 0;
+}
+
+size_t outq_read(struct outq *q, void *p, size_t n)
+{
+    size_t got = 0;
+    while (q->head && got < n) {
+        struct outq_run *r = q->head;
+        size_t k = r->b.len - r->off;
+        if (k > n - got)
+            k = n - got;
+        memcpy((uint8_t *)p + got, r->b.data + r->off, k);
+        r->off += k;
+        got += k;
+        if (r->off == r->b.len)
+            run_pop(q);
+    }
+    q->bytes -= got;
+    return got;
 }
 
 void outq_free(struct outq *q)

@@ -33,4 +33,7 @@ int outq_take_slice(struct outq *q, struct buf *b, size_t off, size_t len);
 /* Write what the socket takes: 0 when the queue is empty, 1 when bytes
  * remain (the socket is full), -errno on a fatal socket error. */
 int outq_send(struct outq *q, int fd);
+/* Copy up to n bytes from the front of the queue to p and drop them (for a
+ * consumer that is not a socket): the count. */
+size_t outq_read(struct outq *q, void *p, size_t n);
 void outq_free(struct outq *q); /* drops what is queued; safe twice */

@@ -33,16 +33,20 @@
 
 #include "core/budget.h"
 #include "core/limits.h"
+#include "core/outq.h"
 #include "core/utf8.h"
 
 #define WS_HDR_MAX 14          /* 2 + 8 (length) + 4 (mask) */
 #define WS_WBUF_DIRECT 16384   /* writes this large skip wbuf when it is empty */
 
-/* A large outgoing message being read by wslay in fragments. */
-struct ws_src {
-    struct ws_src *next;
-    struct buf data; /* owned, charged */
-    size_t off;      /* bytes handed to wslay */
+/* An outgoing message read by wslay in fragments: a large one queued whole
+ * (ended at once), or one whose bytes come as they are produced. */
+struct ws_stream {
+    struct ws_stream *next;
+    struct outq q;   /* owned, charged: bytes not yet handed to wslay */
+    bool ended;      /* no more bytes come: the last may go, with FIN */
+    bool aborted;    /* it will never be finished (ws_conn_stream_abort) */
+    bool done;       /* wslay has read it to the end: reaped */
 };
 
 struct ws_conn {
@@ -74,14 +78,20 @@ struct ws_conn {
 
     /* the current data message */
     bool msg_text, msg_drop;
+    bool msg_stream;              /* handed over in chunks (msg is the one being filled) */
     uint64_t msg_limit;
     uint64_t msg_announced;       /* its frames' lengths so far, dropped or not */
     struct utf8_stream msg_utf8;  /* text: the UTF-8 check so far */
-    struct buf msg;               /* owned, charged: the message so far */
+    struct buf msg;               /* owned, charged: the message so far, or a streamed
+                                     message's chunk being filled */
 
     /* output */
-    struct ws_src *srcs;          /* owned: fragmented messages not yet fully read */
+    struct ws_stream *srcs;       /* owned: fragmented messages not yet fully read */
     size_t src_left;              /* bytes in srcs not yet handed to wslay */
+    bool stalled;                 /* wslay's message is a stream with no byte to give: nothing
+                                     to write until a byte, its end or a control frame comes */
+    bool stuck;                   /* ... and it was aborted: it never ends, and nothing queued
+                                     behind it can go (only a close, between fragments) */
     size_t charged_copy;          /* charged for what wslay holds of queued messages
                                      (wslay_held: copies, control frames, records) */
     size_t charged_io;            /* charged for rbuf and wbuf while they exist */
@@ -118,7 +128,7 @@ static void uncharge(struct ws_conn *c, size_t *acct, size_t n)
 }
 
 /* What wslay holds of the messages queued (and not yet written): their
- * copies (a fragmented message's bytes are in our ws_src, charged there)
+ * copies (a fragmented message's bytes are in our ws_stream, charged there)
  * and one WS_MSG_OVERHEAD each. */
 static size_t wslay_held(const struct ws_conn *c)
 {
@@ -145,6 +155,8 @@ static int queue_close(struct ws_conn *c, uint16_t code, const uint8_t *reason, 
     int r = wslay_event_queue_close(c->ctx, code, reason, len);
     if (r != 0 && charged)
         uncharge(c, &c->charged_copy, n);
+    if (r == 0)
+        c->stalled = false; /* it goes between a stream's fragments */
     return r;
 }
 
@@ -160,8 +172,10 @@ static int ws_queue(struct ws_conn *c, uint8_t opcode, const uint8_t *p, size_t 
     if (r < 0)
         return r;
     r = wslay_event_queue_msg(c->ctx, &msg);
-    if (r == 0)
+    if (r == 0) {
+        c->stalled = false; /* a control frame goes between a stream's fragments */
         return 0;
+    }
     uncharge(c, &c->charged_copy, n + WS_MSG_OVERHEAD);
     switch (r) {
     case WSLAY_ERR_NOMEM:
@@ -277,7 +291,44 @@ static void msg_reset(struct ws_conn *c)
 {
     buf_free(&c->msg);
     c->msg_drop = false;
+    c->msg_stream = false;
     c->msg_limit = 0;
+}
+
+/* Refuse for a budget's or the allocator's error r (a message's room). */
+static void refuse_room(struct ws_conn *c, int r)
+{
+    if (r == -ENOSPC)
+        refuse(c, -ENOSPC, 1013, "server memory budget exhausted, try again later");
+    else if (r == -EDQUOT || r == -ENOBUFS)
+        refuse(c, -EMSGSIZE, WSLAY_CODE_MESSAGE_TOO_BIG, "message over the turn's memory budget");
+    else
+        refuse(c, -ENOMEM, WSLAY_CODE_INTERNAL_SERVER_ERROR, "out of memory");
+}
+
+/* A streamed message's chunk goes to the handler (which may keep it). */
+static void chunk_hand_over(struct ws_conn *c)
+{
+    if (!c->msg_stream || c->msg.len == 0)
+        return;
+    c->h.on_msg_chunk(c->ud, &c->msg);
+    buf_free(&c->msg); /* what the handler left */
+}
+
+/* Room in a streamed message's chunk for its next payload bytes: the full
+ * chunk handed over, a fresh one made (charged). False if refused. */
+static bool chunk_room(struct ws_conn *c)
+{
+    if (c->msg.cap > c->msg.len)
+        return true;
+    chunk_hand_over(c);
+    if (!c->reading)
+        return false; /* the handler closed */
+    uint64_t due = c->payload_len - c->payload_got;
+    int r = buf_reserve_exact(&c->msg, due < WS_STREAM_CHUNK ? (size_t)due : WS_STREAM_CHUNK);
+    if (r < 0)
+        refuse_room(c, r);
+    return r == 0;
 }
 
 /* A data frame begins: its message's limit (asked of the handler at a
@@ -290,8 +341,10 @@ static void data_frame_begin(struct ws_conn *c)
         c->msg_text = c->opcode == WSLAY_TEXT_FRAME;
         c->msg_utf8 = (struct utf8_stream){0};
         c->msg_announced = 0;
-        c->msg_limit = c->h.on_msg_begin ? c->h.on_msg_begin(c->ud, c->msg_text) : WS_MSG_DROP;
+        struct ws_msg_start m = {.text = c->msg_text, .fin = c->fin, .len = c->payload_len};
+        c->msg_limit = c->h.on_msg_begin ? c->h.on_msg_begin(c->ud, &m) : WS_MSG_DROP;
         c->msg_drop = c->msg_limit == WS_MSG_DROP;
+        c->msg_stream = !c->msg_drop && m.stream && c->h.on_msg_chunk;
         if (!c->reading) /* the handler closed */
             return;
     }
@@ -299,8 +352,7 @@ static void data_frame_begin(struct ws_conn *c)
     uint64_t len = c->payload_len;
     c->msg_announced += len;
     uint64_t limit = c->msg_drop ? WS_MAX_MESSAGE_BYTES : c->msg_limit;
-    if (c->msg_announced > WS_MAX_MESSAGE_BYTES ||
-        (!c->msg_drop && len > c->msg_limit - c->msg.len)) {
+    if (c->msg_announced > WS_MAX_MESSAGE_BYTES || (!c->msg_drop && c->msg_announced > c->msg_limit)) {
         snprintf(c->reason, sizeof c->reason,
                  "message too large: %llu bytes announced, the limit here is %llu",
                  (unsigned long long)c->msg_announced,
@@ -308,15 +360,11 @@ static void data_frame_begin(struct ws_conn *c)
         refuse(c, -EMSGSIZE, WSLAY_CODE_MESSAGE_TOO_BIG, c->reason);
         return;
     }
-    if (c->msg_drop)
+    if (c->msg_drop || c->msg_stream) /* a stream's room is made a chunk at a time */
         return;
     int r = buf_reserve_exact(&c->msg, (size_t)len);
-    if (r == -ENOSPC)
-        refuse(c, -ENOSPC, 1013, "server memory budget exhausted, try again later");
-    else if (r == -EDQUOT || r == -ENOBUFS)
-        refuse(c, -EMSGSIZE, WSLAY_CODE_MESSAGE_TOO_BIG, "message over the turn's memory budget");
-    else if (r < 0)
-        refuse(c, -ENOMEM, WSLAY_CODE_INTERNAL_SERVER_ERROR, "out of memory");
+    if (r < 0)
+        refuse_room(c, r);
 }
 
 /* Take one frame header from rbuf if it is all there: 1 if taken, 0 if more
@@ -398,7 +446,12 @@ static void payload_got(struct ws_conn *c, const uint8_t *p, size_t n)
             c->h.on_dropped(c->ud, n);
         return;
     }
-    c->msg.len += n; /* into the room reserved at the frame's header */
+    c->msg.len += n; /* into the room reserved at the frame's header, or the chunk's */
+    if (c->msg_stream) {
+        if (c->msg.len == c->msg.cap)
+            chunk_hand_over(c);
+        return;
+    }
     if (c->h.on_msg_data)
         c->h.on_msg_data(c->ud, c->msg.data, c->msg.len);
 }
@@ -462,7 +515,8 @@ static void frame_end(struct ws_conn *c)
     default:
         break;
     }
-    if (!c->fin)
+    chunk_hand_over(c); /* a stream's bytes of this frame, before the next frame's */
+    if (!c->fin || !c->reading)
         return;
     if (c->msg_text && !utf8_stream_end(&c->msg_utf8)) {
         refuse(c, -EPROTO, WSLAY_CODE_INVALID_FRAME_PAYLOAD_DATA, "text message not UTF-8");
@@ -478,6 +532,12 @@ static void frame_end(struct ws_conn *c)
 static ssize_t take_payload(struct ws_conn *c)
 {
     uint64_t due = c->payload_len - c->payload_got;
+    if (c->msg_stream && !(c->opcode & 0x8)) {
+        if (!chunk_room(c))
+            return -1;
+        if (due > c->msg.cap - c->msg.len)
+            due = c->msg.cap - c->msg.len; /* what the chunk holds */
+    }
     uint8_t *dst = payload_dest(c);
     size_t avail = c->rlen - c->roff;
     size_t n;
@@ -605,34 +665,52 @@ fail:
     return -1;
 }
 
+/* wslay reads the next fragment of a ws_stream. Its last byte is held back
+ * until the stream is ended, so the peer never has the message whole
+ * before that (a close queued meanwhile goes out between fragments);
+ * nothing to give stalls wslay (returning 0 without eof: it stops, and
+ * sends control frames queued since first when it is called again). */
 static ssize_t src_read(wslay_event_context_ptr ctx, uint8_t *buf, size_t len,
                         const union wslay_event_msg_source *source, int *eof, void *user_data)
 {
     struct ws_conn *c = user_data;
-    struct ws_src *s = source->data;
-    size_t n = s->data.len - s->off;
-    if (n > len)
-        n = len;
-    memcpy(buf, s->data.data + s->off, n);
-    s->off += n;
+    struct ws_stream *st = source->data;
+    size_t avail = st->q.bytes;
+    if (st->aborted) {
+        c->stuck = c->stalled = true;
+        return 0;
+    }
+    if (!st->ended)
+        avail = avail ? avail - 1 : 0;
+    if (avail == 0) {
+        c->stalled = true;
+        return 0;
+    }
+    size_t n = outq_read(&st->q, buf, avail < len ? avail : len);
     c->src_left -= n;
-    if (s->off == s->data.len) {
+    if (st->ended && st->q.bytes == 0) {
         *eof = 1;
-        buf_free(&s->data); /* wslay has the last bytes in its own buffer */
+        st->done = true; /* wslay has the last bytes in its own buffer */
     }
     return (ssize_t)n;
 }
 
-/* Free the sources wslay has read to the end. */
+static void stream_free(struct ws_stream *st)
+{
+    outq_free(&st->q);
+    free(st);
+}
+
+/* Free the streams wslay has read to the end. */
 static void srcs_reap(struct ws_conn *c)
 {
-    for (struct ws_src **pp = &c->srcs; *pp;) {
-        struct ws_src *s = *pp;
-        if (s->data.data == NULL) {
-            *pp = s->next;
-            free(s);
+    for (struct ws_stream **pp = &c->srcs; *pp;) {
+        struct ws_stream *st = *pp;
+        if (st->done) {
+            *pp = st->next;
+            stream_free(st);
         } else {
-            pp = &s->next;
+            pp = &st->next;
         }
     }
 }
@@ -679,10 +757,9 @@ void ws_conn_free(struct ws_conn *c)
         return;
     wslay_event_context_free(c->ctx);
     while (c->srcs) {
-        struct ws_src *s = c->srcs;
-        c->srcs = s->next;
-        buf_free(&s->data);
-        free(s);
+        struct ws_stream *st = c->srcs;
+        c->srcs = st->next;
+        stream_free(st);
     }
     if (c->budget)
         budget_give(c->budget, c->charged_copy + c->charged_io);
@@ -712,6 +789,8 @@ int ws_conn_read(struct ws_conn *c)
     c->read_left = WS_READ_BUDGET;
     c->read_more = false;
     read_frames(c);
+    if (c->reading)
+        chunk_hand_over(c); /* what came of a stream goes on now: nothing lingers here */
     if (c->io_failed)
         c->failed = true; /* nothing more can move either way */
     if (c->rbuf && c->roff == c->rlen) { /* all taken: give the buffer back */
@@ -766,31 +845,71 @@ int ws_conn_send_buf(struct ws_conn *c, bool text, struct buf *b)
         buf_free(b);
         return r;
     }
-    struct ws_src *s = calloc(1, sizeof *s);
-    if (!s) {
+    struct ws_stream *st;
+    int r = ws_conn_stream_begin(c, text, &st);
+    if (r < 0) {
         buf_free(b);
-        return -ENOMEM;
+        return r;
     }
-    buf_init_budget(&s->data, SIZE_MAX, c->budget);
-    int r = buf_move(&s->data, b);
+    r = ws_conn_stream_push(c, st, b);
+    ws_conn_stream_end(c, st); /* the stream is the connection's from here on */
+    return r;
+}
+
+int ws_conn_stream_begin(struct ws_conn *c, bool text, struct ws_stream **out)
+{
+    if (c->failed)
+        return -EPIPE;
+    struct ws_stream *st = calloc(1, sizeof *st);
+    if (!st)
+        return -ENOMEM;
+    outq_init(&st->q, c->budget);
     const struct wslay_event_fragmented_msg msg = {
-        .opcode = opcode, .source.data = s, .read_callback = src_read};
-    if (r == 0)
-        r = charge(c, &c->charged_copy, WS_MSG_OVERHEAD);
+        .opcode = text ? WSLAY_TEXT_FRAME : WSLAY_BINARY_FRAME, .source.data = st,
+        .read_callback = src_read};
+    int r = charge(c, &c->charged_copy, WS_MSG_OVERHEAD);
     if (r == 0 && wslay_event_queue_fragmented_msg(c->ctx, &msg) != 0) {
         uncharge(c, &c->charged_copy, WS_MSG_OVERHEAD);
         r = -EPIPE;
     }
     if (r < 0) {
-        buf_free(b);
-        buf_free(&s->data);
-        free(s);
+        free(st);
         return r;
     }
-    s->next = c->srcs;
-    c->srcs = s;
-    c->src_left += s->data.len;
+    st->next = c->srcs;
+    c->srcs = st;
+    c->stalled = false;
+    *out = st;
     return 0;
+}
+
+int ws_conn_stream_push(struct ws_conn *c, struct ws_stream *st, struct buf *chunk)
+{
+    size_t n = chunk->len;
+    if (st->ended || st->aborted) {
+        buf_free(chunk);
+        return -EINVAL;
+    }
+    int r = outq_take(&st->q, chunk);
+    if (r == 0) {
+        c->src_left += n;
+        c->stalled = false;
+    }
+    return r;
+}
+
+void ws_conn_stream_end(struct ws_conn *c, struct ws_stream *st)
+{
+    st->ended = true;
+    c->stalled = false;
+}
+
+void ws_conn_stream_abort(struct ws_conn *c, struct ws_stream *st)
+{
+    c->src_left -= st->q.bytes;
+    outq_free(&st->q);
+    st->aborted = true;
+    c->stalled = false; /* wslay finds out, if it is its message (src_read) */
 }
 
 int ws_conn_send_ping(struct ws_conn *c)
@@ -850,7 +969,7 @@ void ws_conn_pause(struct ws_conn *c, bool paused)
 
 bool ws_conn_want_write(const struct ws_conn *c)
 {
-    return !c->failed && (c->wlen > c->woff || wslay_event_want_write(c->ctx));
+    return !c->failed && (c->wlen > c->woff || (wslay_event_want_write(c->ctx) && !c->stalled));
 }
 
 bool ws_conn_read_more(const struct ws_conn *c)
@@ -865,7 +984,8 @@ size_t ws_conn_queued(const struct ws_conn *c)
 
 bool ws_conn_pending(const struct ws_conn *c)
 {
-    return wslay_event_get_queued_msg_count(c->ctx) > 0 || c->wlen > c->woff;
+    /* Behind an aborted stream nothing can go any more: not pending. */
+    return (wslay_event_get_queued_msg_count(c->ctx) > 0 && !c->stuck) || c->wlen > c->woff;
 }
 
 bool ws_conn_finished(const struct ws_conn *c)

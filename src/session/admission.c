@@ -144,7 +144,7 @@ static void admit(struct session *s, const uint8_t *rest, size_t rest_len)
         mark_dead(s);
         return;
     }
-    ws_conn_set_window(s->ws, RELAY_WINDOW); /* a client that does not read is not read */
+    ws_conn_set_window(s->ws, s->window); /* a client that does not read is not read */
     http_req_free(s->req);
     s->req = NULL;
     preauth_remove(env->preauth, &s->pa); /* a turn now: counted by capacity */

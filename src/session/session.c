@@ -133,7 +133,7 @@ void update_interest(struct session *s)
     default:
         if (s->out.len || ws_conn_want_write(s->ws))
             ev |= EPOLLOUT;
-        if (ws_conn_want_read(s->ws) && chan_conn_queued(s->chan) < RELAY_WINDOW)
+        if (ws_conn_want_read(s->ws) && chan_conn_queued(s->chan) < s->window)
             ev |= EPOLLIN;
         break;
     }
@@ -146,7 +146,7 @@ void update_interest(struct session *s)
         /* Backpressure: a client that does not read stops its sandbox (the
          * supervisor does not grow); a message still being checked is
          * finished first (session_work). */
-        if ((!s->ws || ws_conn_queued(s->ws) < RELAY_WINDOW) && !s->in_complete &&
+        if ((!s->ws || ws_conn_queued(s->ws) < s->window) && !s->in_checking &&
             !s->sandbox_paused)
             cev |= EPOLLIN;
         loop_watch(l, &s->chan_watch, cev);
@@ -171,6 +171,7 @@ struct session *session_new(struct sessions *set, int fd, const uint8_t key[PREA
     notify_turn_init(&s->notify, s->id, env->loop, env->notify);
     s->phase = PHASE_HTTP;
     s->budget = (struct budget){.max = env->cfg->turn_buffer, .up = env->budget};
+    s->window = env->cfg->turn_buffer / 4 < RELAY_WINDOW ? env->cfg->turn_buffer / 4 : RELAY_WINDOW;
     s->sandbox_logs = (struct bucket)BUCKET_INIT(SANDBOX_LOG_BURST * SANDBOX_LOG_LINE_COST,
                                                  SANDBOX_LOG_PER_MINUTE);
     s->client_pings = (struct bucket)BUCKET_INIT(CLIENT_PINGS_BURST, CLIENT_PINGS_PER_SEC);
@@ -322,7 +323,7 @@ bool sessions_work(struct sessions *set)
     if (set->n_working == 0)
         return false;
     for (struct session *s = set->head; s; s = s->next)
-        if (s->in_complete)
+        if (s->in_checking)
             more |= session_work(s);
     return more;
 }

@@ -88,9 +88,17 @@ struct session {
     /* What this turn makes the supervisor hold: every buffer of its messages
      * in both directions (--turn-buffer), charged to env->budget too. */
     struct budget budget;
-    /* the client's text message, scanned as it arrives */
+    /* What may wait for the slower side, each way, before the faster one is
+     * no longer read: RELAY_WINDOW, or a quarter of --turn-buffer if that is
+     * less (the window, not the budget, is then what a slow peer meets). */
+    size_t window;
+    /* the client's message: text scanned as it arrives */
     struct frame_scan *cscan;     /* owned (admitted turns) */
     bool cmsg_bad;                /* it can no longer decode */
+    bool cmsg_stream;             /* streamed (over RELAY_WHOLE_MAX, or fragmented) */
+    bool cmsg_parts;              /* ... and its chunks go to the sandbox as parts */
+    bool cmsg_sent;               /* ... and some went */
+    uint64_t cmsg_got;            /* its bytes so far */
 
     /* the sandbox */
     bool spawn_pending;           /* request sent, reply not yet received */
@@ -110,8 +118,14 @@ struct session {
 
     /* the sandbox's message being read (chan_conn.h) */
     bool in_token;                /* a log line may be written for it (sandbox_logs) */
-    bool in_complete;             /* all of it is in, its check still has work to do */
-    struct buf in;                /* the body, room reserved at the header */
+    bool in_checking;             /* its check has work to do before more is read
+                                     (sessions_work): a snapshot's */
+    struct buf in;                /* the body, room reserved at the header (held whole) */
+    /* a message over RELAY_WHOLE_MAX, relayed as it arrives */
+    struct ws_stream *out_stream; /* borrowed (the ws_conn's) until ended or aborted */
+    uint64_t in_got;              /* its bytes so far */
+    bool in_ended;                /* all of them are in */
+    struct held_chunk *held;      /* owned: a snapshot's chunks its check may still read */
     struct frame_scan *sscan;     /* owned (admitted turns): an F body's scan */
     struct tarcheck *tc;          /* owned while an S body is checked */
     struct tarcheck_cache *tc_cache; /* owned: snapshot members verified this turn */
@@ -164,6 +178,8 @@ int sandbox_read(struct session *s);
 /* One step of a complete snapshot's check (sessions_work). True if work
  * remains. */
 bool session_work(struct session *s);
+/* Drop a streamed snapshot's held chunks (kill_sandbox). */
+void held_free(struct session *s);
 /* Read the sandbox again after its log rate paused it (sandbox_paused),
  * from the tick: its waiting header is decided anew. */
 void sandbox_resume(struct session *s);

@@ -85,7 +85,9 @@ static void finish_block_for_timeout(struct session *s, const char *what, uint64
     struct frame done, out;
     frame_init(&done, FRAME_DONE);
     frame_init(&out, FRAME_OUTPUT);
-    if (frame_set_int(&done, "exit_code", TIMEOUT_EXIT) == 0 &&
+    /* Behind a message being relayed as it arrives nothing can go (its end
+     * never comes): the close says why. */
+    if (!s->out_stream && frame_set_int(&done, "exit_code", TIMEOUT_EXIT) == 0 &&
         frame_set_int(&out, "exit_code", TIMEOUT_EXIT) == 0 &&
         frame_set_string(&out, "stderr", msg) == 0 && ws_send_frame(s, &done) == 0 &&
         ws_send_frame(s, &out) == 0)
@@ -221,9 +223,13 @@ void kill_sandbox(struct session *s)
         close_and_reset(&s->chan_fd);
     }
     notify_close(&s->notify);
-    if (s->in_complete)
+    if (s->out_stream) /* its message being relayed will never end */
+        ws_conn_stream_abort(s->ws, s->out_stream);
+    s->out_stream = NULL;
+    held_free(s);
+    if (s->in_checking)
         s->set->n_working--;
-    s->in_complete = false;
+    s->in_checking = false;
     chan_conn_close(s->chan); /* its queue, a pending fd, a partial message */
     tarcheck_free(s->tc);
     s->tc = NULL;

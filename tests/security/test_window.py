@@ -4,6 +4,11 @@
 * Every byte the supervisor holds for a turn is charged to it, control frames
   included: a client that sends pings and never reads the pongs stops being
   read once a window is queued for it, and the supervisor does not grow.
+* A large message moves through the supervisor as it arrives, checked as it
+  goes: a host that does not read stops its sandbox after a window of a
+  200 MiB tool_call (or a 64 MiB snapshot), a sandbox trickling a huge frame
+  holds a window, and a frame or snapshot found bad at its end closes the
+  turn with 1011 between its fragments: the host never gets it whole.
 * What would be read only to be dropped is not read (backpressure): a client
   over its ping rate, or sending what its turn's state ignores (binary while
   a block runs), waits, and so does a sandbox writing log frames between
@@ -16,6 +21,8 @@ flood stops after a few seconds.
 """
 
 import asyncio
+import hashlib
+import json
 import os
 import selectors
 import socket
@@ -237,3 +244,248 @@ def test_log_flood_between_blocks_waits(fresh_daemon):
     assert b.completed and b.stdout == "ok\n", repr(b)
     assert share < CPU_SHARE_MAX, f"a log flood between blocks took {share:.0%} of a core"
     assert b2.completed and b2.stdout == "2\n", repr(b2)
+
+
+# ---------------------------------------------------------------------------
+# sandbox -> client: large messages relayed as they arrive
+# ---------------------------------------------------------------------------
+
+BIG_CALL = 200 << 20
+
+# A legal tool_call of n bytes of argument, written on the channel in 1 MiB
+# pieces (the sandbox holds 1 MiB), then the block waits.
+BIG_CALL_CODE = FIND_CHAN + r"""
+pre = b'{"id":"big-1","name":"echo","args":{"m":"'
+suf = b'"},"timeout":null,"kind":"tool_call"}\n'
+n = %(n)d
+os.write(CHAN, struct.pack("<4sI", b"F\0\0\0", len(pre) + n + len(suf)) + pre)
+chunk = b"A" * (1 << 20)
+left = n
+while left:
+    k = min(left, len(chunk))
+    mv = memoryview(chunk)[:k]
+    while mv:
+        mv = mv[os.write(CHAN, mv):]
+    left -= k
+os.write(CHAN, suf)
+time.sleep(60)
+"""
+
+
+def _open_raw_turn(d) -> RawWS:
+    """A turn on a raw socket (so that not reading is not reading): tools, a
+    `ready`, left unread until asked."""
+    ws = RawWS(d.port, token=d.token, timeout=30)
+    ws.send_binary(sbx.tools_archive())
+    while True:
+        m = ws.recv(30)
+        if isinstance(m, str) and '"ready"' in m:
+            return ws
+        assert m is not None, f"closed before ready: {ws.close_code} {ws.close_reason}"
+
+
+@pytest.mark.skipif(sbx.UNDER_ASAN, reason="ASan's quarantine keeps freed memory resident")
+def test_unread_200mib_tool_call_holds_a_window(fresh_daemon):
+    """A sandbox sends a legal 200 MiB tool_call while its host reads
+    nothing: the supervisor holds a window of it and stops reading the
+    sandbox (it held all 200 MiB); once the host reads, the call arrives
+    whole and exact."""
+    d = fresh_daemon
+    ws = _open_raw_turn(d)
+    base = _hwm_mb(d.pid)
+    ws.send_binary(sbx.EMPTY_TGZ)
+    code = sbx.prelude(BIG_CALL_CODE % {"n": BIG_CALL})
+    ws.send_text(json.dumps({"code": code, "kind": "run"}) + "\n")
+    time.sleep(6)  # the sandbox writes at hundreds of MB/s: long done if nothing held it
+    grew = _hwm_mb(d.pid) - base
+    got = None
+    while got is None:
+        m = ws.recv(60)
+        assert m is not None, f"closed: {ws.close_code} {ws.close_reason}"
+        if isinstance(m, str) and '"tool_call"' in m[-40:]:
+            got = m
+    assert grew < HELD_MAX_MB, f"an unread 200 MiB tool_call grew the supervisor by {grew:.0f} MB"
+    f = json.loads(got)
+    assert f["kind"] == "tool_call" and f["id"] == "big-1" and len(f["args"]["m"]) == BIG_CALL
+    assert f["args"]["m"] == "A" * BIG_CALL
+    ws.close()
+
+
+TRICKLE_CODE = FIND_CHAN + r"""
+os.write(CHAN, struct.pack("<4sI", b"F\0\0\0", 255 << 20) + b'{"level":"info","msg":"')
+chunk = b"A" * (1 << 20)
+for _ in range(%(mib)d):
+    mv = memoryview(chunk)
+    while mv:
+        mv = mv[os.write(CHAN, mv):]
+time.sleep(60)
+"""
+
+
+@pytest.mark.skipif(sbx.UNDER_ASAN, reason="ASan's quarantine keeps freed memory resident")
+def test_trickled_frame_holds_a_window(fresh_daemon):
+    """A sandbox announces a 255 MiB frame and sends 96 MiB of it, never the
+    rest, to a host that reads: the supervisor passes it on as it comes and
+    holds a window (it kept all it got, and reserved the rest against the
+    budgets); the host has not got a message, and other turns go on."""
+    d = fresh_daemon
+    base = _hwm_mb(d.pid)
+
+    async def go():
+        t = await sbx.Turn.open(d)
+        await t.ws.send(sbx.EMPTY_TGZ)
+        await t.ws.send(json.dumps({"code": sbx.prelude(TRICKLE_CODE % {"mib": 96}),
+                                    "kind": "run"}) + "\n")
+        got = []
+        end = time.monotonic() + 8
+        try:
+            while time.monotonic() < end:
+                got.append(await asyncio.wait_for(t.ws.recv(), end - time.monotonic()))
+        except asyncio.TimeoutError:
+            pass
+        t.ws.transport.abort()
+        return [m for m in got if not (isinstance(m, str) and m.endswith('"kind":"ready"}\n'))]
+    m = sbx.arun(go(), 30)
+    grew = _hwm_mb(d.pid) - base
+    assert not m, f"the host got a message: {str(m)[:80]}"
+    assert grew < HELD_MAX_MB, f"96 MiB of a trickled frame grew the supervisor by {grew:.0f} MB"
+    ok, why = d.fresh_turn_ok()
+    assert ok, why
+
+
+BAD_AT_END_CODE = FIND_CHAN + r"""
+body = b'{"id":"bad-1","name":"echo","args":{"m":"' + b"A" * (8 << 20) + %(tail)r
+os.write(CHAN, struct.pack("<4sI", b"F\0\0\0", len(body)))
+mv = memoryview(body)
+while mv:
+    mv = mv[os.write(CHAN, mv):]
+time.sleep(60)
+"""
+
+BAD_ENDS = {
+    # the last string byte is not UTF-8
+    "utf8": (b'\xff"},"timeout":null,"kind":"tool_call"}\n', "invalid UTF-8"),
+    # a kind the sandbox may not send
+    "kind": (b'"},"timeout":null,"kind":"tool_result"}\n', "kind not accepted from the sandbox"),
+    # not JSON at the very end
+    "json": (b'"},"timeout":null,"kind":"tool_call"]\n', "invalid JSON"),
+}
+
+
+@pytest.mark.parametrize("bad", list(BAD_ENDS))
+def test_large_frame_bad_at_its_end_is_never_whole(daemon_mod, bad):
+    """An 8 MiB tool_call found bad only at its last bytes: it was relayed as
+    it arrived (the host has most of it in fragments: it was held whole and
+    only then checked), but its end was held back, so the turn is closed
+    with 1011 between its fragments and the host never has it whole."""
+    tail, reason = BAD_ENDS[bad]
+    ws = _open_raw_turn(daemon_mod)
+    ws.send_binary(sbx.EMPTY_TGZ)
+    code = sbx.prelude(BAD_AT_END_CODE % {"tail": tail})
+    ws.send_text(json.dumps({"code": code, "kind": "run"}) + "\n")
+    fragments, fin, closed, head = 0, False, None, b""
+    end = time.monotonic() + 30
+    while closed is None and time.monotonic() < end:
+        op, is_fin, data = ws.recv_frame(30)
+        if op == RawWS.OP_CLOSE:
+            closed = (struct.unpack("!H", data[:2])[0], data[2:].decode())
+        elif op in (RawWS.OP_TEXT, RawWS.OP_CONT):
+            head = data[:16] if op == RawWS.OP_TEXT else head
+            if head.startswith(b'{"id":"bad-1"'):  # not the supervisor's own error log
+                fragments += len(data)
+                fin = fin or is_fin
+        elif op == RawWS.OP_PING:
+            ws.send_frame(RawWS.OP_PONG, data)
+    ws.close()
+    assert closed == (1011, "sandbox protocol error: " + reason), closed
+    assert not fin, "the host got the frame whole"
+    assert fragments >= 4 << 20, f"only {fragments} bytes of it were relayed before its end"
+
+
+@pytest.fixture(scope="module")
+def daemon_mod():
+    with sbx.Daemon(["--capacity", "4", "--pool", "0"]) as d:
+        yield d
+
+
+SNAP_MIB = 64
+SNAP_CODE = r"""
+import hashlib, os
+data = os.urandom(%d << 20)
+open("/workspace/big.bin", "wb").write(data)
+print(hashlib.sha256(data).hexdigest())
+""" % SNAP_MIB
+
+
+@pytest.mark.skipif(sbx.UNDER_ASAN, reason="ASan's quarantine keeps freed memory resident")
+def test_unread_snapshot_holds_a_window(fresh_daemon):
+    """A block leaves a 64 MiB file; its host does not read for a while: the
+    supervisor checks and passes on the snapshot as it arrives and holds a
+    window of it (it held all of it); once the host reads, the archive is
+    whole, valid and exact."""
+    d = fresh_daemon
+    ws = _open_raw_turn(d)
+    base = _hwm_mb(d.pid)
+    ws.send_binary(sbx.EMPTY_TGZ)
+    ws.send_text(json.dumps({"code": SNAP_CODE, "kind": "run"}) + "\n")
+    time.sleep(8)
+    grew = _hwm_mb(d.pid) - base
+    out, archive = None, None
+    while archive is None:
+        m = ws.recv(60)
+        assert m is not None, f"closed: {ws.close_code} {ws.close_reason}"
+        if isinstance(m, str) and '"output"' in m[-40:]:
+            out = json.loads(m)
+        elif isinstance(m, bytes) and out is not None:
+            archive = m
+    ws.close()
+    assert grew < HELD_MAX_MB, f"an unread {SNAP_MIB} MiB snapshot grew the supervisor by {grew:.0f} MB"
+    files = sbx.read_targz(archive)
+    assert hashlib.sha256(files["big.bin"]).hexdigest() == out["stdout"].strip()
+
+
+BAD_SNAPSHOT_CODE = FIND_CHAN + r"""
+import gzip, io, tarfile
+bio = io.BytesIO()
+with tarfile.open(fileobj=bio, mode="w:gz", format=tarfile.USTAR_FORMAT, compresslevel=1) as tf:
+    payload = os.urandom(8 << 20)
+    ti = tarfile.TarInfo("f")
+    ti.size, ti.mode = len(payload), 0o644
+    tf.addfile(ti, io.BytesIO(payload))
+data = bytearray(bio.getvalue())
+data[-5] ^= 0xFF  # the gzip trailer's CRC: found only at the very end
+send("F", b'{"exit_code":0,"kind":"done"}\n')
+send("F", b'{"stdout":"forged\\n","stderr":"","exit_code":0,"kind":"output"}\n')
+os.write(CHAN, b"S\0\0\0" + struct.pack("<I", len(data)))
+mv = memoryview(bytes(data))
+while mv:
+    mv = mv[os.write(CHAN, mv):]
+time.sleep(30)
+"""
+
+
+def test_large_snapshot_bad_at_its_end_is_never_whole(daemon_mod):
+    """An 8 MiB snapshot whose gzip CRC is wrong: it is relayed as it is
+    checked (the host has most of it: it was held whole and then replaced by
+    a zero-length archive), and the check's refusal at its end closes the
+    turn with 1011 between its fragments: the host never has it whole."""
+    ws = _open_raw_turn(daemon_mod)
+    ws.send_binary(sbx.EMPTY_TGZ)
+    ws.send_text(json.dumps({"code": sbx.prelude(BAD_SNAPSHOT_CODE), "kind": "run"}) + "\n")
+    fragments, fin, closed, after_output = 0, False, None, False
+    end = time.monotonic() + 30
+    while closed is None and time.monotonic() < end:
+        op, is_fin, data = ws.recv_frame(30)
+        if op == RawWS.OP_CLOSE:
+            closed = (struct.unpack("!H", data[:2])[0], data[2:].decode())
+        elif op == RawWS.OP_TEXT and b'"output"' in data[-40:]:
+            after_output = True
+        elif op in (RawWS.OP_BIN, RawWS.OP_CONT) and after_output:
+            fragments += len(data)
+            fin = fin or is_fin
+        elif op == RawWS.OP_PING:
+            ws.send_frame(RawWS.OP_PONG, data)
+    ws.close()
+    assert closed == (1011, "sandbox workspace archive refused: gzip: CRC mismatch"), closed
+    assert not fin, "the host got the archive whole"
+    assert fragments >= 4 << 20, f"only {fragments} bytes of it were relayed before its end"
