@@ -157,12 +157,16 @@
  * default seccomp policy refuses mq_open; this holds under another policy. */
 #define SBX_RLIMIT_MSGQUEUE (800 * KiB)
 
-/* Memory a turn's buffers may hold in the supervisor (--turn-buffer): one
- * message of the largest size in each direction, plus what backpressure
- * lets queue; and all turns together (--total-buffer, default a quarter of
- * the machine's memory, at least the minimum). */
-#define TURN_BUFFER_DEFAULT (2 * WS_MAX_MESSAGE_BYTES + 4 * RELAY_WINDOW)
+/* Memory a turn's buffers may hold in the supervisor (--turn-buffer): a few
+ * windows, since a large message moves through a window at a time (a window
+ * queued each way, plus what the window lets overshoot by a chunk or a read,
+ * a message held whole each way, the snapshot check's cache); and all turns
+ * together (--total-buffer, default a quarter of the machine's memory, at
+ * least the minimum). `forkbox sandbox` still holds a whole message each way
+ * (stream/relay.c): its default is one of the largest each way. */
+#define TURN_BUFFER_DEFAULT (8 * RELAY_WINDOW)
 #define TOTAL_BUFFER_MIN (TURN_BUFFER_DEFAULT)
+#define STREAM_TURN_BUFFER_DEFAULT (2 * WS_MAX_MESSAGE_BYTES + 4 * RELAY_WINDOW)
 
 /* What a sandbox may send, by state and kind (session/from_sandbox.c).
  * Between blocks only ready and log frames are legal, and they are small; a
