@@ -109,7 +109,7 @@ static uint64_t on_begin(void *ud, struct ws_msg_start *m)
     return s->dropping ? WS_MSG_DROP : s->max_msg;
 }
 
-static void on_chunk(void *ud, struct buf *chunk)
+static bool on_chunk(void *ud, struct buf *chunk)
 {
     struct state *s = ud;
     FUZZ_ASSERT(s->streaming && !s->dropping, "a chunk of a message not streamed");
@@ -117,6 +117,7 @@ static void on_chunk(void *ud, struct buf *chunk)
                 chunk->len);
     FUZZ_ASSERT(s->chunks.len + chunk->len <= s->max_msg, "chunks past max %zu", s->max_msg);
     buf_append(&s->chunks, chunk->data, chunk->len);
+    return chunk->len & 1; /* an odd one stops the read: the rest comes at the next */
 }
 
 static void on_data(void *ud, const uint8_t *msg, size_t len)

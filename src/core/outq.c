@@ -49,6 +49,7 @@ int outq_append(struct outq *q, const void *p, size_t n)
         int e = buf_reserve_exact(&r->b, n > OUTQ_RUN_MIN ? n : OUTQ_RUN_MIN);
         if (e < 0)
             return e; /* the empty run is dropped when sent or freed */
+        q->held += r->b.cap;
     }
     int e = buf_append(&r->b, p, n);
     if (e == 0)
@@ -73,6 +74,7 @@ int outq_take(struct outq *q, struct buf *b)
         return e;
     }
     q->bytes += r->b.len;
+    q->held += r->b.cap;
     return 0;
 }
 
@@ -101,6 +103,7 @@ static void run_pop(struct outq *q)
     q->head = r->next;
     if (!q->head)
         q->tail = NULL;
+    q->held -= r->b.cap;
     buf_free(&r->b);
     free(r);
 }
@@ -162,5 +165,5 @@ void outq_free(struct outq *q)
 {
     while (q->head)
         run_pop(q);
-    q->bytes = 0;
+    q->bytes = q->held = 0;
 }

@@ -17,6 +17,8 @@ struct outq_run;
 struct outq {
     struct outq_run *head, *tail; /* owned */
     size_t bytes;                 /* queued and not yet written */
+    size_t held;                  /* memory the runs hold (what is charged): at least
+                                     bytes; a window is counted in it */
     struct budget *budget;        /* borrowed, or NULL */
 };
 

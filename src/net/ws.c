@@ -87,7 +87,6 @@ struct ws_conn {
 
     /* output */
     struct ws_stream *srcs;       /* owned: fragmented messages not yet fully read */
-    size_t src_left;              /* bytes in srcs not yet handed to wslay */
     bool stalled;                 /* wslay's message is a stream with no byte to give: nothing
                                      to write until a byte, its end or a control frame comes */
     bool stuck;                   /* ... and it was aborted: it never ends, and nothing queued
@@ -97,6 +96,7 @@ struct ws_conn {
     size_t charged_io;            /* charged for rbuf and wbuf while they exist */
     size_t window;                /* read nothing while more than this is queued; 0: no limit */
     bool paused;                  /* the handler stopped reading (ws_conn_pause) */
+    bool chunk_stop;              /* on_msg_chunk asked to stop for this read */
     uint8_t *wbuf;                /* owned, WS_WBUF bytes while writes are gathered, else NULL
                                      (an idle connection holds none) */
     size_t wlen, woff;            /* wbuf[woff..wlen) is waiting for the socket */
@@ -306,12 +306,15 @@ static void refuse_room(struct ws_conn *c, int r)
         refuse(c, -ENOMEM, WSLAY_CODE_INTERNAL_SERVER_ERROR, "out of memory");
 }
 
-/* A streamed message's chunk goes to the handler (which may keep it). */
+/* A streamed message's chunk goes to the handler (which may keep it),
+ * charged for what it holds. */
 static void chunk_hand_over(struct ws_conn *c)
 {
     if (!c->msg_stream || c->msg.len == 0)
         return;
-    c->h.on_msg_chunk(c->ud, &c->msg);
+    buf_fit(&c->msg);
+    if (!c->h.on_msg_chunk(c->ud, &c->msg))
+        c->chunk_stop = true;
     buf_free(&c->msg); /* what the handler left */
 }
 
@@ -567,7 +570,7 @@ static void read_frames(struct ws_conn *c)
 {
     while (c->reading && !c->io_failed) {
         ssize_t r;
-        if (held(c)) { /* what rbuf holds waits too: read_more says so */
+        if (held(c) || c->chunk_stop) { /* what rbuf holds waits too: read_more says so */
             c->read_more = true;
             return;
         }
@@ -687,7 +690,6 @@ static ssize_t src_read(wslay_event_context_ptr ctx, uint8_t *buf, size_t len,
         return 0;
     }
     size_t n = outq_read(&st->q, buf, avail < len ? avail : len);
-    c->src_left -= n;
     if (st->ended && st->q.bytes == 0) {
         *eof = 1;
         st->done = true; /* wslay has the last bytes in its own buffer */
@@ -788,6 +790,7 @@ int ws_conn_read(struct ws_conn *c)
         return ws_status(c);
     c->read_left = WS_READ_BUDGET;
     c->read_more = false;
+    c->chunk_stop = false;
     read_frames(c);
     if (c->reading)
         chunk_hand_over(c); /* what came of a stream goes on now: nothing lingers here */
@@ -891,10 +894,8 @@ int ws_conn_stream_push(struct ws_conn *c, struct ws_stream *st, struct buf *chu
         return -EINVAL;
     }
     int r = outq_take(&st->q, chunk);
-    if (r == 0) {
-        c->src_left += n;
+    if (r == 0 && n)
         c->stalled = false;
-    }
     return r;
 }
 
@@ -906,7 +907,6 @@ void ws_conn_stream_end(struct ws_conn *c, struct ws_stream *st)
 
 void ws_conn_stream_abort(struct ws_conn *c, struct ws_stream *st)
 {
-    c->src_left -= st->q.bytes;
     outq_free(&st->q);
     st->aborted = true;
     c->stalled = false; /* wslay finds out, if it is its message (src_read) */
@@ -979,7 +979,10 @@ bool ws_conn_read_more(const struct ws_conn *c)
 
 size_t ws_conn_queued(const struct ws_conn *c)
 {
-    return wslay_held(c) + c->src_left + (c->wlen - c->woff);
+    size_t q = wslay_held(c) + (c->wlen - c->woff);
+    for (const struct ws_stream *st = c->srcs; st; st = st->next)
+        q += st->q.held; /* what is charged, not only the bytes: a window counts memory */
+    return q;
 }
 
 bool ws_conn_pending(const struct ws_conn *c)

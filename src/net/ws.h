@@ -59,7 +59,7 @@ struct budget;
 
 #define WS_MSG_DROP UINT64_MAX
 /* A streamed message's chunks: at most this many bytes each. */
-#define WS_STREAM_CHUNK (64 * 1024)
+#define WS_STREAM_CHUNK (256 * 1024)
 
 /* A message starts: what its first frame's header says. */
 struct ws_msg_start {
@@ -93,8 +93,10 @@ struct ws_handlers {
     /* The next chunk of a streamed message (its bytes in order, unmasked;
      * text may end inside a character: its UTF-8 is checked as a whole).
      * The handler may take it with buf_move(); what it leaves is freed. May
-     * pause or close. NULL: no message is streamed. */
-    void (*on_msg_chunk)(void *ud, struct buf *chunk);
+     * pause or close. Returns false to stop reading for now (backpressure:
+     * the rest waits for the next ws_conn_read()). NULL: no message is
+     * streamed. */
+    bool (*on_msg_chunk)(void *ud, struct buf *chunk);
 };
 
 /* fd: a connected, non-blocking socket (borrowed: the caller closes it).
@@ -174,7 +176,9 @@ void ws_conn_pause(struct ws_conn *c, bool paused);
  * the window. */
 bool ws_conn_want_read(const struct ws_conn *c);
 bool ws_conn_want_write(const struct ws_conn *c);
-/* Bytes queued for sending and not yet written (for backpressure). A
+/* The memory what is queued for sending holds, and not yet written (for
+ * backpressure, a window: charged memory, not only bytes): wslay's copies
+ * with WS_MSG_OVERHEAD each, the streams' chunks, the gathered writes. A
  * message counts in full until its last byte is written. */
 size_t ws_conn_queued(const struct ws_conn *c);
 /* True while any message (an empty one too) is queued and not written, and

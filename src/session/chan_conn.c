@@ -124,6 +124,11 @@ size_t chan_conn_queued(const struct chan_conn *c)
     return c ? c->out.bytes : 0;
 }
 
+size_t chan_conn_held(const struct chan_conn *c)
+{
+    return c ? c->out.held : 0;
+}
+
 /* ---------------------------------------------------------------- from the sandbox */
 
 /* recvmsg() on the channel: the only fd a sandbox may send is its seccomp
@@ -212,6 +217,7 @@ static int read_chunk(struct chan_conn *c, size_t *budget, ssize_t *n)
         return 0;
     }
     chunk.len = (size_t)*n;
+    buf_fit(&chunk); /* what the socket had: charged for what it holds */
     *budget -= (size_t)*n;
     c->got += (uint32_t)*n;
     r = c->h->on_chunk(c->ud, &c->msg, &chunk);

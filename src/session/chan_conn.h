@@ -101,6 +101,9 @@ int chan_conn_send_around(struct chan_conn *c, enum chan_type type, const struct
 int chan_conn_flush(struct chan_conn *c);
 /* Bytes queued and not yet written (0 for NULL). */
 size_t chan_conn_queued(const struct chan_conn *c);
+/* The memory they hold (charged: the runs' capacity), what a window is
+ * counted in (0 for NULL). */
+size_t chan_conn_held(const struct chan_conn *c);
 
 /* Read what the sandbox sent, at most CHAN_CONN_READ_BUDGET bytes, calling
  * the handlers. 0 to continue (the socket is drained, the budget is spent

@@ -206,38 +206,42 @@ static int parts_end(struct session *s, unsigned flags)
     return r;
 }
 
-static void on_msg_chunk(void *ud, struct buf *chunk)
+/* A chunk of a streamed client message. False (stop reading the client for
+ * now) once a window waits for the sandbox: a read's budget of tiny
+ * fragments makes as many parts, each holding its envelope's memory too. */
+static bool on_msg_chunk(void *ud, struct buf *chunk)
 {
     struct session *s = ud;
     if (s->phase != PHASE_TURN)
-        return;
+        return false;
     const char *why;
     size_t n = chunk->len;
     if (!s->cmsg_bad && frame_scan_feed_at(s->cscan, chunk->data, s->cmsg_got, n, &why) < 0) {
         s->cmsg_bad = true;
         if (s->turn == TURN_ARCHIVED) { /* spec 2.3: undecodable text in R ends the turn */
             end_turn(s, TURN_END_CLIENT_ERROR);
-            return;
+            return false;
         }
         if (s->cmsg_parts && parts_end(s, CHAN_ABORT) < 0) { /* a result dropped alone */
             session_end(s, 1011, "cannot queue a tool result for the sandbox");
-            return;
+            return false;
         }
     }
     s->cmsg_got += n;
     if (!s->cmsg_parts) { /* scanned only: text between blocks, or one found bad */
         client_charge(s, &s->client_ignored, n);
-        return;
+        return true;
     }
     struct buf part;
     buf_init_budget(&part, SIZE_MAX, &s->budget);
     buf_move(&part, chunk);
     if (chan_conn_send_part(s->chan, cmsg_type(s), CHAN_MORE, &part) < 0) {
         session_end(s, 1011, "cannot queue a message for the sandbox");
-        return;
+        return false;
     }
     s->cmsg_sent = true;
     update_interest(s);
+    return chan_conn_held(s->chan) < s->window;
 }
 
 /* A streamed message is complete (its parts, if forwarded, are queued): its

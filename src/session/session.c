@@ -31,6 +31,13 @@
 
 /* ---------------------------------------------------------------- socket events */
 
+/* The client may be read now: not closing, paused or over its own window
+ * (ws.c), and not more than the window waits for its sandbox. */
+static bool client_readable(const struct session *s)
+{
+    return ws_conn_want_read(s->ws) && chan_conn_held(s->chan) < s->window;
+}
+
 static void on_client_io(struct loop_watch *w, uint32_t events)
 {
     struct session *s = w->ud;
@@ -68,9 +75,10 @@ static void on_client_io(struct loop_watch *w, uint32_t events)
             mark_dead(s);
             break;
         }
-        /* Reading stopped with bytes already read (the client's queue was
-         * over the window, or reading was paused) and may go on now. */
-        if (ws_conn_read_more(s->ws))
+        /* Reading stopped with bytes already read or due (its budget, a
+         * pause, the client's window) and may go on now: within the
+         * sandbox's window, as the EPOLLIN interest is. */
+        if (ws_conn_read_more(s->ws) && client_readable(s))
             events |= EPOLLIN;
         if (events & (EPOLLIN | EPOLLHUP | EPOLLERR)) {
             int rr = ws_conn_read(s->ws);
@@ -133,7 +141,7 @@ void update_interest(struct session *s)
     default:
         if (s->out.len || ws_conn_want_write(s->ws))
             ev |= EPOLLOUT;
-        if (ws_conn_want_read(s->ws) && chan_conn_queued(s->chan) < s->window)
+        if (client_readable(s))
             ev |= EPOLLIN;
         break;
     }

@@ -489,3 +489,49 @@ def test_large_snapshot_bad_at_its_end_is_never_whole(daemon_mod):
     assert closed == (1011, "sandbox workspace archive refused: gzip: CRC mismatch"), closed
     assert not fin, "the host got the archive whole"
     assert fragments >= 4 << 20, f"only {fragments} bytes of it were relayed before its end"
+
+
+STOP_CODE = r"""
+import os, signal, threading, time
+def stop():
+    time.sleep(0.5)
+    os.kill(os.getpid(), signal.SIGSTOP)  # the runtime, its channel reader too: nothing is read
+threading.Thread(target=stop, daemon=True).start()
+time.sleep(30)
+"""
+
+
+def test_tiny_fragments_to_a_stopped_sandbox_hold_a_window(fresh_daemon):
+    """A tool_result in 1-byte fragments to a sandbox that reads nothing:
+    each fragment is passed on as a part of its own, and what the parts
+    hold (their envelopes' memory too, not only their bytes) is what the
+    window counts: the client stops being read, the turn stays up (it is
+    not closed for its memory budget), the supervisor holds a window."""
+    d = fresh_daemon
+    ws = _open_raw_turn(d)
+    ws.send_binary(sbx.EMPTY_TGZ)
+    ws.send_text(json.dumps({"code": STOP_CODE, "kind": "run"}) + "\n")
+    time.sleep(1.5)
+    base = _hwm_mb(d.pid)
+    ws.sock.settimeout(0.5)
+    sent = 0
+    try:
+        ws.send_frame(RawWS.OP_TEXT, b'{', fin=False)
+        frag = struct.pack("!BB", 0x00, 0x81) + b"\0\0\0\0" + b" "
+        batch = frag * 4096
+        end = time.monotonic() + 10
+        while time.monotonic() < end and sent < (64 << 20):
+            sent += ws.sock.send(batch)
+    except (socket.timeout, BlockingIOError):
+        pass
+    grew = _hwm_mb(d.pid) - base
+    ws.sock.settimeout(1)
+    try:
+        op, _, data = ws.recv_frame(1)
+        closed = op == RawWS.OP_CLOSE and data
+    except (TimeoutError, socket.timeout):
+        closed = None
+    ws.close()
+    assert not closed, f"the turn was closed: {closed!r}"
+    assert sent < (64 << 20), "the client was read on and on"
+    assert grew < HELD_MAX_MB, f"{sent // len(frag)} fragments grew the supervisor by {grew:.0f} MB"

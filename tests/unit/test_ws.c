@@ -1025,12 +1025,13 @@ static uint64_t stream_begin(void *ud, struct ws_msg_start *m)
     return 300000;
 }
 
-static void stream_chunk(void *ud, struct buf *chunk)
+static bool stream_chunk(void *ud, struct buf *chunk)
 {
     struct srec *r = ud;
     r->chunks++;
     r->biggest = chunk->len > r->biggest ? chunk->len : r->biggest;
     buf_append(&r->got, chunk->data, chunk->len);
+    return true;
 }
 
 static void stream_end(void *ud, bool text, struct buf *msg)
