@@ -63,8 +63,8 @@
 /* Compressed bytes offered per inflate() call. */
 #define IN_CHUNK (64 * 1024)
 #define GZ_HDR_LEN 10
-_Static_assert(TARCHECK_GZ_HDR_LEN == 2 * GZ_HDR_LEN,
-               "the FB extra field (XLEN and the subfield) is collected in gzbuf as a header is");
+/* The FB extra field: XLEN, then the subfield's SI1 SI2 LEN and its data. */
+#define GZ_EXTRA_LEN (TARCHECK_GZ_HDR_LEN - GZ_HDR_LEN)
 #define GZ_TRL_LEN 8
 /* pax block bytes beyond the path: both records' length fields and keys,
  * the '\n's, and an mtime of up to 11 + 1 + 9 characters. */
@@ -89,7 +89,7 @@ _Static_assert(TARCHECK_GZ_HDR_LEN == 2 * GZ_HDR_LEN,
 #define F_PREFIX F_PREFIX_OFF, 155
 #define F_PAD 500, 12
 
-enum gz_state { GZ_HEADER, GZ_EXTRA, GZ_HASH, GZ_BODY, GZ_TRAILER };
+enum gz_state { GZ_HEADER, GZ_EXTRA, GZ_LOOKUP, GZ_VERIFY, GZ_BODY, GZ_TRAILER };
 
 /* Buckets of the verified-member cache (a power of two). */
 #define CACHE_BUCKETS 4096
@@ -140,18 +140,17 @@ struct tarcheck {
 
     /* gzip layer */
     enum gz_state gz;
-    uint8_t gzbuf[GZ_HDR_LEN]; /* member header or trailer being collected */
-    uint8_t mhdr[GZ_HDR_LEN];  /* this member's header, hashed with its extra field */
+    uint8_t gzbuf[GZ_EXTRA_LEN]; /* member header, extra field or trailer being collected */
     size_t gz_got;
     size_t member_start; /* message offset of this member's first byte */
     uint32_t member_len; /* its length from the "FB" subfield, or 0: none */
 
     /* verified-member cache (tarcheck.h) */
     struct tarcheck_cache *cache; /* borrowed, or NULL */
-    struct sha256_ctx sha;
-    size_t hash_pos;              /* message offset hashed up to */
-    uint8_t digest[SHA256_DIGEST_SIZE];
-    bool have_digest;             /* this member is a candidate for the cache */
+    uint8_t claim[SHA256_DIGEST_SIZE]; /* this member's digest, as its FB subfield says */
+    struct sha256_ctx sha;        /* of its bytes after its header, as they are consumed */
+    bool hashing;                 /* ... its claim is checked at its end */
+    bool cacheable;               /* ... and it may be remembered then */
     uint64_t m_members;           /* st.members when the member started */
     uint64_t m_tar_pos;           /* tar_pos when the member started */
     uint64_t tar_pos;             /* inflated bytes the tar layer has taken */
@@ -687,7 +686,7 @@ static uint32_t le32(const uint8_t *p)
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
-static int gz_body_start(struct tarcheck *tc);
+static int gz_body_start(struct tarcheck *tc, bool hashing);
 
 /* Work done by one call: compressed bytes consumed (or hashed), bytes
  * inflated. */
@@ -770,7 +769,7 @@ static void cache_add(struct tarcheck *tc)
     uint64_t need = entry_bytes(tc->prev_len);
     struct cache_entry *e;
 
-    if (cache_lookup(c, tc->digest, tc->member_len))
+    if (cache_lookup(c, tc->claim, tc->member_len))
         return;
     if (!c->bucket) {
         if (!cache_charge(c, CACHE_BUCKETS * sizeof *c->bucket))
@@ -794,7 +793,7 @@ static void cache_add(struct tarcheck *tc)
             budget_give(c->budget, need);
         return;
     }
-    memcpy(e->digest, tc->digest, sizeof e->digest);
+    memcpy(e->digest, tc->claim, sizeof e->digest); /* checked: the member's own */
     e->gz_len = tc->member_len;
     e->inflated = tc->tar_pos - tc->m_tar_pos;
     e->hdr_off = tc->hdr_end - tc->m_tar_pos;
@@ -809,12 +808,13 @@ static void cache_add(struct tarcheck *tc)
     tc->st.cache_added++;
 }
 
-/* A member with the same bytes as e, at an entry boundary: what inflating
- * it would do, without inflating it. The tar layer would see the same
- * bytes from the same state, so only what depends on the rest of the
- * archive is checked again, in the order inflating it would meet it: the
- * bomb guard up to its header, the header's order and caps, then the guard
- * for the rest. */
+/* A member that says it has the same bytes as e, at an entry boundary:
+ * what inflating it would do, without inflating it. The tar layer would see
+ * the same bytes from the same state, so only what depends on the rest of
+ * the archive is checked again, in the order inflating it would meet it:
+ * the bomb guard up to its header, the header's order and caps, then the
+ * guard for the rest. Its bytes are then hashed as they come (GZ_VERIFY):
+ * a member that is not what it says is refused at its end. */
 static int cache_replay(struct tarcheck *tc, struct cache_entry *e)
 {
     uint64_t room = tc->lim.max_inflated - tc->st.inflated;
@@ -833,70 +833,84 @@ static int cache_replay(struct tarcheck *tc, struct cache_entry *e)
     tc->pad_left = 0;
     tc->tar_pos += e->inflated;
     tc->st.inflated += e->inflated;
-    tc->st.consumed += tc->member_start + e->gz_len - tc->pos;
-    tc->pos = tc->member_start + e->gz_len;
-    tc->st.gz_members++;
     tc->st.cache_hits++;
     tc->st.cache_bytes += e->gz_len;
+    tc->gz = GZ_VERIFY;
+    return RUNNING;
+}
+
+/* The member's bytes after its header, all hashed: their digest is the one
+ * its FB subfield claimed. */
+static bool digest_claimed(struct tarcheck *tc)
+{
+    uint8_t digest[SHA256_DIGEST_SIZE];
+    sha256_digest(&tc->sha, sizeof digest, digest);
+    return memcmp(digest, tc->claim, sizeof digest) == 0;
+}
+
+/* Hash what is there of a member replayed from the cache, within the
+ * budget, up to its end: then its digest must be the one it claimed. */
+static int gz_verify(struct tarcheck *tc, struct work *w)
+{
+    size_t end = tc->member_start + tc->member_len;
+    size_t n = (tc->win_end < end ? tc->win_end : end) - tc->pos;
+
+    if (n > tc->lim.step_budget - w->in)
+        n = tc->lim.step_budget - w->in;
+    if (n == 0 && tc->pos < end) {
+        if (more_may_come(tc))
+            return TARCHECK_NEED_INPUT;
+        /* what inflating the member's bytes would have found, if they are
+         * the ones it claims */
+        return fail(tc, -EBADMSG, tc->pos < end - GZ_TRL_LEN ? "gzip: deflate stream truncated"
+                                                             : "gzip: member trailer truncated");
+    }
+    sha256_update(&tc->sha, n, at(tc, tc->pos));
+    tc->pos += n;
+    tc->st.consumed += n;
+    w->in += n;
+    if (tc->pos < end)
+        return RUNNING;
+    if (!digest_claimed(tc))
+        return fail(tc, -EBADMSG, "gzip: member digest wrong");
+    tc->st.gz_members++;
     tc->gz = GZ_HEADER;
     tc->gz_got = 0;
     return RUNNING;
 }
 
-/* Hash what is there of a candidate member, within the budget; once it is
- * all hashed, replay it from the cache or inflate it. */
-static int gz_hash(struct tarcheck *tc, struct work *w)
+/* The first byte of a member's deflate data is there: replay it from the
+ * cache by its claimed digest (then verify), or inflate it (hashing its
+ * bytes as they go, to check the claim and maybe remember it). */
+static int gz_lookup(struct tarcheck *tc)
 {
-    size_t end = tc->member_start + tc->member_len, n;
-    struct cache_entry *e;
+    struct cache_entry *e = NULL;
 
-    if (tc->hash_pos == tc->member_start + TARCHECK_GZ_HDR_LEN) {
-        /* A member whose first deflate block is stored (BTYPE 00: the
-         * writer's level 0) inflates as a copy and a CRC, cheaper than
-         * hashing it (~1.7 vs ~1 GB/s here): not worth caching. Only the
-         * cost depends on this byte, never the verdict. */
-        size_t first = tc->member_start + TARCHECK_GZ_HDR_LEN;
-
-        if (tc->win_end <= first) {
-            if (more_may_come(tc))
-                return TARCHECK_NEED_INPUT;
-            return gz_body_start(tc) < 0 ? tc->result : RUNNING;
-        }
-        if ((*at(tc, first) & 6) == 0)
-            return gz_body_start(tc) < 0 ? tc->result : RUNNING;
+    if (tc->win_end <= tc->pos) {
+        if (more_may_come(tc))
+            return TARCHECK_NEED_INPUT;
+        return gz_body_start(tc, false) < 0 ? tc->result : RUNNING; /* finds it truncated */
     }
-    if (tc->hash_pos < end) {
-        n = (tc->win_end < end ? tc->win_end : end) - tc->hash_pos;
-        if (n > tc->lim.step_budget - w->in)
-            n = tc->lim.step_budget - w->in;
-        if (n == 0) {
-            if (more_may_come(tc))
-                return TARCHECK_NEED_INPUT;
-            /* The message ends before the length says: inflate, which
-             * finds what is wrong as it would without a cache. */
-            return gz_body_start(tc) < 0 ? tc->result : RUNNING;
-        }
-        sha256_update(&tc->sha, n, at(tc, tc->hash_pos));
-        tc->hash_pos += n;
-        w->in += n;
-        if (tc->hash_pos < end)
-            return RUNNING;
-    }
-    sha256_digest(&tc->sha, sizeof tc->digest, tc->digest);
-    e = cache_lookup(tc->cache, tc->digest, tc->member_len);
+    /* A member whose first deflate block is stored (BTYPE 00: the writer's
+     * level 0) inflates as a copy and a CRC, cheaper than hashing it (~1.7
+     * vs ~1 GB/s here): never looked up, its digest not read. */
+    if ((*at(tc, tc->pos) & 6) == 0)
+        return gz_body_start(tc, false) < 0 ? tc->result : RUNNING;
+    sha256_init(&tc->sha);
+    tc->cacheable = tc->cache && at_entry_boundary(tc);
+    if (tc->cacheable)
+        e = cache_lookup(tc->cache, tc->claim, tc->member_len);
     if (e)
         return cache_replay(tc, e);
-    tc->have_digest = true;
     tc->m_members = tc->st.members;
     tc->m_tar_pos = tc->tar_pos;
-    return gz_body_start(tc) < 0 ? tc->result : RUNNING;
+    return gz_body_start(tc, true) < 0 ? tc->result : RUNNING;
 }
 
 static int gz_member_start(struct tarcheck *tc)
 {
     const uint8_t *g = tc->gzbuf;
 
-    memcpy(tc->mhdr, g, GZ_HDR_LEN); /* hashed with the extra field (gz_extra) */
     if (g[2] != 8)
         return fail(tc, -EBADMSG, "gzip: compression method not deflate");
     if (g[3] != 0 && g[3] != 4)
@@ -909,38 +923,33 @@ static int gz_member_start(struct tarcheck *tc)
         tc->gz_got = 0;
         return 0;
     }
-    return gz_body_start(tc);
+    return gz_body_start(tc, false);
 }
 
-/* The "FB" subfield: XLEN 8, SI1 SI2, LEN 4, the member's length. */
+/* The "FB" subfield: XLEN, SI1 SI2, LEN, the member's length and the
+ * digest of its bytes after its header. */
 static int gz_extra(struct tarcheck *tc)
 {
     const uint8_t *x = tc->gzbuf;
     uint32_t len = le32(x + 6);
 
     if (x[0] != TARCHECK_GZ_XLEN || x[1] != 0 || x[2] != TARCHECK_GZ_SI1 ||
-        x[3] != TARCHECK_GZ_SI2 || x[4] != 4 || x[5] != 0)
-        return fail(tc, -EBADMSG, "gzip: extra field not the writer's length subfield");
+        x[3] != TARCHECK_GZ_SI2 || x[4] != TARCHECK_GZ_FB_LEN || x[5] != 0)
+        return fail(tc, -EBADMSG, "gzip: extra field not the writer's subfield");
     /* The shortest member: this header, a 2-byte deflate block, the trailer. */
     if (len < TARCHECK_GZ_HDR_LEN + 2 + GZ_TRL_LEN)
         return fail(tc, -EBADMSG, "gzip: member length field out of range");
     tc->member_len = len;
-    tc->have_digest = false;
-    if (tc->cache && at_entry_boundary(tc) && (!tc->lim.max_hold || len <= tc->lim.max_hold)) {
-        /* A candidate: hash it whole first (GZ_HASH), then replay it from
-         * the cache or inflate it. */
-        sha256_init(&tc->sha);
-        sha256_update(&tc->sha, GZ_HDR_LEN, tc->mhdr); /* the header, as collected: */
-        sha256_update(&tc->sha, GZ_HDR_LEN, tc->gzbuf); /* no byte before pos is read again */
-        tc->hash_pos = tc->pos;
-        tc->gz = GZ_HASH;
-        return 0;
-    }
-    return gz_body_start(tc);
+    memcpy(tc->claim, x + 10, sizeof tc->claim);
+    tc->gz = GZ_LOOKUP;
+    return 0;
 }
 
-static int gz_body_start(struct tarcheck *tc)
+/* Inflate the member from here; hashing: its bytes are hashed as they are
+ * consumed (its claim checked at its end). */
+static int gz_body_start(struct tarcheck *tc, bool hashing)
 {
+    tc->hashing = hashing;
     if (!tc->z_init) {
         if (inflateInit2(&tc->z, -MAX_WBITS) != Z_OK)
             return fail(tc, -ENOMEM, "gzip: out of memory");
@@ -985,6 +994,8 @@ static int gz_inflate(struct tarcheck *tc, struct work *w)
     zr = inflate(&tc->z, Z_NO_FLUSH);
     used = in - tc->z.avail_in;
     made = outn - tc->z.avail_out;
+    if (tc->hashing)
+        sha256_update(&tc->sha, used, at(tc, tc->pos));
     tc->pos += used;
     tc->st.consumed += used;
     w->in += used;
@@ -1035,6 +1046,8 @@ static int gz_collect(struct tarcheck *tc, size_t want, struct work *w, const ch
     if (k > want - tc->gz_got)
         k = want - tc->gz_got;
     memcpy(tc->gzbuf + tc->gz_got, at(tc, tc->pos), k);
+    if (tc->hashing && tc->gz == GZ_TRAILER) /* a member's bytes after its header */
+        sha256_update(&tc->sha, k, at(tc, tc->pos));
     tc->gz_got += k;
     tc->pos += k;
     tc->st.consumed += k;
@@ -1050,12 +1063,6 @@ static int step(struct tarcheck *tc)
     while (r == RUNNING) {
         if (w.in >= tc->lim.step_budget || w.out >= tc->lim.step_budget) {
             r = TARCHECK_AGAIN;
-            break;
-        }
-        if (tarcheck_next(tc) < tc->win_base) {
-            /* A member hashed first and not in the cache is inflated from
-             * its start: that window is the caller's to give. */
-            r = TARCHECK_NEED_INPUT;
             break;
         }
         switch (tc->gz) {
@@ -1077,12 +1084,15 @@ static int step(struct tarcheck *tc)
                 r = gz_member_start(tc) < 0 ? tc->result : RUNNING;
             break;
         case GZ_EXTRA:
-            r = gz_collect(tc, GZ_HDR_LEN, &w, "gzip: member header truncated");
-            if (r == RUNNING && tc->gz_got == GZ_HDR_LEN)
+            r = gz_collect(tc, GZ_EXTRA_LEN, &w, "gzip: member header truncated");
+            if (r == RUNNING && tc->gz_got == GZ_EXTRA_LEN)
                 r = gz_extra(tc) < 0 ? tc->result : RUNNING;
             break;
-        case GZ_HASH:
-            r = gz_hash(tc, &w);
+        case GZ_LOOKUP:
+            r = gz_lookup(tc);
+            break;
+        case GZ_VERIFY:
+            r = gz_verify(tc, &w);
             break;
         case GZ_BODY:
             r = gz_inflate(tc, &w);
@@ -1097,16 +1107,18 @@ static int step(struct tarcheck *tc)
                 r = fail(tc, -EBADMSG, "gzip: length mismatch (ISIZE)");
             else if (tc->member_len && tc->pos - tc->member_start != tc->member_len)
                 r = fail(tc, -EBADMSG, "gzip: member length field wrong");
+            else if (tc->hashing && !digest_claimed(tc))
+                r = fail(tc, -EBADMSG, "gzip: member digest wrong");
             else {
                 tc->st.gz_members++;
                 tc->gz = GZ_HEADER;
                 tc->gz_got = 0;
-                /* Cacheable: hashed from an entry boundary, and it held
-                 * exactly one file entry, whole. */
-                if (tc->have_digest && at_entry_boundary(tc) &&
+                /* Cacheable: from an entry boundary, and it held exactly
+                 * one file entry, whole. */
+                if (tc->hashing && tc->cacheable && at_entry_boundary(tc) &&
                     tc->st.members == tc->m_members + 1 && !tc->prev_dir)
                     cache_add(tc);
-                tc->have_digest = false;
+                tc->hashing = false;
             }
             break;
         }
@@ -1173,12 +1185,7 @@ int tarcheck_finish_at(struct tarcheck *tc, const uint8_t *chunk, size_t base, s
 
 size_t tarcheck_next(const struct tarcheck *tc)
 {
-    return tc->gz == GZ_HASH ? tc->hash_pos : tc->pos;
-}
-
-size_t tarcheck_keep_from(const struct tarcheck *tc)
-{
-    return tc->pos; /* hashing reads ahead of it (hash_pos), never behind */
+    return tc->pos;
 }
 
 const char *tarcheck_reason(const struct tarcheck *tc)

@@ -368,11 +368,10 @@ static void snapshot_checked(struct session *s, int r)
 
 /* A snapshot over RELAY_WHOLE_MAX is passed on as it arrives, checked as it
  * goes (tarcheck's windowed calls): a chunk is held until the check is past
- * it (tarcheck_keep_from: a member hashed first may be inflated from its
- * start, at most the turn's window long: max_hold), then pushed to the
- * client; its end goes only once the check said valid, else the turn is
- * closed between its fragments (the host cannot be given a zero-length
- * archive in its place any more, as for one held whole). */
+ * it (tarcheck_next: a step budget may leave it partly read), then pushed
+ * to the client; its end goes only once the check said valid, else the
+ * turn is closed between its fragments (the host cannot be given a
+ * zero-length archive in its place any more, as for one held whole). */
 struct held_chunk {
     struct held_chunk *next;
     uint64_t base;  /* its offset in the message */
@@ -438,7 +437,7 @@ static int snapshot_advance(struct session *s)
             r = tarcheck_finish_at(s->tc, NULL, s->in_got, 0, s->in_got);
         else
             return TARCHECK_NEED_INPUT;
-        int e = held_release(s, r == TARCHECK_VALID ? UINT64_MAX : tarcheck_keep_from(s->tc));
+        int e = held_release(s, r == TARCHECK_VALID ? UINT64_MAX : tarcheck_next(s->tc));
         if (e < 0)
             return e == -EINVAL ? -EPIPE : e; /* never a check's -EINVAL: a relay error */
         if (r != TARCHECK_NEED_INPUT)
@@ -491,11 +490,11 @@ static int snapshot_progress(struct session *s, int r)
 
 /* A snapshot's check, as its limits say (one per message). NULL: out of
  * memory. */
-static struct tarcheck *snapshot_check_new(struct session *s, size_t max_hold)
+static struct tarcheck *snapshot_check_new(struct session *s)
 {
     const struct config *cfg = s->env->cfg;
-    const struct tarcheck_limits lim = {
-        .max_data = cfg->snapshot_max, .max_members = cfg->max_members, .max_hold = max_hold};
+    const struct tarcheck_limits lim = {.max_data = cfg->snapshot_max,
+                                        .max_members = cfg->max_members};
     struct tarcheck *tc = tarcheck_new(&lim);
     if (!tc)
         return NULL;
@@ -564,7 +563,7 @@ static int on_sandbox_begin(void *ud, const struct chan_msg *m, struct buf **int
      * snapshot. */
     if (m->len > RELAY_WHOLE_MAX && (m->type == CHAN_SNAPSHOT || s->turn == TURN_RUNNING ||
                                      s->turn == TURN_WANT_OUTPUT)) {
-        if (m->type == CHAN_SNAPSHOT && !(s->tc = snapshot_check_new(s, s->window))) {
+        if (m->type == CHAN_SNAPSHOT && !(s->tc = snapshot_check_new(s))) {
             session_end(s, 1011, "out of memory");
             return -1;
         }
@@ -587,7 +586,7 @@ static int on_sandbox_begin(void *ud, const struct chan_msg *m, struct buf **int
     *into = &s->in;
     if (m->type == CHAN_FRAME) {
         frame_scan_init(s->sscan, FRAME_FROM_CHILD, relay_items_max(turn_phase(s->turn)));
-    } else if (m->type == CHAN_SNAPSHOT && !(s->tc = snapshot_check_new(s, 0))) {
+    } else if (m->type == CHAN_SNAPSHOT && !(s->tc = snapshot_check_new(s))) {
         session_end(s, 1011, "out of memory");
         return -1;
     }
