@@ -63,12 +63,10 @@ static void value_reset(struct jscan_value *v, size_t a, enum jscan_type type)
     *v = (struct jscan_value){.a = a, .type = type, .compact = true, .short_ok = true};
 }
 
-/* A top-level member's number: its text in short_, as far as JSCAN_SHORT
- * holds it (an exit code is read from there when the message is gone). */
-static void number_text(struct jscan *s, const uint8_t *p, size_t n)
+/* n more bytes of v's short_, as far as JSCAN_SHORT holds them. */
+static void short_append(struct jscan_value *v, const void *p, size_t n)
 {
-    struct jscan_value *v = &s->cur;
-    if (s->depth != 1 || !top_is_object(s) || !v->short_ok)
+    if (!v->short_ok)
         return;
     if (v->short_len + n > JSCAN_SHORT) {
         v->short_ok = false;
@@ -76,6 +74,14 @@ static void number_text(struct jscan *s, const uint8_t *p, size_t n)
     }
     memcpy(v->short_ + v->short_len, p, n);
     v->short_len = (uint8_t)(v->short_len + n);
+}
+
+/* A top-level member's number: its text in short_ (an exit code is read
+ * from there when the message is gone). */
+static void number_text(struct jscan *s, const uint8_t *p, size_t n)
+{
+    if (s->depth == 1 && top_is_object(s))
+        short_append(&s->cur, p, n);
 }
 
 /* A value starts at buf[i] (first byte c). */
@@ -171,14 +177,7 @@ static void emit(struct jscan *s, const void *p, size_t n)
     if (!v)
         return;
     v->str_bytes += n;
-    if (!v->short_ok)
-        return;
-    if (v->short_len + n > JSCAN_SHORT) {
-        v->short_ok = false;
-        return;
-    }
-    memcpy(v->short_ + v->short_len, p, n);
-    v->short_len = (uint8_t)(v->short_len + n);
+    short_append(v, p, n);
 }
 
 /* One code point from an escape, as UTF-8; a lone surrogate as WTF-8. */

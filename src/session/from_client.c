@@ -95,6 +95,21 @@ static void end_turn(struct session *s, enum turn_end end)
     session_end(s, 1000, NULL);
 }
 
+/* An archive was queued for the sandbox (r: how that went): the tools
+ * archive makes the turn wait for blocks, a workspace archive for its run. */
+static void archive_queued(struct session *s, int r)
+{
+    bool tools = s->turn == TURN_TOOLS;
+    if (r < 0) {
+        session_end(s, 1011, "cannot queue the archive for the sandbox");
+        return;
+    }
+    s->tools_sent = s->tools_sent || tools;
+    s->turn = tools ? TURN_BETWEEN : TURN_ARCHIVED;
+    if (tools)
+        s->idle_since_ms = now_ms();
+}
+
 /* The run went to the sandbox: the block runs. */
 static void block_started(struct session *s)
 {
@@ -249,15 +264,7 @@ static bool on_msg_chunk(void *ud, struct buf *chunk)
 static void streamed_end(struct session *s, bool text)
 {
     if (!text) { /* an archive */
-        bool tools = s->turn == TURN_TOOLS;
-        if (parts_end(s, 0) < 0) {
-            session_end(s, 1011, "cannot queue the archive for the sandbox");
-            return;
-        }
-        s->tools_sent = s->tools_sent || tools;
-        s->turn = tools ? TURN_BETWEEN : TURN_ARCHIVED;
-        if (tools)
-            s->idle_since_ms = now_ms();
+        archive_queued(s, parts_end(s, 0));
         return;
     }
     struct frame f;
@@ -357,17 +364,9 @@ static void on_msg_end(void *ud, bool text, struct buf *msg)
         on_text(s, msg);
         return;
     }
-    bool tools = s->turn == TURN_TOOLS;
-    if (!tools && s->turn != TURN_BETWEEN)
+    if (s->turn != TURN_TOOLS && s->turn != TURN_BETWEEN)
         return;
-    if (sandbox_send(s, tools ? CHAN_TOOLS : CHAN_WORKSPACE, msg) < 0) {
-        session_end(s, 1011, "cannot queue the archive for the sandbox");
-        return;
-    }
-    s->tools_sent = s->tools_sent || tools;
-    s->turn = tools ? TURN_BETWEEN : TURN_ARCHIVED;
-    if (tools)
-        s->idle_since_ms = now_ms();
+    archive_queued(s, sandbox_send(s, s->turn == TURN_TOOLS ? CHAN_TOOLS : CHAN_WORKSPACE, msg));
 }
 
 static void on_ws_pong(void *ud)
