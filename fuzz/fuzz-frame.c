@@ -8,7 +8,10 @@
  *     (oracle-frame.c: a strict lexer plus cJSON) on the verdict, and on the
  *     kind, every field's text and exit_code of what both accept;
  *   - fed in pieces (frame_scan_*, chunked by the input's first byte as in
- *     fuzz.h), the scanner gives exactly the same result;
+ *     fuzz.h), the scanner gives exactly the same result; streamed (each
+ *     piece a buffer of its own, freed once fed, chunked by the second
+ *     byte: frame_scan_feed_at, frame_scan_end), the same verdict, kind,
+ *     exit code, canonical flag and string lengths;
  *   - a frame flagged canonical encodes to exactly the input's bytes;
  *   - for every frame it accepts, decode(encode(f)) == f (same kind, every
  *     field's JSON text byte-identical, same exit_code) from the same peer,
@@ -142,6 +145,50 @@ static void check_chunked(const uint8_t *data, size_t size, enum frame_peer peer
     frame_free(&g);
 }
 
+/* Streamed: each chunk in a buffer of its own, freed after it is fed (a
+ * read outside the chunk is a heap error under ASan), then frame_scan_end:
+ * the same verdict, kind, exit code and canonical flag, and the same string
+ * lengths, without the message. */
+static void check_streamed(const uint8_t *data, size_t size, enum frame_peer peer, int r,
+                           const struct frame *f)
+{
+    static struct frame_scan fs;
+    struct fuzz_chunker ch;
+    struct frame g;
+    const char *why = NULL;
+    size_t have = 0;
+    int rc = 0;
+
+    fuzz_chunker_init(&ch, size > 1 ? data[1] : 0);
+    frame_scan_init(&fs, peer, 0);
+    while (have < size && rc == 0) {
+        size_t k = fuzz_chunker_next(&ch, size - have);
+        uint8_t *chunk = malloc(k);
+        FUZZ_ASSERT(chunk, "malloc");
+        memcpy(chunk, data + have, k);
+        rc = frame_scan_feed_at(&fs, chunk, have, k, &why);
+        free(chunk);
+        have += k;
+    }
+    if (rc == 0)
+        rc = frame_scan_end(&fs, size, peer, &g, &why);
+    if (r == -ENOMEM)
+        return;
+    FUZZ_ASSERT(rc == r, "streamed %d (%s), whole %d", rc, why ? why : "ok", r);
+    if (rc < 0)
+        return;
+    size_t n;
+    frame_field_names(f->kind, &n);
+    FUZZ_ASSERT(g.kind == f->kind && g.exit_code == f->exit_code && g.canonical == f->canonical,
+                "streamed kind, exit code or canonical differs");
+    for (size_t i = 0; i < n; i++)
+        FUZZ_ASSERT(g.field[i].str_bytes == f->field[i].str_bytes &&
+                        (g.field[i].json == NULL ||
+                         (g.field[i].json == f->field[i].json && g.field[i].len == f->field[i].len)),
+                    "streamed field %zu differs", i);
+    frame_free(&g);
+}
+
 /* A canonical frame is its own encoding. */
 static void check_canonical(const uint8_t *data, size_t size, const struct frame *f)
 {
@@ -167,6 +214,7 @@ static void check_decode(const uint8_t *data, size_t size, enum frame_peer peer)
     r = frame_decode(data, size, peer, &f, &why);
     check_oracle(data, size, peer, r, &f);
     check_chunked(data, size, peer, r, &f);
+    check_streamed(data, size, peer, r, &f);
     if (r < 0) {
         FUZZ_ASSERT(r == -EBADMSG || r == -EPROTO || r == -ENOMEM, "undocumented error %d", r);
         FUZZ_ASSERT(why != NULL, "no reason for error %d", r);

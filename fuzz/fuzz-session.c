@@ -36,6 +36,9 @@
  *     check (tarcheck): in particular, never a setuid, link or device member;
  *   - a close frame carries 1000, 1001, 1002, 1007, 1009, 1011 or 1013 and an
  *     ASCII reason of at most 123 bytes;
+ *   - what the supervisor writes to the sandbox is run and tool_result
+ *     frames (in its canonical form unless flagged CHAN_RAW) and archives,
+ *     whole or in parts never interleaved with another message;
  *   - the turn's and the daemon's budgets are never exceeded, and every byte
  *     charged is given back once the session is freed. */
 #include <errno.h>
@@ -293,7 +296,10 @@ struct sbx_view {
     size_t hdr_got;
     uint32_t left;
     bool is_frame;
-    struct buf body;
+    unsigned flags;         /* the envelope's (chan.h) */
+    enum chan_type type;
+    bool open;              /* a message in parts is being put together */
+    struct buf body;        /* a frame so far (all its parts) */
 };
 
 static void sandbox_bytes(struct sbx_view *v, const uint8_t *p, size_t n)
@@ -306,13 +312,23 @@ static void sandbox_bytes(struct sbx_view *v, const uint8_t *p, size_t n)
                 continue;
             enum chan_type t;
             uint32_t len;
-            FUZZ_ASSERT(chan_hdr_decode(v->hdr, CHAN_HDR_LEN, CHAN_MAX_MESSAGE_BYTES, &t, &len) == 1,
+            FUZZ_ASSERT(chan_hdr_decode_flags(v->hdr, CHAN_HDR_LEN, CHAN_MAX_MESSAGE_BYTES, &t,
+                                              &v->flags, &len) == 1,
                         "the supervisor wrote a bad envelope");
             FUZZ_ASSERT(t == CHAN_FRAME || t == CHAN_TOOLS || t == CHAN_WORKSPACE,
                         "the supervisor wrote a '%c' envelope", t);
+            FUZZ_ASSERT(!v->open || t == v->type, "a message's parts interleaved with another");
+            FUZZ_ASSERT(v->open || !(v->flags & CHAN_ABORT), "an abort of no message");
+            if (!v->open)
+                buf_reset(&v->body);
             v->left = len;
+            v->type = t;
             v->is_frame = t == CHAN_FRAME;
-            buf_reset(&v->body);
+            if (v->flags & CHAN_ABORT) { /* its parts dropped */
+                v->open = false;
+                v->hdr_got = 0;
+                continue;
+            }
         }
         size_t k = v->left < n ? v->left : n;
         if (v->is_frame)
@@ -321,15 +337,19 @@ static void sandbox_bytes(struct sbx_view *v, const uint8_t *p, size_t n)
         n -= k;
         v->left -= (uint32_t)k;
         if (v->left == 0) {
-            if (v->is_frame) {
+            v->hdr_got = 0;
+            v->open = v->flags & CHAN_MORE;
+            if (v->is_frame && !v->open) {
                 struct frame f;
                 int r = frame_decode(v->body.data, v->body.len, FRAME_FROM_CLIENT, &f, NULL);
                 FUZZ_ASSERT(r == 0 && (f.kind == FRAME_RUN || f.kind == FRAME_TOOL_RESULT),
                             "the supervisor relayed something other than run or tool_result");
+                /* The sandbox reads a frame by its shape unless it is flagged. */
+                FUZZ_ASSERT(f.canonical || (v->flags & CHAN_RAW),
+                            "a frame not in the supervisor's form, not flagged CHAN_RAW");
                 runs_relayed += f.kind == FRAME_RUN;
                 frame_free(&f);
             }
-            v->hdr_got = 0;
         }
     }
 }

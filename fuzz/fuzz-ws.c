@@ -35,7 +35,10 @@
  *   - text is delivered only if it is valid UTF-8, and no message is longer
  *     than max_msg; msg is never NULL; on_msg_data always shows a prefix of
  *     the message that on_msg_end then delivers; a message dropped at its
- *     start (every third one) is never delivered;
+ *     start (every third one) is never delivered; one streamed (every third
+ *     one but one) comes in chunks of at most WS_STREAM_CHUNK bytes, and
+ *     what they make is held to the same rules as a whole message, with
+ *     nothing left in on_msg_end's buffer;
  *   - after ws_conn_close(), or a close ws.c decided (ws_conn_refused), no
  *     message is delivered;
  *   - the bytes delivered never exceed the bytes sent;
@@ -93,16 +96,31 @@ struct state {
     uint8_t seen[64]; /* the first bytes on_msg_data showed */
     size_t seen_len;
     size_t pongs;
+    bool streaming;   /* the current message is streamed (on_chunk) */
+    struct buf chunks; /* what its chunks brought */
 };
 
-static uint64_t on_begin(void *ud, bool text)
+static uint64_t on_begin(void *ud, struct ws_msg_start *m)
 {
     struct state *s = ud;
     FUZZ_ASSERT(!s->closed, "message begun after ws_conn_close()");
     FUZZ_ASSERT(!ws_conn_refused(s->c), "message begun after a refusal");
     s->dropping = ++s->messages % 3 == 0;
+    s->streaming = m->stream = s->messages % 3 == 1;
     s->seen_len = 0;
+    buf_free(&s->chunks);
     return s->dropping ? WS_MSG_DROP : s->max_msg;
+}
+
+static bool on_chunk(void *ud, struct buf *chunk)
+{
+    struct state *s = ud;
+    FUZZ_ASSERT(s->streaming && !s->dropping, "a chunk of a message not streamed");
+    FUZZ_ASSERT(chunk->len > 0 && chunk->len <= WS_STREAM_CHUNK, "a chunk of %zu bytes",
+                chunk->len);
+    FUZZ_ASSERT(s->chunks.len + chunk->len <= s->max_msg, "chunks past max %zu", s->max_msg);
+    buf_append(&s->chunks, chunk->data, chunk->len);
+    return chunk->len & 1; /* an odd one stops the read: the rest comes at the next */
 }
 
 static void on_data(void *ud, const uint8_t *msg, size_t len)
@@ -121,6 +139,11 @@ static void on_end(void *ud, bool text, struct buf *m)
     const uint8_t *msg = m->data ? m->data : (const uint8_t *)"";
     size_t len = m->len;
 
+    if (s->streaming) {
+        FUZZ_ASSERT(m->len == 0, "a streamed message's bytes in on_msg_end");
+        msg = s->chunks.data ? s->chunks.data : (const uint8_t *)"";
+        len = s->chunks.len;
+    }
     FUZZ_ASSERT(!s->dropping, "a dropped message was delivered");
     FUZZ_ASSERT(len <= s->max_msg, "message of %zu bytes over max %zu", len, s->max_msg);
     FUZZ_ASSERT(!s->closed, "message delivered after ws_conn_close()");
@@ -154,7 +177,9 @@ static void on_pong(void *ud)
     s->pongs++;
 }
 
-static const struct ws_handlers handlers = {on_begin, on_data, on_end, on_pong};
+static const struct ws_handlers handlers = {
+    .on_msg_begin = on_begin, .on_msg_data = on_data, .on_msg_end = on_end, .on_pong = on_pong,
+    .on_msg_chunk = on_chunk};
 
 /* Turn frame descriptions into a client stream (see the top comment). */
 static uint8_t *build_frames(const uint8_t *p, size_t n, size_t *out_len)
@@ -271,6 +296,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     struct fuzz_chunker ch;
     struct state s = {0};
+    buf_init(&s.chunks, SIZE_MAX);
     struct budget budget = {.max = 8u << 20};
     uint8_t *stream;
     size_t len, off = 0, initial_len = 0;
@@ -373,6 +399,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     FUZZ_ASSERT(s.delivered <= len, "delivered %zu bytes of %zu sent", s.delivered, len);
 
     ws_conn_free(s.c);
+    buf_free(&s.chunks);
     FUZZ_ASSERT(budget.used == 0, "%llu bytes still charged after ws_conn_free",
                 (unsigned long long)budget.used);
     close(sv[0]);

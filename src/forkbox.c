@@ -96,6 +96,10 @@ static int sandbox_main(int argc, char **argv)
         fprintf(stderr, "forkbox sandbox: %s\n", err);
         return STREAM_EXIT_USAGE;
     }
+    /* The relay holds a whole message each way (stream/relay.c): unless
+     * --turn-buffer says otherwise, room for the largest each way. */
+    if (cfg.turn_buffer == TURN_BUFFER_DEFAULT)
+        cfg.turn_buffer = STREAM_TURN_BUFFER_DEFAULT;
     /* One sandbox, fresh: no pool, one turn. */
     cfg.capacity = 1;
     cfg.pool_size = 0;

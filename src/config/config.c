@@ -265,12 +265,12 @@ static const struct opt opts[] = {
                          "/ready already answers 503 (0: refuse them at once)"},
     {"turn-buffer", K_SIZE, FIELD(turn_buffer), .def = TURN_BUFFER_DEFAULT, .min = MiB,
      .max = 1ULL << 40,
-     .arg = "SIZE", .help = "supervisor memory one turn's messages may hold (528M)"},
+     .arg = "SIZE", .help = "supervisor memory one turn's messages may hold (32M)"},
     {"tenant-buffer", K_SIZE, FIELD(tenant_buffer), .def = 0, .max = 1ULL << 44,
      .arg = "SIZE", .help = "... all turns of one tenant together (0 = no such limit)"},
     {"total-buffer", K_SIZE, FIELD(total_buffer), .def_fn = default_total_buffer,
      .max = 1ULL << 44,
-     .arg = "SIZE", .help = "... all turns together (a quarter of RAM, >= 528M)"},
+     .arg = "SIZE", .help = "... all turns together (a quarter of RAM, >= 32M)"},
     /* Its own listener, never the public one: what it tells (load, refusals
      * by cause) is for the operator, not for every client. */
     {"metrics-listen", K_LISTEN, FIELD(metrics_host), FIELD(metrics_port), .sdef = "",

@@ -126,6 +126,14 @@ int buf_printf(struct buf *b, const char *fmt, ...)
     return 0;
 }
 
+void buf_fit(struct buf *b)
+{
+    if (b->len == 0)
+        buf_free(b);
+    else if (b->cap > b->len)
+        buf_realloc(b, b->len); /* shrinking: in place, it cannot fail but to keep it */
+}
+
 void buf_consume(struct buf *b, size_t n)
 {
     if (n >= b->len) {

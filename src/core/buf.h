@@ -35,6 +35,9 @@ int buf_reserve_exact(struct buf *b, size_t n);
 int buf_move(struct buf *dst, struct buf *src);
 /* Same errors as buf_append; the text is not NUL-terminated in len. */
 int buf_printf(struct buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Give back the capacity past len (a buffer made for more than it got:
+ * its charge shrinks to what it holds). An empty one is freed. */
+void buf_fit(struct buf *b);
 /* Drop the first n bytes (n <= len). */
 void buf_consume(struct buf *b, size_t n);
 void buf_reset(struct buf *b);   /* len = 0, keeps memory */

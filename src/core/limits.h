@@ -98,8 +98,30 @@
 #define CAPTURE_RETIRED_MAX 16
 #define CAPTURE_RETIRE_MAX_MS 2000
 
-/* Backpressure: stop reading a side while the other side has this much queued. */
-#define RELAY_HIGH_WATER (4 * MiB)
+/* The window: what a turn may hold for the slower side of each direction.
+ * A side is not read while more than this waits for the other (its client's
+ * WebSocket queue, pongs included, or its sandbox's channel queue), so a
+ * peer that does not read stops its peer instead of growing the
+ * supervisor. */
+#define RELAY_WINDOW (4 * MiB)
+/* A message of at most this many bytes is held whole: decoded, checked and
+ * relayed as one (re-encoded where it is not in the canonical form, an
+ * output stream cut to --output-cap). A longer one is relayed as it arrives,
+ * a chunk at a time, checked as it goes; its last bytes go only once the
+ * whole of it passed (else the turn is closed between its fragments), so a
+ * turn holds a window of it, never all of it. */
+#define RELAY_WHOLE_MAX (1 * MiB)
+/* What a client may make the supervisor read only to ignore it (core/bucket.h:
+ * past it, the client is not read until the bucket refills, at the next
+ * tick): pings (the spec's keepalive is one per 20 s each way) and the bytes
+ * of messages its turn's state ignores (binary while a block runs, text after
+ * done, text other than shutdown between blocks, unsolicited pongs), each
+ * message costing at least CLIENT_IGNORED_MSG_COST. */
+#define CLIENT_PINGS_BURST 16
+#define CLIENT_PINGS_PER_SEC 4
+#define CLIENT_IGNORED_BURST (8 * MiB)
+#define CLIENT_IGNORED_PER_SEC (1 * MiB)
+#define CLIENT_IGNORED_MSG_COST (4 * KiB)
 /* A value at least this large in a client frame that must be re-encoded (a
  * tool result) is sent to the sandbox from the client's message, not
  * copied into the new encoding. */
@@ -135,12 +157,16 @@
  * default seccomp policy refuses mq_open; this holds under another policy. */
 #define SBX_RLIMIT_MSGQUEUE (800 * KiB)
 
-/* Memory a turn's buffers may hold in the supervisor (--turn-buffer): one
- * message of the largest size in each direction, plus what backpressure
- * lets queue; and all turns together (--total-buffer, default a quarter of
- * the machine's memory, at least the minimum). */
-#define TURN_BUFFER_DEFAULT (2 * WS_MAX_MESSAGE_BYTES + 4 * RELAY_HIGH_WATER)
+/* Memory a turn's buffers may hold in the supervisor (--turn-buffer): a few
+ * windows, since a large message moves through a window at a time (a window
+ * queued each way, plus what the window lets overshoot by a chunk or a read,
+ * a message held whole each way, the snapshot check's cache); and all turns
+ * together (--total-buffer, default a quarter of the machine's memory, at
+ * least the minimum). `forkbox sandbox` still holds a whole message each way
+ * (stream/relay.c): its default is one of the largest each way. */
+#define TURN_BUFFER_DEFAULT (8 * RELAY_WINDOW)
 #define TOTAL_BUFFER_MIN (TURN_BUFFER_DEFAULT)
+#define STREAM_TURN_BUFFER_DEFAULT (2 * WS_MAX_MESSAGE_BYTES + 4 * RELAY_WINDOW)
 
 /* What a sandbox may send, by state and kind (session/from_sandbox.c).
  * Between blocks only ready and log frames are legal, and they are small; a
@@ -153,9 +179,12 @@
 /* Output streams are held to --output-cap plus the notes the sandbox adds
  * ("[forkbox: N bytes of stdout dropped]", snapshot notes). */
 #define OUTPUT_NOTE_ALLOWANCE (4 * KiB)
-/* A sandbox's log lines in the operator log: a burst, then a few a minute. */
+/* A sandbox's log lines between blocks (in the operator log): a burst, then a
+ * few a minute; one over the rate waits, unread (core/bucket.h: a line costs
+ * SANDBOX_LOG_LINE_COST tokens, SANDBOX_LOG_PER_MINUTE come back a second). */
 #define SANDBOX_LOG_BURST 20
 #define SANDBOX_LOG_PER_MINUTE 10
+#define SANDBOX_LOG_LINE_COST 60
 
 /* fds one fd_recv() takes (core/util.h): the control buffer's room. The
  * largest legitimate message carries two (the fork server's reply: channel

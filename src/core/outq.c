@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 
@@ -48,6 +49,7 @@ int outq_append(struct outq *q, const void *p, size_t n)
         int e = buf_reserve_exact(&r->b, n > OUTQ_RUN_MIN ? n : OUTQ_RUN_MIN);
         if (e < 0)
             return e; /* the empty run is dropped when sent or freed */
+        q->held += r->b.cap;
     }
     int e = buf_append(&r->b, p, n);
     if (e == 0)
@@ -72,6 +74,7 @@ int outq_take(struct outq *q, struct buf *b)
         return e;
     }
     q->bytes += r->b.len;
+    q->held += r->b.cap;
     return 0;
 }
 
@@ -100,6 +103,7 @@ static void run_pop(struct outq *q)
     q->head = r->next;
     if (!q->head)
         q->tail = NULL;
+    q->held -= r->b.cap;
     buf_free(&r->b);
     free(r);
 }
@@ -149,13 +153,32 @@ void outq_splice(struct outq *q, struct outq *from)
         q->head = from->head;
     q->tail = from->tail;
     q->bytes += from->bytes;
+    q->held += from->held;
     from->head = from->tail = NULL;
-    from->bytes = 0;
+    from->bytes = from->held = 0;
+}
+
+size_t outq_read(struct outq *q, void *p, size_t n)
+{
+    size_t got = 0;
+    while (q->head && got < n) {
+        struct outq_run *r = q->head;
+        size_t k = r->b.len - r->off;
+        if (k > n - got)
+            k = n - got;
+        memcpy((uint8_t *)p + got, r->b.data + r->off, k);
+        r->off += k;
+        got += k;
+        if (r->off == r->b.len)
+            run_pop(q);
+    }
+    q->bytes -= got;
+    return got;
 }
 
 void outq_free(struct outq *q)
 {
     while (q->head)
         run_pop(q);
-    q->bytes = 0;
+    q->bytes = q->held = 0;
 }

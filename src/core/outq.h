@@ -17,6 +17,8 @@ struct outq_run;
 struct outq {
     struct outq_run *head, *tail; /* owned */
     size_t bytes;                 /* queued and not yet written */
+    size_t held;                  /* memory the runs hold (what is charged): at least
+                                     bytes; a window is counted in it */
     struct budget *budget;        /* borrowed, or NULL */
 };
 
@@ -37,4 +39,7 @@ int outq_send(struct outq *q, int fd);
  * their budget charges: both queues must share one budget). from is left
  * empty. */
 void outq_splice(struct outq *q, struct outq *from);
+/* Copy up to n bytes from the front of the queue to p and drop them (for a
+ * consumer that is not a socket): the count. */
+size_t outq_read(struct outq *q, void *p, size_t n);
 void outq_free(struct outq *q); /* drops what is queued; safe twice */

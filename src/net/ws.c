@@ -33,17 +33,20 @@
 
 #include "core/budget.h"
 #include "core/limits.h"
+#include "core/outq.h"
 #include "core/utf8.h"
 
 #define WS_HDR_MAX 14          /* 2 + 8 (length) + 4 (mask) */
-#define WS_WBUF (64 * 1024)    /* gathered writes */
 #define WS_WBUF_DIRECT 16384   /* writes this large skip wbuf when it is empty */
 
-/* A large outgoing message being read by wslay in fragments. */
-struct ws_src {
-    struct ws_src *next;
-    struct buf data; /* owned, charged */
-    size_t off;      /* bytes handed to wslay */
+/* An outgoing message read by wslay in fragments: a large one queued whole
+ * (ended at once), or one whose bytes come as they are produced. */
+struct ws_stream {
+    struct ws_stream *next;
+    struct outq q;   /* owned, charged: bytes not yet handed to wslay */
+    bool ended;      /* no more bytes come: the last may go, with FIN */
+    bool aborted;    /* it will never be finished (ws_conn_stream_abort) */
+    bool done;       /* wslay has read it to the end: reaped */
 };
 
 struct ws_conn {
@@ -80,15 +83,25 @@ struct ws_conn {
 
     /* the current data message */
     bool msg_text, msg_drop;
+    bool msg_stream;              /* handed over in chunks (msg is the one being filled) */
     uint64_t msg_limit;
     uint64_t msg_announced;       /* its frames' lengths so far, dropped or not */
     struct utf8_stream msg_utf8;  /* text: the UTF-8 check so far */
-    struct buf msg;               /* owned, charged: the message so far */
+    struct buf msg;               /* owned, charged: the message so far, or a streamed
+                                     message's chunk being filled */
 
     /* output */
-    struct ws_src *srcs;          /* owned: fragmented messages not yet fully read */
-    size_t src_left;              /* bytes in srcs not yet handed to wslay */
-    size_t charged_copy;          /* charged for wslay's copies of queued messages */
+    struct ws_stream *srcs;       /* owned: fragmented messages not yet fully read */
+    bool stalled;                 /* wslay's message is a stream with no byte to give: nothing
+                                     to write until a byte, its end or a control frame comes */
+    bool stuck;                   /* ... and it was aborted: it never ends, and nothing queued
+                                     behind it can go (only a close, between fragments) */
+    size_t charged_copy;          /* charged for what wslay holds of queued messages
+                                     (wslay_held: copies, control frames, records) */
+    size_t charged_io;            /* charged for rbuf and wbuf while they exist */
+    size_t window;                /* read nothing while more than this is queued; 0: no limit */
+    bool paused;                  /* the handler stopped reading (ws_conn_pause) */
+    bool chunk_stop;              /* on_msg_chunk asked to stop for this read */
     uint8_t *wbuf;                /* owned, WS_WBUF bytes while writes are gathered, else NULL
                                      (an idle connection holds none) */
     size_t wlen, woff;            /* wbuf[woff..wlen) is waiting for the socket */
@@ -99,6 +112,85 @@ struct ws_conn {
     uint64_t bytes_in, bytes_out; /* socket bytes after the HTTP request (metrics) */
     bool failed;                  /* wslay gave up writing (I/O or memory) */
 };
+
+/* ---------------------------------------------------------------- charges */
+
+/* Take n bytes from the budget into the account acct: 0 or the budget's
+ * -EDQUOT / -ENOSPC. */
+static int charge(struct ws_conn *c, size_t *acct, size_t n)
+{
+    int r = c->budget ? budget_take(c->budget, n) : 0;
+    if (r == 0)
+        *acct += n;
+    return r;
+}
+
+static void uncharge(struct ws_conn *c, size_t *acct, size_t n)
+{
+    if (c->budget)
+        budget_give(c->budget, n);
+    *acct -= n;
+}
+
+/* What wslay holds of the messages queued (and not yet written): their
+ * copies (a fragmented message's bytes are in our ws_stream, charged there)
+ * and one WS_MSG_OVERHEAD each. */
+static size_t wslay_held(const struct ws_conn *c)
+{
+    return wslay_event_get_queued_msg_length(c->ctx) +
+           wslay_event_get_queued_msg_count(c->ctx) * WS_MSG_OVERHEAD;
+}
+
+/* Give back what wslay no longer holds. A close that could not be charged
+ * (below) is held uncharged: this only gives back later, never more than
+ * was taken. */
+static void copies_settle(struct ws_conn *c)
+{
+    size_t q = wslay_held(c);
+    if (q < c->charged_copy)
+        uncharge(c, &c->charged_copy, c->charged_copy - q);
+}
+
+/* A close frame: charged like the rest if the budget allows, queued in any
+ * case (one per connection, at most 127 bytes). wslay's result. */
+static int queue_close(struct ws_conn *c, uint16_t code, const uint8_t *reason, size_t len)
+{
+    size_t n = (code ? 2 + len : 0) + WS_MSG_OVERHEAD;
+    bool charged = charge(c, &c->charged_copy, n) == 0;
+    int r = wslay_event_queue_close(c->ctx, code, reason, len);
+    if (r != 0 && charged)
+        uncharge(c, &c->charged_copy, n);
+    if (r == 0)
+        c->stalled = false; /* it goes between a stream's fragments */
+    return r;
+}
+
+/* Queue a message, copied (data or control: a pong too), charged with its
+ * overhead. 0, -EPIPE (closing or failed), -ENOMEM, -EINVAL or the
+ * budget's -EDQUOT / -ENOSPC. */
+static int ws_queue(struct ws_conn *c, uint8_t opcode, const uint8_t *p, size_t n)
+{
+    const struct wslay_event_msg msg = {.opcode = opcode, .msg = p, .msg_length = n};
+    if (c->failed)
+        return -EPIPE;
+    int r = charge(c, &c->charged_copy, n + WS_MSG_OVERHEAD);
+    if (r < 0)
+        return r;
+    r = wslay_event_queue_msg(c->ctx, &msg);
+    if (r == 0) {
+        c->stalled = false; /* a control frame goes between a stream's fragments */
+        return 0;
+    }
+    uncharge(c, &c->charged_copy, n + WS_MSG_OVERHEAD);
+    switch (r) {
+    case WSLAY_ERR_NOMEM:
+        return -ENOMEM;
+    case WSLAY_ERR_INVALID_ARGUMENT:
+        return -EINVAL;
+    default: /* WSLAY_ERR_NO_MORE_MSG: a close is queued or sent */
+        return -EPIPE;
+    }
+}
 
 /* ---------------------------------------------------------------- closing */
 
@@ -126,16 +218,23 @@ static void refuse(struct ws_conn *c, int err, uint16_t code, const char *reason
     if (c->err)
         return;
     c->err = err;
-    wslay_event_queue_close(c->ctx, code, (const uint8_t *)reason, strlen(reason));
+    queue_close(c, code, (const uint8_t *)reason, strlen(reason));
     begin_closing(c);
 }
 
 /* ---------------------------------------------------------------- input */
 
-#define WS_RBUF (16 * 1024)
 /* A data frame's payload is received straight into its message once at
  * least this much of it is still due and rbuf is empty. */
 #define WS_DIRECT_MIN 1024
+
+/* Reading waits while the handler paused it or more than the window is
+ * queued for the client (a peer that sends pings and never reads them
+ * stops being read instead of growing its pongs without bound). */
+static bool held(const struct ws_conn *c)
+{
+    return c->paused || (c->window && ws_conn_queued(c) > c->window);
+}
 
 /* recv() into p[0..len), within the read budget: the count, 0 for "nothing
  * now" (would block, or the budget is spent), -1 on EOF or a socket error. */
@@ -173,7 +272,13 @@ static ssize_t recv_some(struct ws_conn *c, uint8_t *p, size_t len)
 static ssize_t refill(struct ws_conn *c)
 {
     if (!c->rbuf) {
+        if (charge(c, &c->charged_io, WS_RBUF) < 0) {
+            refuse(c, -EMSGSIZE, WSLAY_CODE_POLICY_VIOLATION,
+                   "input buffer over the turn's memory budget");
+            return -1;
+        }
         if (!(c->rbuf = malloc(WS_RBUF))) {
+            uncharge(c, &c->charged_io, WS_RBUF);
             refuse(c, -ENOMEM, WSLAY_CODE_INTERNAL_SERVER_ERROR, "out of memory");
             return -1;
         }
@@ -214,7 +319,47 @@ static void msg_reset(struct ws_conn *c)
 {
     buf_free(&c->msg);
     c->msg_drop = false;
+    c->msg_stream = false;
     c->msg_limit = 0;
+}
+
+/* Refuse for a budget's or the allocator's error r (a message's room). */
+static void refuse_room(struct ws_conn *c, int r)
+{
+    if (r == -ENOSPC)
+        refuse(c, -ENOSPC, 1013, "server memory budget exhausted, try again later");
+    else if (r == -EDQUOT || r == -ENOBUFS)
+        refuse(c, -EMSGSIZE, WSLAY_CODE_MESSAGE_TOO_BIG, "message over the turn's memory budget");
+    else
+        refuse(c, -ENOMEM, WSLAY_CODE_INTERNAL_SERVER_ERROR, "out of memory");
+}
+
+/* A streamed message's chunk goes to the handler (which may keep it),
+ * charged for what it holds. */
+static void chunk_hand_over(struct ws_conn *c)
+{
+    if (!c->msg_stream || c->msg.len == 0)
+        return;
+    buf_fit(&c->msg);
+    if (!c->h.on_msg_chunk(c->ud, &c->msg))
+        c->chunk_stop = true;
+    buf_free(&c->msg); /* what the handler left */
+}
+
+/* Room in a streamed message's chunk for its next payload bytes: the full
+ * chunk handed over, a fresh one made (charged). False if refused. */
+static bool chunk_room(struct ws_conn *c)
+{
+    if (c->msg.cap > c->msg.len)
+        return true;
+    chunk_hand_over(c);
+    if (c->closing)
+        return false; /* the handler closed */
+    uint64_t due = c->payload_len - c->payload_got;
+    int r = buf_reserve_exact(&c->msg, due < WS_STREAM_CHUNK ? (size_t)due : WS_STREAM_CHUNK);
+    if (r < 0)
+        refuse_room(c, r);
+    return r == 0;
 }
 
 /* A data frame begins: its message's limit (asked of the handler at a
@@ -227,8 +372,10 @@ static void data_frame_begin(struct ws_conn *c)
         c->msg_text = c->opcode == WSLAY_TEXT_FRAME;
         c->msg_utf8 = (struct utf8_stream){0};
         c->msg_announced = 0;
-        c->msg_limit = c->h.on_msg_begin ? c->h.on_msg_begin(c->ud, c->msg_text) : WS_MSG_DROP;
+        struct ws_msg_start m = {.text = c->msg_text, .fin = c->fin, .len = c->payload_len};
+        c->msg_limit = c->h.on_msg_begin ? c->h.on_msg_begin(c->ud, &m) : WS_MSG_DROP;
         c->msg_drop = c->msg_limit == WS_MSG_DROP;
+        c->msg_stream = !c->msg_drop && m.stream && c->h.on_msg_chunk;
         if (c->closing) /* the handler closed */
             return;
     }
@@ -236,8 +383,7 @@ static void data_frame_begin(struct ws_conn *c)
     uint64_t len = c->payload_len;
     c->msg_announced += len;
     uint64_t limit = c->msg_drop ? WS_MAX_MESSAGE_BYTES : c->msg_limit;
-    if (c->msg_announced > WS_MAX_MESSAGE_BYTES ||
-        (!c->msg_drop && len > c->msg_limit - c->msg.len)) {
+    if (c->msg_announced > WS_MAX_MESSAGE_BYTES || (!c->msg_drop && c->msg_announced > c->msg_limit)) {
         snprintf(c->reason, sizeof c->reason,
                  "message too large: %llu bytes announced, the limit here is %llu",
                  (unsigned long long)c->msg_announced,
@@ -245,15 +391,11 @@ static void data_frame_begin(struct ws_conn *c)
         refuse(c, -EMSGSIZE, WSLAY_CODE_MESSAGE_TOO_BIG, c->reason);
         return;
     }
-    if (c->msg_drop)
+    if (c->msg_drop || c->msg_stream) /* a stream's room is made a chunk at a time */
         return;
     int r = buf_reserve_exact(&c->msg, (size_t)len);
-    if (r == -ENOSPC)
-        refuse(c, -ENOSPC, 1013, "server memory budget exhausted, try again later");
-    else if (r == -EDQUOT || r == -ENOBUFS)
-        refuse(c, -EMSGSIZE, WSLAY_CODE_MESSAGE_TOO_BIG, "message over the turn's memory budget");
-    else if (r < 0)
-        refuse(c, -ENOMEM, WSLAY_CODE_INTERNAL_SERVER_ERROR, "out of memory");
+    if (r < 0)
+        refuse_room(c, r);
 }
 
 /* The size of the frame header whose second byte is b1. */
@@ -345,9 +487,17 @@ static void payload_got(struct ws_conn *c, const uint8_t *p, size_t n)
         refuse(c, -EPROTO, WSLAY_CODE_INVALID_FRAME_PAYLOAD_DATA, "text message not UTF-8");
         return;
     }
-    if (c->msg_drop)
+    if (c->msg_drop) {
+        if (c->h.on_dropped)
+            c->h.on_dropped(c->ud, n);
         return;
-    c->msg.len += n; /* into the room reserved at the frame's header */
+    }
+    c->msg.len += n; /* into the room reserved at the frame's header, or the chunk's */
+    if (c->msg_stream) {
+        if (c->msg.len == c->msg.cap)
+            chunk_hand_over(c);
+        return;
+    }
     if (c->h.on_msg_data)
         c->h.on_msg_data(c->ud, c->msg.data, c->msg.len);
 }
@@ -380,7 +530,7 @@ static void close_received(struct ws_conn *c)
         }
     }
     /* Fails only when our own close is already queued: that one answers. */
-    wslay_event_queue_close(c->ctx, code, n > 2 ? c->ctrl + 2 : NULL, n > 2 ? n - 2 : 0);
+    queue_close(c, code, n > 2 ? c->ctrl + 2 : NULL, n > 2 ? n - 2 : 0);
 }
 
 /* The frame's last payload byte is in. */
@@ -392,10 +542,16 @@ static void frame_end(struct ws_conn *c)
         close_received(c);
         return;
     case WSLAY_PING: {
-        const struct wslay_event_msg pong = {
-            .opcode = WSLAY_PONG, .msg = c->ctrl, .msg_length = (size_t)c->payload_len};
-        if (wslay_event_queue_msg(c->ctx, &pong) == WSLAY_ERR_NOMEM)
+        int r = ws_queue(c, WSLAY_PONG, c->ctrl, (size_t)c->payload_len);
+        if (r == -ENOMEM)
             refuse(c, -ENOMEM, WSLAY_CODE_INTERNAL_SERVER_ERROR, "out of memory");
+        else if (r == -ENOSPC)
+            refuse(c, -ENOSPC, 1013, "server memory budget exhausted, try again later");
+        else if (r == -EDQUOT)
+            refuse(c, -EMSGSIZE, WSLAY_CODE_POLICY_VIOLATION,
+                   "pongs over the turn's memory budget");
+        else if (r == 0 && c->h.on_ping)
+            c->h.on_ping(c->ud);
         return; /* other failures: a close is queued, no pong is due */
     }
     case WSLAY_PONG:
@@ -405,7 +561,8 @@ static void frame_end(struct ws_conn *c)
     default:
         break;
     }
-    if (!c->fin)
+    chunk_hand_over(c); /* a stream's bytes of this frame, before the next frame's */
+    if (!c->fin || c->closing) /* not the last frame, or the handler closed */
         return;
     if (c->msg_text && !utf8_stream_end(&c->msg_utf8)) {
         refuse(c, -EPROTO, WSLAY_CODE_INVALID_FRAME_PAYLOAD_DATA, "text message not UTF-8");
@@ -421,6 +578,12 @@ static void frame_end(struct ws_conn *c)
 static ssize_t take_payload(struct ws_conn *c)
 {
     uint64_t due = c->payload_len - c->payload_got;
+    if (c->msg_stream && !(c->opcode & 0x8)) {
+        if (!chunk_room(c))
+            return -1;
+        if (due > c->msg.cap - c->msg.len)
+            due = c->msg.cap - c->msg.len; /* what the chunk holds */
+    }
     uint8_t *dst = payload_dest(c);
     size_t avail = c->rlen - c->roff;
     size_t n;
@@ -487,6 +650,10 @@ static void read_frames(struct ws_conn *c)
 {
     while (c->reading && !c->closing && !c->io_failed) {
         ssize_t r;
+        if (held(c) || c->chunk_stop) { /* what rbuf holds waits too: read_more says so */
+            c->read_more = true;
+            return;
+        }
         if (c->in_payload) {
             r = c->payload_got < c->payload_len ? take_payload(c) : 1;
             if (r > 0 && c->reading && !c->closing && c->payload_got == c->payload_len)
@@ -527,13 +694,29 @@ static int wflush(struct ws_conn *c)
     return 0;
 }
 
+/* The gathering buffer, made (and charged) if it is not there: false if
+ * it cannot be; writes then go straight to the socket (a close must go out
+ * also when the budget is spent). */
+static bool wbuf_get(struct ws_conn *c)
+{
+    if (c->wbuf)
+        return true;
+    if (charge(c, &c->charged_io, WS_WBUF) < 0)
+        return false;
+    if (!(c->wbuf = malloc(WS_WBUF))) {
+        uncharge(c, &c->charged_io, WS_WBUF);
+        return false;
+    }
+    return true;
+}
+
 static ssize_t ws_send_cb(wslay_event_context_ptr ctx, const uint8_t *data, size_t len, int flags,
                           void *user_data)
 {
     struct ws_conn *c = user_data;
     if (c->wlen && WS_WBUF - c->wlen < len && wflush(c) < 0)
         goto fail;
-    if (c->wlen == 0 && len >= WS_WBUF_DIRECT) {
+    if (c->wlen == 0 && (len >= WS_WBUF_DIRECT || !wbuf_get(c))) {
         /* large and nothing gathered before it: straight to the socket */
         for (;;) {
             ssize_t r = send(c->fd, data, len, MSG_NOSIGNAL);
@@ -551,8 +734,6 @@ static ssize_t ws_send_cb(wslay_event_context_ptr ctx, const uint8_t *data, size
     }
     if (c->woff == c->wlen)
         c->woff = c->wlen = 0;
-    if (!c->wbuf && !(c->wbuf = malloc(WS_WBUF)))
-        goto fail;
     size_t room = WS_WBUF - c->wlen;
     if (room == 0)
         goto block;
@@ -569,46 +750,52 @@ fail:
     return -1;
 }
 
+/* wslay reads the next fragment of a ws_stream. Its last byte is held back
+ * until the stream is ended, so the peer never has the message whole
+ * before that (a close queued meanwhile goes out between fragments);
+ * nothing to give stalls wslay (returning 0 without eof: it stops, and
+ * sends control frames queued since first when it is called again). */
 static ssize_t src_read(wslay_event_context_ptr ctx, uint8_t *buf, size_t len,
                         const union wslay_event_msg_source *source, int *eof, void *user_data)
 {
     struct ws_conn *c = user_data;
-    struct ws_src *s = source->data;
-    size_t n = s->data.len - s->off;
-    if (n > len)
-        n = len;
-    memcpy(buf, s->data.data + s->off, n);
-    s->off += n;
-    c->src_left -= n;
-    if (s->off == s->data.len) {
+    struct ws_stream *st = source->data;
+    size_t avail = st->q.bytes;
+    if (st->aborted) {
+        c->stuck = c->stalled = true;
+        return 0;
+    }
+    if (!st->ended)
+        avail = avail ? avail - 1 : 0;
+    if (avail == 0) {
+        c->stalled = true;
+        return 0;
+    }
+    size_t n = outq_read(&st->q, buf, avail < len ? avail : len);
+    if (st->ended && st->q.bytes == 0) {
         *eof = 1;
-        buf_free(&s->data); /* wslay has the last bytes in its own buffer */
+        st->done = true; /* wslay has the last bytes in its own buffer */
     }
     return (ssize_t)n;
 }
 
-/* Free the sources wslay has read to the end. */
-static void srcs_reap(struct ws_conn *c)
+static void stream_free(struct ws_stream *st)
 {
-    for (struct ws_src **pp = &c->srcs; *pp;) {
-        struct ws_src *s = *pp;
-        if (s->data.data == NULL) {
-            *pp = s->next;
-            free(s);
-        } else {
-            pp = &s->next;
-        }
-    }
+    outq_free(&st->q);
+    free(st);
 }
 
-/* Give back what wslay no longer holds of the copied messages. */
-static void copies_settle(struct ws_conn *c)
+/* Free the streams wslay has read to the end. */
+static void srcs_reap(struct ws_conn *c)
 {
-    size_t q = wslay_event_get_queued_msg_length(c->ctx);
-    if (q < c->charged_copy) {
-        if (c->budget)
-            budget_give(c->budget, c->charged_copy - q);
-        c->charged_copy = q;
+    for (struct ws_stream **pp = &c->srcs; *pp;) {
+        struct ws_stream *st = *pp;
+        if (st->done) {
+            *pp = st->next;
+            stream_free(st);
+        } else {
+            pp = &st->next;
+        }
     }
 }
 
@@ -630,7 +817,7 @@ struct ws_conn *ws_conn_new(int fd, struct budget *budget, const uint8_t *initia
     buf_init_budget(&c->msg, SIZE_MAX, budget);
     if (initial_len > 0) {
         c->rcap = initial_len > WS_RBUF ? initial_len : WS_RBUF;
-        c->rbuf = malloc(c->rcap);
+        c->rbuf = charge(c, &c->charged_io, c->rcap) == 0 ? malloc(c->rcap) : NULL;
         if (c->rbuf) {
             memcpy(c->rbuf, initial, initial_len);
             c->rlen = initial_len;
@@ -639,6 +826,8 @@ struct ws_conn *ws_conn_new(int fd, struct budget *budget, const uint8_t *initia
         }
     }
     if ((initial_len > 0 && !c->rbuf) || wslay_event_context_server_init(&c->ctx, &cbs, c) != 0) {
+        if (c->budget)
+            budget_give(c->budget, c->charged_io);
         free(c->rbuf);
         free(c);
         return NULL;
@@ -652,13 +841,12 @@ void ws_conn_free(struct ws_conn *c)
         return;
     wslay_event_context_free(c->ctx);
     while (c->srcs) {
-        struct ws_src *s = c->srcs;
-        c->srcs = s->next;
-        buf_free(&s->data);
-        free(s);
+        struct ws_stream *st = c->srcs;
+        c->srcs = st->next;
+        stream_free(st);
     }
     if (c->budget)
-        budget_give(c->budget, c->charged_copy);
+        budget_give(c->budget, c->charged_copy + c->charged_io);
     buf_free(&c->msg);
     free(c->rbuf);
     free(c->wbuf);
@@ -682,10 +870,14 @@ int ws_conn_read(struct ws_conn *c)
         return ws_status(c);
     c->read_left = WS_READ_BUDGET;
     c->read_more = false;
+    c->chunk_stop = false;
     read_frames(c);
+    if (c->reading && !c->closing)
+        chunk_hand_over(c); /* what came of a stream goes on now: nothing lingers here */
     if (c->io_failed)
         c->failed = true; /* nothing more can move either way */
     if (c->rbuf && c->roff == c->rlen) { /* all taken: give the buffer back */
+        uncharge(c, &c->charged_io, c->rcap);
         free(c->rbuf);
         c->rbuf = NULL;
         c->rcap = c->roff = c->rlen = 0;
@@ -708,41 +900,14 @@ int ws_conn_write(struct ws_conn *c)
         return ws_status(c);
     if (wslay_event_send(c->ctx) != 0)
         c->failed = true;
-    if (wflush(c) == 0) { /* all out: give the gathering buffer back */
+    if (wflush(c) == 0 && c->wbuf) { /* all out: give the gathering buffer back */
+        uncharge(c, &c->charged_io, WS_WBUF);
         free(c->wbuf);
         c->wbuf = NULL;
     }
     copies_settle(c);
     srcs_reap(c);
     return ws_status(c);
-}
-
-static int ws_queue(struct ws_conn *c, uint8_t opcode, const uint8_t *p, size_t n)
-{
-    const struct wslay_event_msg msg = {.opcode = opcode, .msg = p, .msg_length = n};
-    if (c->failed)
-        return -EPIPE;
-    if (c->budget && !(opcode & 0x8)) {
-        int r = budget_take(c->budget, n);
-        if (r < 0)
-            return r;
-    }
-    int r = wslay_event_queue_msg(c->ctx, &msg);
-    if (r == 0) {
-        if (!(opcode & 0x8))
-            c->charged_copy += n;
-        return 0;
-    }
-    if (c->budget && !(opcode & 0x8))
-        budget_give(c->budget, n);
-    switch (r) {
-    case WSLAY_ERR_NOMEM:
-        return -ENOMEM;
-    case WSLAY_ERR_INVALID_ARGUMENT:
-        return -EINVAL;
-    default: /* WSLAY_ERR_NO_MORE_MSG: a close is queued or sent */
-        return -EPIPE;
-    }
 }
 
 int ws_conn_send_text(struct ws_conn *c, const uint8_t *p, size_t n)
@@ -763,27 +928,68 @@ int ws_conn_send_buf(struct ws_conn *c, bool text, struct buf *b)
         buf_free(b);
         return r;
     }
-    struct ws_src *s = calloc(1, sizeof *s);
-    if (!s) {
-        buf_free(b);
-        return -ENOMEM;
-    }
-    buf_init_budget(&s->data, SIZE_MAX, c->budget);
-    int r = buf_move(&s->data, b);
-    const struct wslay_event_fragmented_msg msg = {
-        .opcode = opcode, .source.data = s, .read_callback = src_read};
-    if (r == 0 && wslay_event_queue_fragmented_msg(c->ctx, &msg) != 0)
-        r = -EPIPE;
+    struct ws_stream *st;
+    int r = ws_conn_stream_begin(c, text, &st);
     if (r < 0) {
         buf_free(b);
-        buf_free(&s->data);
-        free(s);
         return r;
     }
-    s->next = c->srcs;
-    c->srcs = s;
-    c->src_left += s->data.len;
+    r = ws_conn_stream_push(c, st, b);
+    ws_conn_stream_end(c, st); /* the stream is the connection's from here on */
+    return r;
+}
+
+int ws_conn_stream_begin(struct ws_conn *c, bool text, struct ws_stream **out)
+{
+    if (c->failed)
+        return -EPIPE;
+    struct ws_stream *st = calloc(1, sizeof *st);
+    if (!st)
+        return -ENOMEM;
+    outq_init(&st->q, c->budget);
+    const struct wslay_event_fragmented_msg msg = {
+        .opcode = text ? WSLAY_TEXT_FRAME : WSLAY_BINARY_FRAME, .source.data = st,
+        .read_callback = src_read};
+    int r = charge(c, &c->charged_copy, WS_MSG_OVERHEAD);
+    if (r == 0 && wslay_event_queue_fragmented_msg(c->ctx, &msg) != 0) {
+        uncharge(c, &c->charged_copy, WS_MSG_OVERHEAD);
+        r = -EPIPE;
+    }
+    if (r < 0) {
+        free(st);
+        return r;
+    }
+    st->next = c->srcs;
+    c->srcs = st;
+    c->stalled = false;
+    *out = st;
     return 0;
+}
+
+int ws_conn_stream_push(struct ws_conn *c, struct ws_stream *st, struct buf *chunk)
+{
+    size_t n = chunk->len;
+    if (st->ended || st->aborted) {
+        buf_free(chunk);
+        return -EINVAL;
+    }
+    int r = outq_take(&st->q, chunk);
+    if (r == 0 && n)
+        c->stalled = false;
+    return r;
+}
+
+void ws_conn_stream_end(struct ws_conn *c, struct ws_stream *st)
+{
+    st->ended = true;
+    c->stalled = false;
+}
+
+void ws_conn_stream_abort(struct ws_conn *c, struct ws_stream *st)
+{
+    outq_free(&st->q);
+    st->aborted = true;
+    c->stalled = false; /* wslay finds out, if it is its message (src_read) */
 }
 
 int ws_conn_send_ping(struct ws_conn *c)
@@ -811,7 +1017,7 @@ int ws_conn_close(struct ws_conn *c, uint16_t code, const char *reason)
 
     if (c->failed)
         return -EPIPE;
-    int r = wslay_event_queue_close(c->ctx, code, (const uint8_t *)reason, len);
+    int r = queue_close(c, code, (const uint8_t *)reason, len);
     if (r == WSLAY_ERR_NOMEM)
         return -ENOMEM;
     if (r == WSLAY_ERR_INVALID_ARGUMENT)
@@ -833,12 +1039,24 @@ int ws_conn_refused(const struct ws_conn *c)
 
 bool ws_conn_want_read(const struct ws_conn *c)
 {
-    return !c->failed && !c->io_failed && c->reading;
+    /* Closing, what arrives is discarded whatever waits to be sent or paced:
+     * only the client's close frame matters then (begin_closing). */
+    return !c->failed && !c->io_failed && c->reading && (c->closing || !held(c));
+}
+
+void ws_conn_set_window(struct ws_conn *c, size_t window)
+{
+    c->window = window;
+}
+
+void ws_conn_pause(struct ws_conn *c, bool paused)
+{
+    c->paused = paused;
 }
 
 bool ws_conn_want_write(const struct ws_conn *c)
 {
-    return !c->failed && (c->wlen > c->woff || wslay_event_want_write(c->ctx));
+    return !c->failed && (c->wlen > c->woff || (wslay_event_want_write(c->ctx) && !c->stalled));
 }
 
 bool ws_conn_read_more(const struct ws_conn *c)
@@ -848,12 +1066,16 @@ bool ws_conn_read_more(const struct ws_conn *c)
 
 size_t ws_conn_queued(const struct ws_conn *c)
 {
-    return wslay_event_get_queued_msg_length(c->ctx) + c->src_left + (c->wlen - c->woff);
+    size_t q = wslay_held(c) + (c->wlen - c->woff);
+    for (const struct ws_stream *st = c->srcs; st; st = st->next)
+        q += st->q.held; /* what is charged, not only the bytes: a window counts memory */
+    return q;
 }
 
 bool ws_conn_pending(const struct ws_conn *c)
 {
-    return wslay_event_get_queued_msg_count(c->ctx) > 0 || c->wlen > c->woff;
+    /* Behind an aborted stream nothing can go any more: not pending. */
+    return (wslay_event_get_queued_msg_count(c->ctx) > 0 && !c->stuck) || c->wlen > c->woff;
 }
 
 bool ws_conn_finished(const struct ws_conn *c)

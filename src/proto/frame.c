@@ -215,7 +215,16 @@ static bool parse_i64(const uint8_t *s, size_t a, size_t b, int64_t *out)
     return true;
 }
 
-static bool type_ok(unsigned mask, const struct jscan_value *v, const uint8_t *s)
+/* A top-level integer member that fits int64, from its text as the scanner
+ * kept it (short_: an int64 is at most 20 bytes of text, so a longer one
+ * does not fit): the message itself is not needed. */
+static bool member_i64(const struct jscan_value *v, int64_t *out)
+{
+    return v->type == JT_NUMBER && v->integer && v->short_ok &&
+           parse_i64((const uint8_t *)v->short_, 0, v->short_len, out);
+}
+
+static bool type_ok(unsigned mask, const struct jscan_value *v)
 {
     int64_t dummy;
     if (mask == J_ANY)
@@ -224,7 +233,7 @@ static bool type_ok(unsigned mask, const struct jscan_value *v, const uint8_t *s
            ((mask & J_OBJECT) && v->type == JT_OBJECT) ||
            ((mask & J_NULL) && v->type == JT_NULL) ||
            ((mask & J_NUMBER) && (v->type == JT_NUMBER || v->type == JT_NAN)) ||
-           ((mask & J_INT) && v->type == JT_NUMBER && v->integer && parse_i64(s, v->a, v->b, &dummy));
+           ((mask & J_INT) && member_i64(v, &dummy));
 }
 
 /* ---------------------------------------------------------------------------
@@ -242,23 +251,33 @@ void frame_scan_init(struct frame_scan *fs, enum frame_peer peer, uint64_t max_i
 {
     jscan_init(&fs->js, frame_keys, FRAME_SCAN_KEYS, fs->slot,
                max_items ? max_items : FRAME_MAX_ITEMS, peer == FRAME_FROM_CHILD, true);
+    fs->last = 0;
 }
 
 int frame_scan_feed(struct frame_scan *fs, const uint8_t *text, size_t len, const char **why)
 {
-    int r = jscan_feed(&fs->js, text, len);
-    if (r < 0 && why)
+    return frame_scan_feed_at(fs, text, 0, len, why);
+}
+
+int frame_scan_feed_at(struct frame_scan *fs, const uint8_t *chunk, size_t base, size_t len,
+                       const char **why)
+{
+    int r = jscan_feed_at(&fs->js, chunk, base, len);
+    if (r == -EBADMSG && why)
         *why = fs->js.why;
-    return r;
+    else if (r == -EINVAL && why)
+        *why = "scanner fed out of order";
+    if (r == 0 && len)
+        fs->last = chunk[len - 1];
+    return r < 0 ? -EBADMSG : 0;
 }
 
 /* Is the message exactly frame_encode()'s output: kind's fields in table
  * order, each once, "kind" last, no whitespace, one final '\n'? */
-static bool is_canonical(const struct frame_scan *fs, const struct kind_def *kd, size_t len,
-                         const uint8_t *text)
+static bool is_canonical(const struct frame_scan *fs, const struct kind_def *kd, size_t len)
 {
     const struct jscan *js = &fs->js;
-    if (!js->compact || js->members != kd->n + 1 || js->top.b + 1 != len || text[len - 1] != '\n')
+    if (!js->compact || js->members != kd->n + 1 || js->top.b + 1 != len || fs->last != '\n')
         return false;
     for (size_t fi = 0; fi < kd->n; fi++)
         if (js->order[fi] != key_index(kd->names[fi]))
@@ -266,17 +285,13 @@ static bool is_canonical(const struct frame_scan *fs, const struct kind_def *kd,
     return js->order[kd->n] == KEY_KIND;
 }
 
-int frame_scan_finish(struct frame_scan *fs, const uint8_t *text, size_t len, enum frame_peer peer,
-                      struct frame *out, const char **why)
+/* The frame the scanned message is, from what the scanner kept (every byte
+ * fed, jscan_end done): its kind, each field's type checked for peer, the
+ * ints decoded, canonical; each field present has its span, json NULL. 0 or
+ * -EPROTO (why set). */
+static int frame_from_scan(const struct frame_scan *fs, size_t len, enum frame_peer peer,
+                           struct frame *out, const char **why)
 {
-    static const char *unused;
-    if (!why)
-        why = &unused;
-    if (jscan_finish(&fs->js, text, len) < 0) {
-        *why = fs->js.why;
-        return -EBADMSG;
-    }
-
     const struct jscan_value *kv = &fs->slot[KEY_KIND];
     int kind = -1;
     if (kv->type == JT_STRING && kv->short_ok)
@@ -296,7 +311,7 @@ int frame_scan_finish(struct frame_scan *fs, const uint8_t *text, size_t len, en
         return -EPROTO;
     }
 
-    struct frame f = {.kind = (enum frame_kind)kind, .canonical = is_canonical(fs, kd, len, text)};
+    struct frame f = {.kind = (enum frame_kind)kind, .canonical = is_canonical(fs, kd, len)};
     for (size_t fi = 0; fi < kd->n; fi++) {
         const struct jscan_value *v = &fs->slot[key_index(kd->names[fi])];
         struct frame_field *fld = &f.field[fi];
@@ -306,17 +321,15 @@ int frame_scan_finish(struct frame_scan *fs, const uint8_t *text, size_t len, en
             continue;
         }
         unsigned mask = peer == FRAME_FROM_CHILD ? kd->f[fi].child_type : kd->f[fi].client_type;
-        if (!type_ok(mask, v, text)) {
+        if (!type_ok(mask, v)) {
             *why = "field has the wrong type";
-            fields_free(f.field);
             return -EPROTO;
         }
         if (peer == FRAME_FROM_CHILD && (mask & J_INT)) {
             int64_t n = 0;
-            parse_i64(text, v->a, v->b, &n); /* checked by type_ok */
+            member_i64(v, &n); /* checked by type_ok */
             if (kind == FRAME_READY && n != 2) {
                 *why = "protocol_version is not 2";
-                fields_free(f.field);
                 return -EPROTO;
             }
             if (kind == FRAME_DONE || kind == FRAME_OUTPUT)
@@ -324,18 +337,55 @@ int frame_scan_finish(struct frame_scan *fs, const uint8_t *text, size_t len, en
         }
         if (v->type == JT_STRING)
             fld->str_bytes = v->str_bytes;
+        fld->len = v->b - v->a;
+    }
+    *out = f;
+    return 0;
+}
+
+int frame_scan_end(struct frame_scan *fs, size_t len, enum frame_peer peer, struct frame *out,
+                   const char **why)
+{
+    static const char *unused;
+    if (!why)
+        why = &unused;
+    int r = jscan_end(&fs->js, len);
+    if (r < 0) {
+        *why = r == -EINVAL ? "message incomplete" : fs->js.why;
+        return -EBADMSG;
+    }
+    return frame_from_scan(fs, len, peer, out, why);
+}
+
+int frame_scan_finish(struct frame_scan *fs, const uint8_t *text, size_t len, enum frame_peer peer,
+                      struct frame *out, const char **why)
+{
+    static const char *unused;
+    if (!why)
+        why = &unused;
+    if (frame_scan_feed(fs, text, len, why) < 0)
+        return -EBADMSG;
+    struct frame f;
+    int r = frame_scan_end(fs, len, peer, &f, why);
+    if (r < 0)
+        return r;
+    /* The values, from the message: borrowed where compact, else copied. */
+    for (size_t fi = 0; fi < kinds[f.kind].n; fi++) {
+        struct frame_field *fld = &f.field[fi];
+        const struct jscan_value *v = &fs->slot[key_index(kinds[f.kind].names[fi])];
+        if (fld->json) /* a default */
+            continue;
         if (v->compact) {
             fld->json = (const char *)text + v->a;
-            fld->len = v->b - v->a;
-        } else {
-            fld->owned = compact_copy(text, v->a, v->b, &fld->len);
-            if (!fld->owned) {
-                *why = "out of memory";
-                fields_free(f.field);
-                return -ENOMEM;
-            }
-            fld->json = fld->owned;
+            continue;
         }
+        fld->owned = compact_copy(text, v->a, v->b, &fld->len);
+        if (!fld->owned) {
+            *why = "out of memory";
+            fields_free(f.field);
+            return -ENOMEM;
+        }
+        fld->json = fld->owned;
     }
     *out = f;
     return 0;
@@ -362,8 +412,11 @@ static int encode(const struct frame *f, size_t skip, struct buf *out, size_t *a
     /* {"name":json,...,"kind":"<kind>"}\n, sized first so a 32 MiB output
      * frame is assembled with one allocation. */
     size_t total = 1 + strlen("\"kind\":\"\"}\n") + strlen(kd->name);
-    for (size_t i = 0; i < kd->n; i++)
+    for (size_t i = 0; i < kd->n; i++) {
+        if (i != skip && !f->field[i].json)
+            return -EINVAL; /* frame_scan_end's: its values stayed in the message */
         total += strlen(kd->names[i]) + 4 + (i == skip ? 0 : f->field[i].len);
+    }
     int r = buf_reserve(out, total);
     if (r < 0)
         return r;

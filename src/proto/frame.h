@@ -75,6 +75,7 @@ struct frame {
 struct frame_scan {
     struct jscan js;
     struct jscan_value slot[FRAME_SCAN_KEYS];
+    uint8_t last; /* the last byte fed (a canonical frame ends in '\n') */
 };
 
 /* Field names of a kind, without "kind", in spec table order; *n is set. */
@@ -111,9 +112,22 @@ void frame_scan_init(struct frame_scan *fs, enum frame_peer peer, uint64_t max_i
 int frame_scan_feed(struct frame_scan *fs, const uint8_t *text, size_t len, const char **why);
 int frame_scan_finish(struct frame_scan *fs, const uint8_t *text, size_t len, enum frame_peer peer,
                       struct frame *out, const char **why);
+/* A message that is never held whole (a relay that passes each chunk on as
+ * it arrives): feed each chunk with its offset in the message (chunk[0..len)
+ * is the message from base on, and follows what was fed before without a
+ * gap; nothing of it is read after the call). 0 or -EBADMSG (why set). Then
+ * frame_scan_end() once all len bytes are fed: what frame_decode() returns,
+ * but the frame is *hollow*: each field's value stayed in the message (json
+ * NULL, len its span, str_bytes for strings); kind, exit_code and canonical
+ * are set, and a field the message lacks holds its default. frame_encode()
+ * refuses a hollow frame (-EINVAL); relay_frame_misfit() can judge it. */
+int frame_scan_feed_at(struct frame_scan *fs, const uint8_t *chunk, size_t base, size_t len,
+                       const char **why);
+int frame_scan_end(struct frame_scan *fs, size_t len, enum frame_peer peer, struct frame *out,
+                   const char **why);
 
-/* Append the compact encoding (every field, "kind" last, trailing \n). 0 or
- * -ENOBUFS/-ENOMEM from the buffer. */
+/* Append the compact encoding (every field, "kind" last, trailing \n). 0,
+ * -ENOBUFS/-ENOMEM from the buffer, or -EINVAL for a hollow frame. */
 int frame_encode(const struct frame *f, struct buf *out);
 /* frame_encode()'s output cut around the value of field i (an index into
  * f->field): head + that value's JSON text + tail is the whole encoding

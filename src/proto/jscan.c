@@ -63,6 +63,27 @@ static void value_reset(struct jscan_value *v, size_t a, enum jscan_type type)
     *v = (struct jscan_value){.a = a, .type = type, .compact = true, .short_ok = true};
 }
 
+/* n more bytes of v's short_, as far as JSCAN_SHORT holds them. */
+static void short_append(struct jscan_value *v, const void *p, size_t n)
+{
+    if (!v->short_ok)
+        return;
+    if (v->short_len + n > JSCAN_SHORT) {
+        v->short_ok = false;
+        return;
+    }
+    memcpy(v->short_ + v->short_len, p, n);
+    v->short_len = (uint8_t)(v->short_len + n);
+}
+
+/* A top-level member's number: its text in short_ (an exit code is read
+ * from there when the message is gone). */
+static void number_text(struct jscan *s, const uint8_t *p, size_t n)
+{
+    if (s->depth == 1 && top_is_object(s))
+        short_append(&s->cur, p, n);
+}
+
 /* A value starts at buf[i] (first byte c). */
 static size_t value_begin(struct jscan *s, uint8_t c, size_t i)
 {
@@ -96,9 +117,9 @@ static size_t value_begin(struct jscan *s, uint8_t c, size_t i)
     if (s->depth == 0) {
         if (s->object_only && type != JT_OBJECT)
             return fail(s, "not a JSON object");
-        value_reset(&s->top, i, type);
+        value_reset(&s->top, s->base + i, type);
     } else if (s->depth == 1 && top_is_object(s)) {
-        value_reset(&s->cur, i, type);
+        value_reset(&s->cur, s->base + i, type);
     }
 
     switch (type) {
@@ -122,6 +143,7 @@ static size_t value_begin(struct jscan *s, uint8_t c, size_t i)
         s->tok = TOK_NUMBER;
         s->sub = c == '-' ? N_MINUS : c == '0' ? N_ZERO : N_INT;
         s->digits = c != '-';
+        number_text(s, &c, 1);
         return i + 1;
     default:
         s->tok = TOK_LITERAL;
@@ -130,7 +152,7 @@ static size_t value_begin(struct jscan *s, uint8_t c, size_t i)
     }
 }
 
-/* The value that began last at this depth ends at `end`. */
+/* The value that began last at this depth ends at `end` (a message offset). */
 static void value_end(struct jscan *s, size_t end)
 {
     s->tok = TOK_NONE;
@@ -155,14 +177,7 @@ static void emit(struct jscan *s, const void *p, size_t n)
     if (!v)
         return;
     v->str_bytes += n;
-    if (!v->short_ok)
-        return;
-    if (v->short_len + n > JSCAN_SHORT) {
-        v->short_ok = false;
-        return;
-    }
-    memcpy(v->short_ + v->short_len, p, n);
-    v->short_len = (uint8_t)(v->short_len + n);
+    short_append(v, p, n);
 }
 
 /* One code point from an escape, as UTF-8; a lone surrogate as WTF-8. */
@@ -353,7 +368,7 @@ static size_t scan_string(struct jscan *s, const uint8_t *buf, size_t len, size_
     return i; /* the string goes on in a later feed */
 }
 
-/* A string (opened by its quote) ended just before `end`. */
+/* A string (opened by its quote) ended just before `end` (a message offset). */
 static void string_end(struct jscan *s, size_t end)
 {
     if (s->role == R_KEY || s->role == R_KEY_NESTED) {
@@ -415,6 +430,7 @@ static size_t scan_number(struct jscan *s, const uint8_t *buf, size_t len, size_
                 while (i < len && is_digit(buf[i]));
                 if (s->sub == N_INT)
                     s->digits += i - from;
+                number_text(s, buf + from, i - from);
                 continue;
             }
             if (c == '.' && s->sub <= N_INT)
@@ -429,7 +445,7 @@ static size_t scan_number(struct jscan *s, const uint8_t *buf, size_t len, size_
                     s->cur.integer = integer;
                 else if (s->depth == 0)
                     s->top.integer = integer;
-                value_end(s, i); /* c is not part of the number */
+                value_end(s, s->base + i); /* c is not part of the number */
                 return i;
             }
             break;
@@ -450,6 +466,7 @@ static size_t scan_number(struct jscan *s, const uint8_t *buf, size_t len, size_
             s->sub = N_EXP;
             break;
         }
+        number_text(s, &c, 1);
         i++;
     }
     return i;
@@ -462,7 +479,7 @@ static size_t scan_literal(struct jscan *s, const uint8_t *buf, size_t len, size
             return fail(s, "invalid JSON token");
         i++;
         if (s->lit[++s->sub] == '\0') {
-            value_end(s, i);
+            value_end(s, s->base + i);
             return i;
         }
     }
@@ -526,7 +543,7 @@ static size_t scan_structure(struct jscan *s, const uint8_t *buf, size_t len, si
         if (s->depth == 1) {
             s->role = R_KEY;
             s->members++;
-            value_reset(&s->key, i, JT_STRING);
+            value_reset(&s->key, s->base + i, JT_STRING);
         } else {
             s->role = R_KEY_NESTED;
         }
@@ -553,22 +570,25 @@ close:
     if ((c == '}') != stack_is_object(s))
         return fail(s, "invalid JSON");
     s->depth--;
-    value_end(s, i + 1);
+    value_end(s, s->base + i + 1);
     return i + 1;
 }
 
-int jscan_feed(struct jscan *s, const uint8_t *buf, size_t len)
+int jscan_feed_at(struct jscan *s, const uint8_t *buf, size_t base, size_t len)
 {
     if (s->state == ST_ERROR)
         return -EBADMSG;
-    size_t i = s->pos;
+    if (s->pos < base || s->pos - base > len)
+        return -EINVAL; /* the caller skipped or dropped bytes not yet scanned */
+    s->base = base;
+    size_t i = s->pos - base;
     while (i < len) {
         switch (s->tok) {
         case TOK_STRING: {
             bool closed;
             i = scan_string(s, buf, len, i, &closed);
             if (i != BAD && closed)
-                string_end(s, i);
+                string_end(s, s->base + i);
             break;
         }
         case TOK_NUMBER:
@@ -584,14 +604,21 @@ int jscan_feed(struct jscan *s, const uint8_t *buf, size_t len)
         if (i == BAD)
             return -EBADMSG;
     }
-    s->pos = i;
+    s->pos = base + i;
     return 0;
 }
 
-int jscan_finish(struct jscan *s, const uint8_t *buf, size_t len)
+int jscan_feed(struct jscan *s, const uint8_t *buf, size_t len)
 {
-    if (jscan_feed(s, buf, len) < 0)
+    return jscan_feed_at(s, buf, 0, len);
+}
+
+int jscan_end(struct jscan *s, size_t len)
+{
+    if (s->state == ST_ERROR)
         return -EBADMSG;
+    if (s->pos != len)
+        return -EINVAL; /* not every byte was fed */
     if (s->tok == TOK_NUMBER && s->sub != N_MINUS && s->sub != N_DOT && s->sub != N_E &&
         s->sub != N_ESIGN) {
         if (s->sub <= N_INT && s->digits > JSCAN_MAX_INT_DIGITS) {
@@ -606,4 +633,11 @@ int jscan_finish(struct jscan *s, const uint8_t *buf, size_t len)
         return 0;
     fail(s, s->top.type == JT_NONE ? "empty message" : "invalid JSON");
     return -EBADMSG;
+}
+
+int jscan_finish(struct jscan *s, const uint8_t *buf, size_t len)
+{
+    if (jscan_feed(s, buf, len) < 0)
+        return -EBADMSG;
+    return jscan_end(s, len);
 }

@@ -20,7 +20,10 @@
  * Usage: jscan_init(); then jscan_feed() with the message buffer and how many
  * bytes of it exist so far, as often as bytes arrive (the buffer may move:
  * only offsets are kept); then jscan_finish() once the message is complete.
- * Each call scans only bytes it has not seen, so the total cost is one pass. */
+ * Each call scans only bytes it has not seen, so the total cost is one pass.
+ * A message that is never held whole (a relay that passes each chunk on as
+ * it comes) is fed a chunk at a time with its offset, jscan_feed_at(), and
+ * ended with jscan_end(): nothing of a chunk is read after the call. */
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>
@@ -70,8 +73,10 @@ struct jscan_value {
     enum jscan_type type;
     bool compact;         /* no whitespace outside strings within [a, b) */
     bool integer;         /* JT_NUMBER without fraction or exponent */
-    bool short_ok;        /* JT_STRING of at most JSCAN_SHORT decoded bytes: */
-    uint8_t short_len;    /*   its decoded bytes are in short_[] */
+    bool short_ok;        /* JT_STRING of at most JSCAN_SHORT decoded bytes, or
+                             (a top-level member's) JT_NUMBER of at most
+                             JSCAN_SHORT bytes of text: */
+    uint8_t short_len;    /*   its decoded bytes, or its text, are in short_[] */
     uint64_t str_bytes;   /* JT_STRING: decoded length in UTF-8 bytes (a lone
                              surrogate escape counts 3, as WTF-8) */
     char short_[JSCAN_SHORT];
@@ -98,7 +103,8 @@ struct jscan {
     const char *why;           /* static reason after an error */
 
     /* Scanning state (private). */
-    size_t pos;                /* next byte to scan */
+    size_t pos;                /* next byte to scan (a message offset) */
+    size_t base;               /* the message offset of the chunk being scanned */
     uint8_t state, tok, sub;
     uint8_t u8_need, u8_lo, u8_hi; /* UTF-8 sequence in progress */
     uint8_t hex_left;
@@ -122,7 +128,16 @@ void jscan_init(struct jscan *s, const char *const *names, size_t nnames,
 /* Scan buf[s->pos .. len). buf holds the message from its first byte.
  * 0, or -EBADMSG with s->why set (the message can never be valid). */
 int jscan_feed(struct jscan *s, const uint8_t *buf, size_t len);
+/* The same for a chunk: chunk[0 .. len) holds the message's bytes from
+ * offset base on, and base <= s->pos <= base + len (the bytes from s->pos
+ * on are scanned; none before base is needed). Offsets in the results are
+ * the message's. 0, -EBADMSG, or -EINVAL if the chunk starts past s->pos
+ * or ends before it. */
+int jscan_feed_at(struct jscan *s, const uint8_t *chunk, size_t base, size_t len);
 
 /* The message is complete at len bytes: scan the rest and check that exactly
  * one value was seen, followed only by whitespace. 0 or -EBADMSG. */
 int jscan_finish(struct jscan *s, const uint8_t *buf, size_t len);
+/* The same when every byte was fed already (s->pos == len, else -EINVAL):
+ * no buffer needed. */
+int jscan_end(struct jscan *s, size_t len);

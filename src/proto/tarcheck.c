@@ -63,6 +63,8 @@
 /* Compressed bytes offered per inflate() call. */
 #define IN_CHUNK (64 * 1024)
 #define GZ_HDR_LEN 10
+/* The FB extra field: XLEN, then the subfield's SI1 SI2 LEN and its data. */
+#define GZ_EXTRA_LEN (TARCHECK_GZ_HDR_LEN - GZ_HDR_LEN)
 #define GZ_TRL_LEN 8
 /* pax block bytes beyond the path: both records' length fields and keys,
  * the '\n's, and an mtime of up to 11 + 1 + 9 characters. */
@@ -87,7 +89,7 @@
 #define F_PREFIX F_PREFIX_OFF, 155
 #define F_PAD 500, 12
 
-enum gz_state { GZ_HEADER, GZ_EXTRA, GZ_HASH, GZ_BODY, GZ_TRAILER };
+enum gz_state { GZ_HEADER, GZ_EXTRA, GZ_LOOKUP, GZ_VERIFY, GZ_BODY, GZ_TRAILER };
 
 /* Buckets of the verified-member cache (a power of two). */
 #define CACHE_BUCKETS 4096
@@ -131,20 +133,24 @@ struct tarcheck {
     size_t len;      /* message bytes the caller has said are there */
     bool finished;   /* len is the whole message */
     size_t pos;      /* message bytes consumed */
+    /* what may be read in this call: the message's bytes [win_base, win_end)
+     * at win (borrowed for the call; the whole message, or a chunk) */
+    const uint8_t *win;
+    size_t win_base, win_end;
 
     /* gzip layer */
     enum gz_state gz;
-    uint8_t gzbuf[GZ_HDR_LEN]; /* member header or trailer being collected */
+    uint8_t gzbuf[GZ_EXTRA_LEN]; /* member header, extra field or trailer being collected */
     size_t gz_got;
     size_t member_start; /* message offset of this member's first byte */
     uint32_t member_len; /* its length from the "FB" subfield, or 0: none */
 
     /* verified-member cache (tarcheck.h) */
     struct tarcheck_cache *cache; /* borrowed, or NULL */
-    struct sha256_ctx sha;
-    size_t hash_pos;              /* message offset hashed up to */
-    uint8_t digest[SHA256_DIGEST_SIZE];
-    bool have_digest;             /* this member is a candidate for the cache */
+    uint8_t claim[SHA256_DIGEST_SIZE]; /* this member's digest, as its FB subfield says */
+    struct sha256_ctx sha;        /* of its bytes after its header, as they are consumed */
+    bool hashing;                 /* ... its claim is checked at its end */
+    bool cacheable;               /* ... and it may be remembered then */
     uint64_t m_members;           /* st.members when the member started */
     uint64_t m_tar_pos;           /* tar_pos when the member started */
     uint64_t tar_pos;             /* inflated bytes the tar layer has taken */
@@ -186,6 +192,19 @@ static int fail(struct tarcheck *tc, int err, const char *why)
     tc->result = err;
     tc->why = why;
     return err;
+}
+
+/* The message's byte at offset off, inside this call's window. */
+static const uint8_t *at(const struct tarcheck *tc, size_t off)
+{
+    return tc->win + (off - tc->win_base);
+}
+
+/* No byte at the window's end: more may come (NEED_INPUT), or the message
+ * ends there (the caller says finished, and the window reaches its end). */
+static bool more_may_come(const struct tarcheck *tc)
+{
+    return !tc->finished || tc->win_end < tc->len;
 }
 
 static uint64_t sat_add(uint64_t a, uint64_t b)
@@ -667,7 +686,7 @@ static uint32_t le32(const uint8_t *p)
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
-static int gz_body_start(struct tarcheck *tc);
+static int gz_body_start(struct tarcheck *tc, bool hashing);
 
 /* Work done by one call: compressed bytes consumed (or hashed), bytes
  * inflated. */
@@ -750,7 +769,7 @@ static void cache_add(struct tarcheck *tc)
     uint64_t need = entry_bytes(tc->prev_len);
     struct cache_entry *e;
 
-    if (cache_lookup(c, tc->digest, tc->member_len))
+    if (cache_lookup(c, tc->claim, tc->member_len))
         return;
     if (!c->bucket) {
         if (!cache_charge(c, CACHE_BUCKETS * sizeof *c->bucket))
@@ -774,7 +793,7 @@ static void cache_add(struct tarcheck *tc)
             budget_give(c->budget, need);
         return;
     }
-    memcpy(e->digest, tc->digest, sizeof e->digest);
+    memcpy(e->digest, tc->claim, sizeof e->digest); /* checked: the member's own */
     e->gz_len = tc->member_len;
     e->inflated = tc->tar_pos - tc->m_tar_pos;
     e->hdr_off = tc->hdr_end - tc->m_tar_pos;
@@ -789,12 +808,13 @@ static void cache_add(struct tarcheck *tc)
     tc->st.cache_added++;
 }
 
-/* A member with the same bytes as e, at an entry boundary: what inflating
- * it would do, without inflating it. The tar layer would see the same
- * bytes from the same state, so only what depends on the rest of the
- * archive is checked again, in the order inflating it would meet it: the
- * bomb guard up to its header, the header's order and caps, then the guard
- * for the rest. */
+/* A member that says it has the same bytes as e, at an entry boundary:
+ * what inflating it would do, without inflating it. The tar layer would see
+ * the same bytes from the same state, so only what depends on the rest of
+ * the archive is checked again, in the order inflating it would meet it:
+ * the bomb guard up to its header, the header's order and caps, then the
+ * guard for the rest. Its bytes are then hashed as they come (GZ_VERIFY):
+ * a member that is not what it says is refused at its end. */
 static int cache_replay(struct tarcheck *tc, struct cache_entry *e)
 {
     uint64_t room = tc->lim.max_inflated - tc->st.inflated;
@@ -813,63 +833,78 @@ static int cache_replay(struct tarcheck *tc, struct cache_entry *e)
     tc->pad_left = 0;
     tc->tar_pos += e->inflated;
     tc->st.inflated += e->inflated;
-    tc->st.consumed += tc->member_start + e->gz_len - tc->pos;
-    tc->pos = tc->member_start + e->gz_len;
-    tc->st.gz_members++;
     tc->st.cache_hits++;
     tc->st.cache_bytes += e->gz_len;
+    tc->gz = GZ_VERIFY;
+    return RUNNING;
+}
+
+/* The member's bytes after its header, all hashed: their digest is the one
+ * its FB subfield claimed. */
+static bool digest_claimed(struct tarcheck *tc)
+{
+    uint8_t digest[SHA256_DIGEST_SIZE];
+    sha256_digest(&tc->sha, sizeof digest, digest);
+    return memcmp(digest, tc->claim, sizeof digest) == 0;
+}
+
+/* Hash what is there of a member replayed from the cache, within the
+ * budget, up to its end: then its digest must be the one it claimed. */
+static int gz_verify(struct tarcheck *tc, struct work *w)
+{
+    size_t end = tc->member_start + tc->member_len;
+    size_t n = (tc->win_end < end ? tc->win_end : end) - tc->pos;
+
+    if (n > tc->lim.step_budget - w->in)
+        n = tc->lim.step_budget - w->in;
+    if (n == 0 && tc->pos < end) {
+        if (more_may_come(tc))
+            return TARCHECK_NEED_INPUT;
+        /* what inflating the member's bytes would have found, if they are
+         * the ones it claims */
+        return fail(tc, -EBADMSG, tc->pos < end - GZ_TRL_LEN ? "gzip: deflate stream truncated"
+                                                             : "gzip: member trailer truncated");
+    }
+    sha256_update(&tc->sha, n, at(tc, tc->pos));
+    tc->pos += n;
+    tc->st.consumed += n;
+    w->in += n;
+    if (tc->pos < end)
+        return RUNNING;
+    if (!digest_claimed(tc))
+        return fail(tc, -EBADMSG, "gzip: member digest wrong");
+    tc->st.gz_members++;
     tc->gz = GZ_HEADER;
     tc->gz_got = 0;
     return RUNNING;
 }
 
-/* Hash what is there of a candidate member, within the budget; once it is
- * all hashed, replay it from the cache or inflate it. */
-static int gz_hash(struct tarcheck *tc, const uint8_t *msg, struct work *w)
+/* The first byte of a member's deflate data is there: replay it from the
+ * cache by its claimed digest (then verify), or inflate it (hashing its
+ * bytes as they go, to check the claim and maybe remember it). */
+static int gz_lookup(struct tarcheck *tc)
 {
-    size_t end = tc->member_start + tc->member_len, n;
-    struct cache_entry *e;
+    struct cache_entry *e = NULL;
 
-    if (tc->hash_pos == tc->member_start) {
-        /* A member whose first deflate block is stored (BTYPE 00: the
-         * writer's level 0) inflates as a copy and a CRC, cheaper than
-         * hashing it (~1.7 vs ~1 GB/s here): not worth caching. Only the
-         * cost depends on this byte, never the verdict. */
-        size_t first = tc->member_start + TARCHECK_GZ_HDR_LEN;
-
-        if (tc->len <= first) {
-            if (!tc->finished)
-                return TARCHECK_NEED_INPUT;
-            return gz_body_start(tc) < 0 ? tc->result : RUNNING;
-        }
-        if ((msg[first] & 6) == 0)
-            return gz_body_start(tc) < 0 ? tc->result : RUNNING;
+    if (tc->win_end <= tc->pos) {
+        if (more_may_come(tc))
+            return TARCHECK_NEED_INPUT;
+        return gz_body_start(tc, false) < 0 ? tc->result : RUNNING; /* finds it truncated */
     }
-    if (tc->hash_pos < end) {
-        n = (tc->len < end ? tc->len : end) - tc->hash_pos;
-        if (n > tc->lim.step_budget - w->in)
-            n = tc->lim.step_budget - w->in;
-        if (n == 0) {
-            if (!tc->finished)
-                return TARCHECK_NEED_INPUT;
-            /* The message ends before the length says: inflate, which
-             * finds what is wrong as it would without a cache. */
-            return gz_body_start(tc) < 0 ? tc->result : RUNNING;
-        }
-        sha256_update(&tc->sha, n, msg + tc->hash_pos);
-        tc->hash_pos += n;
-        w->in += n;
-        if (tc->hash_pos < end)
-            return RUNNING;
-    }
-    sha256_digest(&tc->sha, sizeof tc->digest, tc->digest);
-    e = cache_lookup(tc->cache, tc->digest, tc->member_len);
+    /* A member whose first deflate block is stored (BTYPE 00: the writer's
+     * level 0) inflates as a copy and a CRC, cheaper than hashing it (~1.7
+     * vs ~1 GB/s here): never looked up, its digest not read. */
+    if ((*at(tc, tc->pos) & 6) == 0)
+        return gz_body_start(tc, false) < 0 ? tc->result : RUNNING;
+    sha256_init(&tc->sha);
+    tc->cacheable = tc->cache && at_entry_boundary(tc);
+    if (tc->cacheable)
+        e = cache_lookup(tc->cache, tc->claim, tc->member_len);
     if (e)
         return cache_replay(tc, e);
-    tc->have_digest = true;
     tc->m_members = tc->st.members;
     tc->m_tar_pos = tc->tar_pos;
-    return gz_body_start(tc) < 0 ? tc->result : RUNNING;
+    return gz_body_start(tc, true) < 0 ? tc->result : RUNNING;
 }
 
 static int gz_member_start(struct tarcheck *tc)
@@ -888,36 +923,33 @@ static int gz_member_start(struct tarcheck *tc)
         tc->gz_got = 0;
         return 0;
     }
-    return gz_body_start(tc);
+    return gz_body_start(tc, false);
 }
 
-/* The "FB" subfield: XLEN 8, SI1 SI2, LEN 4, the member's length. */
+/* The "FB" subfield: XLEN, SI1 SI2, LEN, the member's length and the
+ * digest of its bytes after its header. */
 static int gz_extra(struct tarcheck *tc)
 {
     const uint8_t *x = tc->gzbuf;
     uint32_t len = le32(x + 6);
 
     if (x[0] != TARCHECK_GZ_XLEN || x[1] != 0 || x[2] != TARCHECK_GZ_SI1 ||
-        x[3] != TARCHECK_GZ_SI2 || x[4] != 4 || x[5] != 0)
-        return fail(tc, -EBADMSG, "gzip: extra field not the writer's length subfield");
+        x[3] != TARCHECK_GZ_SI2 || x[4] != TARCHECK_GZ_FB_LEN || x[5] != 0)
+        return fail(tc, -EBADMSG, "gzip: extra field not the writer's subfield");
     /* The shortest member: this header, a 2-byte deflate block, the trailer. */
     if (len < TARCHECK_GZ_HDR_LEN + 2 + GZ_TRL_LEN)
         return fail(tc, -EBADMSG, "gzip: member length field out of range");
     tc->member_len = len;
-    tc->have_digest = false;
-    if (tc->cache && at_entry_boundary(tc)) {
-        /* A candidate: hash it whole first (GZ_HASH), then replay it from
-         * the cache or inflate it. */
-        sha256_init(&tc->sha);
-        tc->hash_pos = tc->member_start;
-        tc->gz = GZ_HASH;
-        return 0;
-    }
-    return gz_body_start(tc);
+    memcpy(tc->claim, x + 10, sizeof tc->claim);
+    tc->gz = GZ_LOOKUP;
+    return 0;
 }
 
-static int gz_body_start(struct tarcheck *tc)
+/* Inflate the member from here; hashing: its bytes are hashed as they are
+ * consumed (its claim checked at its end). */
+static int gz_body_start(struct tarcheck *tc, bool hashing)
 {
+    tc->hashing = hashing;
     if (!tc->z_init) {
         if (inflateInit2(&tc->z, -MAX_WBITS) != Z_OK)
             return fail(tc, -ENOMEM, "gzip: out of memory");
@@ -935,9 +967,9 @@ static int gz_body_start(struct tarcheck *tc)
 
 
 /* One inflate() call within what is left of the budget. */
-static int gz_inflate(struct tarcheck *tc, const uint8_t *msg, struct work *w)
+static int gz_inflate(struct tarcheck *tc, struct work *w)
 {
-    size_t in = tc->len - tc->pos, outn = OUT_CHUNK, used, made;
+    size_t in = tc->win_end - tc->pos, outn = OUT_CHUNK, used, made;
     size_t in_left = tc->lim.step_budget - w->in, out_left = tc->lim.step_budget - w->out;
     uint64_t room = tc->lim.max_inflated - tc->st.inflated;
     int zr, r;
@@ -951,17 +983,19 @@ static int gz_inflate(struct tarcheck *tc, const uint8_t *msg, struct work *w)
     if (room < outn) /* one byte past the limit is enough to tell */
         outn = (size_t)room + 1;
     if (in == 0 && !tc->z_pending) {
-        if (!tc->finished)
+        if (more_may_come(tc))
             return TARCHECK_NEED_INPUT;
         return fail(tc, -EBADMSG, "gzip: deflate stream truncated");
     }
-    tc->z.next_in = (Bytef *)(msg + tc->pos);
+    tc->z.next_in = (Bytef *)at(tc, tc->pos);
     tc->z.avail_in = (uInt)in;
     tc->z.next_out = tc->out;
     tc->z.avail_out = (uInt)outn;
     zr = inflate(&tc->z, Z_NO_FLUSH);
     used = in - tc->z.avail_in;
     made = outn - tc->z.avail_out;
+    if (tc->hashing)
+        sha256_update(&tc->sha, used, at(tc, tc->pos));
     tc->pos += used;
     tc->st.consumed += used;
     w->in += used;
@@ -1000,19 +1034,20 @@ static int gz_inflate(struct tarcheck *tc, const uint8_t *msg, struct work *w)
 
 /* Collect up to want bytes of a member header or trailer into gzbuf.
  * RUNNING with gz_got == want when complete. */
-static int gz_collect(struct tarcheck *tc, const uint8_t *msg, size_t want, struct work *w,
-                      const char *truncated)
+static int gz_collect(struct tarcheck *tc, size_t want, struct work *w, const char *truncated)
 {
-    size_t k = tc->len - tc->pos;
+    size_t k = tc->win_end - tc->pos;
 
     if (k == 0) {
-        if (!tc->finished)
+        if (more_may_come(tc))
             return TARCHECK_NEED_INPUT;
         return fail(tc, -EBADMSG, truncated);
     }
     if (k > want - tc->gz_got)
         k = want - tc->gz_got;
-    memcpy(tc->gzbuf + tc->gz_got, msg + tc->pos, k);
+    memcpy(tc->gzbuf + tc->gz_got, at(tc, tc->pos), k);
+    if (tc->hashing && tc->gz == GZ_TRAILER) /* a member's bytes after its header */
+        sha256_update(&tc->sha, k, at(tc, tc->pos));
     tc->gz_got += k;
     tc->pos += k;
     tc->st.consumed += k;
@@ -1020,7 +1055,7 @@ static int gz_collect(struct tarcheck *tc, const uint8_t *msg, size_t want, stru
     return RUNNING;
 }
 
-static int step(struct tarcheck *tc, const uint8_t *msg)
+static int step(struct tarcheck *tc)
 {
     struct work w = {0};
     int r = RUNNING;
@@ -1038,7 +1073,7 @@ static int step(struct tarcheck *tc, const uint8_t *msg)
             }
             if (tc->gz_got == 0)
                 tc->member_start = tc->pos;
-            r = gz_collect(tc, msg, GZ_HDR_LEN, &w, "gzip: member header truncated");
+            r = gz_collect(tc, GZ_HDR_LEN, &w, "gzip: member header truncated");
             /* The magic is checked as soon as it is there: after the last
              * member, the first stray byte is the error. */
             if (r == RUNNING && ((tc->gz_got >= 1 && tc->gzbuf[0] != 0x1f) ||
@@ -1049,18 +1084,21 @@ static int step(struct tarcheck *tc, const uint8_t *msg)
                 r = gz_member_start(tc) < 0 ? tc->result : RUNNING;
             break;
         case GZ_EXTRA:
-            r = gz_collect(tc, msg, GZ_HDR_LEN, &w, "gzip: member header truncated");
-            if (r == RUNNING && tc->gz_got == GZ_HDR_LEN)
+            r = gz_collect(tc, GZ_EXTRA_LEN, &w, "gzip: member header truncated");
+            if (r == RUNNING && tc->gz_got == GZ_EXTRA_LEN)
                 r = gz_extra(tc) < 0 ? tc->result : RUNNING;
             break;
-        case GZ_HASH:
-            r = gz_hash(tc, msg, &w);
+        case GZ_LOOKUP:
+            r = gz_lookup(tc);
+            break;
+        case GZ_VERIFY:
+            r = gz_verify(tc, &w);
             break;
         case GZ_BODY:
-            r = gz_inflate(tc, msg, &w);
+            r = gz_inflate(tc, &w);
             break;
         case GZ_TRAILER:
-            r = gz_collect(tc, msg, GZ_TRL_LEN, &w, "gzip: member trailer truncated");
+            r = gz_collect(tc, GZ_TRL_LEN, &w, "gzip: member trailer truncated");
             if (r != RUNNING || tc->gz_got < GZ_TRL_LEN)
                 break;
             if (le32(tc->gzbuf) != tc->crc)
@@ -1069,16 +1107,18 @@ static int step(struct tarcheck *tc, const uint8_t *msg)
                 r = fail(tc, -EBADMSG, "gzip: length mismatch (ISIZE)");
             else if (tc->member_len && tc->pos - tc->member_start != tc->member_len)
                 r = fail(tc, -EBADMSG, "gzip: member length field wrong");
+            else if (tc->hashing && !digest_claimed(tc))
+                r = fail(tc, -EBADMSG, "gzip: member digest wrong");
             else {
                 tc->st.gz_members++;
                 tc->gz = GZ_HEADER;
                 tc->gz_got = 0;
-                /* Cacheable: hashed from an entry boundary, and it held
-                 * exactly one file entry, whole. */
-                if (tc->have_digest && at_entry_boundary(tc) &&
+                /* Cacheable: from an entry boundary, and it held exactly
+                 * one file entry, whole. */
+                if (tc->hashing && tc->cacheable && at_entry_boundary(tc) &&
                     tc->st.members == tc->m_members + 1 && !tc->prev_dir)
                     cache_add(tc);
-                tc->have_digest = false;
+                tc->hashing = false;
             }
             break;
         }
@@ -1094,12 +1134,16 @@ static int step(struct tarcheck *tc, const uint8_t *msg)
 /* API                                                                       */
 /* ------------------------------------------------------------------------ */
 
-static int run(struct tarcheck *tc, const uint8_t *msg, size_t len, bool finish)
+static int run(struct tarcheck *tc, const uint8_t *chunk, size_t base, size_t n, size_t len,
+               bool finish)
 {
     if (tc->result != RUNNING)
         return tc->result;
     if (len < tc->len || (tc->finished && len != tc->len))
         return fail(tc, -EINVAL, "tarcheck: caller error: the message length went back");
+    if (base > len || n > len - base || base > tarcheck_next(tc) ||
+        base + n < tarcheck_next(tc))
+        return fail(tc, -EINVAL, "tarcheck: caller error: the window misses the next byte");
     tc->len = len;
     tc->finished |= finish;
     if (tc->finished && len == 0) {
@@ -1108,18 +1152,40 @@ static int run(struct tarcheck *tc, const uint8_t *msg, size_t len, bool finish)
         tc->why = "ok";
         return TARCHECK_VALID;
     }
+    tc->win = chunk;
+    tc->win_base = base;
+    tc->win_end = base + n;
     tc->st.calls++;
-    return step(tc, msg);
+    int r = step(tc);
+    tc->win = NULL; /* borrowed for the call only */
+    return r;
 }
 
 int tarcheck_feed(struct tarcheck *tc, const uint8_t *msg, size_t len)
 {
-    return run(tc, msg, len, false);
+    return run(tc, msg, 0, len, len, false);
 }
 
 int tarcheck_finish(struct tarcheck *tc, const uint8_t *msg, size_t len)
 {
-    return run(tc, msg, len, true);
+    return run(tc, msg, 0, len, len, true);
+}
+
+int tarcheck_feed_at(struct tarcheck *tc, const uint8_t *chunk, size_t base, size_t n,
+                     size_t len)
+{
+    return run(tc, chunk, base, n, len, false);
+}
+
+int tarcheck_finish_at(struct tarcheck *tc, const uint8_t *chunk, size_t base, size_t n,
+                       size_t len)
+{
+    return run(tc, chunk, base, n, len, true);
+}
+
+size_t tarcheck_next(const struct tarcheck *tc)
+{
+    return tc->pos;
 }
 
 const char *tarcheck_reason(const struct tarcheck *tc)

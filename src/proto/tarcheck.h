@@ -14,9 +14,10 @@
  *   gzip    one or more members back to back, nothing before, between or
  *           after them; each: ID 1f 8b, CM 8, FLG 0 (no FEXTRA, FNAME,
  *           FCOMMENT, FHCRC, FTEXT or reserved bits; MTIME, XFL, OS are
- *           free) or FLG FEXTRA with exactly the writer's "FB" length
- *           subfield (TARCHECK_GZ_*, below), a raw deflate stream, CRC-32
- *           and ISIZE correct, and the FB length the member's length.
+ *           free) or FLG FEXTRA with exactly the writer's "FB" subfield
+ *           (TARCHECK_GZ_*, below), a raw deflate stream, CRC-32 and ISIZE
+ *           correct, the FB length the member's length and (unless its
+ *           first deflate block is stored) the FB digest its digest.
  *           Both readers skip FEXTRA whatever it holds.
  *   tar     512-byte POSIX ustar headers (magic "ustar\0", version "00"),
  *           unsigned checksum; every numeric field 1 to width-1 octal
@@ -90,11 +91,16 @@ enum tarcheck_result {
 
 /* The gzip member header the snapshot writer puts before every member, and
  * the one form with FLG.FEXTRA the check accepts: ID, CM 8, FLG FEXTRA (4),
- * MTIME, XFL, OS, then XLEN 8 and one subfield SI1 'F' SI2 'B' of 4 bytes,
- * the member's whole length (header to trailer) little-endian. The length
- * lets the check find a member's end without inflating it (see
- * tarcheck_cache below); like BGZF's "BC" subfield. */
-#define TARCHECK_GZ_XLEN 8
+ * MTIME, XFL, OS, then XLEN 40 and one subfield SI1 'F' SI2 'B' of 36
+ * bytes: the member's whole length (header to trailer, 4 bytes little-
+ * endian), then the SHA-256 of its bytes after this header (deflate data
+ * and trailer). The length lets the check find a member's end without
+ * inflating it, the digest lets it know a member it verified before as it
+ * starts (see tarcheck_cache below); like BGZF's "BC" subfield. A digest is
+ * a claim: the check hashes the bytes as they come and refuses a member
+ * that is not what it claims, whether it looked it up or inflated it. */
+#define TARCHECK_GZ_FB_LEN 36
+#define TARCHECK_GZ_XLEN (4 + TARCHECK_GZ_FB_LEN)
 #define TARCHECK_GZ_SI1 'F'
 #define TARCHECK_GZ_SI2 'B'
 #define TARCHECK_GZ_HDR_LEN (10 + 2 + TARCHECK_GZ_XLEN)
@@ -140,20 +146,25 @@ struct tarcheck_cache;
 struct budget;
 
 /* Members verified earlier in the turn (one cache per turn, in the
- * supervisor). A gzip member whose header carries the "FB" length subfield
- * and whose first deflate block is not stored (stored blocks inflate faster
- * than they hash), that starts where a tar entry starts and ends where exactly one file or
+ * supervisor). A gzip member with the "FB" subfield whose first deflate
+ * block is not stored (stored blocks inflate faster than they hash), that
+ * starts where a tar entry starts and ends where exactly one file or
  * directory entry ends (its pax header, ustar header, data and padding),
- * is remembered by the SHA-256 of its bytes (the sandbox chooses them: a
+ * is remembered by its digest (SHA-256 of its bytes after the header, as
+ * hashed while it was inflated: the sandbox chooses them, so a
  * cryptographic hash) with what the check learnt from it: the member's
  * path, type, mode and size, and how many bytes it inflates to. A later
- * member with the same hash, at a tar entry boundary again, is not
- * inflated: it is hashed, and what it holds is checked against its
- * neighbours and the snapshot's caps (order, members, data, inflated
- * bytes) exactly as if it had been inflated, so the verdict and the members
- * reported are the same with or without a cache (fuzz/fuzz-tarcheck.c).
- * Hashing runs at ~1 GB/s here (SHA-NI), inflating text at ~150 MB/s of
- * output.
+ * member whose FB subfield claims the same digest and length, at a tar
+ * entry boundary again, is not inflated: what it holds is checked against
+ * its neighbours and the snapshot's caps (order, members, data, inflated
+ * bytes) as if it had been inflated, as it starts, and its bytes are hashed
+ * as they come: one that is not what it claims is refused at its end. So
+ * nothing of a member is kept to be read twice, and the verdict and the
+ * members reported for an honest snapshot are the same with or without a
+ * cache (fuzz/fuzz-tarcheck.c); one whose digest lies is refused either
+ * way, maybe for another reason (without the cache, inflating it may fail
+ * first). Hashing runs at ~1 GB/s here (SHA-NI), inflating text at ~150
+ * MB/s of output.
  *
  * At most max_bytes of entries (their paths included) are held, each
  * charged to budget (borrowed, may be NULL) and given back when the cache is
@@ -178,6 +189,23 @@ int tarcheck_feed(struct tarcheck *tc, const uint8_t *msg, size_t len);
  * TARCHECK_VALID, TARCHECK_AGAIN (call tarcheck_finish again, with the same
  * len), or an error. */
 int tarcheck_finish(struct tarcheck *tc, const uint8_t *msg, size_t len);
+
+/* A message that is not held whole (a relay that passes it on as it
+ * arrives): each call is given a window of it, chunk[0, n) holding the
+ * message's bytes [base, base + n), with len the bytes arrived so far (the
+ * whole message's length for finish); the window must hold the byte the
+ * check reads next (base <= tarcheck_next() <= base + n, else -EINVAL).
+ * The check reads only inside the window, keeps no pointer into it and
+ * never reads a byte before tarcheck_next() again (the caller may drop
+ * them); NEED_INPUT then means "give me the window from tarcheck_next()".
+ * The results are those of the whole-message calls, whatever the windows. */
+int tarcheck_feed_at(struct tarcheck *tc, const uint8_t *chunk, size_t base, size_t n,
+                     size_t len);
+int tarcheck_finish_at(struct tarcheck *tc, const uint8_t *chunk, size_t base, size_t n,
+                       size_t len);
+/* The offset of the next byte the check reads: every byte before it is
+ * done with. */
+size_t tarcheck_next(const struct tarcheck *tc);
 
 /* Why the check failed (static), or "ok"/"incomplete". */
 const char *tarcheck_reason(const struct tarcheck *tc);

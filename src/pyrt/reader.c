@@ -9,18 +9,26 @@
  * the turn is over, and the reader ends the process.
  *
  * A frame in any other form while calls wait (only a peer other than the
- * supervisor writes one) could still be the result they wait for, and the
+ * supervisor writes one, or a client's large frame the supervisor relayed
+ * as it came: CHAN_RAW) could still be the result they wait for, and the
  * main loop is busy with the block: the reader then takes the GIL and has
  * Python decode it (forkbox_runtime._reader_offer). Otherwise it never
  * touches the interpreter: a Python thread did all this before, and starting
  * one and running its first lines cost each sandbox ~100 copied pages and
- * ~0.3 ms (measured). */
+ * ~0.3 ms (measured).
+ *
+ * A message the supervisor relays as it arrives comes in parts (chan.h):
+ * they are put together here, in the sandbox's own memory (its cgroup's
+ * --memory), one part per wakeup, so the capture's pipes are drained
+ * between parts however slowly the client sends; an aborted one is
+ * dropped. */
 #include "pyrt/pyrt_int.h"
 
 #include <errno.h>
 #include <poll.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "core/limits.h"
@@ -76,36 +84,83 @@ static bool offer_to_python(const uint8_t *data, size_t len)
     return taken;
 }
 
-/* One whole message from the channel (malloc'd data), waited for. */
-static void read_whole(enum chan_type *type, uint8_t **data, uint32_t *len)
+/* A message coming in parts: what came of it so far (the reader's only). */
+static struct {
+    uint8_t *data; /* owned */
+    size_t len, cap;
+    enum chan_type type;
+    bool open;
+} parts;
+
+/* Read one envelope from the channel, waiting for it: a whole message, or a
+ * part of one (CHAN_MORE, put together here; CHAN_ABORT drops the parts so
+ * far). True with *type, *flags, *data (malloc'd, the caller's) and *len
+ * once a message is complete; false after a part or an abort. */
+static bool read_envelope(enum chan_type *type, unsigned *flags, uint8_t **data, uint32_t *len)
 {
     uint8_t hdr[CHAN_HDR_LEN];
+    uint32_t n;
     if (chan_read(g_pyrt.chan_fd, hdr, sizeof hdr) < 0)
         _exit(0); /* the supervisor closed the channel: the turn is over */
-    if (chan_hdr_decode(hdr, sizeof hdr, CHAN_MAX_MESSAGE_BYTES, type, len) != 1)
+    if (chan_hdr_decode_flags(hdr, sizeof hdr, CHAN_MAX_MESSAGE_BYTES, type, flags, &n) != 1 ||
+        (parts.open && *type != parts.type) || (!parts.open && (*flags & CHAN_ABORT)))
         _exit(3); /* the supervisor never sends this: the stream is out of step */
-    *data = malloc(*len ? *len : 1);
-    if (!*data)
-        _exit(3); /* cannot keep the message, and must not lose it */
-    if (chan_read(g_pyrt.chan_fd, *data, *len) < 0)
+    if (*flags & CHAN_ABORT) {
+        free(parts.data);
+        memset(&parts, 0, sizeof parts);
+        return false;
+    }
+    size_t have = parts.open ? parts.len : 0;
+    if (n > CHAN_MAX_MESSAGE_BYTES - have)
+        _exit(3);
+    if (have + n > parts.cap || !parts.data) {
+        /* A whole message gets its size; parts grow by doubling. */
+        size_t cap = parts.open && 2 * parts.cap > have + n ? 2 * parts.cap : have + n;
+        uint8_t *p = realloc(parts.data, cap ? cap : 1);
+        if (!p)
+            _exit(3); /* cannot keep the message, and must not lose it */
+        parts.data = p;
+        parts.cap = cap;
+    }
+    if (chan_read(g_pyrt.chan_fd, parts.data + have, n) < 0)
         _exit(0);
+    parts.len = have + n;
+    if (*flags & CHAN_MORE) {
+        parts.open = true;
+        parts.type = *type;
+        return false;
+    }
+    *data = parts.data;
+    *len = (uint32_t)parts.len;
+    memset(&parts, 0, sizeof parts);
+    return true;
 }
 
 void reader_read_first(enum chan_type *type, uint8_t **data, size_t *len)
 {
+    unsigned flags;
     uint32_t n;
-    read_whole(type, data, &n);
+    while (!read_envelope(type, &flags, data, &n))
+        ; /* the tools archive, in parts when it was large */
     *len = n;
 }
 
-/* One whole message from the channel, which poll() found readable. */
+/* One envelope from the channel, which poll() found readable: a whole
+ * message, or a part of one. */
 static void read_message(void)
 {
     enum chan_type type;
+    unsigned flags;
     uint32_t len;
     uint8_t *data;
-    read_whole(&type, &data, &len);
-    if (type == CHAN_FRAME) {
+    if (!read_envelope(&type, &flags, &data, &len))
+        return;
+    if (type == CHAN_FRAME && (flags & CHAN_RAW)) { /* not in the supervisor's form */
+        if (calls_waiting() && offer_to_python(data, len)) {
+            free(data);
+            return;
+        }
+    } else if (type == CHAN_FRAME) {
         enum calls_offer o = calls_deliver_frame(data, len);
         if (o == CALLS_TAKEN)
             return;

@@ -21,6 +21,7 @@
 #include "core/buf.h"
 #include "core/limits.h"
 #include "core/log.h"
+#include "core/ratelimit.h"
 #include "core/util.h"
 #include "net/http.h"
 #include "net/ws.h"
@@ -149,6 +150,7 @@ static void admit(struct session *s, struct tenant *tenant, const uint8_t *rest,
         mark_dead(s);
         return;
     }
+    ws_conn_set_window(s->ws, s->window); /* a client that does not read is not read */
     http_req_free(s->req);
     s->req = NULL;
     preauth_remove(env->preauth, &s->pa); /* a turn now: counted by capacity */

@@ -148,13 +148,19 @@ static struct outq *queue_for(struct chan_conn *c, enum chan_type type)
 
 int chan_conn_send(struct chan_conn *c, enum chan_type type, struct buf *body)
 {
+    return chan_conn_send_part(c, type, 0, body);
+}
+
+int chan_conn_send_part(struct chan_conn *c, enum chan_type type, unsigned flags,
+                        struct buf *body)
+{
     uint8_t hdr[CHAN_HDR_LEN];
     if (body->len > CHAN_MAX_MESSAGE_BYTES) {
         buf_free(body);
         return -EMSGSIZE;
     }
     struct outq *q = queue_for(c, type);
-    chan_hdr_encode(hdr, type, (uint32_t)body->len);
+    chan_hdr_encode_flags(hdr, type, flags, (uint32_t)body->len);
     int r = outq_append(q, hdr, sizeof hdr);
     if (r == 0)
         r = outq_take(q, body);
@@ -192,6 +198,11 @@ int chan_conn_flush(struct chan_conn *c)
 size_t chan_conn_queued(const struct chan_conn *c)
 {
     return c ? c->out.bytes : 0;
+}
+
+size_t chan_conn_held(const struct chan_conn *c)
+{
+    return c ? c->out.held + c->held.held : 0; /* what waits for its first message too */
 }
 
 /* ---------------------------------------------------------------- from the sandbox */
@@ -238,22 +249,27 @@ static ssize_t recv_with_fds(struct chan_conn *c, void *p, size_t len)
 }
 
 /* A header arrived: decode it and let the handler decide, before any of its
- * body is read, whether the message may come and where it goes. 0, or a
- * chan_conn_read error. */
+ * body is read, whether the message may come and where it goes. 0, 1 if
+ * the handler said "not now" (the header is kept: hdr_got stays whole), or
+ * a chan_conn_read error. */
 static int begin_message(struct chan_conn *c)
 {
     enum chan_type type;
     uint32_t len;
     int r = chan_hdr_decode(c->hdr, CHAN_HDR_LEN, CHAN_MAX_MESSAGE_BYTES, &type, &len);
-    c->hdr_got = 0;
     if (r <= 0)
         return r == -EMSGSIZE ? -EMSGSIZE : -EBADMSG;
     c->msg = (struct chan_msg){.type = type, .len = len, .first = !c->first_done, .fd = -1};
     struct buf *into = NULL;
-    if (c->h->on_begin(c->ud, &c->msg, &into) < 0)
+    r = c->h->on_begin(c->ud, &c->msg, &into);
+    if (r < 0)
         return -ECANCELED;
-    c->into = into;
-    c->msg.dropped = into == NULL;
+    if (r == CHAN_BEGIN_WAIT)
+        return 1;
+    c->hdr_got = 0;
+    c->msg.stream = r == CHAN_BEGIN_STREAM;
+    c->into = c->msg.stream ? NULL : into;
+    c->msg.dropped = !c->msg.stream && into == NULL;
     c->got = 0;
     c->active = true;
     return 0;
@@ -281,25 +297,71 @@ static int end_message(struct chan_conn *c)
     return c->h->on_end(c->ud, &c->msg);
 }
 
+/* Read the next chunk of a streamed body into a buffer of its own and hand
+ * it over: 0 or 1 (on_chunk's: 1 = stop), or a chan_conn_read error; *n is
+ * recv's result (0 or -1 with errno as recv leaves them). */
+static int read_chunk(struct chan_conn *c, size_t *budget, ssize_t *n)
+{
+    size_t want = c->msg.len - c->got;
+    if (want > *budget)
+        want = *budget;
+    if (want > CHAN_CONN_CHUNK)
+        want = CHAN_CONN_CHUNK;
+    struct buf chunk;
+    buf_init_budget(&chunk, SIZE_MAX, c->out.budget);
+    int r = buf_reserve_exact(&chunk, want);
+    if (r < 0)
+        return r == -ENOBUFS ? -ENOMEM : r;
+    *n = recv_with_fds(c, chunk.data, want);
+    if (*n <= 0) {
+        int e = errno;
+        buf_free(&chunk);
+        errno = e;
+        return 0;
+    }
+    chunk.len = (size_t)*n;
+    buf_fit(&chunk); /* what the socket had: charged for what it holds */
+    *budget -= (size_t)*n;
+    c->got += (uint32_t)*n;
+    r = c->h->on_chunk(c->ud, &c->msg, &chunk);
+    buf_free(&chunk); /* if the handler left it */
+    return r < 0 ? -ECANCELED : r;
+}
+
 int chan_conn_read(struct chan_conn *c)
 {
     static uint8_t scratch[64 * KiB]; /* dropped bodies (one thread) */
     size_t budget = CHAN_CONN_READ_BUDGET;
     while (budget > 0 && c->fd >= 0) {
         ssize_t n;
+        bool stop = false; /* on_chunk asked to stop, once the message is over */
         if (!c->active) {
-            n = recv_with_fds(c, c->hdr + c->hdr_got, CHAN_HDR_LEN - c->hdr_got);
+            /* A header the handler said "not now" to is asked about again. */
+            n = c->hdr_got == CHAN_HDR_LEN
+                    ? CHAN_HDR_LEN
+                    : recv_with_fds(c, c->hdr + c->hdr_got, CHAN_HDR_LEN - c->hdr_got);
             if (n > 0) {
-                budget -= (size_t)n;
-                c->hdr_got += (size_t)n;
-                if (c->hdr_got < CHAN_HDR_LEN)
-                    continue;
+                if (c->hdr_got < CHAN_HDR_LEN) {
+                    budget -= (size_t)n;
+                    c->hdr_got += (size_t)n;
+                    if (c->hdr_got < CHAN_HDR_LEN)
+                        continue;
+                }
                 int r = begin_message(c);
                 if (r < 0)
                     return r;
+                if (r > 0)
+                    return 0;
                 if (c->msg.len > 0)
                     continue;
             }
+        } else if (c->msg.stream) {
+            int r = read_chunk(c, &budget, &n);
+            if (r < 0)
+                return r;
+            if (r > 0 && c->got < c->msg.len)
+                return 0; /* the handler stopped: the rest at the next read */
+            stop = r > 0;
         } else {
             size_t want = c->msg.len - c->got;
             if (want > budget)
@@ -329,7 +391,7 @@ int chan_conn_read(struct chan_conn *c)
         int r = end_message(c);
         if (r < 0)
             return -ECANCELED;
-        if (r > 0)
+        if (r > 0 || stop)
             return 0;
     }
     return 0;

@@ -29,12 +29,12 @@
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 #include "core/buf.h"
 #include "core/limits.h"
 #include "core/log.h"
-#include "core/ratelimit.h"
 #include "core/util.h"
 #include "loop/closer.h"
 #include "net/ws.h"
@@ -136,17 +136,12 @@ static void note_child_error(struct session *s, const struct frame *f, bool runn
 
 /* A sandbox's log line in the operator log, as its JSON text (escaped: it
  * cannot forge lines), cut to 300 bytes. Its token was taken when its
- * envelope arrived (on_sandbox_begin): lines over the turn's rate were dropped
- * unread, and the next line says how many. */
+ * envelope arrived (on_sandbox_begin): lines over the turn's rate waited
+ * for it, unread. */
 static void log_sandbox_line(struct session *s, const struct frame_field *msg)
 {
-    uint64_t span_ns, dropped = ratelimit_take_report(&s->log_rl, now_ns(), &span_ns);
-    char more[96] = "";
-    if (dropped)
-        snprintf(more, sizeof more, " (%" PRIu64 " more sandbox log lines dropped in %.0f s)",
-                 dropped, (double)span_ns / 1e9);
-    LOG_I("turn %" PRIu64 ": sandbox log: %.*s%s", s->id, (int)(msg->len > 300 ? 300 : msg->len),
-          msg->json, more);
+    LOG_I("turn %" PRIu64 ": sandbox log: %.*s", s->id, (int)(msg->len > 300 ? 300 : msg->len),
+          msg->json);
 }
 
 /* Relaying to the client failed: -EPIPE is a client connection that has
@@ -166,6 +161,16 @@ static void relay_failed(struct session *s, int r, const char *what)
     session_end(s, 1011, r == -ENOSPC ? "server memory budget exhausted" : what);
 }
 
+/* What the sandbox sends could not be held: the daemon's budget is spent
+ * (1013: try again later), the turn's (1011), or memory. */
+static void budget_refused(struct session *s, int r)
+{
+    session_end(s, r == -ENOSPC ? 1013 : 1011,
+                r == -ENOSPC   ? "server memory budget exhausted, try again later"
+                : r == -ENOMEM ? "out of memory"
+                               : "sandbox message over the turn's memory budget");
+}
+
 static void sandbox_protocol_error(struct session *s, const char *what)
 {
     char reason[200];
@@ -174,19 +179,18 @@ static void sandbox_protocol_error(struct session *s, const char *what)
     session_end(s, 1011, reason);
 }
 
-/* One complete frame from the sandbox; body holds its bytes (consumed).
- * Returns 0, or -1 after failing the session. */
-static int handle_child_frame(struct session *s, struct frame *f, struct buf *body)
+/* Whether f, a frame to relay (a log between blocks is not one), may come
+ * in the turn's state: its kind's limits, and the kind order. False after
+ * failing the session. *next is the state it leads to; it is counted. */
+static bool child_frame_legal(struct session *s, const struct frame *f, enum turn_state *next)
 {
     const char *misfit = relay_frame_misfit(f, s->sscan->js.items);
     if (misfit) {
-        buf_free(body);
         sandbox_protocol_error(s, misfit);
-        return -1;
+        return false;
     }
-
     bool legal = false;
-    enum turn_state next = s->turn;
+    *next = s->turn;
     switch (f->kind) {
     case FRAME_READY:
         legal = s->tools_sent && !s->ready_seen;
@@ -207,27 +211,16 @@ static int handle_child_frame(struct session *s, struct frame *f, struct buf *bo
         }
         break;
     case FRAME_LOG:
-        if (s->turn != TURN_RUNNING) {
-            /* Logs are relayed only while a block runs (the host reads
-             * frames only then); otherwise they go to the operator log,
-             * rate-limited, and are dropped. */
-            if (s->in_token)
-                log_sandbox_line(s, frame_get(f, "msg"));
-            note_child_error(s, f, false);
-            buf_free(body);
-            return 0;
-        }
-        note_child_error(s, f, true);
-        legal = true;
+        legal = s->turn == TURN_RUNNING;
         break;
     case FRAME_DONE:
         legal = s->turn == TURN_RUNNING && s->ready_seen;
-        next = TURN_WANT_OUTPUT;
+        *next = TURN_WANT_OUTPUT;
         s->done_exit_code = f->exit_code;
         break;
     case FRAME_OUTPUT:
         legal = s->turn == TURN_WANT_OUTPUT && f->exit_code == s->done_exit_code;
-        next = TURN_WANT_SNAPSHOT;
+        *next = TURN_WANT_SNAPSHOT;
         break;
     default:
         break;
@@ -236,10 +229,38 @@ static int handle_child_frame(struct session *s, struct frame *f, struct buf *bo
         char what[120];
         snprintf(what, sizeof what, "unexpected %s frame in state %s", frame_kind_name(f->kind),
                  turn_state_name(s->turn));
-        buf_free(body);
         sandbox_protocol_error(s, what);
+    }
+    return legal;
+}
+
+/* One complete frame from the sandbox, held whole; body holds its bytes
+ * (consumed). Returns 0, or -1 after failing the session. */
+static int handle_child_frame(struct session *s, struct frame *f, struct buf *body)
+{
+    if (f->kind == FRAME_LOG && s->turn != TURN_RUNNING) {
+        /* Logs are relayed only while a block runs (the host reads frames
+         * only then); otherwise they go to the operator log, at the turn's
+         * log rate, and no further. */
+        const char *misfit = relay_frame_misfit(f, s->sscan->js.items);
+        if (misfit) {
+            buf_free(body);
+            sandbox_protocol_error(s, misfit);
+            return -1;
+        }
+        if (s->in_token)
+            log_sandbox_line(s, frame_get(f, "msg"));
+        note_child_error(s, f, false);
+        buf_free(body);
+        return 0;
+    }
+    enum turn_state next;
+    if (!child_frame_legal(s, f, &next)) {
+        buf_free(body);
         return -1;
     }
+    if (f->kind == FRAME_LOG)
+        note_child_error(s, f, true);
     if (f->kind == FRAME_OUTPUT) {
         int a = relay_cap_stream(f, "stdout", s->env->cfg->output_cap);
         int b = a < 0 ? a : relay_cap_stream(f, "stderr", s->env->cfg->output_cap);
@@ -262,6 +283,41 @@ static int handle_child_frame(struct session *s, struct frame *f, struct buf *bo
     return 0;
 }
 
+/* The last byte of a frame relayed as it arrived is in: it goes whole to the
+ * client (the held-back end with FIN) only if it is a frame that may come
+ * now, of a kind that may be this large, within its limits (an output
+ * stream over --output-cap could not be cut any more: refused). Else the
+ * turn is closed between its fragments. 0, or -1 after failing the session. */
+static int streamed_frame_end(struct session *s, const struct chan_msg *m)
+{
+    struct frame f;
+    const char *why = NULL;
+    if (frame_scan_end(s->sscan, m->len, FRAME_FROM_CHILD, &f, &why) < 0) {
+        sandbox_protocol_error(s, why ? why : "bad frame");
+        return -1;
+    }
+    enum turn_state next;
+    char what[120];
+    uint64_t cap = s->env->cfg->output_cap + OUTPUT_NOTE_ALLOWANCE;
+    if (f.kind == FRAME_LOG || f.kind == FRAME_DONE) {
+        snprintf(what, sizeof what, "%s frame over %llu bytes", frame_kind_name(f.kind),
+                 (unsigned long long)RELAY_WHOLE_MAX);
+        sandbox_protocol_error(s, what);
+        return -1;
+    }
+    if (!child_frame_legal(s, &f, &next))
+        return -1;
+    if (f.kind == FRAME_OUTPUT && (frame_get(&f, "stdout")->str_bytes > cap ||
+                                   frame_get(&f, "stderr")->str_bytes > cap)) {
+        sandbox_protocol_error(s, "output stream over --output-cap");
+        return -1;
+    }
+    ws_conn_stream_end(s->ws, s->out_stream);
+    s->out_stream = NULL;
+    s->turn = next;
+    return 0;
+}
+
 /* The workspace snapshot passed its check: relay it. */
 static void relay_snapshot(struct session *s)
 {
@@ -275,16 +331,22 @@ static void relay_snapshot(struct session *s)
     block_over(s);
 }
 
+/* A snapshot passed its check: what it held, for the debug log. */
+static void snapshot_log(const struct session *s)
+{
+    struct tarcheck_stats st;
+    tarcheck_get_stats(s->tc, &st);
+    LOG_D("turn %" PRIu64 ": snapshot of %" PRIu64 " members, %" PRIu64
+          " of them verified earlier in the turn (not inflated)",
+          s->id, st.members, st.cache_hits);
+}
+
 /* The end of an 'S' check: relay, or end the turn. */
 static void snapshot_checked(struct session *s, int r)
 {
     char reason[120];
     if (r == TARCHECK_VALID) {
-        struct tarcheck_stats st;
-        tarcheck_get_stats(s->tc, &st);
-        LOG_D("turn %" PRIu64 ": snapshot of %" PRIu64 " members, %" PRIu64
-              " of them verified earlier in the turn (not inflated)",
-              s->id, st.members, st.cache_hits);
+        snapshot_log(s);
         relay_snapshot(s);
     } else {
         snprintf(reason, sizeof reason, "sandbox workspace archive refused: %s",
@@ -301,6 +363,149 @@ static void snapshot_checked(struct session *s, int r)
     tarcheck_free(s->tc);
     s->tc = NULL;
     buf_free(&s->in);
+}
+
+/* ---------------------------------------------------------------- a snapshot relayed as it arrives */
+
+/* A snapshot over RELAY_WHOLE_MAX is passed on as it arrives, checked as it
+ * goes (tarcheck's windowed calls): a chunk is held until the check is past
+ * it (tarcheck_next: a step budget may leave it partly read), then pushed
+ * to the client; its end goes only once the check said valid, else the
+ * turn is closed between its fragments (the host cannot be given a
+ * zero-length archive in its place any more, as for one held whole). */
+struct held_chunk {
+    struct held_chunk *next;
+    uint64_t base;  /* its offset in the message */
+    struct buf b;   /* owned, charged */
+};
+
+void held_free(struct session *s)
+{
+    while (s->held) {
+        struct held_chunk *h = s->held;
+        s->held = h->next;
+        buf_free(&h->b);
+        free(h);
+    }
+}
+
+static int held_add(struct session *s, struct buf *chunk)
+{
+    struct held_chunk *h = calloc(1, sizeof *h), **pp = &s->held;
+    if (!h)
+        return -ENOMEM;
+    buf_init_budget(&h->b, SIZE_MAX, &s->budget);
+    buf_move(&h->b, chunk); /* the same budget: nothing to charge again */
+    h->base = s->in_got - h->b.len;
+    while (*pp)
+        pp = &(*pp)->next;
+    *pp = h;
+    return 0;
+}
+
+/* Pass on the held chunks that end at or before keep_from. 0 or -errno. */
+static int held_release(struct session *s, uint64_t keep_from)
+{
+    while (s->held && s->held->base + s->held->b.len <= keep_from) {
+        struct held_chunk *h = s->held;
+        s->held = h->next;
+        int r = ws_conn_stream_push(s->ws, s->out_stream, &h->b);
+        free(h);
+        if (r < 0)
+            return r;
+    }
+    return 0;
+}
+
+#define SNAPSHOT_CALLS_PER_ROUND 4
+
+/* Check what is held of a streamed snapshot, a few bounded calls in one
+ * loop round: NEED_INPUT (read more), AGAIN (more work first: a later
+ * round), VALID (at its end), or an error (refused; -EPIPE and the like:
+ * relaying failed). */
+static int snapshot_advance(struct session *s)
+{
+    for (int i = 0; i < SNAPSHOT_CALLS_PER_ROUND; i++) {
+        uint64_t next = tarcheck_next(s->tc);
+        struct held_chunk *h = s->held;
+        while (h && !(h->base <= next && next < h->base + h->b.len))
+            h = h->next;
+        int r;
+        if (h)
+            r = (s->in_ended ? tarcheck_finish_at : tarcheck_feed_at)(
+                s->tc, h->b.data, h->base, h->b.len, s->in_got);
+        else if (s->in_ended)
+            r = tarcheck_finish_at(s->tc, NULL, s->in_got, 0, s->in_got);
+        else
+            return TARCHECK_NEED_INPUT;
+        int e = held_release(s, r == TARCHECK_VALID ? UINT64_MAX : tarcheck_next(s->tc));
+        if (e < 0)
+            return e == -EINVAL ? -EPIPE : e; /* never a check's -EINVAL: a relay error */
+        if (r != TARCHECK_NEED_INPUT)
+            return r;
+    }
+    return TARCHECK_AGAIN;
+}
+
+/* A streamed snapshot's check went as far as it could now. 0 to read on, 1
+ * to stop reading (more checking first: session_work; or the client's
+ * window is full), -1 after the turn ended (refused, or relaying failed). */
+static int snapshot_progress(struct session *s, int r)
+{
+    if (r == TARCHECK_AGAIN) {
+        if (!s->in_checking)
+            s->set->n_working++;
+        s->in_checking = true;
+        return 1;
+    }
+    if (s->in_checking)
+        s->set->n_working--;
+    s->in_checking = false;
+    if (r == TARCHECK_NEED_INPUT)
+        return ws_conn_queued(s->ws) > s->window ? 1 : 0;
+    if (r == TARCHECK_VALID) {
+        snapshot_log(s);
+        ws_conn_stream_end(s->ws, s->out_stream);
+        s->out_stream = NULL;
+        tarcheck_free(s->tc);
+        s->tc = NULL;
+        s->turn = TURN_BETWEEN;
+        s->idle_since_ms = now_ms();
+        block_over(s);
+        return 0;
+    }
+    if (r == -EPIPE || r == -ENOMEM || r == -EDQUOT || r == -ENOSPC) {
+        relay_failed(s, r, "cannot relay the workspace archive");
+        return -1;
+    }
+    char reason[120];
+    snprintf(reason, sizeof reason, "sandbox workspace archive refused: %s",
+             tarcheck_reason(s->tc));
+    LOG_W("turn %" PRIu64 ": %s", s->id, reason);
+    s->turn = TURN_BETWEEN;
+    block_over(s);
+    turn_stats_end(&s->stats, TURN_END_PROTOCOL_ERROR);
+    session_end(s, 1011, reason); /* between its fragments (kill_sandbox aborts it) */
+    return -1;
+}
+
+/* A snapshot's check, as its limits say (one per message). NULL: out of
+ * memory. */
+static struct tarcheck *snapshot_check_new(struct session *s)
+{
+    const struct config *cfg = s->env->cfg;
+    const struct tarcheck_limits lim = {.max_data = cfg->snapshot_max,
+                                        .max_members = cfg->max_members};
+    struct tarcheck *tc = tarcheck_new(&lim);
+    if (!tc)
+        return NULL;
+    /* Members verified in this turn's earlier snapshots are recognised by
+     * their hash instead of inflated again (tarcheck.h); its memory is
+     * charged to the turn. Without one, everything is inflated. */
+    if (!s->tc_cache)
+        s->tc_cache = tarcheck_cache_new(TARCHECK_CACHE_MAX, &s->budget);
+    tarcheck_set_cache(tc, s->tc_cache);
+    return tc;
 }
 
 /* A sandbox's header arrived (chan_conn.h): decide at once whether its
@@ -336,42 +541,55 @@ static int on_sandbox_begin(void *ud, const struct chan_msg *m, struct buf **int
         sandbox_protocol_error(s, what);
         return -1;
     }
-    /* Between blocks only a log is legal, and logs there are only written to
-     * the operator log: once this turn's share of log lines is used up, such
-     * a message is read and dropped without being scanned or kept. */
+    /* Between blocks only a log is legal (and the first ready), and logs
+     * there only go to the operator log, at the turn's log rate: a message
+     * over it waits unread until the rate allows it (the tick asks again,
+     * sandbox_resume), so a sandbox flooding logs waits instead of costing
+     * the loop. Before the ready nothing waits (the ready must come
+     * through): a log there over the rate is read but not written. */
     s->in_token = false;
     *into = NULL;
     if (m->type == CHAN_FRAME && s->turn != TURN_RUNNING && s->turn != TURN_WANT_OUTPUT) {
-        s->in_token = ratelimit_take(&s->log_rl, now_ns());
-        if (!s->in_token && s->ready_seen)
-            return 0; /* dropped */
+        s->in_token = bucket_ok(&s->sandbox_logs, now_ns());
+        if (!s->in_token && s->ready_seen) {
+            s->sandbox_paused = true;
+            return CHAN_BEGIN_WAIT;
+        }
+        if (s->in_token)
+            bucket_take(&s->sandbox_logs, SANDBOX_LOG_LINE_COST, now_ns());
+    }
+    /* While a block runs, every frame is relayed: a large one as it arrives
+     * (between blocks a log must never reach the client, and "kind" may
+     * come last: those are held whole, and they are small); so is a large
+     * snapshot. */
+    if (m->len > RELAY_WHOLE_MAX && (m->type == CHAN_SNAPSHOT || s->turn == TURN_RUNNING ||
+                                     s->turn == TURN_WANT_OUTPUT)) {
+        if (m->type == CHAN_SNAPSHOT && !(s->tc = snapshot_check_new(s))) {
+            session_end(s, 1011, "out of memory");
+            return -1;
+        }
+        int r = ws_conn_stream_begin(s->ws, m->type == CHAN_FRAME, &s->out_stream);
+        if (r < 0) {
+            relay_failed(s, r, "cannot relay a sandbox message");
+            return -1;
+        }
+        if (m->type == CHAN_FRAME)
+            frame_scan_init(s->sscan, FRAME_FROM_CHILD, relay_items_max(turn_phase(s->turn)));
+        s->in_got = 0;
+        s->in_ended = false;
+        return CHAN_BEGIN_STREAM;
     }
     int r = m->len ? buf_reserve_exact(&s->in, m->len) : 0;
     if (r < 0) {
-        session_end(s, r == -ENOSPC ? 1013 : 1011,
-                     r == -ENOSPC ? "server memory budget exhausted, try again later"
-                     : r == -ENOMEM ? "out of memory"
-                                    : "sandbox message over the turn's memory budget");
+        budget_refused(s, r);
         return -1;
     }
     *into = &s->in;
     if (m->type == CHAN_FRAME) {
         frame_scan_init(s->sscan, FRAME_FROM_CHILD, relay_items_max(turn_phase(s->turn)));
-    } else if (m->type == CHAN_SNAPSHOT) {
-        const struct config *cfg = s->env->cfg;
-        const struct tarcheck_limits lim = {.max_data = cfg->snapshot_max,
-                                            .max_members = cfg->max_members};
-        s->tc = tarcheck_new(&lim);
-        if (!s->tc) {
-            session_end(s, 1011, "out of memory");
-            return -1;
-        }
-        /* Members verified in this turn's earlier snapshots are recognised
-         * by their hash instead of inflated again (tarcheck.h); its memory
-         * is charged to the turn. Without one, everything is inflated. */
-        if (!s->tc_cache)
-            s->tc_cache = tarcheck_cache_new(TARCHECK_CACHE_MAX, &s->budget);
-        tarcheck_set_cache(s->tc, s->tc_cache);
+    } else if (m->type == CHAN_SNAPSHOT && !(s->tc = snapshot_check_new(s))) {
+        session_end(s, 1011, "out of memory");
+        return -1;
     }
     return 0;
 }
@@ -393,6 +611,35 @@ static int on_sandbox_data(void *ud, const struct chan_msg *m)
         }
     }
     return 0;
+}
+
+/* The next chunk of a message relayed as it arrives: scanned, then passed
+ * on (taken: not copied). 0 to read on, 1 to stop while the client's window
+ * is full, -1 after failing the session. */
+static int on_sandbox_chunk(void *ud, const struct chan_msg *m, struct buf *chunk)
+{
+    struct session *s = ud;
+    const char *why = NULL;
+    size_t n = chunk->len;
+    if (m->type == CHAN_SNAPSHOT) { /* held until the check is past it */
+        s->in_got += n;
+        if (held_add(s, chunk) < 0) {
+            session_end(s, 1011, "out of memory");
+            return -1;
+        }
+        return snapshot_progress(s, snapshot_advance(s));
+    }
+    if (frame_scan_feed_at(s->sscan, chunk->data, s->in_got, n, &why) < 0) {
+        sandbox_protocol_error(s, why);
+        return -1;
+    }
+    s->in_got += n;
+    int r = ws_conn_stream_push(s->ws, s->out_stream, chunk);
+    if (r < 0) {
+        relay_failed(s, r, "cannot relay a sandbox frame");
+        return -1;
+    }
+    return ws_conn_queued(s->ws) > s->window ? 1 : 0;
 }
 
 /* The whole body is in. 0, or -1 after failing the session. */
@@ -417,12 +664,18 @@ static int sandbox_message(struct session *s, struct chan_msg *m)
     }
     if (m->dropped)
         return 0;
+    if (m->stream && m->type == CHAN_SNAPSHOT) {
+        s->in_ended = true;
+        return snapshot_progress(s, snapshot_advance(s)) < 0 ? -1 : 0;
+    }
+    if (m->stream)
+        return streamed_frame_end(s, m);
     if (m->type == CHAN_SNAPSHOT) {
         int r = tarcheck_finish(s->tc, s->in.data, s->in.len);
         if (r == TARCHECK_AGAIN) {
             /* More inflating than one step: the rest in later loop rounds
              * (session_work), the channel unread meanwhile. */
-            s->in_complete = true;
+            s->in_checking = true;
             s->set->n_working++;
             return 0;
         }
@@ -452,7 +705,7 @@ static int on_sandbox_end(void *ud, struct chan_msg *m)
     if (sandbox_message(s, m) < 0)
         return -1;
     /* A check still running, or backpressure: the client is not keeping up. */
-    if (s->in_complete || (s->ws && ws_conn_queued(s->ws) > RELAY_HIGH_WATER))
+    if (s->in_checking || (s->ws && ws_conn_queued(s->ws) > s->window))
         return 1;
     return 0;
 }
@@ -460,6 +713,7 @@ static int on_sandbox_end(void *ud, struct chan_msg *m)
 const struct chan_conn_handlers sandbox_handlers = {
     .on_begin = on_sandbox_begin,
     .on_data = on_sandbox_data,
+    .on_chunk = on_sandbox_chunk,
     .on_end = on_sandbox_end,
 };
 
@@ -477,7 +731,7 @@ static void spawn_failed(struct session *s, int err)
  * closed. */
 int sandbox_read(struct session *s)
 {
-    if (s->in_complete) /* its check first (session_work) */
+    if (s->in_checking) /* its check first (session_work) */
         return 0;
     int r = chan_conn_read(s->chan);
     if (r == -EMFILE) { /* its listener did not fit in our fd table */
@@ -488,17 +742,33 @@ int sandbox_read(struct session *s)
         sandbox_protocol_error(s, chan_conn_error(r));
         return -1;
     }
+    if (r == -ENOSPC || r == -EDQUOT || r == -ENOMEM) { /* a streamed chunk's room */
+        budget_refused(s, r);
+        return -1;
+    }
     return r == -ECANCELED ? -1 : r == -EPIPE ? 1 : 0;
 }
 
 bool session_work(struct session *s)
 {
-    if (!s->in_complete)
+    if (!s->in_checking)
         return false;
+    if (s->out_stream) { /* a snapshot relayed as it arrives */
+        if (snapshot_progress(s, snapshot_advance(s)) < 0)
+            return false;
+        if (s->in_checking)
+            return true;
+        if (ws_conn_want_write(s->ws) && ws_conn_write(s->ws) < 0) {
+            mark_dead(s);
+            return false;
+        }
+        update_interest(s);
+        return false;
+    }
     int r = tarcheck_finish(s->tc, s->in.data, s->in.len);
     if (r == TARCHECK_AGAIN)
         return true;
-    s->in_complete = false;
+    s->in_checking = false;
     s->set->n_working--;
     snapshot_checked(s, r);
     if (s->phase == PHASE_TURN) {
@@ -540,6 +810,14 @@ static void on_sandbox_io(struct loop_watch *w, uint32_t events)
         }
     }
     update_interest(s);
+}
+
+void sandbox_resume(struct session *s)
+{
+    if (!s->sandbox_paused || s->phase != PHASE_TURN || s->chan_fd < 0 || s->death_wait)
+        return;
+    s->sandbox_paused = false;
+    on_sandbox_io(&s->chan_watch, EPOLLIN); /* its header is asked about again */
 }
 
 static void on_pidfd(struct loop_watch *w, uint32_t events)

@@ -19,7 +19,6 @@
 #include "core/buf.h"
 #include "core/limits.h"
 #include "core/log.h"
-#include "core/ratelimit.h"
 #include "core/util.h"
 #include "net/http.h"
 #include "net/ws.h"
@@ -55,6 +54,14 @@ int client_read(struct session *s)
         return -1;
     }
     return 0;
+}
+
+/* The client may be read now: its 101 is out, it is not closing, paused or
+ * over its own window (ws.c), and not more than the window waits for its
+ * sandbox. */
+static bool client_readable(const struct session *s)
+{
+    return !s->out.len && ws_conn_want_read(s->ws) && chan_conn_held(s->chan) < s->window;
 }
 
 static void on_client_io(struct loop_watch *w, uint32_t events)
@@ -97,8 +104,12 @@ static void on_client_io(struct loop_watch *w, uint32_t events)
             mark_dead(s);
             break;
         }
-        if (r == 0 && ((events & (EPOLLIN | EPOLLHUP | EPOLLERR)) || ws_conn_read_more(s->ws)) &&
-            client_read(s) < 0)
+        /* Reading stopped with bytes already read or due (its budget, a
+         * pause, the client's window, the 101 not yet out) and may go on
+         * now: within the sandbox's window, as the EPOLLIN interest is. */
+        if (r == 0 && ws_conn_read_more(s->ws) && client_readable(s))
+            events |= EPOLLIN;
+        if (r == 0 && (events & (EPOLLIN | EPOLLHUP | EPOLLERR)) && client_read(s) < 0)
             break;
         /* Likewise, pass what the client sent straight on to the sandbox. An
          * error stays for on_sandbox_io, which reports it where it belongs. */
@@ -117,6 +128,17 @@ static void on_client_io(struct loop_watch *w, uint32_t events)
     update_interest(s);
 }
 
+void client_resume(struct session *s)
+{
+    uint64_t now = now_ns();
+    if (s->phase != PHASE_TURN || !s->client_paused || !bucket_ok(&s->client_pings, now) ||
+        !bucket_ok(&s->client_ignored, now))
+        return;
+    s->client_paused = false;
+    ws_conn_pause(s->ws, false);
+    on_client_io(&s->watch, 0); /* what it sent meanwhile (ws_conn_read_more) */
+}
+
 void update_interest(struct session *s)
 {
     struct loop *l = s->env->loop;
@@ -133,8 +155,7 @@ void update_interest(struct session *s)
     default:
         if (s->out.len || ws_conn_want_write(s->ws))
             ev |= EPOLLOUT;
-        if (ws_conn_want_read(s->ws) && !s->out.len &&
-            chan_conn_queued(s->chan) < RELAY_HIGH_WATER)
+        if (client_readable(s))
             ev |= EPOLLIN;
         break;
     }
@@ -147,7 +168,8 @@ void update_interest(struct session *s)
         /* Backpressure: a client that does not read stops its sandbox (the
          * supervisor does not grow); a message still being checked is
          * finished first (session_work). */
-        if ((!s->ws || ws_conn_queued(s->ws) < RELAY_HIGH_WATER) && !s->in_complete)
+        if ((!s->ws || ws_conn_queued(s->ws) < s->window) && !s->in_checking &&
+            !s->sandbox_paused)
             cev |= EPOLLIN;
         loop_watch(l, &s->chan_watch, cev);
     }
@@ -171,7 +193,11 @@ struct session *session_new(struct sessions *set, int fd, const uint8_t key[PREA
     notify_turn_init(&s->notify, s->id, env->loop, env->notify);
     s->phase = PHASE_HTTP;
     s->budget = (struct budget){.max = env->cfg->turn_buffer, .up = env->budget};
-    s->log_rl = (struct ratelimit)RATELIMIT_INIT(SANDBOX_LOG_BURST, SANDBOX_LOG_PER_MINUTE, 60000);
+    s->window = env->cfg->turn_buffer / 4 < RELAY_WINDOW ? env->cfg->turn_buffer / 4 : RELAY_WINDOW;
+    s->sandbox_logs = (struct bucket)BUCKET_INIT(SANDBOX_LOG_BURST * SANDBOX_LOG_LINE_COST,
+                                                 SANDBOX_LOG_PER_MINUTE);
+    s->client_pings = (struct bucket)BUCKET_INIT(CLIENT_PINGS_BURST, CLIENT_PINGS_PER_SEC);
+    s->client_ignored = (struct bucket)BUCKET_INIT(CLIENT_IGNORED_BURST, CLIENT_IGNORED_PER_SEC);
     buf_init(&s->out, 64 * KiB);
     buf_init_budget(&s->in, CHAN_MAX_MESSAGE_BYTES, &s->budget);
     s->deadline_ms = now_ms() + HTTP_REQUEST_TIMEOUT_MS;
@@ -213,10 +239,6 @@ static void session_free(struct session *s)
         return;
     kill_sandbox(s);
     preauth_remove(s->env->preauth, &s->pa);
-    uint64_t span_ns, dropped = ratelimit_take_report(&s->log_rl, now_ns(), &span_ns);
-    if (dropped)
-        LOG_I("turn %" PRIu64 ": %" PRIu64 " sandbox log lines were dropped (over the rate)", s->id,
-              dropped);
     loop_unwatch(s->env->loop, &s->watch);
     ws_conn_free(s->ws);
     chan_conn_free(s->chan);
@@ -326,7 +348,7 @@ bool sessions_work(struct sessions *set)
     if (set->n_working == 0)
         return false;
     for (struct session *s = set->head; s; s = s->next)
-        if (s->in_complete)
+        if (s->in_checking)
             more |= session_work(s);
     return more;
 }

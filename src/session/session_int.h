@@ -20,9 +20,9 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "core/bucket.h"
 #include "core/buf.h"
 #include "core/budget.h"
-#include "core/ratelimit.h"
 #include "loop/loop.h"
 #include "net/http.h"
 #include "net/ws.h"
@@ -74,6 +74,11 @@ struct session {
     uint64_t turn_started_ms, block_started_ms, idle_since_ms;
     uint64_t last_ping_ms;
     bool ping_outstanding;
+    /* What the client makes us read only to ignore it (CLIENT_PINGS_*,
+     * CLIENT_IGNORED_*): past either, it is not read (client_paused) until
+     * both have refilled (session_tick). */
+    struct bucket client_pings, client_ignored;
+    bool client_paused;
     int64_t done_exit_code;
     bool ready_seen, tools_sent;
     /* wslay sends control frames ahead of queued messages, so a close is
@@ -86,9 +91,17 @@ struct session {
      * in both directions (--turn-buffer), charged to its tenant's budget and
      * env->budget too (up: set at admission, before anything is charged). */
     struct budget budget;
-    /* the client's text message, scanned as it arrives */
+    /* What may wait for the slower side, each way, before the faster one is
+     * no longer read: RELAY_WINDOW, or a quarter of --turn-buffer if that is
+     * less (the window, not the budget, is then what a slow peer meets). */
+    size_t window;
+    /* the client's message: text scanned as it arrives */
     struct frame_scan *cscan;     /* owned (admitted turns) */
     bool cmsg_bad;                /* it can no longer decode */
+    bool cmsg_stream;             /* streamed (over RELAY_WHOLE_MAX, or fragmented) */
+    bool cmsg_parts;              /* ... and its chunks go to the sandbox as parts */
+    bool cmsg_sent;               /* ... and some went */
+    uint64_t cmsg_got;            /* its bytes so far */
 
     /* the sandbox */
     bool spawn_pending;           /* request sent, reply not yet received */
@@ -107,13 +120,23 @@ struct session {
     struct fs_reply death;        /* that report (kind FS_REPLY_DEATH) */
 
     /* the sandbox's message being read (chan_conn.h) */
-    bool in_token;                /* a log line may be written for it (log_rl) */
-    bool in_complete;             /* all of it is in, its check still has work to do */
-    struct buf in;                /* the body, room reserved at the header */
+    bool in_token;                /* a log line may be written for it (sandbox_logs) */
+    bool in_checking;             /* its check has work to do before more is read
+                                     (sessions_work): a snapshot's */
+    struct buf in;                /* the body, room reserved at the header (held whole) */
+    /* a message over RELAY_WHOLE_MAX, relayed as it arrives */
+    struct ws_stream *out_stream; /* borrowed (the ws_conn's) until ended or aborted */
+    uint64_t in_got;              /* its bytes so far */
+    bool in_ended;                /* all of them are in */
+    struct held_chunk *held;      /* owned: a snapshot's chunks its check may still read */
     struct frame_scan *sscan;     /* owned (admitted turns): an F body's scan */
     struct tarcheck *tc;          /* owned while an S body is checked */
     struct tarcheck_cache *tc_cache; /* owned: snapshot members verified this turn */
-    struct ratelimit log_rl;      /* the sandbox's log lines in the operator log */
+    /* The sandbox's log lines between blocks (SANDBOX_LOG_*): one over the
+     * rate waits unread, the channel unwatched (sandbox_paused), until the
+     * tick finds the bucket refilled (sandbox_resume). */
+    struct bucket sandbox_logs;
+    bool sandbox_paused;
 
     struct notify_turn notify;    /* counted refusals and supervised calls (notify.c) */
     uint64_t spawn_ns;            /* from the fork server */
@@ -158,6 +181,11 @@ int sandbox_read(struct session *s);
 /* One step of a complete snapshot's check (sessions_work). True if work
  * remains. */
 bool session_work(struct session *s);
+/* Drop a streamed snapshot's held chunks (kill_sandbox). */
+void held_free(struct session *s);
+/* Read the sandbox again after its log rate paused it (sandbox_paused),
+ * from the tick: its waiting header is decided anew. */
+void sandbox_resume(struct session *s);
 
 /* ---------------------------------------------------------------- turn.c */
 
@@ -185,3 +213,6 @@ void update_interest(struct session *s);
  * out. A message ws.c refused ends the turn (its close is ws.c's). -1 if
  * the connection is over (s is marked dead), else 0. */
 int client_read(struct session *s);
+/* Read the client again after a pause (client_paused), if its buckets have
+ * refilled (session_tick): what it sent meanwhile is taken now. */
+void client_resume(struct session *s);

@@ -86,7 +86,9 @@ static void finish_block_for_timeout(struct session *s, const char *what, uint64
     struct frame done, out;
     frame_init(&done, FRAME_DONE);
     frame_init(&out, FRAME_OUTPUT);
-    if (frame_set_int(&done, "exit_code", TIMEOUT_EXIT) == 0 &&
+    /* Behind a message being relayed as it arrives nothing can go (its end
+     * never comes): the close says why. */
+    if (!s->out_stream && frame_set_int(&done, "exit_code", TIMEOUT_EXIT) == 0 &&
         frame_set_int(&out, "exit_code", TIMEOUT_EXIT) == 0 &&
         frame_set_string(&out, "stderr", msg) == 0 && ws_send_frame(s, &done) == 0 &&
         ws_send_frame(s, &out) == 0)
@@ -170,9 +172,13 @@ void kill_sandbox(struct session *s)
     if (s->chan_fd >= 0)
         loop_unwatch(l, &s->chan_watch);
     notify_close(&s->notify);
-    if (s->in_complete)
+    if (s->out_stream) /* its message being relayed will never end */
+        ws_conn_stream_abort(s->ws, s->out_stream);
+    s->out_stream = NULL;
+    held_free(s);
+    if (s->in_checking)
         s->set->n_working--;
-    s->in_complete = false;
+    s->in_checking = false;
     chan_conn_close(s->chan); /* its queue, a pending fd, a partial message */
     if (s->chan_fd >= 0)
         chan_conn_close_fd(steal_fd(&s->chan_fd));
@@ -317,6 +323,10 @@ void session_tick(struct session *s, uint64_t now)
         break;
     }
 
+    client_resume(s); /* a client paused for its floods, if it may go on */
+    sandbox_resume(s); /* a sandbox paused at its log rate: its waiting header again */
+    if (s->phase != PHASE_TURN)
+        return;
     /* Keepalive: a pong must arrive within WS_PONG_TIMEOUT_MS of our ping. */
     if (s->ping_outstanding && now - s->last_ping_ms >= WS_PONG_TIMEOUT_MS) {
         LOG_I("turn %" PRIu64 ": no pong from the client; dropping it", s->id);

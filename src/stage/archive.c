@@ -43,6 +43,7 @@
 #include <sys/sysmacros.h>
 #include <time.h>
 #include <unistd.h>
+#include <nettle/sha2.h>
 #include <zlib.h>
 
 #include "core/cleanup.h"
@@ -605,9 +606,11 @@ int archive_extract(const uint8_t *data, size_t len, int dest_fd,
  *     mostly of one kind, and a sample costs only SNAPSHOT_SAMPLE bytes of
  *     level-1 work; a file that starts compressible and turns random later
  *     stays at level 1 (correct, only slower).
- *   - each member's header carries its own length (FEXTRA "FB", tarcheck.h)
- *     so that the supervisor can recognise a member it has verified earlier
- *     in the turn by its hash, without inflating it again. */
+ *   - each member's header carries its own length and the SHA-256 of its
+ *     bytes after the header (FEXTRA "FB", tarcheck.h), so that the
+ *     supervisor can recognise a member it has verified earlier in the turn
+ *     as it starts, and not inflate it again (it hashes it to hold it to
+ *     that). A member kept for the next snapshot keeps its digest. */
 
 /* A file is sampled (its first bytes compressed at level 1 on the side) if
  * it has at least SNAPSHOT_SAMPLE_MIN bytes; smaller ones take level 1. */
@@ -741,9 +744,10 @@ static void put_le32(uint8_t *p, uint32_t v)
 static int gzw_begin(struct gzw *g, int level)
 {
     /* MTIME 0 (same tree, same bytes), XFL 0, OS 3 (Unix). */
+    /* the length and the digest are filled in at the end (gzw_end) */
     static const uint8_t hdr[TARCHECK_GZ_HDR_LEN] = {
         0x1f, 0x8b, 8, 4, 0, 0, 0, 0, 0, 3, TARCHECK_GZ_XLEN, 0,
-        TARCHECK_GZ_SI1, TARCHECK_GZ_SI2, 4, 0, 0, 0, 0, 0,
+        TARCHECK_GZ_SI1, TARCHECK_GZ_SI2, TARCHECK_GZ_FB_LEN, 0,
     };
 
     if (!g->z_init) {
@@ -798,7 +802,9 @@ static int gzw_feed(struct gzw *g, const void *p, size_t n)
     return gzw_deflate(g, p, n, Z_NO_FLUSH);
 }
 
-/* Finish the member: trailer, and its length in the header. */
+/* Finish the member: trailer, and its length and digest in the header (the
+ * SHA-256 of its bytes after the header: the supervisor knows a member it
+ * checked before by it, and hashes the bytes to hold the member to it). */
 static int gzw_end(struct gzw *g)
 {
     uint8_t trl[8];
@@ -813,7 +819,14 @@ static int gzw_end(struct gzw *g)
         return r;
     if (g->m.len > UINT32_MAX)
         return -EFBIG; /* never: a member holds at most one file of --snapshot-max */
-    put_le32(g->m.data + TARCHECK_GZ_HDR_LEN - 4, (uint32_t)g->m.len);
+    uint8_t *fb = g->m.data + TARCHECK_GZ_HDR_LEN - TARCHECK_GZ_FB_LEN;
+    put_le32(fb, (uint32_t)g->m.len);
+    if (g->level == 0)
+        return 0; /* stored blocks: never looked up, the digest is not read (zeros) */
+    struct sha256_ctx sha;
+    sha256_init(&sha);
+    sha256_update(&sha, g->m.len - TARCHECK_GZ_HDR_LEN, g->m.data + TARCHECK_GZ_HDR_LEN);
+    sha256_digest(&sha, SHA256_DIGEST_SIZE, fb + 4);
     return 0;
 }
 

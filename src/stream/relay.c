@@ -271,7 +271,7 @@ static int host_lines(struct stream *s)
         s->line_scanned = 0;
         /* Backpressure: a sandbox that does not read its channel stops us
          * reading the host (the rest stays in the kernel's buffers). */
-        if (chan_conn_queued(s->chan) > RELAY_HIGH_WATER)
+        if (chan_conn_queued(s->chan) > RELAY_WINDOW)
             return 0;
     }
     return -1;
@@ -306,7 +306,7 @@ static void on_host_in(struct loop_watch *w, uint32_t events)
         got += (size_t)n;
         if (host_lines(s) < 0)
             return;
-        if (chan_conn_queued(s->chan) > RELAY_HIGH_WATER)
+        if (chan_conn_queued(s->chan) > RELAY_WINDOW)
             break;
     }
     update_interest(s);
@@ -475,7 +475,7 @@ static int on_sandbox_end(void *ud, struct chan_msg *m)
     if (r < 0)
         return -1;
     /* Backpressure: a host that does not read stops the sandbox. */
-    return s->out.len - s->out_off > RELAY_HIGH_WATER ? 1 : 0;
+    return s->out.len - s->out_off > RELAY_WINDOW ? 1 : 0;
 }
 
 static const struct chan_conn_handlers sandbox_handlers = {
@@ -590,8 +590,8 @@ static void update_interest(struct stream *s)
 {
     if (s->ending)
         return;
-    bool host_backlog = s->out.len - s->out_off > RELAY_HIGH_WATER;
-    bool chan_backlog = chan_conn_queued(s->chan) > RELAY_HIGH_WATER;
+    bool host_backlog = s->out.len - s->out_off > RELAY_WINDOW;
+    bool chan_backlog = chan_conn_queued(s->chan) > RELAY_WINDOW;
     loop_watch(s->loop, &s->in_w, chan_backlog ? 0 : EPOLLIN);
     loop_watch(s->loop, &s->out_w, s->out_off < s->out.len ? EPOLLOUT : 0);
     if (s->chan_fd >= 0 && !s->death_wait)

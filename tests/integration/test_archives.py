@@ -2,6 +2,7 @@
 hostile members are skipped, limits end the turn, bombs are stopped."""
 
 import asyncio
+import hashlib
 import io
 import os
 import tarfile
@@ -404,13 +405,17 @@ time.sleep(0.05)
 
 def fb_members(data):
     """The gzip members of a snapshot, by the FB length in each header
-    (src/proto/tarcheck.h); fails on anything else."""
+    (src/proto/tarcheck.h: XLEN 40, the length, then the SHA-256 of the
+    member's bytes after its 52-byte header, zeros for a stored one); fails
+    on anything else."""
     out, off = [], 0
     while off < len(data):
-        h = data[off:off + 20]
-        assert h[:4] == b"\x1f\x8b\x08\x04" and h[10:16] == b"\x08\x00FB\x04\x00", h
+        h = data[off:off + 52]
+        assert h[:4] == b"\x1f\x8b\x08\x04" and h[10:16] == b"\x28\x00FB\x24\x00", h
         n = int.from_bytes(h[16:20], "little")
-        assert 20 < n <= len(data) - off
+        assert 52 < n <= len(data) - off
+        body = data[off + 52:off + n]
+        assert h[20:52] in (hashlib.sha256(body).digest(), bytes(32)), "FB digest"
         out.append(data[off:off + n])
         off += n
     return out

@@ -181,13 +181,18 @@ def raw_turn_start(port):
 def raw_block(ws, code, timeout=10):
     ws.send_binary(fc.empty_tar())
     ws.send_text(fc.encode_frame({"kind": "run", "code": code}))
+    return [fc.decode_frame(x) for x in ws_until_archive(ws, timeout)]
+
+
+def ws_until_archive(ws, timeout):
+    """The text messages of a block, up to its archive after output."""
     msgs = []
     while True:
         m = ws.recv(timeout)
         assert m is not None, f"closed: {ws.close_code} {msgs}"
         msgs.append(m)
         if isinstance(m, bytes) and any(isinstance(x, str) and '"output"' in x for x in msgs):
-            return [fc.decode_frame(x) for x in msgs if isinstance(x, str)]
+            return [x for x in msgs if isinstance(x, str)]
 
 
 def test_invalid_utf8_text_closes_1007(daemon):
@@ -231,16 +236,21 @@ def test_fragmented_messages_and_interleaved_ping(daemon):
         assert out["stdout"] == "fragmented\n", out
 
 
-def test_message_of_256_mib_accepted_and_larger_closes_1009(daemon):
-    """§1.4 / §9.1.19: a 256 MiB message is accepted (ignored between blocks);
-    one byte more closes with 1009."""
+def test_message_of_256_mib_accepted_and_larger_closes_1009(make_daemon):
+    """§1.4 / §9.1.19: a 256 MiB message is accepted (a run with a field the
+    spec drops: relayed to the sandbox as it arrives and decoded there, in a
+    sandbox with room for it); one byte more closes with 1009. (One the
+    state ignores would be read at the pace for ignored bytes, 1 MiB/s after
+    a burst: it is not one.)"""
+    daemon = make_daemon(["--memory", "2G"])
     limit = 256 * 1024 * 1024
-    head, tail = b'{"kind":"log","msg":"', b'"}\n'
+    head, tail = b'{"kind":"run","code":"print(\'after big\')","pad":"', b'"}\n'
     big = head + b"a" * (limit - len(head) - len(tail)) + tail
     assert len(big) == limit
     with raw_turn_start(daemon.port) as ws:
+        ws.send_binary(fc.empty_tar())
         ws.send_text(big)
-        frames = raw_block(ws, "print('after big')", timeout=60)
+        frames = [fc.decode_frame(m) for m in ws_until_archive(ws, 60)]
         assert [f for f in frames if f["kind"] == "output"][0]["stdout"] == "after big\n"
     with raw_turn_start(daemon.port) as ws:
         raw_block(ws, "pass")

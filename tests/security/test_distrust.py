@@ -13,8 +13,10 @@ that finds its channel socket and writes its own envelopes gains nothing.
   legal in the turn's state (a 256 MiB frame announced between blocks ends
   the turn at once, nothing is buffered).
 * Memory: each turn's buffers are charged to --turn-buffer and all turns' to
-  --total-buffer; over them a turn ends with a clear close (1011 / 1013), the
-  daemon does not grow, and other turns go on.
+  --total-buffer: a large message is relayed a window at a time; what cannot
+  be held (a message held whole over the turn's budget, a window over what
+  is left of the daemon's) ends that turn with a clear close (1011 / 1013),
+  the daemon does not grow, and other turns go on.
 * The sandbox's log lines between blocks reach the operator log rate-limited.
 """
 
@@ -266,21 +268,53 @@ print("ok")
     assert _rss_mb(daemon.pid) - base < 32
 
 
-def test_turn_buffer_refuses_a_frame_it_cannot_hold():
-    """--turn-buffer 24M: a 40 MiB tool_call is refused at its header with a
-    clear reason, and the supervisor never holds it."""
+def test_turn_buffer_bounds_a_window_not_a_message():
+    """--turn-buffer 24M: a 40 MiB tool_call (it was refused at its header)
+    is relayed as it arrives, a window of it held at a time, and arrives
+    whole; the supervisor never holds it."""
     d = sbx.Daemon(ARGS + ["--turn-buffer", "24M"]).start()
     try:
         code = sbx.prelude(FIND_CHAN + r'''
 body = b'{"id":"big","name":"echo","args":{"m":"' + b"A" * (40 << 20) + b'"},"timeout":null,"kind":"tool_call"}\n'
 send("F", body)
-time.sleep(20)
+print("sent")
 ''')
         base = _rss_mb(d.pid)
         r = d.run(code, timeout=60)
-        assert r.closed_by_server, repr(r)
+        assert r.last.completed and r.last.stdout == "sent\n", repr(r)
+        assert [len(c["args"]["m"]) for c in r.last.tool_calls] == [40 << 20]
+        if not sbx.UNDER_ASAN:
+            assert _rss_mb(d.pid) - base < 32
+        ok, why = d.fresh_turn_ok()
+        assert ok, why
+    finally:
+        d.stop()
+
+
+def test_turn_buffer_refuses_a_message_held_whole():
+    """--turn-buffer 2M: a 3 MiB log between blocks (held whole: it goes to
+    the operator log, never to the client) does not fit: refused at its
+    header with a clear reason, nothing held."""
+    d = sbx.Daemon(ARGS + ["--turn-buffer", "2M"]).start()
+    try:
+        code = sbx.prelude(FIND_CHAN + r'''
+import threading
+def later():
+    time.sleep(0.5)  # between blocks
+    send("F", b'{"level":"info","msg":"' + b"A" * (3 << 20) + b'","kind":"log"}\n')
+threading.Thread(target=later, daemon=True).start()
+print("ok")
+''')
+        base = _rss_mb(d.pid)
+
+        async def go():
+            t = await sbx.Turn.open(d)
+            b = await t.run(code)
+            await t.wait_closed(10)
+            return b, t.result
+        b, r = sbx.arun(go(), 60)
+        assert b.completed and b.stdout == "ok\n", repr(b)
         assert (r.close_code, r.close_reason) == (1011, "sandbox message over the turn's memory budget")
-        assert not r.last.tool_calls
         if not sbx.UNDER_ASAN:
             assert _rss_mb(d.pid) - base < 32
         ok, why = d.fresh_turn_ok()
@@ -290,24 +324,24 @@ time.sleep(20)
 
 
 def test_total_buffer_is_shared_and_exhaustion_ends_only_the_asking_turn():
-    """--total-buffer 48M, --turn-buffer 40M. Turn A relays a 30 MiB tool_call
-    to a client that does not read it: 30 MiB stay charged. Turn B's 30 MiB
-    frame does not fit in what is left: B closes with 1013 (try again later),
-    A is untouched and completes once its client reads, and a fresh turn runs."""
-    d = sbx.Daemon(ARGS + ["--turn-buffer", "40M", "--total-buffer", "48M"]).start()
+    """--total-buffer 16M, --turn-buffer 16M (a window of 4 MiB each way).
+    Turns A1-A3 relay a 30 MiB tool_call each to a client that does not read
+    it: a window of each stays charged, most of the 16 MiB. Turn B does the
+    same: its window does not fit in what is left, and B is closed with 1013
+    (try again later) as it is relayed; the A turns are untouched and
+    complete once their clients read, and a fresh turn runs."""
+    d = sbx.Daemon(ARGS + ["--turn-buffer", "16M", "--total-buffer", "16M"]).start()
     big = sbx.prelude(FIND_CHAN + r'''
 body = b'{"id":"big","name":"echo","args":{"m":"' + b"A" * (30 << 20) + b'"},"timeout":null,"kind":"tool_call"}\n'
 send("F", body)
-time.sleep(3)
 print("sent")
 ''')
     try:
-        async def turn_a(stall: asyncio.Event, go_on: asyncio.Event):
+        async def stalled_turn(stall: asyncio.Event, go_on: asyncio.Event):
             t = await sbx.Turn.open(d)
             await t.ws.send(sbx.EMPTY_TGZ)
             await t.ws.send(json.dumps({"code": big, "kind": "run"}) + "\n")
-            # read nothing until B has been refused
-            t.ws.transport.pause_reading()
+            t.ws.transport.pause_reading()  # read nothing until told
             stall.set()
             await go_on.wait()
             t.ws.transport.resume_reading()
@@ -326,26 +360,29 @@ print("sent")
                 elif f["kind"] == "output":
                     b.stdout, b.exit_code = f["stdout"], f["exit_code"]
             await t.close()
-            return b
-
-        async def turn_b():
-            t = await sbx.Turn.open(d)
-            await t.run(big)
-            await t.wait_closed(30)
-            return t.result.close_code, t.result.close_reason
+            return b, t.result
 
         async def both():
-            stall, go_on = asyncio.Event(), asyncio.Event()
-            ta = asyncio.create_task(turn_a(stall, go_on))
-            await stall.wait()
-            await asyncio.sleep(4)  # A's frame is in the supervisor's queue
-            code, reason = await turn_b()
-            go_on.set()
-            return code, reason, await ta
-        code, reason, ba = sbx.arun(both(), 120)
-        assert (code, reason) == (1013, "server memory budget exhausted, try again later")
-        assert ba.completed and ba.stdout == "sent\n", repr(ba)
-        assert [c["id"] for c in ba.tool_calls] == ["big"]
+            go_a, go_b = asyncio.Event(), asyncio.Event()
+            stalls = [asyncio.Event() for _ in range(4)]
+            tasks = []
+            for k in range(3):
+                tasks.append(asyncio.create_task(stalled_turn(stalls[k], go_a)))
+                await stalls[k].wait()
+            await asyncio.sleep(3)  # their windows are in the supervisor's queues
+            tb = asyncio.create_task(stalled_turn(stalls[3], go_b))
+            await stalls[3].wait()
+            await asyncio.sleep(3)
+            go_b.set()
+            b_block, b_turn = await tb
+            go_a.set()
+            return b_turn, [await t for t in tasks]
+        b_turn, a = sbx.arun(both(), 120)
+        assert (b_turn.close_code, b_turn.close_reason) == (
+            1013, "server memory budget exhausted, try again later"), repr(b_turn)
+        for ba, _ in a:
+            assert ba.completed and ba.stdout == "sent\n", repr(ba)
+            assert [c["id"] for c in ba.tool_calls] == ["big"]
         ok, why = d.fresh_turn_ok()
         assert ok, why
     finally:

@@ -106,6 +106,7 @@ int main(void)
     is_int(c.pool_size, 4, "four pre-forked sandboxes by default");
     is_int(c.preauth_max, 1024, "default pre-auth pool 1024");
     is_int(c.preauth_per_peer, 128, "default per-peer share 128");
+    is_int(c.turn_buffer, 32 << 20, "default turn buffer: a few windows (32 MiB)");
 
     setenv("PORT", "9999", 1);
     is_int(parse(&c, err, 1, a0), 0, "PORT alone");

@@ -807,6 +807,57 @@ static void test_scan_chunked(void)
     }
 }
 
+/* A message never held whole: each byte in a buffer of its own, freed once
+ * fed, then frame_scan_end. The verdict, kind, exit code, canonical flag and
+ * string lengths are the whole decode's; the values stay in the message. */
+static void test_scan_streamed(void)
+{
+    static const char *const in[] = {
+        "{\"stdout\":\"h\xc3\xa9 \\u00e9\",\"stderr\":\"\",\"exit_code\":-3,\"kind\":\"output\"}\n",
+        "{\"id\":\"x\",\"name\":\"n\",\"args\":{\"a\":[1,2]},\"timeout\":null,\"kind\":\"tool_call\"}\n",
+        "{\"kind\":\"done\", \"exit_code\" : 9223372036854775807 }",
+        "{\"kind\":\"done\",\"exit_code\":9223372036854775808}",
+        "{\"kind\":\"done\",\"exit_code\":00}",
+        "{\"protocol_version\":2.0,\"kind\":\"ready\"}",
+    };
+    static const int want[] = {0, 0, 0, -EPROTO, -EBADMSG, -EPROTO};
+    for (size_t i = 0; i < sizeof in / sizeof *in; i++) {
+        size_t n = strlen(in[i]);
+        struct frame whole, st;
+        int rw = frame_decode((const uint8_t *)in[i], n, FRAME_FROM_CHILD, &whole, NULL);
+        struct frame_scan fs;
+        frame_scan_init(&fs, FRAME_FROM_CHILD, 0);
+        int r = 0;
+        for (size_t k = 0; k < n && r == 0; k++) {
+            uint8_t *one = malloc(1);
+            *one = (uint8_t)in[i][k];
+            r = frame_scan_feed_at(&fs, one, k, 1, NULL);
+            free(one);
+        }
+        if (r == 0)
+            r = frame_scan_end(&fs, n, FRAME_FROM_CHILD, &st, NULL);
+        ok(r == rw && r == want[i], "streamed #%zu: %d, whole %d", i, r, rw);
+        if (r < 0 || rw < 0)
+            continue;
+        bool same = st.kind == whole.kind && st.exit_code == whole.exit_code &&
+                    st.canonical == whole.canonical;
+        for (size_t f = 0; f < FRAME_MAX_FIELDS; f++)
+            same = same && st.field[f].str_bytes == whole.field[f].str_bytes;
+        ok(same, "streamed #%zu: kind, exit code, canonical, lengths as whole", i);
+        struct buf b;
+        buf_init(&b, 1 << 20);
+        is_int(frame_encode(&st, &b), -EINVAL, "a hollow frame is not encoded");
+        buf_free(&b);
+        frame_free(&st);
+        frame_free(&whole);
+    }
+    struct frame_scan fs;
+    frame_scan_init(&fs, FRAME_FROM_CHILD, 0);
+    frame_scan_feed_at(&fs, (const uint8_t *)"{\"kind\"", 0, 7, NULL);
+    is_int(frame_scan_feed_at(&fs, (const uint8_t *)":", 8, 1, NULL), -EBADMSG,
+           "a gap between chunks is refused");
+}
+
 static void test_scan_canonical(void)
 {
     struct { const char *in; bool canonical; const char *name; } t[] = {
@@ -1093,6 +1144,7 @@ int main(void)
     test_encode_around();
     test_chan();
     test_scan_chunked();
+    test_scan_streamed();
     test_scan_canonical();
     test_scan_string_bytes();
     test_scan_limits();

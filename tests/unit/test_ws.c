@@ -34,7 +34,7 @@ static void rec_store(struct rec *r, int kind, const uint8_t *m, size_t n)
     r->last_kind = kind;
 }
 
-static uint64_t on_begin(void *ud, bool text)
+static uint64_t on_begin(void *ud, struct ws_msg_start *m)
 {
     struct rec *r = ud;
     return r->max_msg;
@@ -540,7 +540,7 @@ static void test_server_close_and_send(void)
     pair_open(&p, 1 << 20, NULL, 0);
     is_int(ws_conn_send_text(p.c, (const uint8_t *)"{\"kind\":\"ready\"}\n", 17), 0, "text queued");
     is_int(ws_conn_send_binary(p.c, (const uint8_t *)"\x1f\x8b", 2), 0, "binary queued");
-    is_int(ws_conn_queued(p.c), 19, "queued counts both messages");
+    is_int(ws_conn_queued(p.c), 19 + 2 * WS_MSG_OVERHEAD, "queued counts both messages");
     ok(ws_conn_want_write(p.c), "want_write with messages queued");
     is_int(pump(&p), 0, "sent");
     is_int(ws_conn_queued(p.c), 0, "queue drained");
@@ -810,17 +810,17 @@ static void test_limit_at_header(void)
     pair_close(&p);
 }
 
-static uint64_t drop_binary(void *ud, bool text)
+static uint64_t drop_binary(void *ud, struct ws_msg_start *m)
 {
     struct rec *r = ud;
-    return text ? r->max_msg : WS_MSG_DROP;
+    return m->text ? r->max_msg : WS_MSG_DROP;
 }
 
 /* A message dropped at its start is read and discarded, never buffered. */
 static void test_dropped_message(void)
 {
     static const struct ws_handlers dh = {drop_binary, NULL, on_end, on_pong};
-    struct budget b = {.max = 4096};
+    struct budget b = {.max = 4096 + WS_RBUF};
     struct pair p;
     pair_open(&p, 1 << 20, NULL, 0);
     ws_conn_free(p.c);
@@ -838,7 +838,8 @@ static void test_dropped_message(void)
 /* Budget refusals: the turn's own (1009) and the daemon's (1013). */
 static void test_budget_refusals(void)
 {
-    struct budget all = {.max = 3000}, turn = {.max = 2000, .up = &all};
+    /* the read buffer is charged too, while it holds bytes */
+    struct budget all = {.max = 3000 + WS_RBUF}, turn = {.max = 2000 + WS_RBUF, .up = &all};
     struct pair p;
     pair_open(&p, 1 << 20, NULL, 0);
     ws_conn_free(p.c);
@@ -867,6 +868,40 @@ static void test_budget_refusals(void)
     pair_close(&p);
 }
 
+/* Pongs are charged (with wslay's records), and a client with more than the
+ * window queued for it is not read until that drains: a ping flood that is
+ * never read back holds the window, not more. */
+static void test_window_holds_pings(void)
+{
+    enum { PINGS = 100, PAYLOAD = 10, WINDOW = 10 * (PAYLOAD + WS_MSG_OVERHEAD) };
+    struct budget b = {.max = 1 << 20};
+    struct pair p;
+    pair_open(&p, 1 << 20, NULL, 0);
+    ws_conn_free(p.c);
+    p.c = ws_conn_new(p.server, &b, NULL, 0, &handlers, &p.rec);
+    ws_conn_set_window(p.c, WINDOW);
+    for (int i = 0; i < PINGS; i++)
+        send_frame(&p, true, 0x9, "0123456789", PAYLOAD);
+    is_int(ws_conn_read(p.c), 0, "pings read");
+    size_t q = ws_conn_queued(p.c);
+    ok(q > WINDOW && q <= WINDOW + PAYLOAD + WS_MSG_OVERHEAD,
+       "reading stops once the window is passed (%zu queued)", q);
+    ok(b.used >= q, "the pongs are charged (%llu for %zu queued)", (unsigned long long)b.used, q);
+    ok(!ws_conn_want_read(p.c) && !ws_conn_read_more(p.c), "not read while over the window");
+    ws_conn_write(p.c);
+    ok(ws_conn_want_read(p.c) && ws_conn_read_more(p.c), "drained: read again, bytes waiting");
+    is_int(pump(&p), 0, "the rest answered");
+    int pongs = 0;
+    struct sframe f;
+    while (pongs < PINGS && read_frame(&p, &f)) {
+        pongs += f.opcode == 0xA && f.len == PAYLOAD;
+        free(f.payload);
+    }
+    is_int(pongs, PINGS, "every ping answered");
+    ok(ws_conn_queued(p.c) == 0 && b.used == 0, "nothing held, nothing charged");
+    pair_close(&p);
+}
+
 /* A large outgoing message is sent from the caller's buffer in fragments; the
  * client reassembles exactly the bytes, and its charge is given back. */
 static void test_send_buf_fragments(void)
@@ -884,7 +919,8 @@ static void test_send_buf_fragments(void)
         m.data[i] = (uint8_t)('a' + i % 26);
     m.len = n;
     is_int(ws_conn_send_buf(p.c, true, &m), 0, "queued");
-    ok(m.data == NULL && ws_conn_queued(p.c) == n, "taken over; %zu bytes queued", ws_conn_queued(p.c));
+    ok(m.data == NULL && ws_conn_queued(p.c) == n + WS_MSG_OVERHEAD,
+       "taken over; %zu bytes queued", ws_conn_queued(p.c));
     uint8_t *got = malloc(n);
     size_t have = 0;
     int frames = 0;
@@ -912,6 +948,186 @@ static void test_send_buf_fragments(void)
     ok(ws_conn_queued(p.c) == 0 && b.used == 0, "sent and given back");
     free(got);
     pair_close(&p);
+}
+
+/* Read server frames until one with opcode op (or `frames` of them); the
+ * data frames' payloads are appended to got (got_len), FIN noted. */
+static int read_data_until(struct pair *p, uint8_t op, uint8_t *got, size_t *got_len,
+                           bool *fin_seen, int frames)
+{
+    for (int i = 0; i < frames; i++) {
+        struct sframe f;
+        if (!read_frame(p, &f))
+            return -1;
+        int o = f.opcode;
+        if (o == 0x1 || o == 0x0) {
+            memcpy(got + *got_len, f.payload, f.len);
+            *got_len += f.len;
+            *fin_seen = *fin_seen || f.fin;
+        }
+        free(f.payload);
+        if (o == op)
+            return o;
+    }
+    return 0;
+}
+
+/* A stream: its bytes go out as they are pushed, but its last byte only
+ * once it is ended (FIN then); a stalled stream wants no write, yet a
+ * ping queued meanwhile goes out between its fragments (wslay's read
+ * callback returning 0 without eof stalls it, 1.1.1 as in later ones). */
+static void test_stream(void)
+{
+    struct budget b = {.max = 1 << 20};
+    struct pair p;
+    pair_open(&p, 1 << 20, NULL, 0);
+    ws_conn_free(p.c);
+    p.c = ws_conn_new(p.server, &b, NULL, 0, &handlers, &p.rec);
+    static uint8_t msg[20000], got[20000 + 64];
+    for (size_t i = 0; i < sizeof msg; i++)
+        msg[i] = (uint8_t)('a' + i % 26);
+    struct ws_stream *st;
+    is_int(ws_conn_stream_begin(p.c, true, &st), 0, "stream begun");
+    struct buf chunk;
+    buf_init_budget(&chunk, SIZE_MAX, &b);
+    buf_append(&chunk, msg, 12000);
+    is_int(ws_conn_stream_push(p.c, st, &chunk), 0, "first chunk pushed");
+    ok(ws_conn_queued(p.c) >= 12000 && b.used >= 12000, "queued and charged");
+    for (int i = 0; i < 8 && ws_conn_want_write(p.c); i++)
+        ws_conn_write(p.c);
+    ok(!ws_conn_want_write(p.c), "stalled with its last byte held: no write wanted");
+    size_t have = 0;
+    bool fin = false;
+    while (have < 11999 && read_data_until(&p, 0xff, got, &have, &fin, 1) >= 0)
+        ;
+    ok(have == 11999 && !fin, "all but the last byte out, no FIN (%zu)", have);
+    is_int(ws_conn_send_ping(p.c), 0, "a ping queued");
+    ok(ws_conn_want_write(p.c), "a control frame wakes the stalled stream");
+    ws_conn_write(p.c);
+    is_int(read_data_until(&p, 0x9, got, &have, &fin, 4), 0x9, "the ping goes between fragments");
+    buf_init_budget(&chunk, SIZE_MAX, &b);
+    buf_append(&chunk, msg + 12000, sizeof msg - 12000);
+    ws_conn_stream_push(p.c, st, &chunk);
+    ws_conn_stream_end(p.c, st);
+    for (int i = 0; i < 8 && ws_conn_want_write(p.c); i++)
+        ws_conn_write(p.c);
+    while (!fin && read_data_until(&p, 0xff, got, &have, &fin, 1) >= 0)
+        ;
+    ok(fin && have == sizeof msg && memcmp(got, msg, sizeof msg) == 0,
+       "ended: the rest, FIN last, the message exact");
+    ok(ws_conn_queued(p.c) == 0 && b.used == 0, "nothing held, nothing charged");
+    pair_close(&p);
+
+    /* Aborted: a close goes out between its fragments; what was queued after
+     * it never does, and does not hold the close back. */
+    pair_open(&p, 1 << 20, NULL, 0);
+    ws_conn_free(p.c);
+    p.c = ws_conn_new(p.server, &b, NULL, 0, &handlers, &p.rec);
+    ws_conn_stream_begin(p.c, false, &st);
+    buf_init_budget(&chunk, SIZE_MAX, &b);
+    buf_append(&chunk, msg, 9000);
+    ws_conn_stream_push(p.c, st, &chunk);
+    ws_conn_send_text(p.c, (const uint8_t *)"after", 5);
+    for (int i = 0; i < 8 && ws_conn_want_write(p.c); i++)
+        ws_conn_write(p.c);
+    ok(ws_conn_pending(p.c), "pending while the stream may still end");
+    ws_conn_stream_abort(p.c, st);
+    for (int i = 0; i < 8 && ws_conn_want_write(p.c); i++)
+        ws_conn_write(p.c);
+    ok(!ws_conn_pending(p.c), "behind an aborted stream nothing is pending");
+    is_int(ws_conn_close(p.c, 1011, "bad at its end"), 0, "close queued");
+    for (int i = 0; i < 8 && ws_conn_want_write(p.c); i++)
+        ws_conn_write(p.c);
+    have = 0;
+    fin = false;
+    int op = read_data_until(&p, 0x8, got, &have, &fin, 16);
+    ok(op == 0x8 && !fin && have < 9000, "close after %zu bytes, never FIN, never 'after'", have);
+    ok(ws_conn_finished(p.c), "finished once the close is out");
+    pair_close(&p);
+    ok(b.used == 0, "all given back");
+}
+
+/* A streamed incoming message: its payload is handed over in chunks of at
+ * most WS_STREAM_CHUNK as it arrives (a fragmented one too), the chunks
+ * charged until taken, nothing assembled; UTF-8 is checked across chunks,
+ * the limit across frames. */
+struct srec {
+    struct buf got;    /* what the chunks brought */
+    int chunks, ends;
+    size_t biggest;
+    size_t end_len;    /* on_msg_end's buffer: empty for a stream */
+    bool end_text;
+};
+
+static uint64_t stream_begin(void *ud, struct ws_msg_start *m)
+{
+    m->stream = true;
+    return 300000;
+}
+
+static bool stream_chunk(void *ud, struct buf *chunk)
+{
+    struct srec *r = ud;
+    r->chunks++;
+    r->biggest = chunk->len > r->biggest ? chunk->len : r->biggest;
+    buf_append(&r->got, chunk->data, chunk->len);
+    return true;
+}
+
+static void stream_end(void *ud, bool text, struct buf *msg)
+{
+    struct srec *r = ud;
+    r->ends++;
+    r->end_len = msg->len;
+    r->end_text = text;
+}
+
+static void test_stream_in(void)
+{
+    static const struct ws_handlers sh = {.on_msg_begin = stream_begin, .on_msg_end = stream_end,
+                                          .on_msg_chunk = stream_chunk};
+    struct budget b = {.max = 1 << 20};
+    struct srec r = {0};
+    buf_init(&r.got, SIZE_MAX);
+    struct pair p;
+    pair_open(&p, 1 << 20, NULL, 0);
+    ws_conn_free(p.c);
+    p.c = ws_conn_new(p.server, &b, NULL, 0, &sh, &r);
+    static uint8_t msg[200000];
+    for (size_t i = 0; i < sizeof msg; i += 2) { /* "é" repeated: cut anywhere */
+        msg[i] = 0xc3;
+        msg[i + 1] = 0xa9;
+    }
+    static uint8_t wire[2 * sizeof msg + 64];
+    size_t w = frame(wire, false, 0x1, msg, 70001, true); /* a character cut between frames */
+    w += frame(wire + w, true, 0x0, msg + 70001, sizeof msg - 70001, true);
+    write_pumped(&p, wire, w, 9000);
+    is_int(pump(&p), 0, "streamed text read");
+    ok(r.ends == 1 && r.end_text && r.end_len == 0, "ended once, nothing in the end buffer");
+    ok(r.got.len == sizeof msg && memcmp(r.got.data, msg, sizeof msg) == 0,
+       "the chunks make the message (%zu bytes in %d chunks)", r.got.len, r.chunks);
+    ok(r.chunks >= 4 && r.biggest <= WS_STREAM_CHUNK, "in chunks of at most WS_STREAM_CHUNK");
+    ok(b.used == 0, "nothing held");
+    /* over the limit across frames: refused at the header that passes it */
+    w = frame(wire, false, 0x2, msg, 200000, true);
+    w += frame(wire + w, true, 0x0, msg, 200000, true);
+    write_pumped(&p, wire, w, 9000);
+    expect_close(&p, 1009, "300000 bytes at most, across frames");
+    pair_close(&p);
+    /* bad UTF-8 in a later chunk: refused, 1007 */
+    memset(&r, 0, sizeof r);
+    buf_init(&r.got, SIZE_MAX);
+    pair_open(&p, 1 << 20, NULL, 0);
+    ws_conn_free(p.c);
+    p.c = ws_conn_new(p.server, &b, NULL, 0, &sh, &r);
+    msg[150001] = 0xff;
+    w = frame(wire, true, 0x1, msg, sizeof msg, true);
+    write_pumped(&p, wire, w, 9000);
+    expect_close(&p, 1007, "streamed text not UTF-8");
+    ok(r.ends == 0, "never ended");
+    buf_free(&r.got);
+    pair_close(&p);
+    ok(b.used == 0, "all given back");
 }
 
 /* A close reason that is not UTF-8 is refused with 1007, also when it arrives
@@ -1017,6 +1233,9 @@ int main(void)
     test_dropped_message();
     test_budget_refusals();
     test_send_buf_fragments();
+    test_window_holds_pings();
+    test_stream();
+    test_stream_in();
     test_text();
     test_fragmented();
     test_binary();
