@@ -7,12 +7,14 @@ started, and sandboxes are still above them).
 
 The OOM case: forkboxd in a v1 memory cgroup of its own, 512 MiB, smaller
 than what its turns may take (--memory 256M each): three clients stall in
-the middle of 90 MiB uploads, which the supervisor holds (270 MiB), and four
-turns allocate 150 MiB each. The kernel kills sandboxes; the supervisor, the
-fork server and its helper live on; the killed turns end with a reason and
-the daemon serves the next turn. On d4bf581 (oom_score_adj 0 everywhere)
-the OOM killer took the biggest process, the supervisor: exit 137, every
-turn gone, nothing to restart it.
+the middle of 90 MiB uploads and four turns allocate 150 MiB each. The kernel
+kills sandboxes; the supervisor, the fork server and its helper live on; the
+killed turns end with a reason and the daemon serves the next turn. On
+d4bf581 (oom_score_adj 0 everywhere) the supervisor held the uploads (270
+MiB), the OOM killer took it as the biggest process: exit 137, every turn
+gone, nothing to restart it. Since the relay holds a window, not a message
+(issue 25), the uploads' bytes are in their sandboxes instead, which the
+kernel kills first whatever their size.
 """
 
 import asyncio
@@ -106,8 +108,8 @@ class MemoryCgroup:
 
 
 def stall_upload(d) -> RawWS:
-    """A client whose tools archive stops 90 MiB into a 95 MiB frame: the
-    supervisor holds what came."""
+    """A client whose tools archive stops 90 MiB into a 95 MiB frame (held by
+    the supervisor on d4bf581, passed on to the sandbox now)."""
     ws = RawWS(d.port, token=d.token, timeout=T)
     ws.sock.sendall(struct.pack("!BBQ", 0x82, 0x80 | 127, UPLOAD) + b"\0\0\0\0")
     chunk = os.urandom(MiB)
@@ -184,7 +186,9 @@ def test_oom_kills_sandboxes_not_the_daemon(make_daemon):
         helper = helper_pid(fs)
         for _ in range(3):
             uploads.append(stall_upload(d))
-        assert wait_until(lambda: vm_rss(d.pid) > 3 * STALLED_AT * 9 // 10, 20), vm_rss(d.pid)
+        # What came of them moved on to their sandboxes, a window at a time:
+        # the supervisor holds a few windows, not the uploads.
+        assert vm_rss(d.pid) < 64 * MiB, vm_rss(d.pid)
 
         async def go():
             return await asyncio.gather(*[allocating_turn(d) for _ in range(4)])
