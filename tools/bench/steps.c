@@ -26,7 +26,7 @@ static const struct step_row {
     {"clone", "fork server: clone(), six namespaces", {"clone_ret"}},
     {"maps", "fork server: setgroups, uid_map, gid_map", {NULL}},
     {"handoff", "fork server: placement queued, reply sent", {NULL}},
-    {"start", "clone -> child running", {"child_start"}},
+    {"start", "clone returned -> child running", {"child_start"}},
     {"placed", "cgroup placer: attach (its own wall/CPU)", {NULL}},
     {"ids", "child: wait for the maps, setresuid/gid", {"uid_gid_maps"}},
     {"root", "mounts: bind root, pivot_root", {"mnt_rprivate", "root_tmpfs", "skeleton",
@@ -123,8 +123,8 @@ static double floor_value(const char *out, const char *name, const char *k)
 }
 
 /* One sandbox's "sandbox PID steps: name=WALL/CPU/FAULTS ..." line into per-step samples (us,
- * us, count); the wall from its clone to ready (the sum of its steps from start to ready, ms)
- * into to_ready. */
+ * us, count); the wall from its clone to ready (ms: the fork server's clone, then the child's
+ * steps from start, which counts from clone's return, to ready) into to_ready. */
 static void parse_steps(const char *line, struct samples *wall, struct samples *cpu,
                         struct samples *flt, struct samples *to_ready)
 {
@@ -148,7 +148,7 @@ static void parse_steps(const char *line, struct samples *wall, struct samples *
             samples_add(&flt[i], f);
             if (!strcmp(step_rows[i].name, "start"))
                 child = true;
-            if (child && !ready)
+            if ((child && !ready) || !strcmp(step_rows[i].name, "clone"))
                 sum += w;
             if (!strcmp(step_rows[i].name, "ready"))
                 ready = true;
