@@ -191,10 +191,6 @@
 #define LOGQ_READS_PER_WAKEUP 4
 #define LOGQ_EXIT_FLUSH_MS 2000
 #define LOGQ_STACK_BYTES (64 * KiB)
-/* The writer lets lines gather this long after the first before it writes
- * them, unless the queue is a quarter full: one wakeup and one write(2) for
- * a burst, not for every line. */
-#define LOGQ_BATCH_MS 10
 
 /* The event loop (loop/loop.h, loop/watchdog.h): an iteration this long is
  * logged; a loop stuck in one call this long is logged, and exits the

@@ -79,17 +79,6 @@ static void *writer_main(void *arg)
             pthread_cond_broadcast(&q.empty);
             pthread_cond_wait(&q.more, &q.mu);
         }
-        /* Let the rest of the burst come (a turn logs several lines within
-         * a millisecond at debug level): while we sleep, no producer finds
-         * us waiting, so a push costs no futex wakeup, and what gathered
-         * goes in one write. Woken per line, this thread cost the
-         * supervisor ~0.1 ms of CPU per turn at debug level (four futex
-         * calls and a write a line, strace -c; forkbox-bench 16 x 1). */
-        if (q.n < LOGQ_BYTES / 4) {
-            pthread_mutex_unlock(&q.mu);
-            nanosleep(&(struct timespec){.tv_nsec = LOGQ_BATCH_MS * 1000000L}, NULL);
-            pthread_mutex_lock(&q.mu);
-        }
         /* The contiguous run from tail: one write, or two at the wrap. */
         size_t span = q.n < LOGQ_BYTES - q.tail ? q.n : LOGQ_BYTES - q.tail;
         const uint8_t *p = q.ring + q.tail;
