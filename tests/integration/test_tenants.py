@@ -273,8 +273,9 @@ def test_tenant_buffer_ends_only_that_tenants_turn(make_daemon, tmp_path):
     assert a1.exit_code == 0 and a1.stdout == "sent\n", a1
 
 
-TENANT_CG = re.compile(r"^(?:\d+:(?:[^:]*,)?cpu(?:,[^:]*)?|0:):.*/tenant-\d+-(\d+)/turn-\d+-\d+$",
-                       re.M)
+# tenant-<first id>-<placer pid>-<tenant>/turn-<first id>-<placer pid>-<seq> (cgroups.c)
+TENANT_CG = re.compile(
+    r"^(?:\d+:(?:[^:]*,)?cpu(?:,[^:]*)?|0:):.*/tenant-\d+-\d+-(\d+)/turn-\d+-\d+-\d+$", re.M)
 
 
 def tenants_running(d) -> list:
