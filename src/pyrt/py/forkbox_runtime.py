@@ -459,6 +459,7 @@ class _Turn:
         # Python-level signal handlers, suspended while the runtime's own code
         # runs (see suspend_handlers); SIGINT raises KeyboardInterrupt in blocks.
         self.handlers = {signal.SIGINT: signal.default_int_handler}
+        self.blocks = 0  # blocks of the turn begun (the warm-up's are not the turn's)
 
     def log_error_and_exit(self, msg):
         try:
@@ -609,7 +610,13 @@ class _Turn:
 
     def run_block(self, code):
         _fb.capture_begin()
-        self.reset_stdio()
+        # Before the turn's first block no code of the turn has run: stdio is as the fork
+        # server made it (a pooled sandbox's warm-up puts it back). Checking it anyway
+        # touched the three stdio objects and their buffers: 14 of a fresh turn's ~330
+        # copy-on-write faults (forkbox-bench --rows steps, the block row).
+        if self.blocks:
+            self.reset_stdio()
+        self.blocks += 1
         sys.modules["__main__"] = self.main
         _fb.block_begin()
         exit_code = _execute(code, self.main.__dict__, self.stdio[2], self.restore_handlers)
