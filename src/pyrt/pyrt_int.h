@@ -110,10 +110,6 @@ void calls_fail_all(const char *message);
  * -errno. reader_next() waits for the next message that is not a tool result
  * and hands it over (type, malloc'd data). */
 int reader_start(void);
-/* _forkbox.next_message()'s type for a run frame it decoded itself: not a
- * channel type ('F', 'T', 'W', 'S'). */
-#define PYRT_RUN 'R'
-
 void reader_next(enum chan_type *type, uint8_t **data, size_t *len);
 /* Before reader_start(): the channel's next message, read by the caller
  * (pyrt_serve, for the turn's first). EOF ends the process, as in the
@@ -153,8 +149,6 @@ struct pyrt_state {
     bool capturing;
     struct snapshot_iov snap; /* the last snapshot, until send_snapshot(); its
                                  pieces may point into snap_cache */
-    uint8_t *archive;    /* the archive next_message() returned, until extracted (owned) */
-    size_t archive_len;
 };
 
 extern struct pyrt_state g_pyrt;

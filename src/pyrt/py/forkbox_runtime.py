@@ -29,9 +29,7 @@ import types
 import _forkbox as _fb
 
 _CHAN_FRAME = ord("F")
-_CHAN_WORKSPACE = ord("W")
 _CHAN_SNAPSHOT = ord("S")
-_RUN = ord("R")  # from _forkbox.next_message: a run frame's code, decoded in C
 
 _EXCLUDED_DISTS = {"adk-code-mode-sandbox", "websockets", "pip", "setuptools", "wheel"}
 _FILENAME = "<code-mode>"
@@ -461,39 +459,11 @@ class _Turn:
         self.handlers = {signal.SIGINT: signal.default_int_handler}
         self.blocks = 0  # blocks of the turn begun (the warm-up's are not the turn's)
 
-    def log_error_and_exit(self, msg):
-        try:
-            _fb.send(_CHAN_FRAME, _log_error_frame(msg))
-        finally:
-            os._exit(3)
-
-    # -- the main loop, on the main thread ---------------------------------
-    def loop(self):
-        """Messages in the order the supervisor sent them, but for tool
-        results: the channel reader (reader.c, a C thread) hands those to
-        their calls itself, also while a block runs. The tools archive and
-        ready were C's (pyrt_tools_and_ready): another tools archive is
-        dropped."""
-        while True:
-            try:
-                typ, payload = _fb.next_message()  # archives stay in C: payload None
-            except KeyboardInterrupt:
-                continue
-            if typ == _CHAN_WORKSPACE:
-                try:
-                    _fb.extract_workspace()
-                except OSError as e:
-                    self.log_error_and_exit(f"workspace archive: {e.strerror or e}")
-            elif typ == _RUN:
-                self.run_block(payload)
-            elif typ == _CHAN_FRAME:
-                self.on_frame(payload)
-            # anything else is ignored (the supervisor enforces the states)
-
+    # -- the turn's messages: _fb.serve_loop (module.c) calls these -------
     def on_frame(self, payload):
-        """A frame next_message() did not decode itself. Only a run frame
-        matters here: a tool result reaches the main loop only if no call
-        was waiting when it came (reader.c), so it is dropped like any other
+        """A frame serve_loop did not decode itself. Only a run frame
+        matters here: a tool result reaches the loop only if no call was
+        waiting when it came (reader.c), so it is dropped like any other
         late or unknown result."""
         try:
             frame = self.protocol.decode(payload)
@@ -765,7 +735,7 @@ def serve(tools_dir):
         turn.finder._dir = tools_dir
         turn.pid = os.getpid()
         sys.modules["__main__"] = turn.main
-        turn.loop()
+        _fb.serve_loop(turn)  # returns only with an exception
     except BaseException as e:
         try:
             msg = "".join(traceback.format_exception(type(e), e, e.__traceback__))
