@@ -157,20 +157,21 @@ static int extract(const uint8_t *p, size_t n, int dest_fd, char *msg, size_t ms
     return r;
 }
 
-/* serve_loop(turn): the turn's messages in the order the supervisor sent them,
+/* The turn's messages in the order the supervisor sent them,
  * waited for without the GIL, for as long as the turn lasts: a workspace
  * archive is extracted (one that fails ends the turn: an error log frame,
  * exit 3), a run frame in the supervisor's form goes to turn.run_block(code),
  * any other frame to turn.on_frame(payload); a tool result reaches this loop
  * only if no call waited for it (reader.c), and on_frame drops it; a later
  * tools archive is dropped. Returns only with an exception: the runtime's
- * own failure, which serve() reports. In C, not Python: the frames and
- * objects a Python loop touched were copy-on-write pages of a fresh sandbox
- * (forkbox-bench --rows steps, run_in row: 88-89 -> 82 faults). */
-static PyObject *fb_serve_loop(PyObject *self, PyObject *turn)
+ * own failure, which pyrt_serve reports. In C, not Python, and entered from
+ * C: the frames and objects a Python loop and its set-up touched were
+ * copy-on-write pages of a fresh sandbox (forkbox-bench --rows steps: run_in
+ * and block rows 88-89 + 116-117 faults with both in Python, 82 + 116-117
+ * with the loop in C, 47-48 + 141-142 entered from C: the first Python
+ * frame's costs now fall in the block). */
+void pyrt_serve_turn(PyObject *turn)
 {
-    if (refused_in_forked_copy())
-        return NULL;
     PyObject *run_block = PyObject_GetAttrString(turn, "run_block");
     PyObject *on_frame = run_block ? PyObject_GetAttrString(turn, "on_frame") : NULL;
     while (on_frame) {
@@ -224,7 +225,20 @@ static PyObject *fb_serve_loop(PyObject *self, PyObject *turn)
     }
     Py_XDECREF(run_block);
     Py_XDECREF(on_frame);
-    return NULL;
+}
+
+/* tools_dir() -> str: the sandbox's tools directory (the `tools` finder's). */
+static PyObject *fb_tools_dir(PyObject *self, PyObject *unused)
+{
+    if (!g_pyrt.tools_dir)
+        Py_RETURN_NONE;
+    return PyUnicode_DecodeFSDefault(g_pyrt.tools_dir);
+}
+
+/* forked_copy() -> bool: this is a copy user code forked from the runtime. */
+static PyObject *fb_forked_copy(PyObject *self, PyObject *unused)
+{
+    return PyBool_FromLong(pyrt_forked_copy());
 }
 
 /* send(type, data): one message, whatever the block state (ready, output, log). */
@@ -726,7 +740,8 @@ static PyObject *fb_sanitize_env(PyObject *self, PyObject *unused)
 }
 
 static PyMethodDef fb_methods[] = {
-    {"serve_loop", fb_serve_loop, METH_O, "Serve the turn's messages with turn.run_block and turn.on_frame; returns only with an exception."},
+    {"tools_dir", fb_tools_dir, METH_NOARGS, "The sandbox's tools directory."},
+    {"forked_copy", fb_forked_copy, METH_NOARGS, "True in a copy user code forked from the runtime."},
     {"send", fb_send, METH_VARARGS, "send(type, data): write one channel message."},
     {"call", fb_call, METH_VARARGS, "call(id, frame): send a tool_call if a block runs and wait: bytes, str (failed) or None (not sent)."},
     {"deliver", fb_deliver, METH_VARARGS, "deliver(id, frame): wake the call waiting for this tool_result."},

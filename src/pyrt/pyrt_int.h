@@ -120,6 +120,9 @@ void reader_read_first(enum chan_type *type, uint8_t **data, size_t *len);
  * ready (module.c); read by the caller, or from the reader once it runs.
  * Never returns on an error: the error frame goes, and the process exits 3. */
 void pyrt_tools_and_ready(bool reader_running);
+/* Serve the turn's messages with turn.run_block and turn.on_frame (module.c);
+ * returns only with an exception set. */
+void pyrt_serve_turn(PyObject *turn);
 
 struct pyrt_state {
     /* from struct config, copied by pyrt_init() */
@@ -138,6 +141,7 @@ struct pyrt_state {
     int chan_fd;         /* borrowed from the caller of pyrt_serve; -1 in a forked copy */
     pid_t owner_pid;     /* the runtime's pid: a forked copy of it has another */
     int tools_fd;        /* owned until the tools archive is extracted */
+    const char *tools_dir; /* the tools' path in the sandbox (pyrt_serve's, borrowed) */
     int warm_fd;         /* owned (pooled children): "warmed up" goes here, once */
     int ws_fd;           /* workspace root, O_DIRECTORY (owned) */
     struct snapshot_cache *snap_cache; /* owned, made at the first snapshot;

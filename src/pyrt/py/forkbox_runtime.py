@@ -148,18 +148,16 @@ class ToolsFinder:
     finder through tools.__path__; the parent directory of tools_dir is never
     put on sys.path (spec 9.2, "/ on sys.path")."""
 
-    def __init__(self, tools_dir):
-        self._dir = tools_dir
-
     def find_spec(self, fullname, path=None, target=None):
         if fullname != "tools":
             return None
-        init = os.path.join(self._dir, "__init__.py")
+        tools_dir = _fb.tools_dir()  # the sandbox's (pyrt_serve); set nothing per turn here
+        init = os.path.join(tools_dir, "__init__.py")
         if os.path.isfile(init):
             return importlib.util.spec_from_file_location(
-                "tools", init, submodule_search_locations=[self._dir])
+                "tools", init, submodule_search_locations=[tools_dir])
         spec = importlib.machinery.ModuleSpec("tools", None, is_package=True)
-        spec.submodule_search_locations = [self._dir]
+        spec.submodule_search_locations = [tools_dir]
         return spec
 
     def invalidate_caches(self):
@@ -384,9 +382,8 @@ def _prepare_turn():
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     if hasattr(signal, "SIGXFSZ"):
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    finder = ToolsFinder(None)  # its directory is the sandbox's: set by serve()
-    sys.meta_path.insert(0, finder)
-    turn = _Turn(finder)
+    sys.meta_path.insert(0, ToolsFinder())
+    turn = _Turn()
     turn.stdio = _stdio_as_in_a_block()
     # The runtime's stdio for the whole life of every sandbox (see
     # _Turn.reset_stdio), and the fork server's own too (it prints nothing
@@ -441,16 +438,14 @@ def _stdio_as_in_a_block():
 
 
 class _Turn:
-    def __init__(self, finder):
+    def __init__(self):
         from adk_code_mode_sandbox import _rpc_client, protocol
         self.protocol = protocol
-        self.finder = finder
         self.rpc = _rpc_client.RpcClient(_fb.call)
         _rpc_client.install(self.rpc)
         self.main = types.ModuleType("__main__")  # __name__, __doc__, __package__, __loader__, __spec__
         self.main.__dict__["__builtins__"] = builtins
         self.stdio = None  # (stdin, stdout, stderr): the runtime's, see reset_stdio
-        self.pid = None  # the runtime's pid, set in the sandbox (serve)
         # Every stdio object the runtime took out of sys, by id: never freed
         # (see reset_stdio), so an id is never reused while it is here.
         self.retired = {}
@@ -590,7 +585,7 @@ class _Turn:
         sys.modules["__main__"] = self.main
         _fb.block_begin()
         exit_code = _execute(code, self.main.__dict__, self.stdio[2], self.restore_handlers)
-        if os.getpid() != self.pid:
+        if _fb.forked_copy():
             _exit_forked_copy(exit_code)
         while True:
             try:
@@ -722,23 +717,16 @@ def _reader_offer(payload):
 def warm():
     """Called by pyrt_serve() in a pooled sandbox, before it waits for its
     tools: warm up, and say so."""
-    _next_turn.pid = os.getpid()
     sys.modules["__main__"] = _next_turn.main
     _next_turn.warm_up()
     _fb.warm_done()
 
 
-def serve(tools_dir):
-    """Called by pyrt_serve() once ready is sent; never returns."""
+def internal_error(e):
+    """Called by pyrt_serve() when the turn's loop (module.c, serve_loop) ended
+    with exception e: the runtime failed. Never returns."""
     try:
-        turn = _next_turn
-        turn.finder._dir = tools_dir
-        turn.pid = os.getpid()
-        sys.modules["__main__"] = turn.main
-        _fb.serve_loop(turn)  # returns only with an exception
-    except BaseException as e:
-        try:
-            msg = "".join(traceback.format_exception(type(e), e, e.__traceback__))
-            _fb.send(_CHAN_FRAME, _log_error_frame("forkbox runtime: internal error: " + msg))
-        finally:
-            os._exit(4)
+        msg = "".join(traceback.format_exception(type(e), e, e.__traceback__))
+        _fb.send(_CHAN_FRAME, _log_error_frame("forkbox runtime: internal error: " + msg))
+    finally:
+        os._exit(4)
