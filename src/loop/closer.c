@@ -126,10 +126,11 @@ void closer_close(int fd, unsigned flags)
         q.ring[(q.head + q.n) % CLOSER_QUEUE_MAX] = (struct closer_item){fd, flags};
         q.n++;
         q.queued++;
-        pthread_cond_signal(&q.cv);
     }
     uint64_t dropped = q.dropped;
     pthread_mutex_unlock(&q.mu);
+    if (!full) /* after the unlock, as logq_push does (why: there) */
+        pthread_cond_signal(&q.cv);
     /* Once, then at every power of two: the log line must not become a
      * flood of its own. */
     if (full && (dropped & (dropped - 1)) == 0)

@@ -144,40 +144,101 @@ static PyObject *run_code(const uint8_t *data, size_t len)
     return r;
 }
 
-/* next_message() -> (type, payload): the next message the channel reader
- * (reader.c) queued for the main loop, waited for without the GIL. A frame's
- * payload is bytes, or for a run frame in the supervisor's form the type is
- * PYRT_RUN and the payload its code (str). A workspace archive stays in C (it
- * can be 100 MiB) until extract_workspace() takes it; its payload is None,
- * as a tools archive's (the turn's first was pyrt_tools_and_ready's: one
- * more is ignored). */
-static PyObject *fb_next_message(PyObject *self, PyObject *unused)
+/* An incoming archive into dest_fd, within the turn's limits; msg says why
+ * it failed (always set on failure). 0 or -errno. */
+static int extract(const uint8_t *p, size_t n, int dest_fd, char *msg, size_t msglen)
 {
-    if (refused_in_forked_copy())
-        return NULL;
-    enum chan_type type;
-    uint8_t *data;
-    size_t len;
-    Py_BEGIN_ALLOW_THREADS
-    reader_next(&type, &data, &len);
-    Py_END_ALLOW_THREADS
-    if (type != CHAN_FRAME) {
-        free(g_pyrt.archive);
-        g_pyrt.archive = type == CHAN_TOOLS ? NULL : data; /* a second tools archive: dropped */
-        g_pyrt.archive_len = type == CHAN_TOOLS ? 0 : len;
-        if (type == CHAN_TOOLS)
+    struct archive_limits lim = {.max_unpacked = g_pyrt.max_unpacked,
+                                 .max_members = g_pyrt.max_members};
+    struct extract_stats st = {0};
+    int r = archive_extract(p ? p : (const uint8_t *)"", n, dest_fd, &lim, &st, msg, msglen);
+    if (r < 0 && !msg[0])
+        snprintf(msg, msglen, "%s", strerror(-r));
+    return r;
+}
+
+/* The turn's messages in the order the supervisor sent them,
+ * waited for without the GIL, for as long as the turn lasts: a workspace
+ * archive is extracted (one that fails ends the turn: an error log frame,
+ * exit 3), a run frame in the supervisor's form goes to turn.run_block(code),
+ * any other frame to turn.on_frame(payload); a tool result reaches this loop
+ * only if no call waited for it (reader.c), and on_frame drops it; a later
+ * tools archive is dropped. Returns only with an exception: the runtime's
+ * own failure, which pyrt_serve reports. In C, not Python, and entered from
+ * C: the frames and objects a Python loop and its set-up touched were
+ * copy-on-write pages of a fresh sandbox (forkbox-bench --rows steps: run_in
+ * and block rows 88-89 + 116-117 faults with both in Python, 82 + 116-117
+ * with the loop in C, 47-48 + 141-142 entered from C: the first Python
+ * frame's costs now fall in the block). */
+void pyrt_serve_turn(PyObject *turn)
+{
+    PyObject *run_block = PyObject_GetAttrString(turn, "run_block");
+    PyObject *on_frame = run_block ? PyObject_GetAttrString(turn, "on_frame") : NULL;
+    while (on_frame) {
+        enum chan_type type;
+        uint8_t *data;
+        size_t len;
+        Py_BEGIN_ALLOW_THREADS
+        reader_next(&type, &data, &len);
+        Py_END_ALLOW_THREADS
+        /* A handler that raised while we waited: as the Python loop did,
+         * KeyboardInterrupt is dropped, anything else is the runtime's
+         * failure. */
+        if (PyErr_CheckSignals() < 0) {
+            if (!PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) {
+                free(data);
+                break;
+            }
+            PyErr_Clear();
+        }
+        if (type == CHAN_WORKSPACE) {
+            char msg[300] = "workspace archive: ";
+            int e;
+            Py_BEGIN_ALLOW_THREADS
+            e = extract(data, len, g_pyrt.ws_fd, msg + strlen(msg), sizeof msg - strlen(msg));
+            Py_END_ALLOW_THREADS
             free(data);
-        return Py_BuildValue("(iO)", (int)type, Py_None);
+            if (e < 0) {
+                pthread_mutex_lock(&g_pyrt.send_lock);
+                (void)chan_write_log(g_pyrt.chan_fd, "error", msg);
+                _exit(3);
+            }
+        } else if (type == CHAN_FRAME) {
+            PyObject *r, *code = run_code(data, len);
+            if (code) {
+                free(data);
+                steptime_mark(ST_R_RUN);
+                r = PyObject_CallOneArg(run_block, code);
+                Py_DECREF(code);
+            } else {
+                PyObject *payload = PyBytes_FromStringAndSize((const char *)data, (Py_ssize_t)len);
+                free(data);
+                r = payload ? PyObject_CallOneArg(on_frame, payload) : NULL;
+                Py_XDECREF(payload);
+            }
+            if (!r)
+                break;
+            Py_DECREF(r);
+        } else {
+            free(data); /* a later tools archive; nothing else comes from the supervisor */
+        }
     }
-    PyObject *code = run_code(data, len);
-    if (code) {
-        free(data);
-        steptime_mark(ST_R_RUN);
-        return Py_BuildValue("(iN)", PYRT_RUN, code);
-    }
-    PyObject *payload = PyBytes_FromStringAndSize((const char *)data, (Py_ssize_t)len);
-    free(data);
-    return payload ? Py_BuildValue("(iN)", (int)type, payload) : NULL;
+    Py_XDECREF(run_block);
+    Py_XDECREF(on_frame);
+}
+
+/* tools_dir() -> str: the sandbox's tools directory (the `tools` finder's). */
+static PyObject *fb_tools_dir(PyObject *self, PyObject *unused)
+{
+    if (!g_pyrt.tools_dir)
+        Py_RETURN_NONE;
+    return PyUnicode_DecodeFSDefault(g_pyrt.tools_dir);
+}
+
+/* forked_copy() -> bool: this is a copy user code forked from the runtime. */
+static PyObject *fb_forked_copy(PyObject *self, PyObject *unused)
+{
+    return PyBool_FromLong(pyrt_forked_copy());
 }
 
 /* send(type, data): one message, whatever the block state (ready, output, log). */
@@ -433,19 +494,6 @@ static PyObject *fb_output(PyObject *self, PyObject *args)
 
 /* ---- archives --------------------------------------------------------- */
 
-/* An incoming archive into dest_fd, within the turn's limits; msg says why
- * it failed (always set on failure). 0 or -errno. */
-static int extract(const uint8_t *p, size_t n, int dest_fd, char *msg, size_t msglen)
-{
-    struct archive_limits lim = {.max_unpacked = g_pyrt.max_unpacked,
-                                 .max_members = g_pyrt.max_members};
-    struct extract_stats st = {0};
-    int r = archive_extract(p ? p : (const uint8_t *)"", n, dest_fd, &lim, &st, msg, msglen);
-    if (r < 0 && !msg[0])
-        snprintf(msg, msglen, "%s", strerror(-r));
-    return r;
-}
-
 /* The turn's first message is its tools archive (the supervisor sends it as
  * soon as it has the channel): extracted and answered with ready here, in C,
  * before the interpreter runs a frame and, in a fresh sandbox, before the
@@ -485,30 +533,19 @@ void pyrt_tools_and_ready(bool reader_running)
     pthread_mutex_unlock(&g_pyrt.send_lock);
 }
 
-/* Extract the archive given (bytes-like), or with none the one
- * next_message() held back, into dest_fd. */
-static PyObject *extract_into(PyObject *args, int dest_fd, const char *fmt)
+/* extract_workspace(data): the archive given (bytes-like) into the workspace
+ * (a pooled sandbox's warm-up; the turn's own come through serve_loop). */
+static PyObject *fb_extract_workspace(PyObject *self, PyObject *arg)
 {
-    PyObject *arg = NULL;
-    if (!PyArg_ParseTuple(args, fmt, &arg))
+    Py_buffer data;
+    if (PyObject_GetBuffer(arg, &data, PyBUF_SIMPLE) < 0)
         return NULL;
-    Py_buffer data = {0};
-    if (arg && PyObject_GetBuffer(arg, &data, PyBUF_SIMPLE) < 0)
-        return NULL;
-    const uint8_t *p = arg ? data.buf : g_pyrt.archive;
-    size_t n = arg ? (size_t)data.len : g_pyrt.archive_len;
     char msg[256] = "";
     int r;
     Py_BEGIN_ALLOW_THREADS
-    r = extract(p, n, dest_fd, msg, sizeof(msg));
+    r = extract(data.buf, (size_t)data.len, g_pyrt.ws_fd, msg, sizeof(msg));
     Py_END_ALLOW_THREADS
-    if (arg)
-        PyBuffer_Release(&data);
-    else {
-        free(g_pyrt.archive);
-        g_pyrt.archive = NULL;
-        g_pyrt.archive_len = 0;
-    }
+    PyBuffer_Release(&data);
     if (r < 0) {
         PyObject *e = Py_BuildValue("(is)", -r, msg);
         if (e) {
@@ -518,12 +555,6 @@ static PyObject *extract_into(PyObject *args, int dest_fd, const char *fmt)
         return NULL;
     }
     Py_RETURN_NONE;
-}
-
-/* extract_workspace([data]): into the workspace. */
-static PyObject *fb_extract_workspace(PyObject *self, PyObject *args)
-{
-    return extract_into(args, g_pyrt.ws_fd, "|O:extract_workspace");
 }
 
 /* snapshot() -> (files left out over the cap, files and directories left
@@ -709,7 +740,8 @@ static PyObject *fb_sanitize_env(PyObject *self, PyObject *unused)
 }
 
 static PyMethodDef fb_methods[] = {
-    {"next_message", fb_next_message, METH_NOARGS, "Next queued channel message: (type, payload or None)."},
+    {"tools_dir", fb_tools_dir, METH_NOARGS, "The sandbox's tools directory."},
+    {"forked_copy", fb_forked_copy, METH_NOARGS, "True in a copy user code forked from the runtime."},
     {"send", fb_send, METH_VARARGS, "send(type, data): write one channel message."},
     {"call", fb_call, METH_VARARGS, "call(id, frame): send a tool_call if a block runs and wait: bytes, str (failed) or None (not sent)."},
     {"deliver", fb_deliver, METH_VARARGS, "deliver(id, frame): wake the call waiting for this tool_result."},
@@ -720,7 +752,7 @@ static PyMethodDef fb_methods[] = {
     {"capture_begin", fb_capture_begin, METH_NOARGS, "Route fds 1 and 2 into capped buffers."},
     {"capture_end", fb_capture_end, METH_NOARGS, "Stop capturing; the output stays for output()."},
     {"output", fb_output, METH_VARARGS, "output(exit_code, stderr_notes, send): the output frame."},
-    {"extract_workspace", fb_extract_workspace, METH_VARARGS, "Extract a workspace archive (default: the one held)."},
+    {"extract_workspace", fb_extract_workspace, METH_O, "Extract a workspace archive (bytes) into the workspace."},
     {"snapshot", fb_snapshot, METH_NOARGS,
      "Build the workspace snapshot: (over_cap, bad_names, error)."},
     {"send_snapshot", fb_send_snapshot, METH_NOARGS, "Send the snapshot built last."},

@@ -333,6 +333,7 @@ _Noreturn void pyrt_serve(int chan_fd, int tools_fd, int warm_fd, const char *to
         fail("tools dir", EBADF);
     g_pyrt.warm_fd = warm_fd >= 0 ? settle_fd(warm_fd) : -1;
     g_pyrt.owner_pid = getpid(); /* a syscall: glibc caches no pid */
+    g_pyrt.tools_dir = tools_dir;
     if (pthread_atfork(NULL, NULL, forked_child) != 0)
         fail("pthread_atfork", ENOMEM);
     pthread_mutex_init(&g_pyrt.send_lock, NULL);
@@ -370,9 +371,20 @@ _Noreturn void pyrt_serve(int chan_fd, int tools_fd, int warm_fd, const char *to
     pyrt_tools_and_ready(warm);
     if (!warm && (e = reader_start()) < 0)
         fail("channel reader thread", -e);
-    r = PyObject_CallMethod(g_pyrt.runtime, "serve", "s", tools_dir);
-    /* serve() only comes back on an internal error. */
-    Py_XDECREF(r);
+    /* The loop is entered from C, not through a Python serve(): its frame and
+     * what it set up were copy-on-write faults of every fresh sandbox. */
+    PyObject *turn = PyObject_GetAttrString(g_pyrt.runtime, "_next_turn");
+    if (turn)
+        pyrt_serve_turn(turn); /* only comes back on an internal error */
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (value) {
+        if (tb)
+            PyException_SetTraceback(value, tb);
+        r = PyObject_CallMethod(g_pyrt.runtime, "internal_error", "O", value); /* exits */
+        Py_XDECREF(r);
+    }
     PyErr_Clear();
     send_log_error("forkbox runtime: the turn loop stopped");
     _exit(4);

@@ -51,7 +51,8 @@ void pyrt_after_fork(void);
  *   sys.modules are as without it); it only takes the copy-on-write faults
  *   and first-use costs that the first block would otherwise pay. A tools
  *   archive arriving meanwhile waits until the warm-up is over.
- * tools_dir: the path user code imports and lists (for the `tools` finder).
+ * tools_dir: the path user code imports and lists (for the `tools` finder; kept
+ *   for the whole turn, so it must live as long as the process).
  * workspace_dir: the workspace root as the child sees it (exists, empty); the
  *   cwd is set to it here.
  * On entry fds 0, 1 and 2 are open on /dev/null and chan_fd/tools_fd (and

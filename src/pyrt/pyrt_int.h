@@ -110,10 +110,6 @@ void calls_fail_all(const char *message);
  * -errno. reader_next() waits for the next message that is not a tool result
  * and hands it over (type, malloc'd data). */
 int reader_start(void);
-/* _forkbox.next_message()'s type for a run frame it decoded itself: not a
- * channel type ('F', 'T', 'W', 'S'). */
-#define PYRT_RUN 'R'
-
 void reader_next(enum chan_type *type, uint8_t **data, size_t *len);
 /* Before reader_start(): the channel's next message, read by the caller
  * (pyrt_serve, for the turn's first). EOF ends the process, as in the
@@ -124,6 +120,9 @@ void reader_read_first(enum chan_type *type, uint8_t **data, size_t *len);
  * ready (module.c); read by the caller, or from the reader once it runs.
  * Never returns on an error: the error frame goes, and the process exits 3. */
 void pyrt_tools_and_ready(bool reader_running);
+/* Serve the turn's messages with turn.run_block and turn.on_frame (module.c);
+ * returns only with an exception set. */
+void pyrt_serve_turn(PyObject *turn);
 
 struct pyrt_state {
     /* from struct config, copied by pyrt_init() */
@@ -142,6 +141,7 @@ struct pyrt_state {
     int chan_fd;         /* borrowed from the caller of pyrt_serve; -1 in a forked copy */
     pid_t owner_pid;     /* the runtime's pid: a forked copy of it has another */
     int tools_fd;        /* owned until the tools archive is extracted */
+    const char *tools_dir; /* the tools' path in the sandbox (pyrt_serve's, borrowed) */
     int warm_fd;         /* owned (pooled children): "warmed up" goes here, once */
     int ws_fd;           /* workspace root, O_DIRECTORY (owned) */
     struct snapshot_cache *snap_cache; /* owned, made at the first snapshot;
@@ -153,8 +153,6 @@ struct pyrt_state {
     bool capturing;
     struct snapshot_iov snap; /* the last snapshot, until send_snapshot(); its
                                  pieces may point into snap_cache */
-    uint8_t *archive;    /* the archive next_message() returned, until extracted (owned) */
-    size_t archive_len;
 };
 
 extern struct pyrt_state g_pyrt;

@@ -66,8 +66,10 @@ static void inbox_put(struct inbox_msg *m)
     pthread_mutex_lock(&inbox_mu);
     *inbox_tail = m;
     inbox_tail = &m->next;
-    pthread_cond_signal(&inbox_cv);
     pthread_mutex_unlock(&inbox_mu);
+    /* After the unlock: woken under it, the main thread slept again on the
+     * mutex (two more futex calls and switches a message). */
+    pthread_cond_signal(&inbox_cv);
 }
 
 /* True if Python took the frame (a tool result, delivered or dropped, or

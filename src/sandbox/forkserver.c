@@ -455,7 +455,10 @@ static void step_time(char *line, size_t len, size_t *off, const char *name,
                       const struct steptime_rec *r, int m, const struct steptime_rec *rp,
                       int prev)
 {
-    int64_t wall = prev < 0 ? 0 : (int64_t)(r->wall[m] - rp->wall[prev]);
+    /* Signed: a child can run before clone() returns in the fork server. */
+    int64_t wall = prev < 0 ? 0 : (int64_t)r->wall[m] - (int64_t)rp->wall[prev];
+    if (wall < 0)
+        wall = 0;
     int64_t cpu = (int64_t)r->cpu[m] - (rp == r && prev >= 0 ? (int64_t)rp->cpu[prev] : 0);
     int64_t flt = (int64_t)r->flt[m] - (rp == r && prev >= 0 ? (int64_t)rp->flt[prev] : 0);
     if (prev < 0 && rp == r)
@@ -468,8 +471,9 @@ static void step_time(char *line, size_t len, size_t *off, const char *name,
 /* --step-times: one debug line per fresh sandbox, when it is reaped: each
  * step's wall time, CPU time and page faults since the mark before it in the
  * same process (core/steptime.h), the child's from its record (if it sent
- * one: it did if its first block ended; its first step, from the clone in
- * the fork server), then its exit: the wall time from the first block's
+ * one: it did if its first block ended; its first step, from the return of
+ * clone() in the fork server, as the floor's child_start), then its exit:
+ * the wall time from the first block's
  * snapshot to the reap. Its CPU is not known: killing a pid namespace's init
  * reaps the runtime without adding its CPU to init's rusage. */
 static void log_step_times(const struct sbx_child *c)
@@ -493,7 +497,7 @@ static void log_step_times(const struct sbx_child *c)
         if (!rec.wall[m])
             continue;
         if (prev < 0)
-            step_time(line, sizeof line, &off, steptime_names[m], &rec, m, pt, ST_P_CLONE);
+            step_time(line, sizeof line, &off, steptime_names[m], &rec, m, pt, ST_P_CLONED);
         else
             step_time(line, sizeof line, &off, steptime_names[m], &rec, m, &rec, prev);
         prev = m;

@@ -234,6 +234,9 @@ void cg_cpu_enter(const char *path);      /* the calling process moves in (after
 double cg_cpu_ns(const char *path);       /* CPU used by its processes so far; NAN without */
 void cg_cpu_remove(const char *path);     /* once its processes are gone */
 void cpu_since(const struct server *s, struct cpu_mark *m, double *sup, double *all);
+/* ns[0]: forkboxd's CPU so far, ns[1] its fork server's, ns[2] the fork server's helpers'
+ * (each without children); -1 where not known (the baseline, a process gone). */
+void server_own_cpu(const struct server *s, long long ns[3]);
 
 /* bigdata.c */
 
@@ -346,9 +349,16 @@ double measure_py_turn_start(struct bench *b, struct server *s, unsigned n, unsi
 void measure_rtt(struct bench *b, struct server *s, unsigned n, double *p50, double *p99);
 void measure_tool_call(struct bench *b, struct server *s, unsigned calls, double *inside_us,
                        double *client_us);
+/* CPU per turn of a throughput row, ms; NAN where not known. */
+struct tp_cpu {
+    double machine; /* every CPU's busy time, less the load generator's own */
+    double cgroup;  /* the server's cgroup: it and everything it starts */
+    /* forkboxd, its fork server and the fork server's helper (the cgroup placer), each
+     * without its children: what is left of `cgroup` is the sandboxes' (their exits too) */
+    double sup, fs, helper;
+};
 void measure_throughput(struct bench *b, struct server *s, unsigned conc, unsigned k,
-                        double secs, double *turns_s, double *blocks_s, double *cpu_ms,
-                        double *cg_ms);
+                        double secs, double *turns_s, double *blocks_s, struct tp_cpu *cpu);
 void measure_pss_after(struct bench *b, struct server *s, unsigned n, unsigned blocks,
                        double *per_turn_mb, double *held, double *top_mb, double *kernel_mb);
 void measure_pss(struct bench *b, struct server *s, unsigned n, double *per_turn_mb,

@@ -172,8 +172,7 @@ void measure_tool_call(struct bench *b, struct server *s, unsigned calls, double
  * archive and run back to back), a new turn as soon as one ends; new turns for `secs`, then the
  * ones in flight finish. Rates are over the time to the last completed turn. */
 void measure_throughput(struct bench *b, struct server *s, unsigned conc, unsigned k,
-                        double secs, double *turns_s, double *blocks_s, double *cpu_ms,
-                        double *cg_ms)
+                        double secs, double *turns_s, double *blocks_s, struct tp_cpu *cpu)
 {
     struct driver d;
     driver_init(&d, s->port, &b->tools, &b->empty);
@@ -188,6 +187,8 @@ void measure_throughput(struct bench *b, struct server *s, unsigned conc, unsign
     unsigned long long busy0, total0, busy1, total1;
     machine_jiffies(&busy0, &total0);
     double cg0 = cg_cpu_ns(s->cg);
+    long long own0[3], own1[3];
+    server_own_cpu(s, own0);
     d.t_first = t0;
     d.launch_until = t0 + (uint64_t)(secs * 1e9);
     driver_run(&d, d.launch_until + 60ull * 1000000000u);
@@ -211,16 +212,24 @@ void measure_throughput(struct bench *b, struct server *s, unsigned conc, unsign
     machine_jiffies(&busy1, &total1);
     double busy_s = (double)(busy1 - busy0) / (double)sysconf(_SC_CLK_TCK);
     double per = d.turns_ok ? (busy_s - (self_cpu_s() - cpu0)) * 1e3 / (double)d.turns_ok : NAN;
-    if (cpu_ms)
-        *cpu_ms = per;
     /* The server's own processes, from its cgroup: other work on the machine does not count. */
     double cg = d.turns_ok ? (cg_cpu_ns(s->cg) - cg0) / 1e6 / (double)d.turns_ok : NAN;
-    if (cg_ms)
-        *cg_ms = cg;
+    /* Which of them: forkboxd, the fork server and its helper from their threads' run time
+     * (exact: none of them is running now); the rest of the cgroup is the sandboxes', whose
+     * CPU no process keeps (a killed pid namespace's processes are reaped by the kernel). */
+    server_own_cpu(s, own1);
+    double own[3];
+    for (int i = 0; i < 3; i++)
+        own[i] = d.turns_ok && own0[i] >= 0 && own1[i] >= own0[i]
+                     ? (double)(own1[i] - own0[i]) / 1e6 / (double)d.turns_ok : NAN;
+    if (cpu)
+        *cpu = (struct tp_cpu){.machine = per, .cgroup = cg, .sup = own[0], .fs = own[1],
+                               .helper = own[2]};
     char f[32];
     progress("[%s] throughput %ux%u: CPU %.2f ms per turn (whole machine, less the load "
-             "generator), %s ms in the server's cgroup", s->name, conc, k, per,
-             fmt_ms(f, sizeof f, cg));
+             "generator), %s ms in the server's cgroup: supervisor %.3f, fork server %.3f, "
+             "its helper %.3f, sandboxes %.3f", s->name, conc, k, per, fmt_ms(f, sizeof f, cg),
+             own[0], own[1], own[2], cg - own[0] - own[1] - own[2]);
     driver_free(&d);
 }
 

@@ -325,6 +325,26 @@ void cpu_mark(const struct server *s, struct cpu_mark *m)
     tree_free(&tr);
 }
 
+void server_own_cpu(const struct server *s, long long ns[3])
+{
+    ns[0] = ns[1] = ns[2] = -1;
+    if (s->baseline)
+        return;
+    ns[0] = proc_cpu_ns(s->pid, false);
+    struct tree tr;
+    server_tree(s, &tr);
+    for (size_t i = 0; i < tr.ntop; i++) {
+        bool helper = false;
+        for (size_t k = 0; k < s->ninfra; k++)
+            helper |= tr.top[i] == s->infra[k];
+        long long v = proc_cpu_ns(tr.top[i], false);
+        long long *slot = &ns[helper ? 2 : 1];
+        if (v >= 0)
+            *slot = (*slot < 0 ? 0 : *slot) + v;
+    }
+    tree_free(&tr);
+}
+
 /* CPU used since `m` in ms: the supervisor's (`sup`, NAN for the baseline) and the whole
  * server's (`all`: the supervisor plus every process of `m` or born since; a process that
  * exited since `m` is lost, and none of the blocks measured here starts one). Frees `m`. */

@@ -117,14 +117,16 @@ static void measure_all(struct bench *b, struct server *s, enum col col, const s
 
     double dummy;
     if (b->groups & G_THROUGHPUT) {
-        measure_throughput(b, s, 4, 1, n->tp_secs, &val[R_TP4][col], &dummy, NULL, NULL);
-        measure_throughput(b, s, 16, 1, n->tp_secs, &val[R_TP16][col], &dummy,
-                           &val[R_CPU1][col], &val[R_CGCPU1][col]);
-        measure_throughput(b, s, 64, 1, n->tp_secs, &val[R_TP64][col], &dummy, NULL, NULL);
-        measure_throughput(b, s, 4, 5, n->tp_secs, &val[R_TP4x5][col], &val[R_BP4x5][col], NULL,
-                           NULL);
+        struct tp_cpu c1, c5;
+        measure_throughput(b, s, 4, 1, n->tp_secs, &val[R_TP4][col], &dummy, NULL);
+        measure_throughput(b, s, 16, 1, n->tp_secs, &val[R_TP16][col], &dummy, &c1);
+        measure_throughput(b, s, 64, 1, n->tp_secs, &val[R_TP64][col], &dummy, NULL);
+        measure_throughput(b, s, 4, 5, n->tp_secs, &val[R_TP4x5][col], &val[R_BP4x5][col], NULL);
         measure_throughput(b, s, 16, 5, n->tp_secs, &val[R_TP16x5][col], &val[R_BP16x5][col],
-                           &val[R_CPU5][col], NULL);
+                           &c5);
+        val[R_CPU1][col] = c1.machine;
+        val[R_CGCPU1][col] = c1.cgroup;
+        val[R_CPU5][col] = c5.machine;
     }
     if (b->groups & G_PSS) {
         double held, kmem;

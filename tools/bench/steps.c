@@ -26,7 +26,7 @@ static const struct step_row {
     {"clone", "fork server: clone(), six namespaces", {"clone_ret"}},
     {"maps", "fork server: oom_score_adj, id maps", {NULL}},
     {"handoff", "fork server: placement queued, reply sent", {NULL}},
-    {"start", "clone -> child running", {"child_start"}},
+    {"start", "clone returned -> child running", {"child_start"}},
     {"placed", "cgroup placer: attach (its own wall/CPU)", {NULL}},
     {"ids", "child: wait for the maps, setresuid/gid", {"uid_gid_maps"}},
     {"root", "mounts: bind root, pivot_root", {"mnt_rprivate", "root_tmpfs", "skeleton",
@@ -123,8 +123,8 @@ static double floor_value(const char *out, const char *name, const char *k)
 }
 
 /* One sandbox's "sandbox PID steps: name=WALL/CPU/FAULTS ..." line into per-step samples (us,
- * us, count); the wall from its clone to ready (the sum of its steps from start to ready, ms)
- * into to_ready. */
+ * us, count); the wall from its clone to ready (ms: the fork server's clone, then the child's
+ * steps from start, which counts from clone's return, to ready) into to_ready. */
 static void parse_steps(const char *line, struct samples *wall, struct samples *cpu,
                         struct samples *flt, struct samples *to_ready)
 {
@@ -148,7 +148,7 @@ static void parse_steps(const char *line, struct samples *wall, struct samples *
             samples_add(&flt[i], f);
             if (!strcmp(step_rows[i].name, "start"))
                 child = true;
-            if (child && !ready)
+            if ((child && !ready) || !strcmp(step_rows[i].name, "clone"))
                 sum += w;
             if (!strcmp(step_rows[i].name, "ready"))
                 ready = true;
@@ -278,24 +278,34 @@ void measure_steps(struct bench *b, struct server *s, unsigned n)
 
 /* The goal of issue 30, from one run: rounds of the floor's throughput (8 in flight) and
  * fresh start beside forkboxd's (16 x 1 turns/s; server-side fresh start), interleaved so that
- * the machine's drift hits both alike. */
+ * the machine's drift hits both alike. CPU per turn from each side's cgroup, split by process:
+ * the floor's bench_py (its own figure) and its children; forkboxd, the fork server, its helper
+ * and the rest (the sandboxes). */
 void measure_floor(struct bench *b, struct server *s, unsigned rounds)
 {
     if (!b->floor_dir) {
         printf("note: --rows floor needs --floor DIR (a build of ../shared/bench/floor)\n");
         return;
     }
-    double ftp[16], fready[16], tp[16], srv[16], ratio_tp[16], ratio_start[16], fcpu[16],
-        cpu[16], ratio_cpu[16];
+    enum { R = 16 };
+    double ftp[R], fready[R], tp[R], srv[R], ratio_tp[R], ratio_start[R], fcpu[R], fparent[R],
+        ratio_cpu[R], sup[R], fs[R], helper[R], rest[R], cg[R];
     unsigned k = 0;
-    for (unsigned r = 0; r < rounds && r < 16; r++) {
+    for (unsigned r = 0; r < rounds && r < R; r++) {
         double ns;
         char *o = run_floor(b->floor_dir, "tput", "1000", "8", &ns);
         ftp[k] = floor_value(o, "tput.conc8", "turns_per_second");
+        fparent[k] = floor_value(o, "tput.conc8", "parent_cpu_ms_per_turn");
         fcpu[k] = ns / 1e6 / 1000;
         free(o);
         double dummy;
-        measure_throughput(b, s, 16, 1, b->fb.tp_secs, &tp[k], &dummy, NULL, &cpu[k]);
+        struct tp_cpu c;
+        measure_throughput(b, s, 16, 1, b->fb.tp_secs, &tp[k], &dummy, &c);
+        cg[k] = c.cgroup;
+        sup[k] = c.sup;
+        fs[k] = c.fs;
+        helper[k] = c.helper;
+        rest[k] = c.cgroup - c.sup - c.fs - c.helper;
         o = run_floor(b->floor_dir, "turn", "200", NULL, NULL);
         fready[k] = floor_result(o, "turn.T_t0_to_ready") / 1e3;
         free(o);
@@ -307,11 +317,11 @@ void measure_floor(struct bench *b, struct server *s, unsigned rounds)
         samples_free(&sp);
         ratio_tp[k] = tp[k] / ftp[k];
         ratio_start[k] = srv[k] / fready[k];
-        ratio_cpu[k] = fcpu[k] / cpu[k];
+        ratio_cpu[k] = fcpu[k] / cg[k];
         printf("floor round %u: floor %.0f turns/s at 8, forkbox %.0f at 16 (%.2fx); CPU per "
                "turn (cgroups) floor %.2f ms, forkbox %.2f ms (floor/forkbox %.2fx); floor "
                "clone->ready %.3f ms, forkbox server-side start %.3f ms (%.2fx)\n", r + 1,
-               ftp[k], tp[k], ratio_tp[k], fcpu[k], cpu[k], ratio_cpu[k], fready[k], srv[k],
+               ftp[k], tp[k], ratio_tp[k], fcpu[k], cg[k], ratio_cpu[k], fready[k], srv[k],
                ratio_start[k]);
         fflush(stdout);
         k++;
@@ -324,5 +334,13 @@ void measure_floor(struct bench *b, struct server *s, unsigned rounds)
     printf("floor CPU per turn, each from its own cgroup (the rest of the machine does not "
            "count; neither do kernel threads): floor %.2f ms, forkbox %.2f ms: floor/forkbox "
            "%.2f, the throughput ratio two CPUs busy with nothing else would give\n",
-           median_of(fcpu, k), median_of(cpu, k), median_of(ratio_cpu, k));
+           median_of(fcpu, k), median_of(cg, k), median_of(ratio_cpu, k));
+    double fchild[R];
+    for (unsigned i = 0; i < k; i++)
+        fchild[i] = fcpu[i] - fparent[i];
+    printf("by process (medians, ms per turn): floor: bench_py %.3f (clone, network namespace "
+           "included), its children %.3f; forkbox: supervisor %.3f, fork server %.3f (network "
+           "namespaces, clone), its cgroup placer %.3f, sandboxes %.3f (setup, runtime, exit)\n",
+           median_of(fparent, k), median_of(fchild, k), median_of(sup, k), median_of(fs, k),
+           median_of(helper, k), median_of(rest, k));
 }

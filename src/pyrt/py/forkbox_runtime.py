@@ -29,9 +29,7 @@ import types
 import _forkbox as _fb
 
 _CHAN_FRAME = ord("F")
-_CHAN_WORKSPACE = ord("W")
 _CHAN_SNAPSHOT = ord("S")
-_RUN = ord("R")  # from _forkbox.next_message: a run frame's code, decoded in C
 
 _EXCLUDED_DISTS = {"adk-code-mode-sandbox", "websockets", "pip", "setuptools", "wheel"}
 _FILENAME = "<code-mode>"
@@ -150,18 +148,16 @@ class ToolsFinder:
     finder through tools.__path__; the parent directory of tools_dir is never
     put on sys.path (spec 9.2, "/ on sys.path")."""
 
-    def __init__(self, tools_dir):
-        self._dir = tools_dir
-
     def find_spec(self, fullname, path=None, target=None):
         if fullname != "tools":
             return None
-        init = os.path.join(self._dir, "__init__.py")
+        tools_dir = _fb.tools_dir()  # the sandbox's (pyrt_serve); set nothing per turn here
+        init = os.path.join(tools_dir, "__init__.py")
         if os.path.isfile(init):
             return importlib.util.spec_from_file_location(
-                "tools", init, submodule_search_locations=[self._dir])
+                "tools", init, submodule_search_locations=[tools_dir])
         spec = importlib.machinery.ModuleSpec("tools", None, is_package=True)
-        spec.submodule_search_locations = [self._dir]
+        spec.submodule_search_locations = [tools_dir]
         return spec
 
     def invalidate_caches(self):
@@ -386,9 +382,8 @@ def _prepare_turn():
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     if hasattr(signal, "SIGXFSZ"):
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    finder = ToolsFinder(None)  # its directory is the sandbox's: set by serve()
-    sys.meta_path.insert(0, finder)
-    turn = _Turn(finder)
+    sys.meta_path.insert(0, ToolsFinder())
+    turn = _Turn()
     turn.stdio = _stdio_as_in_a_block()
     # The runtime's stdio for the whole life of every sandbox (see
     # _Turn.reset_stdio), and the fork server's own too (it prints nothing
@@ -443,56 +438,27 @@ def _stdio_as_in_a_block():
 
 
 class _Turn:
-    def __init__(self, finder):
+    def __init__(self):
         from adk_code_mode_sandbox import _rpc_client, protocol
         self.protocol = protocol
-        self.finder = finder
         self.rpc = _rpc_client.RpcClient(_fb.call)
         _rpc_client.install(self.rpc)
         self.main = types.ModuleType("__main__")  # __name__, __doc__, __package__, __loader__, __spec__
         self.main.__dict__["__builtins__"] = builtins
         self.stdio = None  # (stdin, stdout, stderr): the runtime's, see reset_stdio
-        self.pid = None  # the runtime's pid, set in the sandbox (serve)
         # Every stdio object the runtime took out of sys, by id: never freed
         # (see reset_stdio), so an id is never reused while it is here.
         self.retired = {}
         # Python-level signal handlers, suspended while the runtime's own code
         # runs (see suspend_handlers); SIGINT raises KeyboardInterrupt in blocks.
         self.handlers = {signal.SIGINT: signal.default_int_handler}
+        self.blocks = 0  # blocks of the turn begun (the warm-up's are not the turn's)
 
-    def log_error_and_exit(self, msg):
-        try:
-            _fb.send(_CHAN_FRAME, _log_error_frame(msg))
-        finally:
-            os._exit(3)
-
-    # -- the main loop, on the main thread ---------------------------------
-    def loop(self):
-        """Messages in the order the supervisor sent them, but for tool
-        results: the channel reader (reader.c, a C thread) hands those to
-        their calls itself, also while a block runs. The tools archive and
-        ready were C's (pyrt_tools_and_ready): another tools archive is
-        dropped."""
-        while True:
-            try:
-                typ, payload = _fb.next_message()  # archives stay in C: payload None
-            except KeyboardInterrupt:
-                continue
-            if typ == _CHAN_WORKSPACE:
-                try:
-                    _fb.extract_workspace()
-                except OSError as e:
-                    self.log_error_and_exit(f"workspace archive: {e.strerror or e}")
-            elif typ == _RUN:
-                self.run_block(payload)
-            elif typ == _CHAN_FRAME:
-                self.on_frame(payload)
-            # anything else is ignored (the supervisor enforces the states)
-
+    # -- the turn's messages: _fb.serve_loop (module.c) calls these -------
     def on_frame(self, payload):
-        """A frame next_message() did not decode itself. Only a run frame
-        matters here: a tool result reaches the main loop only if no call
-        was waiting when it came (reader.c), so it is dropped like any other
+        """A frame serve_loop did not decode itself. Only a run frame
+        matters here: a tool result reaches the loop only if no call was
+        waiting when it came (reader.c), so it is dropped like any other
         late or unknown result."""
         try:
             frame = self.protocol.decode(payload)
@@ -609,11 +575,17 @@ class _Turn:
 
     def run_block(self, code):
         _fb.capture_begin()
-        self.reset_stdio()
+        # Before the turn's first block no code of the turn has run: stdio is as the fork
+        # server made it (a pooled sandbox's warm-up puts it back). Checking it anyway
+        # touched the three stdio objects and their buffers: 14 of a fresh turn's ~330
+        # copy-on-write faults (forkbox-bench --rows steps, the block row).
+        if self.blocks:
+            self.reset_stdio()
+        self.blocks += 1
         sys.modules["__main__"] = self.main
         _fb.block_begin()
         exit_code = _execute(code, self.main.__dict__, self.stdio[2], self.restore_handlers)
-        if os.getpid() != self.pid:
+        if _fb.forked_copy():
             _exit_forked_copy(exit_code)
         while True:
             try:
@@ -745,23 +717,16 @@ def _reader_offer(payload):
 def warm():
     """Called by pyrt_serve() in a pooled sandbox, before it waits for its
     tools: warm up, and say so."""
-    _next_turn.pid = os.getpid()
     sys.modules["__main__"] = _next_turn.main
     _next_turn.warm_up()
     _fb.warm_done()
 
 
-def serve(tools_dir):
-    """Called by pyrt_serve() once ready is sent; never returns."""
+def internal_error(e):
+    """Called by pyrt_serve() when the turn's loop (module.c, serve_loop) ended
+    with exception e: the runtime failed. Never returns."""
     try:
-        turn = _next_turn
-        turn.finder._dir = tools_dir
-        turn.pid = os.getpid()
-        sys.modules["__main__"] = turn.main
-        turn.loop()
-    except BaseException as e:
-        try:
-            msg = "".join(traceback.format_exception(type(e), e, e.__traceback__))
-            _fb.send(_CHAN_FRAME, _log_error_frame("forkbox runtime: internal error: " + msg))
-        finally:
-            os._exit(4)
+        msg = "".join(traceback.format_exception(type(e), e, e.__traceback__))
+        _fb.send(_CHAN_FRAME, _log_error_frame("forkbox runtime: internal error: " + msg))
+    finally:
+        os._exit(4)
