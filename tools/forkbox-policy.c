@@ -2,7 +2,8 @@
  * what it compiles to.
  *
  *   forkbox-policy [--summary|--pfc|--groups] [--arch ARCH] [FILE]
- *                                              (default FILE: policy/default.policy)
+ *         (default FILE: the policy forkboxd loads without --policy: the
+ *          installed one, or the source tree's for the build tree's copy)
  *
  * --arch (aarch64, x86_64...: libseccomp's names) resolves the names and
  * builds the filter for that architecture instead of this machine's, as
@@ -18,6 +19,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "config/config.h"
 #include "sandbox/policy.h"
 #include "sandbox/seccomp.h"
 
@@ -110,7 +112,7 @@ static int foreign(const char *path, uint32_t arch, const char *mode)
 
 int main(int argc, char **argv)
 {
-    const char *mode = "--summary", *path = "policy/default.policy";
+    const char *mode = "--summary", *path = config_default_policy();
     uint32_t arch = seccomp_arch_native();
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--arch") == 0) {

@@ -35,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import traceback
 from typing import Any, Callable, Mapping, Sequence
 
 from forkbox_host import (
@@ -483,7 +484,17 @@ def load_tools_module(path: str) -> dict[str, Callable[..., Any]]:
     module = importlib.util.module_from_spec(spec)
     sys.path.insert(0, os.path.dirname(path))
     sys.modules[name] = module
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:
+        # The host's own code failed: its frames (not the importer's) are
+        # what its author needs, then the reason and RUN_FAILED as for any
+        # turn that could not start.
+        frames = [f for f in traceback.extract_tb(e.__traceback__)
+                  if f.filename != __file__ and not f.filename.startswith("<frozen")]
+        print("Traceback (most recent call last):\n" + "".join(traceback.format_list(frames)),
+              end="", file=sys.stderr)
+        raise SandboxError(f"--tools {path}: {type(e).__name__}: {e}") from None
     try:
         return tools_from_module(module)
     except TypeError as e:

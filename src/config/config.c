@@ -106,12 +106,13 @@ static bool is_self(const char *path)
 
 bool config_built_here(void)
 {
-    return is_self(FORKBOX_BUILD_DAEMON) || is_self(FORKBOX_BUILD_TOOL);
+    return is_self(FORKBOX_BUILD_DAEMON) || is_self(FORKBOX_BUILD_TOOL) ||
+           is_self(FORKBOX_BUILD_POLICY_TOOL);
 }
 
 /* The build tree's forkboxd runs with the source tree's policy (what is
  * being tested), an installed one with the installed copy. */
-static const char *default_policy(void)
+const char *config_default_policy(void)
 {
     return config_built_here() ? FORKBOX_SOURCE_POLICY : FORKBOX_DEFAULT_POLICY;
 }
@@ -192,7 +193,7 @@ static const struct opt opts[] = {
                             "from --id-range FIRST:COUNT"},
     {"gid", K_GONE, .help = "--uid and --gid are gone: every sandbox gets a host id of its own "
                             "from --id-range FIRST:COUNT"},
-    {"policy", K_PATH, FIELD(policy_file), .sdef_fn = default_policy, .forkserver = true,
+    {"policy", K_PATH, FIELD(policy_file), .sdef_fn = config_default_policy, .forkserver = true,
      .arg = "FILE", .help = "seccomp policy (" FORKBOX_DEFAULT_POLICY ";\n"
                             "the build tree's forkboxd: the source tree's)"},
     /* Not for the fork server: it is that module, and its sandboxes

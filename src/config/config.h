@@ -112,11 +112,15 @@ void config_print_options(FILE *out);
  * tree as forkboxd, so the layout is the same). */
 void config_for_forkserver(const struct config *cfg, struct config *out);
 
-/* Is this process the build tree's forkboxd (the very file, by device and
+/* Is this process the build tree's forkboxd, forkbox or forkbox-policy (the very file, by device and
  * inode: a copy or an installed forkboxd is not)? Then its defaults are the
  * trees' files (the source tree's policy, the build tree's forkbox-sandbox)
  * instead of the installed ones. */
 bool config_built_here(void);
+
+/* The policy file used without --policy: the source tree's for the build
+ * tree's programs, else the installed one (forkbox-policy's default too). */
+const char *config_default_policy(void);
 
 /* The option table (config.c) checked against itself: one row per name,
  * every default within its bounds and said in its --help line, every bound

@@ -115,6 +115,20 @@ def test_tools_dict_names_namespaced_tools(tmp_path, ws):
     assert r.returncode == 125 and "TOOLS" in r.stderr, (r.returncode, r.stderr)
 
 
+def test_tools_module_that_fails_to_import_is_named_with_its_own_frames(tmp_path, ws):
+    """A --tools file that raises on import: the turn does not start (125),
+    the reason names the file and the error, the traceback shows its lines."""
+    f = block(tmp_path, "use.py", "print('never')\n")
+    bad = block(tmp_path, "bad_import.py", "x = 1\nimport no_such_module_here\n")
+    r = forkbox_run("--workspace", ws, "--tools", bad, f)
+    assert r.returncode == 125, (r.returncode, r.stderr)
+    lines = r.stderr.rstrip().splitlines()
+    assert lines[-1] == (f"forkbox run: --tools {os.path.realpath(bad)}: ModuleNotFoundError: "
+                         "No module named 'no_such_module_here'"), r.stderr
+    assert f'File "{os.path.realpath(bad)}", line 2' in r.stderr, r.stderr
+    assert "forkbox_embed.py" not in r.stderr and "never" not in r.stdout, r.stderr
+
+
 def test_uncaught_tool_error_ends_the_block_with_a_traceback(tmp_path, ws):
     tools = block(tmp_path, "t.py", "def boom():\n    raise ValueError('no luck')\n")
     r = forkbox_run("--workspace", ws, "--tools", tools, "-", stdin="import tools\ntools.boom()\n")

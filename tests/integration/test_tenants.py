@@ -119,7 +119,8 @@ def test_tenant_capacity_429_while_others_are_admitted(make_daemon, tmp_path):
         assert r.reason == "Too Many Requests" and r.headers.get("retry-after") == "1", r
         assert r.body == b"Tenant busy: at most 3 turns at once (tenant-capacity)\n", r
         assert r.headers.get("connection") == "close", r
-        assert "tenant team-a holds 3 turns (--tenant-capacity)" in d.stderr()
+        assert wait_until(lambda: "tenant team-a holds 3 turns (--tenant-capacity)" in d.stderr(), 5), \
+            d.stderr(2000)
 
         dflt = [ask(d, TOK["default"]) for _ in range(3)]
         held += dflt
