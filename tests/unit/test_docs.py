@@ -22,8 +22,8 @@ README_MAX_LINES = 300
 def tracked():
     """The source tree's files, relative: git's list when it is a checkout,
     else (a copy, as tools/deb-test builds the package from) a walk that
-    skips hidden directories and meson build directories (build/,
-    dpkg-buildpackage's obj-<triplet>/)."""
+    skips hidden directories, meson build directories (build/,
+    dpkg-buildpackage's obj-<triplet>/) and debhelper's debian/<package>/."""
     r = subprocess.run(["git", "-C", SRC, "ls-files", "-z"], capture_output=True)
     if r.returncode == 0 and r.stdout:
         return [p for p in r.stdout.decode().split("\0") if p and os.path.exists(os.path.join(SRC, p))]
@@ -32,6 +32,8 @@ def tracked():
         if d == SRC:
             dirs[:] = [x for x in dirs if not x.startswith(".")
                        and not os.path.exists(os.path.join(d, x, "meson-info"))]
+        elif d == os.path.join(SRC, "debian"):      # debhelper's staging trees
+            dirs[:] = [x for x in dirs if x == "source"]
         out += [os.path.relpath(os.path.join(d, f), SRC) for f in files]
     return out
 
