@@ -5,7 +5,8 @@ lines); every relative link in the project's Markdown resolves, `#anchor`s
 included (GitHub's heading slugs and explicit `<a id>`s); every document in
 docs/ is reachable from the README; and the README's "Repository layout"
 names only paths that exist, every top-level directory and every directory
-of src/. Run by meson (suite unit) with FORKBOX_SRCDIR.
+of src/; and dist/meson.build installs every document. Run by meson (suite
+unit) with FORKBOX_SRCDIR.
 """
 import glob
 import os
@@ -154,3 +155,11 @@ def test_layout_names_every_top_level_and_src_directory():
     src = {"/".join(p.split("/")[:2]) for p in FILES if p.startswith("src/") and p.count("/") >= 2}
     missing = sorted((dirs | src) - named)
     assert not missing, f"README.md's layout does not name: {missing}"
+
+
+def test_every_doc_is_installed():
+    """dist/meson.build installs docs/ beside the README by name: a new
+    document is listed there too, or the installed README links to nothing."""
+    listed = set(re.findall(r"'\.\./(docs/[\w.-]+\.md)'", read("dist/meson.build")))
+    docs = {p for p in FILES if p.startswith("docs/") and p.endswith(".md")}
+    assert docs == listed, f"docs/ {sorted(docs)} != installed by dist/meson.build {sorted(listed)}"
