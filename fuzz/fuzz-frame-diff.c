@@ -23,7 +23,7 @@
  * accepts, and what it relays (frame_encode()) must decode there to the same
  * values as the sandbox's bytes.
  *
- * Deliberate differences, each narrow and listed in README "Compatibility":
+ * Deliberate differences, each narrow and listed in docs/compatibility.md:
  *   DIFF_TYPES  a client's run.code and tool_result.id must be strings
  *               (forkbox refuses the frame; the reference decodes it, then
  *               compile() fails on a non-string code, and a non-string id

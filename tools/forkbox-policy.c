@@ -8,7 +8,7 @@
  * --arch (aarch64, x86_64...: libseccomp's names) resolves the names and
  * builds the filter for that architecture instead of this machine's, as
  * forkboxd would there: a policy can be checked for arm64 on an x86-64
- * build machine (README "aarch64").
+ * build machine (docs/compatibility.md, "aarch64").
  *
  * Exit 0 if the policy compiles, 1 with "file:line: reason" on stderr if not,
  * 2 on usage errors. --pfc prints libseccomp's pseudo filter code for both

@@ -12,7 +12,7 @@ test_tls_and_token: the certificate is verified (a client without the CA is
 refused), the Authorization header reaches forkboxd (a wrong token gets its 401).
 test_rolling_upgrade: turn latency direct (one daemon, ws://) and through the
 proxy (wss://), then steady concurrent load (more clients than the slots left
-while one daemon is out) while every backend in turn is rolled as the README
+while one daemon is out) while every backend in turn is rolled as docs/operating.md
 says: `set server ... state drain` on the proxy's admin socket, SIGTERM (it
 drains, exits 0), a new daemon on the same port, `state ready`, and the next
 one only once the new one answers /ready 200 and HAProxy's check has seen it
@@ -76,7 +76,7 @@ def free_port() -> int:
 
 def make_certs(d: str) -> tuple[str, str]:
     """A CA and a certificate for 127.0.0.1 it signs: (CA file, HAProxy's crt
-    file: certificate then key). The README's commands."""
+    file: certificate then key). docs/operating.md's commands."""
     def run(*argv):
         subprocess.run(argv, cwd=d, check=True, capture_output=True, timeout=30)
     ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"]
@@ -314,7 +314,7 @@ def test_tls_and_token(cluster):
 
 @pytest.mark.parametrize("mode", ["admin", "plain"])
 def test_rolling_upgrade(cluster, capsys, mode):
-    """admin: the README's roll (the proxy's admin socket drains the server
+    """admin: docs/operating.md's roll (the proxy's admin socket drains the server
     first, then SIGTERM). plain: SIGTERM alone, as `systemctl restart` on the
     backend's host does; --drain-admit covers the proxy's health-check delay."""
     proxy: Proxy = cluster["proxy"]
@@ -333,7 +333,7 @@ def test_rolling_upgrade(cluster, capsys, mode):
             old = daemons[i]
             name = f"fb{i + 1}"
             t0 = time.monotonic()
-            # The README's roll: the proxy sends this daemon no new turn, then
+            # docs/operating.md's roll: the proxy sends this daemon no new turn, then
             # SIGTERM (to forkboxd alone, as systemd's KillMode=mixed does)
             # lets its running turns finish.
             if mode == "admin":

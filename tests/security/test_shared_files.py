@@ -147,10 +147,10 @@ def one_block(daemon, code, timeout=90.0):
 # inode and offset, not by the address space: two turns that map the same
 # root file can wake each other. seccomp sees futex's op, not what backs the
 # address, and refusing shared futexes would break multiprocessing's
-# semaphores (sem_open: shared futexes on a /dev/shm mapping), so README
-# ("What a sandbox can still see") lists it beside the timing channels. This
+# semaphores (sem_open: shared futexes on a /dev/shm mapping), so docs/security.md
+# ("What a sandbox can see") lists it beside the timing channels. This
 # test documents the behaviour: if it starts failing, the channel closed and
-# the README must say so.
+# docs/security.md must say so.
 FUTEX = r'''
 import ctypes, mmap, os, time
 _libc.mmap.restype = ctypes.c_void_p

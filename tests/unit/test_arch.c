@@ -4,7 +4,7 @@
  * tools/cross-arm64, where it is the only check that arch_aarch64.h's
  * assembly and clone order reach the kernel as meant. qemu-user refuses
  * CLONE_VM without CLONE_THREAD, so there arch_clone_init is skipped (TAP
- * SKIP): that part of the aarch64 file has not run anywhere (README
+ * SKIP): that part of the aarch64 file has not run anywhere (docs/compatibility.md,
  * "aarch64"). */
 #include <errno.h>
 #include <fcntl.h>

@@ -123,7 +123,7 @@ bool shares_parent_mm(pid_t pid)
 }
 
 /* Whether some cgroup hierarchy is mounted with favordynmods: without it, moving a task into a
- * cgroup (every fresh sandbox) waits for an RCU grace period (README, "Tuning the host"). */
+ * cgroup (every fresh sandbox) waits for an RCU grace period (docs/operating.md, "Tuning the host"). */
 bool cgroup_favordynmods(void)
 {
     FILE *f = fopen("/proc/self/mountinfo", "re");

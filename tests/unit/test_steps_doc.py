@@ -1,4 +1,4 @@
-"""README's isolation step table against the code (src/sandbox/steps.c).
+"""docs/security.md's isolation step table against the code (src/sandbox/steps.c).
 
 The `#` column is what a failed step exits with (70 + #), so it must be the
 step's id in `enum sbx_step`, not its position; the rows must be the isolated
@@ -27,16 +27,16 @@ def code_steps():
     return [(ids[e], name) for e, name in rows], ids
 
 
-def readme_steps():
-    r = read("README.md")
-    sec = r[r.index("### Isolation model"):]
+def doc_steps():
+    r = read("docs/security.md")
+    sec = r[r.index("## Isolation model"):]
     sec = sec[:sec.index("\n\n", sec.index("| # | step |"))]
     rows = re.findall(r"^\| (\d+) \| \**([a-z][a-z ]*?)\**[: (]", sec, re.M)
     return [(int(n), word.split()[0]) for n, word in rows]
 
 
-def test_readme_numbers_steps_by_their_exit_ids():
+def test_doc_numbers_steps_by_their_exit_ids():
     code, ids = code_steps()
-    doc = readme_steps()
+    doc = doc_steps()
     assert doc[0][0] == ids["SBX_STEP_CLONE"] == 0, doc[0]
-    assert doc[1:] == code, f"README rows {doc[1:]} != code {code}"
+    assert doc[1:] == code, f"docs/security.md rows {doc[1:]} != code {code}"
