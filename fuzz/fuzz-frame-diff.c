@@ -5,7 +5,7 @@
  *
  * Host -> supervisor (what must agree with the reference). forkbox's decode
  * of a client's text message is, end to end: the WebSocket layer's UTF-8
- * check (net/ws.c, utf8_valid), frame_decode(FRAME_FROM_CLIENT) in the
+ * check (net/ws_in.c, utf8_valid), frame_decode(FRAME_FROM_CLIENT) in the
  * supervisor, frame_encode() of the result onto the channel, and the sandbox
  * runtime's decoder on those bytes (src/pyrt/py/adk_code_mode_sandbox/
  * protocol.py; for a run frame also the C reader shape_run_code()). For

@@ -171,7 +171,7 @@ static const struct opt opts[] = {
     {"no-isolation", K_FLAG, FIELD(isolate), .def = true, .forkserver = true,
      .help = "no namespaces/seccomp (benchmarks only)"},
     /* Fail closed by default: a host where the per-turn cgroup limits
-     * cannot be enforced stops forkboxd at start (cgroups.c); this turns
+     * cannot be enforced stops forkboxd at start (cgroups_probe.c); this turns
      * that refusal into a warning. */
     {"allow-no-cgroups", K_FLAG, FIELD(allow_no_cgroups), .def = false, .forkserver = true,
      .help = "start even where per-turn cgroup limits cannot be\n"
@@ -230,7 +230,7 @@ static const struct opt opts[] = {
                          "processes (1-10000; a process has 100; 0 = 100 per running\n"
                          "turn, the default)"},
     /* The cgroup helper puts a serving sandbox's CPU under a cgroup of its
-     * tenant (cgroups.c): each tenant with a busy turn weighs alike. */
+     * tenant (cgroups_tenant.c): each tenant with a busy turn weighs alike. */
     {"cpu-share", K_ENUM, FIELD(cpu_share), .sdef = "turn", .forkserver = true,
      .names = cpu_share_names, .arg = "BY",
      .help = "turn: every busy turn gets a like share of the CPU (turn);\n"

@@ -54,7 +54,7 @@ struct config {
                                    read-only (stream mode); "" = WebSocket turns */
     bool isolate;               /* false only with --no-isolation (benchmarks) */
     bool allow_no_cgroups;      /* --allow-no-cgroups: an unenforceable cgroup limit is a
-                                   warning, not a refusal to start (cgroups.c) */
+                                   warning, not a refusal to start (cgroups_probe.c) */
     uint32_t id_first;          /* host uids/gids forkboxd owns: one per live sandbox, */
     uint32_t id_count;          /* from [id_first, id_first + id_count) (--id-range) */
     bool id_range_set;          /* --id-range given (flag, file or environment) */
@@ -76,7 +76,7 @@ struct config {
     uint64_t cpu_millis;        /* CPU per second of wall time, in ms (1000 = 1 CPU) */
     unsigned cpu_weight;        /* the sandboxes' parent cgroup's CPU weight (cgroup v2 units,
                                    1..10000); 0 = 100 per turn running (cgroups.c) */
-    enum cpu_share cpu_share;   /* --cpu-share turn|tenant (cgroups.c) */
+    enum cpu_share cpu_share;   /* --cpu-share turn|tenant (cgroups_tenant.c) */
     uint64_t tmpfs_size;        /* bytes for /workspace and /tmp together */
     uint64_t workspace_max;     /* `forkbox sandbox`: bytes a turn may add to the host's
                                    workdir (sandbox/hostfs.c); 0 = tmpfs_size */

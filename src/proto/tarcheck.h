@@ -6,7 +6,7 @@
  * Python tarfile).
  *
  * What is accepted is a *canonical subset* of gzip + tar: exactly the shapes
- * archive_snapshot() (src/stage/archive.c, libarchive's restricted pax
+ * archive_snapshot() (src/stage/snapshot.c, libarchive's restricted pax
  * writer) produces for an honest workspace, each of which libarchive and
  * CPython's tarfile (3.11 to 3.13) read the same way. Everything else is
  * refused, and the caller ends the turn. The subset:

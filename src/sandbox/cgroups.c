@@ -1,6 +1,6 @@
 /* Runs in the fork server's cgroup helper (placer.c), which makes every
  * cgroup write; the fork server only probes at start, before it forks the
- * helper (cgroups_init). Per-turn cgroups, see cgroups.h.
+ * helper (cgroups_init, cgroups_probe.c). Per-turn cgroups, see cgroups.h.
  *
  * Kernel-enforced, per turn:
  *   memory  cgroup v2 memory.max (+ memory.swap.max 0), or v1 memory.limit_in_bytes
@@ -19,7 +19,7 @@
  * sandbox gets what a plain busy process would; pooled sandboxes, idle until
  * a turn takes them, do not count. --cpu-weight fixes it instead.
  * --cpu-share tenant adds a level between the parent and the turns: a
- * cgroup per tenant (see "tenants" below).
+ * cgroup per tenant (cgroups_tenant.c).
  *
  * (The rlimits a sandbox sets on itself are rlimits.c.)
  *
@@ -45,7 +45,15 @@
  * removed. A lower cap churned under a steady load whose number of live turns
  * swings by more than the cap (64 concurrent turns: a third of all turns made
  * and removed a cgroup, measured); an empty cgroup holds ~100 KiB of kernel
- * memory. */
+ * memory.
+ *
+ * The files, by job (cgroups_int.h: struct sbx_cgroups, and what they call
+ * in each other):
+ *   cgroups.c         the helper's placement: turn cgroups made, limited,
+ *                     attached, counted, recycled, removed;
+ *   cgroups_probe.c   the fork server's start-up probe (cgroups_init): which
+ *                     hierarchies, which controllers, a turn cgroup tried;
+ *   cgroups_tenant.c  the tenant level (--cpu-share tenant). */
 #include "sandbox/cgroups.h"
 
 #include <dirent.h>
@@ -66,42 +74,12 @@
 #include "core/log.h"
 #include "core/util.h"
 #include "sandbox/cgroups_above.h"
+#include "sandbox/cgroups_int.h"
 #include "sandbox/cgroups_stale.h"
 
-#define SPARE_MIN 32  /* empty turn cgroups kept for reuse: at least */
-#define SPARE_MAX 256 /* and at most */
 #define CPU_PERIOD_US 100000ULL
 
-enum cg_ctl { CG_MEMORY, CG_PIDS, CG_CPU, CG_N };
-static const char *const ctl_name[CG_N] = { "memory", "pids", "cpu" };
-
-struct sbx_cgroups {
-    bool v2;
-    char dir[CG_N][PATH_MAX]; /* parent ("<own>/forkbox") per controller; "" = not enforced.
-                                 v2: the same directory for every enforced controller */
-    bool swap_file;           /* v1 memory.memsw.limit_in_bytes / v2 memory.swap.max exists */
-    size_t spare_max;         /* spares kept (see the top) */
-    unsigned cpu_weight;      /* --cpu-weight, or 0: 100 per sandbox serving a turn */
-    bool per_tenant;          /* --cpu-share tenant (and a cpu controller): see "tenants" */
-    unsigned weight_set;      /* the parent's weight last written (0: none yet) */
-    bool weight_failed;       /* writing it failed once (logged once) */
-    uint64_t next_seq;        /* last turn cgroup number handed out */
-    uint32_t id_first;        /* the --id-range's first id: in every turn cgroup's name */
-    struct cg_stale stale;    /* an earlier daemon's turn cgroups, not removed yet */
-    struct cg_turn {
-        pid_t pid;            /* the sandbox's host pid */
-        uint64_t seq;         /* its cgroup number */
-        bool complete;        /* every directory made, limited and entered: reusable */
-        bool serving;         /* its sandbox serves a turn (counted in the CPU weight) */
-        uint32_t tenant;      /* per_tenant: the tenant whose cgroup its CPU moved under (the
-                                 tenant's turn directory is removed at its release); 0: none */
-        bool stuck;           /* its removal failed for more than busy tasks (logged once) */
-        struct cg_events base; /* its counters when the sandbox in it was placed (they
-                                  only grow, and survive reuse) */
-    } *live, *busy, *spare;   /* owned: placed turns; released, tasks still exiting;
-                                 released, empty and ready for the next turn */
-    size_t n_live, cap_live, n_busy, cap_busy, n_spare, cap_spare;
-};
+const char *const ctl_name[CG_N] = { "memory", "pids", "cpu" };
 
 static int turn_push(struct cg_turn **v, size_t *n, size_t *cap, struct cg_turn t)
 {
@@ -117,7 +95,7 @@ static int turn_push(struct cg_turn **v, size_t *n, size_t *cap, struct cg_turn 
     return 0;
 }
 
-static int write_file(const char *path, const char *s)
+int write_file(const char *path, const char *s)
 {
     _cleanup_close_ int fd = open(path, O_WRONLY | O_CLOEXEC);
     if (fd < 0)
@@ -129,7 +107,7 @@ static int write_file(const char *path, const char *s)
     return (size_t)w == n ? 0 : -EIO;
 }
 
-static int read_file(const char *path, char *buf, size_t len)
+int read_file(const char *path, char *buf, size_t len)
 {
     _cleanup_close_ int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
@@ -143,7 +121,7 @@ static int read_file(const char *path, char *buf, size_t len)
 
 /* Write val to dir/file. A failure is logged, or with why (the start-up
  * probe) said there instead, to become part of its one line. */
-static int write_at(const char *dir, const char *file, const char *val, char *why, size_t whylen)
+int write_at(const char *dir, const char *file, const char *val, char *why, size_t whylen)
 {
     char path[PATH_MAX + 64];
     snprintf(path, sizeof path, "%s/%s", dir, file);
@@ -155,14 +133,7 @@ static int write_at(const char *dir, const char *file, const char *val, char *wh
     return rc;
 }
 
-static bool file_exists(const char *dir, const char *file)
-{
-    char path[PATH_MAX + 64];
-    snprintf(path, sizeof path, "%s/%s", dir, file);
-    return access(path, F_OK) == 0;
-}
-
-static bool word_in(const char *list, const char *word, char sep)
+bool word_in(const char *list, const char *word, char sep)
 {
     size_t n = strlen(word);
     for (const char *s = list; s && *s;) {
@@ -175,65 +146,7 @@ static bool word_in(const char *list, const char *word, char sep)
     return false;
 }
 
-/* Our cgroup path in the hierarchy that has ctl (v1), or the v2 one (ctl NULL). */
-static int own_cgroup(const char *ctl, char *out, size_t len)
-{
-    FILE *f = fopen("/proc/self/cgroup", "re");
-    if (!f)
-        return -errno;
-    char line[PATH_MAX + 128];
-    int rc = -ENOENT;
-    while (fgets(line, sizeof line, f)) {
-        char *c1 = strchr(line, ':'), *c2 = c1 ? strchr(c1 + 1, ':') : NULL;
-        if (!c2)
-            continue;
-        *c2 = '\0';
-        bool match = ctl ? word_in(c1 + 1, ctl, ',') : (c1[1] == '\0' && strncmp(line, "0:", 2) == 0);
-        if (match) {
-            c2[1 + strcspn(c2 + 1, "\n")] = '\0';
-            snprintf(out, len, "%s", strcmp(c2 + 1, "/") == 0 ? "" : c2 + 1);
-            rc = 0;
-            break;
-        }
-    }
-    fclose(f);
-    return rc;
-}
-
-/* Mount point of the v1 hierarchy carrying ctl, or of cgroup2 (ctl NULL);
- * with ctl "" the first cgroup or cgroup2 mount whose options include
- * favordynmods. */
-static int cgroup_mount(const char *ctl, char *out, size_t len)
-{
-    FILE *f = fopen("/proc/self/mountinfo", "re");
-    if (!f)
-        return -errno;
-    char line[4096];
-    int rc = -ENOENT;
-    while (fgets(line, sizeof line, f)) {
-        /* id parent maj:min root mountpoint opts... - fstype source superopts */
-        char *sep = strstr(line, " - ");
-        if (!sep)
-            continue;
-        char mnt[PATH_MAX], fstype[32], src[256], sopts[1024];
-        if (sscanf(line, "%*s %*s %*s %*s %4095s", mnt) != 1 ||
-            sscanf(sep + 3, "%31s %255s %1023s", fstype, src, sopts) != 3)
-            continue;
-        bool v1 = strcmp(fstype, "cgroup") == 0, v2 = strcmp(fstype, "cgroup2") == 0;
-        bool match = !ctl      ? v2
-                     : !ctl[0] ? (v1 || v2) && word_in(sopts, "favordynmods", ',')
-                               : v1 && word_in(sopts, ctl, ',');
-        if (match) {
-            snprintf(out, len, "%s", mnt);
-            rc = 0;
-            break;
-        }
-    }
-    fclose(f);
-    return rc;
-}
-
-static int make_dir(const char *path)
+int make_dir(const char *path)
 {
     if (mkdir(path, 0755) < 0 && errno != EEXIST)
         return -errno;
@@ -244,7 +157,7 @@ static int make_dir(const char *path)
  * A non-root cgroup with processes cannot enable them ("no internal
  * processes"); then move the processes of our cgroup into a leaf beside
  * forkbox/, as delegated managers do. */
-static int v2_enable(const char *dir, const char *ctls, char *why, size_t whylen)
+int v2_enable(const char *dir, const char *ctls, char *why, size_t whylen)
 {
     char want[64];
     int rc = 0;
@@ -259,112 +172,11 @@ static int v2_enable(const char *dir, const char *ctls, char *why, size_t whylen
     return 0;
 }
 
-#define WHY_LEN 512 /* why a controller is not usable (the probe's reasons) */
-
-/* cgroup v2 with memory and pids (and cpu where offered) delegated to
- * <own>/forkbox. false with the reason in why when it is not usable here. */
-static bool v2_init(struct sbx_cgroups *cg, char *why, size_t whylen)
-{
-    char mnt[PATH_MAX], own[PATH_MAX], dir[PATH_MAX], ctlrs[256];
-    if (cgroup_mount(NULL, mnt, sizeof mnt) < 0 || own_cgroup(NULL, own, sizeof own) < 0) {
-        err_fmt(why, whylen, 0, "no cgroup v2 hierarchy is mounted");
-        return false;
-    }
-    if (snprintf(dir, sizeof dir, "%s%s", mnt, own) >= (int)sizeof dir) {
-        err_fmt(why, whylen, 0, "cgroup v2: path too long");
-        return false;
-    }
-    char path[PATH_MAX + 32];
-    snprintf(path, sizeof path, "%s/cgroup.controllers", dir);
-    int rc = read_file(path, ctlrs, sizeof ctlrs);
-    if (rc < 0 || !word_in(ctlrs, "memory", ' ') || !word_in(ctlrs, "pids", ' ')) {
-        if (rc < 0)
-            err_fmt(why, whylen, 0, "cgroup v2: reading %s: %s", path, strerror(-rc));
-        else
-            err_fmt(why, whylen, 0, "cgroup v2 offers only '%.*s' in %s", (int)strcspn(ctlrs, "\n"),
-                     ctlrs, dir);
-        return false;
-    }
-    bool cpu = word_in(ctlrs, "cpu", ' ');
-    const char *ctls = cpu ? "memory pids cpu" : "memory pids";
-
-    rc = v2_enable(dir, ctls, why, whylen);
-    /* EBUSY: processes in dir ("no internal processes"). They move to a
-     * leaf, unless dir is the host's root cgroup (exempt from the rule; it
-     * has no cgroup.type): own is "/" there, but also at the root of a
-     * cgroup namespace (a container's), which is an ordinary cgroup. */
-    if (rc == -EBUSY && (own[0] || file_exists(dir, "cgroup.type"))) {
-        char leaf[PATH_MAX + 32], procs[PATH_MAX + 32], pid[32];
-        snprintf(leaf, sizeof leaf, "%s/forkbox-daemon", dir);
-        snprintf(procs, sizeof procs, "%s/cgroup.procs", dir);
-        if ((rc = make_dir(leaf)) < 0) {
-            err_fmt(why, whylen, 0, "cgroup v2: cannot create %s: %s", leaf, strerror(-rc));
-            return false;
-        }
-        FILE *f = fopen(procs, "re");
-        if (!f) {
-            err_fmt(why, whylen, 0, "cgroup v2: reading %s: %s", procs, strerror(errno));
-            return false;
-        }
-        while (fgets(pid, sizeof pid, f)) /* best effort: a process may be exiting */
-            write_at(leaf, "cgroup.procs", pid, NULL, 0);
-        fclose(f);
-        LOG_I("cgroup v2: moved the processes of %s into forkbox-daemon/ to delegate "
-              "controllers", dir);
-        rc = v2_enable(dir, ctls, why, whylen);
-    }
-    if (rc < 0)
-        return false;
-    char parent[PATH_MAX];
-    if (snprintf(parent, sizeof parent, "%s/forkbox", dir) >= (int)sizeof parent) {
-        err_fmt(why, whylen, 0, "cgroup v2: path too long");
-        return false;
-    }
-    if ((rc = make_dir(parent)) < 0) {
-        err_fmt(why, whylen, 0, "cannot create %s: %s", parent, strerror(-rc));
-        return false;
-    }
-    if (v2_enable(parent, ctls, why, whylen) < 0)
-        return false;
-    cg->v2 = true;
-    snprintf(cg->dir[CG_MEMORY], PATH_MAX, "%s", parent);
-    snprintf(cg->dir[CG_PIDS], PATH_MAX, "%s", parent);
-    if (cpu)
-        snprintf(cg->dir[CG_CPU], PATH_MAX, "%s", parent);
-    return true;
-}
-
-/* The v1 hierarchies: <own>/forkbox in each controller's. A controller
- * that is not usable gets its reason in why[c] (v2why: why v2 was not used
- * either, said where the controller has no v1 hierarchy). */
-static void v1_init(struct sbx_cgroups *cg, char why[CG_N][WHY_LEN], const char *v2why)
-{
-    for (int c = 0; c < CG_N; c++) {
-        char mnt[PATH_MAX], own[PATH_MAX], parent[PATH_MAX];
-        if (cgroup_mount(ctl_name[c], mnt, sizeof mnt) < 0 ||
-            own_cgroup(ctl_name[c], own, sizeof own) < 0) {
-            err_fmt(why[c], WHY_LEN, 0, "no cgroup v1 hierarchy with it is mounted, and %s", v2why);
-            continue;
-        }
-        if (snprintf(parent, sizeof parent, "%s%s/forkbox", mnt, own) >= (int)sizeof parent) {
-            err_fmt(why[c], WHY_LEN, 0, "cgroup v1 %s: path too long", ctl_name[c]);
-            continue;
-        }
-        int rc = make_dir(parent);
-        if (rc < 0) {
-            err_fmt(why[c], WHY_LEN, 0, "cannot create %s: %s%s", parent, strerror(-rc),
-                     rc == -ENOENT ? " (not mounted?)" : "");
-            continue;
-        }
-        snprintf(cg->dir[c], PATH_MAX, "%s", parent);
-    }
-}
-
 /* The parent's CPU weight (see the top): --cpu-weight, or 100 per sandbox
  * serving a turn. Written only when it changes; a failure is logged once
  * (the turns still run, at the weight the parent has; an explicit
  * --cpu-weight that cannot be written at all stops the start, cgroups_init). */
-static int set_parent_weight(struct sbx_cgroups *cg, char *why, size_t whylen)
+int set_parent_weight(struct sbx_cgroups *cg, char *why, size_t whylen)
 {
     if (!cg->dir[CG_CPU][0])
         return 0;
@@ -391,13 +203,13 @@ static int set_parent_weight(struct sbx_cgroups *cg, char *why, size_t whylen)
     return 0;
 }
 
-static void turn_dir(const struct sbx_cgroups *cg, int c, uint64_t seq, char *out, size_t len)
+void turn_dir(const struct sbx_cgroups *cg, int c, uint64_t seq, char *out, size_t len)
 {
     snprintf(out, len, "%s/" CG_TURN_PREFIX "%u-%d-%llu", cg->dir[c], cg->id_first, (int)getpid(),
              (unsigned long long)seq);
 }
 
-static bool turn_enforced(const struct sbx_cgroups *cg, int c)
+bool turn_enforced(const struct sbx_cgroups *cg, int c)
 {
     if (!cg->dir[c][0])
         return false;
@@ -409,7 +221,7 @@ static bool turn_enforced(const struct sbx_cgroups *cg, int c)
 }
 
 /* The v2 controllers to enable in the parent: those enforced. */
-static void v2_ctls(const struct sbx_cgroups *cg, char *out, size_t len)
+void v2_ctls(const struct sbx_cgroups *cg, char *out, size_t len)
 {
     out[0] = '\0';
     for (int c = 0; c < CG_N; c++)
@@ -505,8 +317,8 @@ static int remove_turn(const struct sbx_cgroups *cg, struct cg_turn *t)
 }
 
 /* Write controller c's limit into turn cgroup dir (why: see write_at). */
-static int set_limits(const struct sbx_cgroups *cg, int c, const char *dir,
-                      const struct config *cfg, char *why, size_t whylen)
+int set_limits(const struct sbx_cgroups *cg, int c, const char *dir,
+               const struct config *cfg, char *why, size_t whylen)
 {
     char v[64];
     int rc = 0;
@@ -575,7 +387,7 @@ static int remake_parent(const struct sbx_cgroups *cg, int c)
 /* mkdir a turn cgroup. A directory of the same name can only be a leftover
  * of an earlier daemon whose placer had our pid (it was killed, or a cgroup
  * was still busy when it exited): remove it if it is empty, else -EEXIST. */
-static int make_turn_dir(const struct sbx_cgroups *cg, int c, const char *dir)
+int make_turn_dir(const struct sbx_cgroups *cg, int c, const char *dir)
 {
     if (mkdir(dir, 0755) == 0)
         return 0;
@@ -586,107 +398,6 @@ static int make_turn_dir(const struct sbx_cgroups *cg, int c, const char *dir)
     if (rmdir(dir) < 0 || mkdir(dir, 0755) < 0)
         return -EEXIST;
     return 0;
-}
-
-/* --- tenants (--cpu-share tenant) ----------------------------------------
- *
- * The scheduler shares the CPU between sibling cgroups by weight. With every
- * turn cgroup a child of the sandboxes' parent, a tenant with ten busy turns
- * had ten shares to another's one. Per tenant, the helper moves a sandbox
- * that starts serving one level down, into
- *     <parent>/tenant-<first id>-<helper pid>-<tenant>/turn-<first id>-<helper pid>-<seq>
- * of the hierarchy with the cpu controller. Tenants' cgroups keep the
- * default weight: every tenant with a busy turn weighs alike, and its busy
- * turns share its part (an idle turn takes nothing). On v1 only the cpu
- * hierarchy moves (memory and pids stay in the turn's own cgroups); on v2
- * the one directory does, so the tenant's turn directory gets every limit,
- * and what the sandbox charged before (its warm-up in the pool: nothing of
- * a turn) stays charged to the directory it left, which is kept until its
- * release. The move happens at serving because a pooled sandbox's tenant is
- * not known before; until the helper gets to it, the sandbox runs in its
- * own turn cgroup, with every limit: only its weight is not yet its
- * tenant's. A tenant is a number (session/tenants.h): names never reach the
- * fork server, whose memory every sandbox starts from. Tenant directories
- * stay until the helper exits. */
-
-static void tenant_dir(const struct sbx_cgroups *cg, uint32_t tenant, char *out, size_t len)
-{
-    snprintf(out, len, "%s/" CG_TENANT_PREFIX "%u-%d-%u", cg->dir[CG_CPU], cg->id_first,
-             (int)getpid(), (unsigned)tenant);
-}
-
-static void tenant_turn_dir(const struct sbx_cgroups *cg, const struct cg_turn *t, char *out,
-                            size_t len)
-{
-    snprintf(out, len, "%s/" CG_TENANT_PREFIX "%u-%d-%u/" CG_TURN_PREFIX "%u-%d-%llu",
-             cg->dir[CG_CPU], cg->id_first, (int)getpid(), (unsigned)t->tenant, cg->id_first,
-             (int)getpid(), (unsigned long long)t->seq);
-}
-
-/* Remove t's turn directory under its tenant; -EBUSY while a task of it is
- * still exiting. */
-static int tenant_leave(const struct sbx_cgroups *cg, const struct cg_turn *t)
-{
-    char dir[PATH_MAX + 96];
-    if (!t->tenant)
-        return 0;
-    tenant_turn_dir(cg, t, dir, sizeof dir);
-    if (rmdir(dir) == 0 || errno == ENOENT)
-        return 0;
-    if (errno != EBUSY)
-        LOG_W("cgroup: cannot remove %s: %s", dir, strerror(errno));
-    return errno == EBUSY ? -EBUSY : 0;
-}
-
-/* Move every task of t's own cpu directory into a new one under its
- * tenant's, limited as the one it leaves. Tasks exit or fork meanwhile:
- * until none is left (pids.max bounds them; a few rounds at most). */
-static int tenant_enter(struct sbx_cgroups *cg, struct cg_turn *t, uint32_t tenant,
-                        const struct config *cfg)
-{
-    char tdir[PATH_MAX + 48], dir[PATH_MAX + 96], home[PATH_MAX + 48], path[PATH_MAX + 112];
-    tenant_dir(cg, tenant, tdir, sizeof tdir);
-    if (mkdir(tdir, 0755) == 0) {
-        char ctls[64];
-        v2_ctls(cg, ctls, sizeof ctls);
-        int rc = cg->v2 ? v2_enable(tdir, ctls, NULL, 0) : 0;
-        if (rc < 0)
-            return rc;
-    } else if (errno != EEXIST) {
-        return -errno;
-    }
-    t->tenant = tenant; /* from here on, its release removes what is made */
-    tenant_turn_dir(cg, t, dir, sizeof dir);
-    if (mkdir(dir, 0755) < 0 && (errno != EEXIST || rmdir(dir) < 0 || mkdir(dir, 0755) < 0))
-        return -errno;
-    for (int c = 0; c < CG_N; c++) {
-        int rc = (cg->v2 ? cg->dir[c][0] != '\0' : c == CG_CPU)
-                     ? set_limits(cg, c, dir, cfg, NULL, 0) : 0;
-        if (rc < 0)
-            return rc;
-    }
-    turn_dir(cg, CG_CPU, t->seq, home, sizeof home);
-    snprintf(path, sizeof path, "%s/cgroup.procs", home);
-    snprintf(dir + strlen(dir), sizeof dir - strlen(dir), "/cgroup.procs");
-    for (int round = 0; round < 16; round++) {
-        FILE *f = fopen(path, "re");
-        if (!f)
-            return -errno;
-        char pid[32];
-        bool any = false;
-        while (fgets(pid, sizeof pid, f)) {
-            int rc = write_file(dir, pid);
-            if (rc < 0 && rc != -ESRCH) {
-                fclose(f);
-                return rc;
-            }
-            any = true;
-        }
-        fclose(f);
-        if (!any)
-            return 0;
-    }
-    return -EAGAIN;
 }
 
 /* A released turn cgroup: spare if it is empty and there is room, else
@@ -804,193 +515,6 @@ static int attach_spare(struct sbx_cgroups *cg, pid_t pid, const char *pidstr)
     return -ENOENT;
 }
 
-/* --- start-up: the probe ------------------------------------------------- */
-
-/* Whether the configuration asks for controller c's limit. A limit of 0
- * asks for none, so a host without that controller is fine for it. */
-static bool wanted(const struct config *cfg, int c)
-{
-    switch (c) {
-    case CG_MEMORY:
-        return cfg->memory_max != 0;
-    case CG_PIDS:
-        return cfg->pids_max != 0;
-    default:
-        return cfg->cpu_millis != 0 || cfg->cpu_weight != 0 || cfg->cpu_share == CPU_SHARE_TENANT;
-    }
-}
-
-/* Say why for every controller that shares turn cgroup directory c's fate:
- * all enforced ones on v2 (one directory), c alone on v1. */
-static void fail_group(const struct sbx_cgroups *cg, int c, char why[CG_N][WHY_LEN],
-                       const char *what, const char *path, int rc)
-{
-    for (int k = 0; k < CG_N; k++)
-        if ((k == c || (cg->v2 && cg->dir[k][0])) && !why[k][0])
-            err_fmt(why[k], WHY_LEN, 0, "%s %s: %s", what, path, strerror(-rc));
-}
-
-/* Do once, at start, what every turn needs, rather than trust that files
- * exist: make a turn cgroup in each enforced hierarchy, write the configured
- * limits into it, move a process into it (a child that only waits), then
- * remove it. A controller that fails a step gets the reason in why[c]. Runs
- * in the fork server, single-threaded, before its cgroup helper exists. The
- * turn cgroup is not kept as a spare: turn cgroups are named by the pid of
- * the helper, which is not us. */
-static void probe_turn(struct sbx_cgroups *cg, const struct config *cfg,
-                       char why[CG_N][WHY_LEN])
-{
-    uint64_t seq = ++cg->next_seq;
-    char dir[PATH_MAX + 48], path[PATH_MAX + 64];
-    bool made[CG_N] = {false};
-    for (int c = 0; c < CG_N; c++) {
-        if (!turn_enforced(cg, c))
-            continue;
-        turn_dir(cg, c, seq, dir, sizeof dir);
-        int rc = make_turn_dir(cg, c, dir);
-        if (rc < 0) {
-            fail_group(cg, c, why, "cannot create", dir, rc);
-            continue;
-        }
-        made[c] = true;
-        for (int k = 0; k < CG_N; k++)
-            if ((k == c || (cg->v2 && cg->dir[k][0])) && !why[k][0])
-                set_limits(cg, k, dir, cfg, why[k], WHY_LEN);
-    }
-
-    int hold[2] = {-1, -1};
-    pid_t pid = pipe2(hold, O_CLOEXEC) < 0 ? -1 : fork();
-    if (pid == 0) {
-        char b;
-        close(hold[1]);
-        while (read(hold[0], &b, 1) < 0 && errno == EINTR)
-            ;
-        _exit(0);
-    }
-    int fork_rc = pid < 0 ? -errno : 0;
-    char pidstr[32];
-    snprintf(pidstr, sizeof pidstr, "%d", (int)pid);
-    for (int c = 0; c < CG_N; c++) {
-        if (!made[c])
-            continue;
-        turn_dir(cg, c, seq, dir, sizeof dir);
-        snprintf(path, sizeof path, "%s/cgroup.procs", dir);
-        int rc = pid < 0 ? fork_rc : write_file(path, pidstr);
-        if (rc < 0)
-            fail_group(cg, c, why, pid < 0 ? "fork for" : "cannot move a process into",
-                       path, rc);
-    }
-    if (hold[0] >= 0) {
-        close(hold[0]);
-        close(hold[1]); /* the child exits */
-    }
-    if (pid > 0)
-        while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
-            ;
-    for (int c = 0; c < CG_N; c++) {
-        if (!made[c])
-            continue;
-        turn_dir(cg, c, seq, dir, sizeof dir);
-        /* The child's exit can lag its reaping by a moment (EBUSY). */
-        for (int tries = 0; rmdir(dir) < 0 && errno == EBUSY && tries < 100; tries++)
-            nanosleep(&(struct timespec){.tv_nsec = 1000 * 1000}, NULL);
-    }
-}
-
-/* The one line that stops the start: what is missing, and the ways out. */
-static int refuse(int c, const char *why, char *err, size_t errlen)
-{
-    static const char *const flag[CG_N] = {"--memory", "--pids",
-                                           "--cpu/--cpu-weight/--cpu-share tenant"};
-    static const char *const off[CG_N] = {"--memory 0", "--pids 0",
-                                          "--cpu 0 without --cpu-weight or --cpu-share tenant"};
-    return err_fmt(err, errlen, -EOPNOTSUPP,
-                   "cgroup controller '%s' is not usable (%s): the per-turn %s limit cannot be "
-                   "enforced; mount the controller or make its hierarchy writable (systemd: "
-                   "Delegate=yes), pass %s to ask for no such limit, or --allow-no-cgroups to "
-                   "run without per-turn limits", ctl_name[c], why, flag[c], off[c]);
-}
-
-int cgroups_init(const struct config *cfg, struct sbx_cgroups **out, char *err, size_t errlen)
-{
-    *out = NULL;
-    struct sbx_cgroups *cg = calloc(1, sizeof *cg);
-    if (!cg)
-        return err_fmt(err, errlen, -ENOMEM, "cgroups: out of memory");
-    char why[CG_N][WHY_LEN] = {{0}}, v2why[WHY_LEN] = "";
-    if (!v2_init(cg, v2why, sizeof v2why))
-        v1_init(cg, why, v2why);
-    for (int c = 0; c < CG_N; c++)
-        if (!cg->dir[c][0] && !why[c][0])
-            err_fmt(why[c], WHY_LEN, 0, "cgroup v2 does not offer it to forkbox's cgroup");
-    cg->cpu_weight = cfg->cpu_weight;
-    cg->id_first = cfg->id_first;
-    size_t live_max = (size_t)cfg->capacity + cfg->pool_size;
-    cg->spare_max = live_max < SPARE_MIN ? SPARE_MIN : live_max > SPARE_MAX ? SPARE_MAX : live_max;
-    if (cg->dir[CG_MEMORY][0])
-        cg->swap_file = file_exists(cg->dir[CG_MEMORY],
-                                    cg->v2 ? "memory.swap.max" : "memory.memsw.limit_in_bytes");
-    probe_turn(cg, cfg, why);
-
-    /* Fail closed: a limit the configuration asks for and this host cannot
-     * enforce stops the start, unless --allow-no-cgroups (or --no-isolation,
-     * benchmarks) says to run without it. A controller no limit asks for
-     * may be missing. */
-    bool strict = cfg->isolate && !cfg->allow_no_cgroups;
-    for (int c = 0; c < CG_N; c++) {
-        if (!why[c][0])
-            continue;
-        if (wanted(cfg, c) && strict) {
-            int rc = refuse(c, why[c], err, errlen);
-            free(cg);
-            return rc;
-        }
-        cg->dir[c][0] = '\0';
-        if (wanted(cfg, c))
-            LOG_W("cgroups: the per-turn %s limit is NOT enforced (%s): %s", ctl_name[c],
-                  cfg->isolate ? "--allow-no-cgroups" : "--no-isolation", why[c]);
-    }
-    char wwhy[WHY_LEN] = "";
-    if (set_parent_weight(cg, wwhy, sizeof wwhy) < 0) {
-        if (cfg->cpu_weight && strict) {
-            int rc = err_fmt(err, errlen, -EOPNOTSUPP,
-                             "cannot set the sandboxes' CPU weight (%s): --cpu-weight %u cannot "
-                             "be enforced; make the cgroup hierarchy writable, pass "
-                             "--cpu-weight 0, or --allow-no-cgroups", wwhy, cfg->cpu_weight);
-            free(cg);
-            return rc;
-        }
-        LOG_W("cgroup: cannot set the sandboxes' CPU weight: %s", wwhy);
-    }
-
-    cg->per_tenant = cfg->cpu_share == CPU_SHARE_TENANT && cg->dir[CG_CPU][0];
-    char what[128] = "";
-    for (int c = 0; c < CG_N; c++)
-        if (cg->dir[c][0])
-            snprintf(what + strlen(what), sizeof what - strlen(what), "%s%s",
-                     what[0] ? "+" : "", ctl_name[c]);
-    if (!what[0])
-        LOG_I("cgroups: none used (no per-turn limit asked for, or --allow-no-cgroups)");
-    else
-        LOG_I("cgroups: %s %s under %s (memory %llu bytes%s, pids %llu, cpu %llu ms/s%s)",
-              cg->v2 ? "v2" : "v1", what, cg->dir[CG_MEMORY][0] ? cg->dir[CG_MEMORY] : cg->dir[CG_PIDS],
-              (unsigned long long)cfg->memory_max, cg->swap_file ? ", no swap" : "",
-              (unsigned long long)cfg->pids_max, (unsigned long long)cfg->cpu_millis,
-              cg->per_tenant ? ", shared per tenant" : "");
-    /* An earlier daemon's on our range (cgroups_stale.h): the range is ours
-     * now, so are they. */
-    for (int c = 0; c < CG_N && cfg->ids_locked; c++)
-        if (turn_enforced(cg, c))
-            cg_stale_scan(&cg->stale, cg->dir[c], cg->id_first);
-    char mnt[PATH_MAX];
-    if (what[0] && cgroup_mount("", mnt, sizeof mnt) < 0)
-        LOG_I("cgroups: moving a sandbox into its cgroups waits for an RCU grace period "
-              "(5-20 ms) unless a cgroup hierarchy is mounted with favordynmods; the pool "
-              "hides it, fresh sandboxes do not (README: Tuning the host)");
-    *out = cg;
-    return 0;
-}
-
 int cgroups_attach(struct sbx_cgroups *cg, pid_t pid, const struct config *cfg)
 {
     char pidstr[32];
@@ -1056,7 +580,7 @@ void cgroups_events(struct sbx_cgroups *cg, pid_t pid, struct cg_events *ev)
          * while this sandbox ran; in a reused cgroup that stayed below an
          * earlier sandbox's peak it is unknown (0). */
         if (cg->v2 && t->tenant) {
-            /* Moved (see "tenants"): the turn ran in its tenant's turn
+            /* Moved (cgroups_tenant.c): the turn ran in its tenant's turn
              * directory, made for it alone; add what that one counted. */
             char dir[PATH_MAX + 96];
             tenant_turn_dir(cg, t, dir, sizeof dir);
@@ -1121,25 +645,6 @@ size_t cgroups_retry(struct sbx_cgroups *cg)
             cg->busy[kept++] = cg->busy[i];
     cg->n_busy = kept;
     return kept + cg_stale_retry(&cg->stale);
-}
-
-/* Every tenant directory of ours (empty now, unless a turn directory in it
- * was still busy: then it stays, as that one does). */
-static void tenant_dirs_remove(const struct sbx_cgroups *cg)
-{
-    char prefix[32], path[PATH_MAX + 320];
-    DIR *d = cg->per_tenant ? opendir(cg->dir[CG_CPU]) : NULL;
-    if (!d)
-        return;
-    snprintf(prefix, sizeof prefix, CG_TENANT_PREFIX "%u-%d-", cg->id_first, (int)getpid());
-    for (struct dirent *e; (e = readdir(d));) {
-        if (strncmp(e->d_name, prefix, strlen(prefix)) != 0)
-            continue;
-        snprintf(path, sizeof path, "%s/%s", cg->dir[CG_CPU], e->d_name);
-        if (rmdir(path) < 0)
-            LOG_W("cgroup: cannot remove %s: %s", path, strerror(errno));
-    }
-    closedir(d);
 }
 
 void cgroups_free(struct sbx_cgroups *cg)

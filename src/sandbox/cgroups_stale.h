@@ -17,7 +17,7 @@
 
 #define CG_TURN_PREFIX "turn-"
 /* --cpu-share tenant: a tenant's cgroup, CG_TENANT_PREFIX "<first id>-<placer
- * pid>-<n>", holding its turns' (cgroups.c, "tenants"); an earlier daemon's
+ * pid>-<n>", holding its turns' (cgroups_tenant.c); an earlier daemon's
  * are removed with the turn cgroups in them. */
 #define CG_TENANT_PREFIX "tenant-"
 

@@ -39,7 +39,13 @@
  * covered /proc entry (19 on this kernel) and no directory or file outside
  * its scratch; building
  * the root itself (some 40 mount calls, 25 directories, 5 files and 9
- * symlinks) was most of a sandbox's filesystem set-up. */
+ * symlinks) was most of a sandbox's filesystem set-up.
+ *
+ * One job in one file (~1,000 lines): making the root, in two halves run
+ * once, one after the other, in the fork server. The plan (mounts_prepare:
+ * which host files exist, the /proc replacements, the tools directory) is
+ * what the build (mounts_build) carries out and nothing else reads; the
+ * child's half is already apart (mounts_enter.c, through mounts_int.h). */
 #include "sandbox/mounts.h"
 #include "sandbox/mounts_int.h"
 

@@ -9,7 +9,7 @@
  * (--total-buffer): turn -> tenant -> daemon; the metrics count turns by
  * tenant (the record's struct metrics_tenant); and the fork server's cgroup
  * helper puts a turn's CPU under its tenant's cgroup by the tenant's number
- * (--cpu-share tenant, sandbox/cgroups.c), never its name: sandboxes are
+ * (--cpu-share tenant, sandbox/cgroups_tenant.c), never its name: sandboxes are
  * clones of the fork server and must not learn other tenants' names.
  *
  * A record lives while the token file names it (listed) or a session refers

@@ -200,7 +200,7 @@ def test_workspace_limit_is_exact(make_daemon):
         await turn.ws.send(fc.encode_frame({"kind": "run", "code": "print('ran')"}))
         return await expect_closed(turn.ws, 10)
     code, reason, msgs = arun(go(), T)
-    # refused at the frame header (net/ws.c), before its bytes arrive
+    # refused at the frame header (net/ws_in.c), before its bytes arrive
     assert (code, reason) == (
         1009, f"message too large: {len(over)} bytes announced, the limit here is {limit}")
     assert not any('"done"' in m for m in msgs if isinstance(m, str))

@@ -293,7 +293,7 @@ PROTOCOL_ERRORS = {
     "reserved-bit": struct.pack("!BB", 0xC2, 0x80 | 100) + b"\x01\x02\x03\x04",
     "unknown-opcode": struct.pack("!BB", 0x83, 0x80 | 100) + b"\x01\x02\x03\x04",
 }
-# The reason net/ws.c gives for each.
+# The reason net/ws_in.c gives for each.
 PROTOCOL_ERROR_REASONS = {
     "control-frame-over-125": "control frame too long or fragmented",
     "fragmented-ping": "control frame too long or fragmented",

@@ -1,7 +1,7 @@
 """Fail closed: forkboxd refuses to start, exit status non-zero and one line on
 stderr naming what is missing and how to fix it, when a limit or an isolation
 feature its configuration asks for cannot be enforced (docs/operating.md,
-"What the operator provides"; cgroups.c and probe.c).
+"What the operator provides"; cgroups_probe.c and probe.c).
 
 Each feature is taken away from the real daemon only, never from the host:
 * cgroups: forkboxd runs in a private mount namespace (unshare -m, propagation

@@ -1288,7 +1288,7 @@ static void test_snapshot_unreadable(void)
 /* ---- incremental snapshots ------------------------------------------------ */
 
 /* Longer than a tick of the coarse clock: a file written before it may be
- * cached (archive.c, cacheable()). */
+ * cached (snapshot_cache.c, cacheable()). */
 #define PAST_TICK_US 30000
 
 static int snap_cached(const char *dir, struct snapshot_cache *c, struct buf *out,
