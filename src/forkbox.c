@@ -1,11 +1,11 @@
 /* forkbox: the commands for running sandboxes without a server.
  *
  *   forkbox sandbox [forkboxd's flags]   one sandbox on a spec 8.2 stream
- *                                        (stream/relay.h, README "Without a
- *                                        server: forkbox sandbox")
+ *                                        (stream/relay.h, docs/embedding.md
+ *                                        "Without a server")
  *   forkbox run [...] FILE.py...         one turn, a block per file: execs the
- *                                        Python host (embed/run_cmd.c, README
- *                                        "Embedding forkbox")
+ *                                        Python host (embed/run_cmd.c,
+ *                                        docs/embedding.md)
  *
  * Like forkboxd it links no Python: the fork server is python3.11 running
  * forkbox-sandbox.so, started by sandbox/fsclient.c. Start-up order, as

@@ -245,7 +245,7 @@ static const struct opt opts[] = {
      .arg = "SIZE", .help = "forkbox sandbox: how much a turn may add to the host's\n"
                           "workspace directory (0 = --tmpfs-size, the default)"},
     /* Finite, so that a looping or stopped block, or a client that keeps a
-     * turn busy forever, gives its CPU and turn slot back (README,
+     * turn busy forever, gives its CPU and turn slot back (docs/operating.md,
      * "Timeouts"). The idle limit is the host's own reaper (spec 7.5). The
      * turn clock is the supervisor's alone. */
     {"block-timeout", K_SECONDS, FIELD(block_timeout_ms), .def = 900, .max = 31536000,
@@ -255,7 +255,7 @@ static const struct opt opts[] = {
     {"idle-timeout", K_SECONDS, FIELD(idle_timeout_ms), .def = 600, .max = 31536000,
      .arg = "SEC", .help = "idle time between blocks (600; 0 = none)"},
     /* SIGTERM/SIGINT: running turns go on for at most this long, then are
-     * closed with 1001 (README, "Stopping and restarts"). */
+     * closed with 1001 (docs/operating.md, "Stopping and restarts"). */
     {"drain-timeout", K_SECONDS, FIELD(drain_timeout_ms), .def = 30, .max = 31536000,
      .arg = "SEC", .help = "on SIGTERM, how long running turns may go on\n"
                          "(30; 0 = close them at once)"},

@@ -22,7 +22,7 @@
  *       architecture's argument order; as syscall(2): -1 with errno.
  *
  * aarch64 is cross-built and its pure code tested under qemu (tools/cross-arm64),
- * never run as a sandbox (README "aarch64"). Another architecture adds its
+ * never run as a sandbox (docs/compatibility.md "aarch64"). Another architecture adds its
  * header here; until then the build stops. */
 #pragma once
 

@@ -5,7 +5,7 @@
  *
  * Built by tools/cross-arm64 (gcc-aarch64-linux-gnu) and compiled in every
  * arm64 build, but never run: qemu-user cannot run the sandbox (no seccomp,
- * see README "aarch64"), and no real arm64 machine has run it yet. What it
+ * see docs/compatibility.md "aarch64"), and no real arm64 machine has run it yet. What it
  * relies on is the arm64 kernel ABI (arch/arm64/kernel/entry-common.S,
  * include/uapi/asm-generic/unistd.h): the number in x8, arguments in x0-x5,
  * `svc #0`, the result in x0, every other register preserved. */

@@ -376,7 +376,7 @@ int cgroups_init(const struct config *cfg, struct sbx_cgroups **out, char *err, 
     if (what[0] && cgroup_mount("", mnt, sizeof mnt) < 0)
         LOG_I("cgroups: moving a sandbox into its cgroups waits for an RCU grace period "
               "(5-20 ms) unless a cgroup hierarchy is mounted with favordynmods; the pool "
-              "hides it, fresh sandboxes do not (README: Tuning the host)");
+              "hides it, fresh sandboxes do not (docs/operating.md: Tuning the host)");
     *out = cg;
     return 0;
 }

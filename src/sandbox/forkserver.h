@@ -92,7 +92,7 @@ int fs_client_reply(struct fs_client *fs, struct fs_reply *rep, int *chan_fd, in
  * sandbox: <strerror>". */
 void fs_spawn_failure(int status, char *out, size_t len);
 /* Why a sandbox that ended on its own ended, as one close reason (at most
- * 123 bytes; README "Why a turn ended"), from its death report d (NULL: none
+ * 123 bytes; docs/operating.md "Why a turn ended"), from its death report d (NULL: none
  * came in waited_ms) and cfg's limits: facts the fork server and its cgroup
  * helper own, never what the sandbox sent. */
 enum fs_death {

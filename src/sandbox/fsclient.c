@@ -59,7 +59,7 @@ static const char *sandbox_module_path(const struct config *cfg)
  * The child execs and loads these very files (execveat on the fd, the
  * module from /proc/self/fd), so a rename or a symlink swapped in after the
  * check changes nothing. The directories above them are not checked
- * (residual risk, README "How it works"): the compiled-in paths are root's.
+ * (residual risk, docs/security.md "How it works"): the compiled-in paths are root's.
  * The fd is above FS_MODULE_FD, the highest fd the child sets up. */
 static int open_checked(const char *path, const char *what, const char *flag, char *err,
                         size_t errlen)

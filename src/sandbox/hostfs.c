@@ -13,7 +13,7 @@
  * call (a mode, not an xattr's name nor a bind()'s path) and to sweeps
  * after the fact, and no kernel mechanism caps what a directory may take
  * on ext4, xfs and btrfs without an administrator turning quotas on. Costs
- * and other candidates: README "Without a server: forkbox sandbox".
+ * and other candidates: docs/embedding.md "The workspace is served, not bound".
  *
  * Why this process: the fork server is single-threaded and clones the
  * sandbox; its helper is forked before the interpreter imports anything

@@ -41,8 +41,8 @@ int ids_new(uint32_t first, uint32_t count, struct sbx_ids **out)
     }
     ids->first = first;
     ids->count = count;
-    /* A random start: two daemons given the same range (a misconfiguration,
-     * README) then seldom hand out the same id at the same time. */
+    /* A random start: two daemons given the same range (a misconfiguration
+     * that sandbox/idlock.h refuses) then seldom hand out the same id at the same time. */
     uint32_t r;
     if (getrandom(&r, sizeof r, GRND_NONBLOCK) != (ssize_t)sizeof r)
         r = (uint32_t)time(NULL);

@@ -134,7 +134,7 @@ static const char *const etc_host_files[] = {
  * Each entry costs every fresh sandbox one bind mount (~10 us of CPU on the
  * 2-vCPU VM, against ~3.4 ms for a one-block turn), so the list holds the
  * files another turn can move or that leak the host's configuration, not
- * every host-wide file: what stays readable, and why, is in the README ("What
+ * every host-wide file: what stays readable, and why, is in docs/security.md ("What
  * a sandbox can still see"). Entries the host kernel lacks, and files only
  * host root may read (mode 0400: no sandbox can open them), are skipped. */
 enum proc_kind {

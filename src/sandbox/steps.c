@@ -5,7 +5,7 @@
  * A failing step writes a `log` error frame on the channel and exits
  * 70 + its id (habit 4), so the supervisor can tell "setup failed" from
  * "user code failed". The ids, not the positions in the table, are what
- * the steps' comments and README's "Isolation model" table number them by.
+ * the steps' comments and docs/security.md's "Isolation model" table number them by.
  *
  * The order of the table is the security property; read it top to bottom. */
 #include "sandbox/steps.h"

@@ -28,7 +28,7 @@
 struct policy_notify;
 
 /* How a turn ended: the `end` label and the end line's end=. A small fixed
- * set (never text from a peer); README "Metrics" lists what each means. */
+ * set (never text from a peer); docs/operating.md "Metrics" lists what each means. */
 enum turn_end {
     TURN_END_NONE = 0,        /* not ended (yet) */
     TURN_END_OK,              /* the client's shutdown, or its normal close */

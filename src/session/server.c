@@ -176,7 +176,7 @@ static void server_notify_tick(struct server *srv, uint64_t now)
 
 /* ---------------------------------------------------------------- stopping
  *
- * SIGTERM/SIGINT drain (README, "Stopping and restarts"): new upgrades get
+ * SIGTERM/SIGINT drain (docs/operating.md, "Stopping and restarts"): new upgrades get
  * 503 with Retry-After and /ready 503 at once, while the listener stays
  * open: a load balancer that probes /ready takes the daemon out of rotation
  * and a client that got there anyway is told to retry elsewhere, where a
@@ -589,7 +589,7 @@ static void server_reap(void *ud)
 }
 
 /* The tenants admitted now, and their numbers (the fork server's cgroups
- * are named by number: README, "Tenants"). */
+ * are named by number: docs/operating.md, "Tenants"). */
 static void log_tenants(const struct server *srv)
 {
     char list[TOKENS_MAX * (TENANT_NAME_MAX + 16)] = "";

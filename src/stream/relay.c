@@ -599,7 +599,7 @@ static void update_interest(struct stream *s)
                                             (chan_conn_queued(s->chan) ? EPOLLOUT : 0));
 }
 
-/* Timeouts (README "Timeouts"): a block past --block-timeout or a turn
+/* Timeouts (docs/operating.md "Timeouts"): a block past --block-timeout or a turn
  * past --turn-timeout ends as a WebSocket turn's does: the sandbox is
  * stopped, the host gets done and output with exit code 124 and a stderr
  * line naming the limit, and forkbox exits 1. */

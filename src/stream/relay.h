@@ -8,7 +8,7 @@
 #include "sandbox/forkserver.h"
 #include "stream/transport.h"
 
-/* Exit statuses of `forkbox sandbox` (README, "Without a server"). */
+/* Exit statuses of `forkbox sandbox` (docs/embedding.md, "Without a server"). */
 #define STREAM_EXIT_SHUTDOWN 0 /* the host sent shutdown */
 #define STREAM_EXIT_FAILED 1   /* EOF, an undecodable line, the sandbox failed or timed out */
 #define STREAM_EXIT_USAGE 2    /* bad settings, or the sandbox could not start */

@@ -217,7 +217,7 @@ def _packages_key():
     distribution adds or renames such an entry, which changes its directory's
     mtime. Entries without distributions (a turn's tools dir's parent, say)
     are left out, so they don't spoil the key. Editing a METADATA file in
-    place is not seen (README)."""
+    place is not seen (docs/internals.md)."""
     key = [sys.version, platform.python_version()]
     for entry in sys.path:
         try:
