@@ -2,26 +2,7 @@
 make_daemon factory, and the daemons' stderr attached to a failing test (see
 fbtest.py)."""
 
-import pytest
-
 import fbtest  # tests/lib, on pythonpath by tests/pytest.ini
+from fbtest_pytest import make_daemon, pytest_runtest_makereport  # noqa: F401
 
 _hard_time_limit = fbtest.hard_time_limit(120)
-
-
-@pytest.fixture
-def make_daemon():
-    """Factory: make_daemon(args=[...], **kw) starts a daemon, stopped (its
-    whole process group killed) at teardown."""
-    f = fbtest.DaemonFactory()
-    yield f
-    f.stop_all()
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item, call):
-    """Attach the daemons' stderr to failing tests: it usually names the cause."""
-    outcome = yield
-    rep = outcome.get_result()
-    if rep.when == "call" and rep.failed:
-        rep.sections += fbtest.stderr_sections(getattr(item, "funcargs", {}))

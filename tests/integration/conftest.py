@@ -3,6 +3,7 @@
 import pytest
 
 import fbtest  # tests/lib, on pythonpath by tests/pytest.ini
+from fbtest_pytest import make_daemon, pytest_runtest_makereport  # noqa: F401
 
 _hard_time_limit = fbtest.hard_time_limit(90)
 
@@ -13,21 +14,3 @@ def daemon():
     d = fbtest.Daemon(["--log-level", "info"]).start()
     yield d
     d.stop()
-
-
-@pytest.fixture
-def make_daemon():
-    """Factory: make_daemon(args=[...], env={...}) starts a dedicated daemon,
-    stopped (whole process group killed) at teardown."""
-    f = fbtest.DaemonFactory()
-    yield f
-    f.stop_all()
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item, call):
-    """Attach the daemons' stderr to failing tests: it usually names the cause."""
-    outcome = yield
-    rep = outcome.get_result()
-    if rep.when == "call" and rep.failed:
-        rep.sections += fbtest.stderr_sections(getattr(item, "funcargs", {}))
