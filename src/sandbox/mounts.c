@@ -605,6 +605,7 @@ int mounts_prepare(const struct config *cfg, struct mount_plan **out, char *err,
     if (!mp)
         return err_fmt(err, errlen, -ENOMEM, "out of memory");
     mp->work_tree = -1;
+    mp->tmpl_ns = mp->home_ns = mp->home_cwd = -1;
 
 #define TRY(expr, ...)                                   \
     do {                                                 \
@@ -727,6 +728,9 @@ void mounts_free(struct mount_plan *mp)
     if (!mp)
         return;
     mounts_set_workspace(mp, -1);
+    close_and_reset(&mp->tmpl_ns);
+    close_and_reset(&mp->home_ns);
+    close_and_reset(&mp->home_cwd);
     for (size_t i = 0; i < mp->n; i++)
         free(mp->ops[i].owned);
     free(mp->ops);
@@ -980,6 +984,7 @@ int mounts_build(const struct config *cfg, struct mount_plan *mp, char *err, siz
         goto out;
     }
     prune_host_mounts(ROOT_AT);
+    r = mounts_template(mp, err, errlen);
 out:
     if (root >= 0)
         close(root);

@@ -42,6 +42,14 @@ void mounts_set_workspace(struct mount_plan *mp, int tree);
  * closed. 0, or -errno with a reason in err. */
 int mounts_build(const struct config *cfg, struct mount_plan *mp, char *err, size_t errlen);
 
+/* In the fork server, around each sandbox's clone (or the fork path's
+ * fork): enter the template mount namespace mounts_build made, which the
+ * clone's CLONE_NEWNS copies, and come back to ours (and our cwd) as soon as
+ * the child exists. enter: 0, or -errno with a reason; leave cannot fail
+ * (it aborts rather than go on in the template). */
+int mounts_clone_enter(const struct mount_plan *mp, char *err, size_t errlen);
+void mounts_clone_leave(const struct mount_plan *mp);
+
 /* In the child (its step 3), in its own user and mount namespace (a copy
  * of the fork server's, after mounts_build from mp) with uid/gid 0 there:
  * enter the root. Pivots into it and adds what is the turn's own: the

@@ -111,29 +111,20 @@ int mounts_enter(const struct config *cfg, const struct mount_plan *mp, int *too
 {
     *tools_fd = -1;
 
-    /* 1. Our copy of the fork server's mounts is private already (it made
-     * its namespace so); cheap insurance before mounting anything. */
+    /* 1. Our namespace is a copy of the template's (mounts_template.c):
+     * its root is the prepared root, and nothing of the host is in it. Its
+     * mounts are private already (the template was made so); cheap
+     * insurance before mounting anything. */
     if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
         return err_errno(err, errlen, "make-rprivate %s", "/");
-
-    /* 2. A mount of the prepared root that is ours: the copy that came
-     * with our namespace is locked to the old root (pivot_root refuses
-     * it); a recursive bind brings its read-only binds along, still locked. */
-    if (mount(ROOT_AT, ROOT_AT, NULL, MS_BIND | MS_REC, NULL) < 0)
-        return err_errno(err, errlen, "bind the root %s", ROOT_AT);
-
-    /* 3. pivot_root(".", "."): the old root ends up stacked on the new one,
-     * until step 7; "/" and "." already resolve in the new root. */
-    if (chdir(ROOT_AT) < 0)
-        return err_errno(err, errlen, "chdir %s", ROOT_AT);
-    if (syscall(SYS_pivot_root, ".", ".") < 0)
-        return err_errno(err, errlen, "pivot_root %s", ROOT_AT);
+    if (chdir("/") < 0)
+        return err_errno(err, errlen, "chdir %s", "/");
     steptime_mark(ST_C_ROOT);
 
     /* 4. One tmpfs for everything user code may write, so tmpfs_size bounds
      * the sum. The root is read-only, without a spare directory to mount it
      * on for a moment: it goes on /dev/shm and stays there, under the bind of
-     * its own shm directory. Nothing is unmounted: each umount waits for an
+     * its own shm directory (both covering the template's hidden proc). Nothing is unmounted: each umount waits for an
      * RCU grace period (synchronize_rcu_expedited in namespace_unlock), 20-50
      * us alone and ~0.5 ms with 16 sandboxes starting at once, measured. */
     if (tmpfs_on(SCRATCH_AT, cfg->tmpfs_size, 0) < 0)
@@ -173,8 +164,8 @@ int mounts_enter(const struct config *cfg, const struct mount_plan *mp, int *too
     }
     steptime_mark(ST_C_TOOLS);
 
-    /* 6. Our pid namespace's proc (the old root's proc, still in our
-     * namespace, makes this permitted: see the comment at the top). No
+    /* 6. Our pid namespace's proc (the template's hidden proc, in our
+     * namespace, makes this permitted: see mounts_template.c). No
      * hidepid needed: only our own processes are in this pid namespace.
      * Mounted at PROC_TMP first: the replacements of its host-wide files
      * are the root's own /proc directory, which the proc mount will cover.
@@ -197,15 +188,6 @@ proc:
     }
     steptime_mark(ST_C_COVERS);
 
-    /* 7. Lazily detach the whole host tree: the mount on top of "." is the
-     * old root. The new root was read-only from the start. */
-    if (umount2(".", MNT_DETACH) < 0 || chdir("/") < 0) {
-        int e = errno;
-        close(fd);
-        errno = e;
-        return err_errno(err, errlen, "detach %s", "the old root");
-    }
-    steptime_mark(ST_C_DETACH);
     *tools_fd = fd;
     return 0;
 }
