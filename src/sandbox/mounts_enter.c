@@ -32,7 +32,7 @@ static int tmpfs_on(const char *path, uint64_t size, uint64_t inodes)
 
 /* Where the scratch tmpfs is mounted: its own shm directory is bound over
  * it last, so its root stays under that bind, out of every path's reach
- * (mounts_enter, step 4). */
+ * (mounts_enter, step 2). */
 #define SCRATCH_AT "/dev/shm"
 
 /* A host dir the root holds under /tmp (a site dir; stream mode's workdir
@@ -88,10 +88,10 @@ static int scratch_binds(const struct config *cfg, char *err, size_t errlen)
 }
 
 /* Where a sandbox's proc is mounted first: over the scratch's bind at
- * /workspace, for a moment (see mounts_enter, step 6). */
+ * /workspace, for a moment (see mounts_enter, step 4). */
 #define PROC_TMP "/workspace"
 
-/* 6b. Cover the host-wide files of our fresh proc, mounted at PROC_TMP, with
+/* 4b. Cover the host-wide files of our fresh proc, mounted at PROC_TMP, with
  * the replacements the fork server made (proc_entries): a bind each, of a
  * file of the read-only root, so read-only too. */
 static int proc_covers(const struct mount_plan *mp, char *err, size_t errlen)
@@ -121,7 +121,7 @@ int mounts_enter(const struct config *cfg, const struct mount_plan *mp, int *too
         return err_errno(err, errlen, "chdir %s", "/");
     steptime_mark(ST_C_ROOT);
 
-    /* 4. One tmpfs for everything user code may write, so tmpfs_size bounds
+    /* 2. One tmpfs for everything user code may write, so tmpfs_size bounds
      * the sum. The root is read-only, without a spare directory to mount it
      * on for a moment: it goes on /dev/shm and stays there, under the bind of
      * its own shm directory (both covering the template's hidden proc). Nothing is unmounted: each umount waits for an
@@ -134,7 +134,7 @@ int mounts_enter(const struct config *cfg, const struct mount_plan *mp, int *too
         return r;
     steptime_mark(ST_C_SCRATCH);
 
-    /* 5. /tools: read-only for user code; the runtime extracts the tools
+    /* 3. /tools: read-only for user code; the runtime extracts the tools
      * archive through the fd, then closes it: the writable mount stays
      * under a read-only bind of itself, out of every path's reach. In stream
      * mode the tools are the host's, bound read-only in the root already:
@@ -164,12 +164,12 @@ int mounts_enter(const struct config *cfg, const struct mount_plan *mp, int *too
     }
     steptime_mark(ST_C_TOOLS);
 
-    /* 6. Our pid namespace's proc (the template's hidden proc, in our
+    /* 4. Our pid namespace's proc (the template's hidden proc, in our
      * namespace, makes this permitted: see mounts_template.c). No
      * hidepid needed: only our own processes are in this pid namespace.
      * Mounted at PROC_TMP first: the replacements of its host-wide files
      * are the root's own /proc directory, which the proc mount will cover.
-     * 6b binds them by path, then the proc mount moves to /proc with its
+     * 4b binds them by path, then the proc mount moves to /proc with its
      * covers (cheaper than a path through an fd for every cover). */
 proc:
     if (mount("proc", PROC_TMP, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0) {
