@@ -8,7 +8,6 @@
 #include <string.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "config/config.h"
@@ -124,9 +123,10 @@ int mounts_enter(const struct config *cfg, const struct mount_plan *mp, int *too
     /* 2. One tmpfs for everything user code may write, so tmpfs_size bounds
      * the sum. The root is read-only, without a spare directory to mount it
      * on for a moment: it goes on /dev/shm and stays there, under the bind of
-     * its own shm directory (both covering the template's hidden proc). Nothing is unmounted: each umount waits for an
-     * RCU grace period (synchronize_rcu_expedited in namespace_unlock), 20-50
-     * us alone and ~0.5 ms with 16 sandboxes starting at once, measured. */
+     * its own shm directory (both over the template's hidden proc). Nothing
+     * is unmounted: each umount waits for an RCU grace period
+     * (synchronize_rcu_expedited in namespace_unlock), 20-50 us alone and
+     * ~0.5 ms with 16 sandboxes starting at once, measured. */
     if (tmpfs_on(SCRATCH_AT, cfg->tmpfs_size, 0) < 0)
         return err_errno(err, errlen, "mount tmpfs %s", "scratch");
     int r = scratch_binds(cfg, err, errlen);
