@@ -12,7 +12,7 @@ const char *const steptime_names[ST_N] = {
     [ST_P_MAPS] = "maps",           [ST_P_HANDOFF] = "handoff", [ST_C_START] = "start",
     [ST_C_GO] = "go",               [ST_C_IDS] = "ids",         [ST_C_ROOT] = "root",
     [ST_C_SCRATCH] = "scratch",     [ST_C_TOOLS] = "tools",     [ST_C_PROC] = "proc",
-    [ST_C_COVERS] = "covers",       [ST_C_DETACH] = "detach",   [ST_C_NAMESPACES] = "namespaces",
+    [ST_C_COVERS] = "covers",       [ST_C_NAMESPACES] = "namespaces",
     [ST_C_FDS] = "fds",             [ST_C_PRIVS] = "privs",     [ST_C_SECCOMP] = "seccomp",
     [ST_C_RLIMITS] = "rlimits",     [ST_C_INIT] = "init",       [ST_R_AFTERFORK] = "afterfork",
     [ST_R_SERVE] = "serve",         [ST_R_TOOLS] = "tools_in",  [ST_R_READY] = "ready",

@@ -32,12 +32,11 @@ enum steptime_mark {
     ST_P_HANDOFF,   /* ... placement queued, channel and pidfd sent to the supervisor */
     ST_C_START,     /* child: clone returned in it */
     ST_C_IDS,       /* step 2 done: the id maps waited for, ids, dumpable */
-    ST_C_ROOT,      /* step 3: the root bound and pivoted into */
+    ST_C_ROOT,      /* step 3: our copy of the template's mounts made private */
     ST_C_SCRATCH,   /* ... the scratch tmpfs and its binds */
     ST_C_TOOLS,     /* ... the tools tmpfs and its read-only bind */
     ST_C_PROC,      /* ... a fresh proc */
-    ST_C_COVERS,    /* ... its covers, moved to /proc */
-    ST_C_DETACH,    /* ... the old root detached: step 3 done */
+    ST_C_COVERS,    /* ... its covers, moved to /proc: step 3 done */
     ST_C_GO,        /* step 4: hostname, per-userns caps, then the placer's go read
                        (cgroups in place) */
     ST_C_NAMESPACES, /* ... the cgroup namespace: step 4 done */

@@ -3,7 +3,7 @@
  * mounts_enter (mounts_enter.c, its step 3).
  *
  * The root is built once, in the fork server (mounts_build), in a mount
- * namespace of its own that every sandbox's namespace is then a copy of:
+ * namespace of its own:
  *   a small tmpfs over /tmp (there, in that namespace only) holding the
  *   synthetic /etc files, the merged-/usr symlinks, the mountpoints, the
  *   replacements of host-wide /proc files (in its own /proc directory, which
@@ -12,32 +12,30 @@
  *   read-only, superblock and mount.
  * Every bind source is cloned (open_tree) before the tmpfs covers /tmp, so a
  * site dir under /tmp is bound too. The decisions about the host (which files
- * exist, which are directories) were made before, by mounts_prepare().
+ * exist, which are directories) were made before, by mounts_prepare(). From
+ * that namespace the fork server makes the template every sandbox's is a
+ * copy of (mounts_template.c): pivoted into the root, the host's tree
+ * detached, a hidden proc kept at /dev/shm.
  *
  * Order in the child (mounts_enter), each step relying on the one before:
- *   1. make every mount private: nothing below propagates anywhere;
- *   2. a recursive bind of the prepared root onto itself: the copy our
- *      namespace came with is locked to the old root, and pivot_root wants a
- *      root of our own; its binds come along, still locked read-only;
- *   3. pivot_root(".", "."): the old root stays stacked on the new one, so
- *      bind sources and the host's proc stay in the namespace until step 7;
- *   4. one size-limited "scratch" tmpfs, bound at /workspace, /tmp and
+ *   1. make every mount private: nothing below propagates anywhere; the
+ *      root is already the prepared one, and nothing of the host is there;
+ *   2. one size-limited "scratch" tmpfs, bound at /workspace, /tmp and
  *      /dev/shm, so cfg->tmpfs_size caps the three together (site dirs under
  *      /tmp bound again inside it); mounted on /dev/shm, whose bind then
- *      covers the scratch's root;
- *   5. /tools: a tmpfs whose only writable path is an fd; the visible path
- *      is a read-only bind of it over itself (4 and 5 unmount nothing: an
+ *      covers the scratch's root (both cover the template's proc);
+ *   3. /tools: a tmpfs whose only writable path is an fd; the visible path
+ *      is a read-only bind of it over itself (2 and 3 unmount nothing: an
  *      unmount waits for an RCU grace period);
- *   6. a fresh proc (must precede 7: the kernel only lets a user namespace
- *      mount proc while a fully visible proc is still in its mount
- *      namespace), first at /workspace, where its host-wide files are
- *      covered by read-only binds of the root's replacements (proc_entries;
- *      their path, the root's /proc directory, is still uncovered), then
- *      moved to /proc with its covers;
- *   7. detach the old root: from here on no host path is reachable.
- * A sandbox thus makes 12 mount calls and one unmount plus one mount per
- * covered /proc entry (19 on this kernel) and no directory or file outside
- * its scratch; building
+ *   4. a fresh proc (the kernel lets a user namespace mount proc only while
+ *      a fully visible proc is in its mount namespace: the template's hidden
+ *      one), first at /workspace, where its host-wide files are covered by
+ *      read-only binds of the root's replacements (proc_entries; their path,
+ *      the root's /proc directory, is still uncovered), then moved to /proc
+ *      with its covers.
+ * A sandbox thus makes 10 mount calls plus one per covered /proc entry (19 on
+ * this kernel), no unmount and no directory or file outside its scratch;
+ * building
  * the root itself (some 40 mount calls, 25 directories, 5 files and 9
  * symlinks) was most of a sandbox's filesystem set-up.
  *
@@ -611,6 +609,7 @@ int mounts_prepare(const struct config *cfg, struct mount_plan **out, char *err,
     if (!mp)
         return err_fmt(err, errlen, -ENOMEM, "out of memory");
     mp->work_tree = -1;
+    mp->tmpl_ns = mp->home_ns = mp->home_cwd = -1;
 
 #define TRY(expr, ...)                                   \
     do {                                                 \
@@ -733,6 +732,9 @@ void mounts_free(struct mount_plan *mp)
     if (!mp)
         return;
     mounts_set_workspace(mp, -1);
+    close_and_reset(&mp->tmpl_ns);
+    close_and_reset(&mp->home_ns);
+    close_and_reset(&mp->home_cwd);
     for (size_t i = 0; i < mp->n; i++)
         free(mp->ops[i].owned);
     free(mp->ops);
@@ -867,13 +869,12 @@ static void unescape_octal(char *s)
 }
 
 /* Detach from our namespace every host mount that neither we nor a sandbox
- * need: each sandbox's namespace starts as a copy of ours (a mount copied per
- * mount, at clone) and detaches the old root in step 7 (a mount torn down
- * per mount), so every host mount left here costs every sandbox. What stays:
- * "/", the host's proc (a fully visible proc lets a sandbox mount its own,
- * and we write id maps through it) and what is under keep (the root). The
- * cgroup placer runs in the original namespace. Best effort: a mount left
- * here is only work for step 7. */
+ * need: our namespace no longer holds (pins) host filesystems we never use,
+ * and the template (mounts_template.c) has that much less to copy and
+ * detach, once. What stays: "/", the host's proc (we write id maps through
+ * it) and what is under keep (the root). The cgroup placer runs in the
+ * original namespace. Best effort: a mount left here is only work for the
+ * template's detach. */
 static void prune_host_mounts(const char *keep)
 {
     size_t len;
@@ -986,6 +987,7 @@ int mounts_build(const struct config *cfg, struct mount_plan *mp, char *err, siz
         goto out;
     }
     prune_host_mounts(ROOT_AT);
+    r = mounts_template(mp, err, errlen);
 out:
     if (root >= 0)
         close(root);

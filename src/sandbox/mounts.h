@@ -6,8 +6,9 @@
  *
  * Like bubblewrap's SetupOp list, the host-dependent part is data: the fork
  * server looks at the host once (mounts_prepare) and builds the root from
- * that list once (mounts_build); a child only pivots into it and mounts what
- * is its own (mounts_enter), with no lookups of host directories. */
+ * that list once (mounts_build), in a namespace a child's is a copy of; a
+ * child only mounts what is its own (mounts_enter), with no lookups of host
+ * directories. */
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
@@ -37,14 +38,22 @@ void mounts_set_workspace(struct mount_plan *mp, int tree);
 
 /* In the fork server, once, before the first sandbox: enter a mount
  * namespace of our own and build the sandbox root in it from the plan (see
- * mounts.c), read-only. Every sandbox's namespace is a copy of this one.
- * The workspace's mount (mounts_set_workspace) is attached and its fd
+ * mounts.c), read-only, then the template namespace every sandbox's is a
+ * copy of (mounts_template.c); we stay in ours. The workspace's mount (mounts_set_workspace) is attached and its fd
  * closed. 0, or -errno with a reason in err. */
 int mounts_build(const struct config *cfg, struct mount_plan *mp, char *err, size_t errlen);
 
+/* In the fork server, around each sandbox's clone (or the fork path's
+ * fork): enter the template mount namespace mounts_build made, which the
+ * clone's CLONE_NEWNS copies, and come back to ours (and our cwd) as soon as
+ * the child exists. enter: 0, or -errno with a reason; leave cannot fail
+ * (it aborts rather than go on in the template). */
+int mounts_clone_enter(const struct mount_plan *mp, char *err, size_t errlen);
+void mounts_clone_leave(const struct mount_plan *mp);
+
 /* In the child (its step 3), in its own user and mount namespace (a copy
- * of the fork server's, after mounts_build from mp) with uid/gid 0 there:
- * enter the root. Pivots into it and adds what is the turn's own: the
+ * of the template mounts_build made from mp, rooted at the root) with
+ * uid/gid 0 there: adds to the root what is the turn's own: the
  * scratch tmpfs, the tools tmpfs, /proc with its host-wide files covered;
  * cwd is "/" afterwards. On success *tools_fd is an O_DIRECTORY|O_CLOEXEC fd
  * on the writable side of the tools dir (the caller owns it). 0 or -errno

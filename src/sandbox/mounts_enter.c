@@ -8,7 +8,6 @@
 #include <string.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "config/config.h"
@@ -32,7 +31,7 @@ static int tmpfs_on(const char *path, uint64_t size, uint64_t inodes)
 
 /* Where the scratch tmpfs is mounted: its own shm directory is bound over
  * it last, so its root stays under that bind, out of every path's reach
- * (mounts_enter, step 4). */
+ * (mounts_enter, step 2). */
 #define SCRATCH_AT "/dev/shm"
 
 /* A host dir the root holds under /tmp (a site dir; stream mode's workdir
@@ -88,10 +87,10 @@ static int scratch_binds(const struct config *cfg, char *err, size_t errlen)
 }
 
 /* Where a sandbox's proc is mounted first: over the scratch's bind at
- * /workspace, for a moment (see mounts_enter, step 6). */
+ * /workspace, for a moment (see mounts_enter, step 4). */
 #define PROC_TMP "/workspace"
 
-/* 6b. Cover the host-wide files of our fresh proc, mounted at PROC_TMP, with
+/* 4b. Cover the host-wide files of our fresh proc, mounted at PROC_TMP, with
  * the replacements the fork server made (proc_entries): a bind each, of a
  * file of the read-only root, so read-only too. */
 static int proc_covers(const struct mount_plan *mp, char *err, size_t errlen)
@@ -111,31 +110,23 @@ int mounts_enter(const struct config *cfg, const struct mount_plan *mp, int *too
 {
     *tools_fd = -1;
 
-    /* 1. Our copy of the fork server's mounts is private already (it made
-     * its namespace so); cheap insurance before mounting anything. */
+    /* 1. Our namespace is a copy of the template's (mounts_template.c):
+     * its root is the prepared root, and nothing of the host is in it. Its
+     * mounts are private already (the template was made so); cheap
+     * insurance before mounting anything. */
     if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
         return err_errno(err, errlen, "make-rprivate %s", "/");
-
-    /* 2. A mount of the prepared root that is ours: the copy that came
-     * with our namespace is locked to the old root (pivot_root refuses
-     * it); a recursive bind brings its read-only binds along, still locked. */
-    if (mount(ROOT_AT, ROOT_AT, NULL, MS_BIND | MS_REC, NULL) < 0)
-        return err_errno(err, errlen, "bind the root %s", ROOT_AT);
-
-    /* 3. pivot_root(".", "."): the old root ends up stacked on the new one,
-     * until step 7; "/" and "." already resolve in the new root. */
-    if (chdir(ROOT_AT) < 0)
-        return err_errno(err, errlen, "chdir %s", ROOT_AT);
-    if (syscall(SYS_pivot_root, ".", ".") < 0)
-        return err_errno(err, errlen, "pivot_root %s", ROOT_AT);
+    if (chdir("/") < 0)
+        return err_errno(err, errlen, "chdir %s", "/");
     steptime_mark(ST_C_ROOT);
 
-    /* 4. One tmpfs for everything user code may write, so tmpfs_size bounds
+    /* 2. One tmpfs for everything user code may write, so tmpfs_size bounds
      * the sum. The root is read-only, without a spare directory to mount it
      * on for a moment: it goes on /dev/shm and stays there, under the bind of
-     * its own shm directory. Nothing is unmounted: each umount waits for an
-     * RCU grace period (synchronize_rcu_expedited in namespace_unlock), 20-50
-     * us alone and ~0.5 ms with 16 sandboxes starting at once, measured. */
+     * its own shm directory (both over the template's hidden proc). Nothing
+     * is unmounted: each umount waits for an RCU grace period
+     * (synchronize_rcu_expedited in namespace_unlock), 20-50 us alone and
+     * ~0.5 ms with 16 sandboxes starting at once, measured. */
     if (tmpfs_on(SCRATCH_AT, cfg->tmpfs_size, 0) < 0)
         return err_errno(err, errlen, "mount tmpfs %s", "scratch");
     int r = scratch_binds(cfg, err, errlen);
@@ -143,7 +134,7 @@ int mounts_enter(const struct config *cfg, const struct mount_plan *mp, int *too
         return r;
     steptime_mark(ST_C_SCRATCH);
 
-    /* 5. /tools: read-only for user code; the runtime extracts the tools
+    /* 3. /tools: read-only for user code; the runtime extracts the tools
      * archive through the fd, then closes it: the writable mount stays
      * under a read-only bind of itself, out of every path's reach. In stream
      * mode the tools are the host's, bound read-only in the root already:
@@ -173,12 +164,12 @@ int mounts_enter(const struct config *cfg, const struct mount_plan *mp, int *too
     }
     steptime_mark(ST_C_TOOLS);
 
-    /* 6. Our pid namespace's proc (the old root's proc, still in our
-     * namespace, makes this permitted: see the comment at the top). No
+    /* 4. Our pid namespace's proc (the template's hidden proc, in our
+     * namespace, makes this permitted: see mounts_template.c). No
      * hidepid needed: only our own processes are in this pid namespace.
      * Mounted at PROC_TMP first: the replacements of its host-wide files
      * are the root's own /proc directory, which the proc mount will cover.
-     * 6b binds them by path, then the proc mount moves to /proc with its
+     * 4b binds them by path, then the proc mount moves to /proc with its
      * covers (cheaper than a path through an fd for every cover). */
 proc:
     if (mount("proc", PROC_TMP, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0) {
@@ -197,15 +188,6 @@ proc:
     }
     steptime_mark(ST_C_COVERS);
 
-    /* 7. Lazily detach the whole host tree: the mount on top of "." is the
-     * old root. The new root was read-only from the start. */
-    if (umount2(".", MNT_DETACH) < 0 || chdir("/") < 0) {
-        int e = errno;
-        close(fd);
-        errno = e;
-        return err_errno(err, errlen, "detach %s", "the old root");
-    }
-    steptime_mark(ST_C_DETACH);
     *tools_fd = fd;
     return 0;
 }

@@ -49,7 +49,15 @@ struct mount_plan {
     size_t n_covers;
     int work_tree;   /* owned: stream mode's workspace mount (mounts_set_workspace),
                         detached until mounts_build attaches it; -1 */
+    int tmpl_ns;     /* owned: the template mount namespace (mounts_template.c); -1 */
+    int home_ns;     /* owned: the fork server's own, built by mounts_build; -1 */
+    int home_cwd;    /* owned: the fork server's cwd there (O_PATH); -1 */
 };
+
+/* In the fork server, at the end of mounts_build: make the template
+ * namespace from ours and come back (mounts_template.c). 0, or -errno with
+ * a reason in err. */
+int mounts_template(struct mount_plan *mp, char *err, size_t errlen);
 
 /* Whether path is dir or below it (both absolute, normalised). */
 bool mounts_path_under(const char *path, const char *dir);

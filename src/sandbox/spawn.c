@@ -34,6 +34,7 @@
 #include "core/util.h"
 #include "sandbox/arch.h"
 #include "sandbox/cgroups.h"
+#include "sandbox/mounts.h"
 #include "sandbox/netns.h"
 #include "sandbox/steps.h"
 
@@ -207,6 +208,8 @@ static int spawn_forked(const struct sbx_plan *p, uint32_t id, unsigned spawn_fl
     if (times_child >= 0)
         steptime_mark_rec(out->times, ST_P_CLONE);
     pid_t pid = fork();
+    if (pid != 0)
+        mounts_clone_leave(p->mounts);
     if (pid < 0) {
         int e = errno;
         close(ack[0]);
@@ -421,8 +424,12 @@ int sbx_spawn(const struct sbx_plan *p, uint32_t id, unsigned spawn_flags,
     }
 
     /* The sandbox's network namespace is the one we are in when we clone
-     * (or fork, on the fork path); we go home once the child exists. */
+     * (or fork, on the fork path); we go home once the child exists. Its
+     * mount namespace is a copy of the template's: we are in that one from
+     * here until the clone (or fork) returns, not a moment longer. */
     int ret = cfg->isolate ? netns_enter(p->netns, err, errlen) : 0;
+    if (ret == 0 && cfg->isolate)
+        ret = mounts_clone_enter(p->mounts, err, errlen);
     if (ret < 0) {
         ; /* nothing cloned */
     } else if (cfg->isolate && (!p->tid_addr || (p->flags & SBX_PLAN_FORCE_FORK))) {
@@ -447,6 +454,7 @@ int sbx_spawn(const struct sbx_plan *p, uint32_t id, unsigned spawn_flags,
             if (pid > 0 && (pidfd = pidfd_open((pid_t)pid, 0)) < 0)
                 kill((pid_t)pid, SIGKILL); /* reaped and released by the caller */
         } else if (cfg->isolate && (r = clone_as(id, &pdeath)) < 0) {
+            mounts_clone_leave(p->mounts);
             errno = -r;
             pid = -1;
         } else {
@@ -454,6 +462,7 @@ int sbx_spawn(const struct sbx_plan *p, uint32_t id, unsigned spawn_flags,
             if (pid != 0 && cfg->isolate) {
                 int e = errno;
                 clone_done(pdeath);
+                mounts_clone_leave(p->mounts);
                 errno = e;
             }
         }

@@ -11,7 +11,7 @@ from fbtest import run_blocks, wait_until
 
 # The fork server's marks (src/core/steptime.c), in order, then the exit.
 STEPS = ["request", "prepare", "clone", "maps", "handoff", "start", "ids", "root",
-         "scratch", "tools", "proc", "covers", "detach", "go", "namespaces", "fds", "privs",
+         "scratch", "tools", "proc", "covers", "go", "namespaces", "fds", "privs",
          "seccomp", "rlimits", "init", "afterfork", "serve", "tools_in", "ready", "run_in",
          "block", "snapshot", "exit"]
 STEP_LINE = re.compile(r"sandbox (\d+) steps:(.*)")

@@ -114,6 +114,12 @@ def _oom_adj(v):
 R["oom_score_adj_lower"] = isolated(lambda: _oom_adj(-1000))
 R["oom_score_adj_raise"] = isolated(lambda: _oom_adj(500))
 R["sys_visible"] = os.path.exists("/sys/kernel") or os.path.exists("/sys/fs/cgroup")
+def _proc_mounts():
+    # Every proc mount of our namespace: its mount point -> those of the mounts on it.
+    mi = [l.split() for l in open("/proc/self/mountinfo")]
+    return {f[4]: [g[4] for g in mi if g[1] == f[0]] for f in mi if f[f.index("-") + 1] == "proc"}
+R["proc_mounts"] = _proc_mounts()
+R["dev_shm_shows_proc"] = any(os.path.exists("/dev/shm/" + n) for n in ("self", "meminfo", "sys"))
 report(R)
 '''
 
@@ -228,6 +234,17 @@ def test_host_root_not_mapped(fsprobe, which):
 
 def test_sys_not_mounted(fsprobe):
     assert fsprobe["sys_visible"] is False
+
+
+def test_no_proc_reachable_but_our_own(fsprobe):
+    """Two proc mounts are in a sandbox's mount namespace: its own, at /proc, and
+    the template's (src/sandbox/mounts_template.c), without which the kernel lets
+    no user namespace mount a proc; that one lies under the scratch at /dev/shm,
+    the only mount on it, so no path reaches it."""
+    procs = fsprobe["proc_mounts"]
+    assert sorted(procs) == ["/dev/shm", "/proc"], procs
+    assert procs["/dev/shm"] == ["/dev/shm"], procs
+    assert fsprobe["dev_shm_shows_proc"] is False
 
 
 def test_oom_score_adj_cannot_be_lowered(fsprobe):

@@ -20,7 +20,7 @@
 /* The fork server's step names (core/steptime.h, in order) and what they are; each with the
  * floor's steps (bench_py turn: RESULT turn.step.NAME) that do the same work, summed. */
 static const struct step_row {
-    const char *name, *what, *floor[8];
+    const char *name, *what, *floor[10];
 } step_rows[] = {
     {"prepare", "fork server: id, socketpair, pipes", {NULL}},
     {"clone", "fork server: clone(), six namespaces", {"clone_ret"}},
@@ -29,14 +29,15 @@ static const struct step_row {
     {"start", "clone returned -> child running", {"child_start"}},
     {"placed", "cgroup placer: attach (its own wall/CPU)", {NULL}},
     {"ids", "child: wait for the maps, setresuid/gid", {"uid_gid_maps"}},
-    {"root", "mounts: bind root, pivot_root", {"mnt_rprivate", "root_tmpfs", "skeleton",
-                                               "bind_usr_ro", "bind_etc_ro", "dev_nodes",
-                                               "pivot_root"}},
+    {"root", "mounts: private (root: the template's)", {"mnt_rprivate", "root_tmpfs",
+                                                         "skeleton", "bind_usr_ro",
+                                                         "bind_etc_ro", "dev_nodes",
+                                                         "pivot_root", "umount_oldroot",
+                                                         "remount_root_ro"}},
     {"scratch", "mounts: scratch tmpfs, 3 binds", {"workspace_tmpfs"}},
     {"tools", "mounts: tools tmpfs, ro bind", {NULL}},
     {"proc", "mounts: fresh proc", {"mount_proc"}},
     {"covers", "mounts: /proc covers, move", {NULL}},
-    {"detach", "mounts: detach the old root", {"umount_oldroot", "remount_root_ro"}},
     {"go", "hostname, userns caps, wait for the placer", {"hostname"}},
     {"namespaces", "cgroup namespace", {NULL}},
     {"fds", "close fds, stdio on /dev/null", {NULL}},
