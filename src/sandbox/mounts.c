@@ -35,9 +35,8 @@
  *      with its covers.
  * A sandbox thus makes 10 mount calls plus one per covered /proc entry (19 on
  * this kernel), no unmount and no directory or file outside its scratch;
- * building
- * the root itself (some 40 mount calls, 25 directories, 5 files and 9
- * symlinks) was most of a sandbox's filesystem set-up.
+ * building the root itself (some 40 mount calls, 25 directories, 5 files and
+ * 9 symlinks) was most of a sandbox's filesystem set-up.
  *
  * One job in one file (~1,000 lines): making the root, in two halves run
  * once, one after the other, in the fork server. The plan (mounts_prepare:
