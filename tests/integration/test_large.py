@@ -25,7 +25,7 @@ MiB = 1 << 20
 T = 120
 # What the supervisor may grow by while a 100 MiB message goes through: a few
 # windows (RELAY_WINDOW is 4 MiB) and what a turn holds whole, not the message.
-GROWTH_MAX_MB = 40
+GROWTH_MAX_MB = 40  # (not under ASan: its quarantine keeps what was freed resident)
 
 
 def hwm_mb(pid: int) -> float:
@@ -68,7 +68,8 @@ def test_tool_call_and_result_round_trip_exact(roomy, mib):
     assert b.exit_code == 0, b.stderr[-2000:]
     assert b.stdout.split() == [str(n // 4 * 4), "True"], b.stdout
     grew = hwm_mb(roomy.pid) - base
-    assert grew < GROWTH_MAX_MB, f"{mib} MiB each way grew the supervisor by {grew:.0f} MB"
+    assert fbtest.UNDER_ASAN or grew < GROWTH_MAX_MB, \
+        f"{mib} MiB each way grew the supervisor by {grew:.0f} MB"
 
 
 @pytest.mark.parametrize("mib", [1, 16])
@@ -108,7 +109,8 @@ def test_large_upload_exact(make_daemon):
     assert b.exit_code == 0, b.stderr[-2000:]
     assert b.stdout.strip() == hashlib.sha256(data).hexdigest()
     grew = hwm_mb(d.pid) - base
-    assert grew < GROWTH_MAX_MB, f"a 100 MiB upload grew the supervisor by {grew:.0f} MB"
+    assert fbtest.UNDER_ASAN or grew < GROWTH_MAX_MB, \
+        f"a 100 MiB upload grew the supervisor by {grew:.0f} MB"
 
 
 # ---------------------------------------------------------------------------

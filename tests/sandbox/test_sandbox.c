@@ -965,6 +965,7 @@ int main(void)
     bench("non-isolated", &pplan);
     tap(no_zombies(), "no zombie after the benchmark runs");
 
+    netns_spares_free(netns);
     mounts_free(mp);
     struct stat sst;
     tap(stat(g_site_dir, &sst) == 0 && sst.st_uid == 0,

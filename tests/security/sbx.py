@@ -35,15 +35,6 @@ from fbtest import (EMPTY_TGZ, FORKBOXD, MAX_MESSAGE, POLICY, SRCDIR, Connection
 import fbtest
 
 
-def _under_asan(path: str) -> bool:
-    """Whether forkboxd is an AddressSanitizer build (gcc links libasan)."""
-    try:
-        out = subprocess.run(["ldd", path], capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return "libasan" in out
-
-
 def _kernel_has_passrights() -> bool:
     """Whether this kernel has SO_PASSRIGHTS (Linux 6.16): then the supervisor
     has it refuse the fds a sandbox sends (the sender gets EPERM)."""
@@ -60,9 +51,7 @@ def _kernel_has_passrights() -> bool:
 
 KERNEL_PASSRIGHTS = _kernel_has_passrights()
 
-# Checks of memory size and whole-address-space scans mean little under ASan:
-# its quarantine keeps freed memory resident and its shadow maps terabytes.
-UNDER_ASAN = _under_asan(FORKBOXD)
+UNDER_ASAN = fbtest.UNDER_ASAN
 REPORT_MARK = "@@FORKBOX-SEC@@"
 
 

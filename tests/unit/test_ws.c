@@ -1115,6 +1115,7 @@ static void test_stream_in(void)
     expect_close(&p, 1009, "300000 bytes at most, across frames");
     pair_close(&p);
     /* bad UTF-8 in a later chunk: refused, 1007 */
+    buf_free(&r.got);
     memset(&r, 0, sizeof r);
     buf_init(&r.got, SIZE_MAX);
     pair_open(&p, 1 << 20, NULL, 0);
