@@ -137,7 +137,14 @@ struct host {
     bool closed;
 };
 
-static unsigned runs_relayed; /* 'F' run frames the supervisor wrote to the sandbox */
+/* Runs the client sent as messages: a block (and its done, its tool calls)
+ * can only follow one. Not the runs relayed to the sandbox: a block's clock
+ * starts when the supervisor takes the run, so a block that times out while
+ * its run is still on its way (held for the sandbox's first message, or in
+ * parts behind a full window) ends with a done of 124 the sandbox never
+ * caused. Raw client bytes may hold runs the model cannot count. */
+static unsigned runs_sent;
+static bool client_wrote_raw;
 static const struct config *g_cfg;
 static bool verbose;          /* FUZZ_SESSION_VERBOSE=1: print what the host gets */
 
@@ -156,13 +163,15 @@ static void host_text(struct host *h, const uint8_t *p, size_t n)
         FUZZ_ASSERT(h->slot == H_FRAMES && ++h->readies == 1, "ready twice or after done");
         break;
     case FRAME_TOOL_CALL:
-        FUZZ_ASSERT(h->slot == H_FRAMES && runs_relayed > h->dones, "tool_call outside a block");
+        FUZZ_ASSERT(h->slot == H_FRAMES && (client_wrote_raw || runs_sent > h->dones),
+                    "tool_call outside a block");
         break;
     case FRAME_LOG:
         FUZZ_ASSERT(h->slot == H_FRAMES, "log between done and the archive");
         break;
     case FRAME_DONE:
-        FUZZ_ASSERT(h->slot == H_FRAMES && runs_relayed > h->dones, "done outside a block");
+        FUZZ_ASSERT(h->slot == H_FRAMES && (client_wrote_raw || runs_sent > h->dones),
+                    "done outside a block");
         h->dones++;
         h->done_exit = f.exit_code;
         h->slot = H_OUTPUT;
@@ -347,7 +356,6 @@ static void sandbox_bytes(struct sbx_view *v, const uint8_t *p, size_t n)
                 /* The sandbox reads a frame by its shape unless it is flagged. */
                 FUZZ_ASSERT(f.canonical || (v->flags & CHAN_RAW),
                             "a frame not in the supervisor's form, not flagged CHAN_RAW");
-                runs_relayed += f.kind == FRAME_RUN;
                 frame_free(&f);
             }
         }
@@ -498,6 +506,11 @@ static void client_frame(int fd, uint8_t opcode, bool fin, const uint8_t *p, siz
 
 static void client_message(int fd, uint8_t opcode, uint8_t split, const uint8_t *p, size_t n)
 {
+    struct frame f;
+    if (opcode == 1 && frame_decode(p, n, FRAME_FROM_CLIENT, &f, NULL) == 0) {
+        runs_sent += f.kind == FRAME_RUN;
+        frame_free(&f);
+    }
     size_t cut = split && split < n ? split : n;
     client_frame(fd, opcode, cut == n, p, cut);
     if (cut < n)
@@ -562,7 +575,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     FUZZ_ASSERT(sessions_find(set, id) == s, "the first session's id");
     spawn_wanted = 0;
     n_turns = 0;
-    runs_relayed = 0;
+    runs_sent = 0;
+    client_wrote_raw = false;
 
     struct host h = {.slot = H_FRAMES};
     fuzz_wsin_init(&h.in, 8 << 20);
@@ -634,6 +648,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         case 2:
             (void)!write(cs[0], p, n);
             buf_append(&client_sent, p, n);
+            client_wrote_raw = true;
             break;
         case 3:
             if (chan[0] >= 0) {

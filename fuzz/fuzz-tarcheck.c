@@ -191,7 +191,8 @@ static struct outcome run_w(const uint8_t *msg, size_t len, const struct tarchec
         size_t keep = tarcheck_next(tc), j = 0, held = 0;
         while (j < nk && k[j].base + k[j].n <= keep)
             free(k[j++].p);
-        memmove(k, k + j, (nk - j) * sizeof *k);
+        if (j) /* (k may still be NULL: nothing kept yet) */
+            memmove(k, k + j, (nk - j) * sizeof *k);
         nk -= j;
         for (j = 0; j < nk; j++)
             held += k[j].n;
